@@ -1,0 +1,175 @@
+// headgrad tensors: a shape, strides and an offset over shared storage.
+//
+//   Tensor x = Tensor::zeros({2, 3, 4}, DType::float64);   // [B, T, D]
+//   Tensor xt = x.transpose(1, 2);       // [B, D, T], a view: no copy
+//   Tensor y = xt.contiguous();          // copies, row-major
+//   Tensor z = x.view({2, 12});          // a view: x is contiguous
+//   xt.view({2, 12});                    // throws: strides forbid it, use reshape()
+//
+// Strides and offsets are in elements, not bytes. Views share storage; any
+// write through one view is seen by all of them (as in PyTorch).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace headgrad {
+
+enum class DType : std::uint8_t { float32, float64, boolean };
+
+std::size_t dtype_size(DType dtype);
+std::string_view dtype_name(DType dtype);  // "float32", "float64", "bool"
+DType dtype_from_name(std::string_view name);  // throws std::invalid_argument
+
+using Shape = std::vector<std::int64_t>;
+std::string shape_str(std::span<const std::int64_t> shape);  // "[2, 3, 4]"
+std::int64_t shape_numel(std::span<const std::int64_t> shape);
+Shape contiguous_strides(std::span<const std::int64_t> shape);
+
+// Bytes owned by one or more tensors. Every allocation is counted so that the
+// engine's peak memory can be measured (benchmarks, the fused core's tests).
+class Storage {
+ public:
+  explicit Storage(std::size_t nbytes);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() { return data_; }
+  const void* data() const { return data_; }
+  std::size_t nbytes() const { return nbytes_; }
+
+ private:
+  void* data_;
+  std::size_t nbytes_;
+};
+
+struct MemoryStats {
+  std::size_t current_bytes;
+  std::size_t peak_bytes;
+};
+MemoryStats memory_stats();
+void reset_peak_memory();  // peak := current
+
+class Tensor {
+ public:
+  Tensor() = default;  // undefined: no storage
+  Tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, std::int64_t offset,
+         DType dtype);
+
+  static Tensor empty(const Shape& shape, DType dtype);
+  static Tensor zeros(const Shape& shape, DType dtype);
+  static Tensor full(const Shape& shape, double value, DType dtype);
+  static Tensor ones(const Shape& shape, DType dtype) { return full(shape, 1.0, dtype); }
+  // Values in row-major order; throws if their count is not the shape's.
+  static Tensor from_values(std::span<const double> values, const Shape& shape, DType dtype);
+  static Tensor scalar(double value, DType dtype) { return full({}, value, dtype); }
+
+  bool defined() const { return storage_ != nullptr; }
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  const Shape& strides() const { return strides_; }
+  std::int64_t offset() const { return offset_; }
+  std::int64_t dim() const { return static_cast<std::int64_t>(shape_.size()); }
+  std::int64_t size(std::int64_t d) const;  // d may be negative, counted from the end
+  std::int64_t stride(std::int64_t d) const;
+  std::int64_t numel() const { return shape_numel(shape_); }
+  bool is_contiguous() const;
+  const std::shared_ptr<Storage>& storage() const { return storage_; }
+  bool shares_storage(const Tensor& other) const { return storage_ == other.storage_; }
+
+  // Pointer to the first element (the offset applied). T must match dtype().
+  template <class T>
+  T* data() const;
+
+  // ---- views: no copy ----
+  Tensor transpose(std::int64_t d0, std::int64_t d1) const;
+  Tensor permute(const Shape& dims) const;
+  Tensor narrow(std::int64_t dim, std::int64_t start, std::int64_t length) const;
+  // A view with a new shape; one size may be -1. Throws std::invalid_argument
+  // when the strides cannot express it (suggesting reshape() or contiguous()).
+  Tensor view(const Shape& shape) const;
+  // Broadcast size-1 dims (and new leading dims) with stride 0.
+  Tensor expand(const Shape& shape) const;
+  Tensor unsqueeze(std::int64_t dim) const;
+  Tensor squeeze(std::int64_t dim) const;
+
+  // ---- copies only when needed ----
+  Tensor reshape(const Shape& shape) const;  // view() when possible, else a copy
+  Tensor contiguous() const;                 // *this when already contiguous
+
+  // ---- copies ----
+  Tensor clone() const;            // contiguous copy
+  Tensor to(DType dtype) const;    // converted contiguous copy (or *this if same dtype)
+
+  // ---- elements ----
+  double item() const;  // one element tensors only
+  double at(std::span<const std::int64_t> index) const;
+  double at(std::initializer_list<std::int64_t> index) const {
+    return at(std::span<const std::int64_t>(index.begin(), index.size()));
+  }
+  void set(std::span<const std::int64_t> index, double value);
+  void set(std::initializer_list<std::int64_t> index, double value) {
+    set(std::span<const std::int64_t>(index.begin(), index.size()), value);
+  }
+  double flat(std::int64_t i) const;  // i-th element in row-major order
+  void set_flat(std::int64_t i, double value);
+  std::int64_t flat_to_offset(std::int64_t i) const;  // storage element offset of the i-th element
+
+  void fill_(double value);
+  void copy_(const Tensor& src);  // same shape, any strides and dtypes
+  std::vector<double> to_vector() const;  // row-major
+
+  std::string repr() const;  // "Tensor(float64, [2, 3], strides [3, 1])"
+
+ private:
+  std::int64_t normalize_dim(std::int64_t d, std::int64_t ndim, const char* op) const;
+
+  std::shared_ptr<Storage> storage_;
+  Shape shape_;
+  Shape strides_;
+  std::int64_t offset_ = 0;
+  DType dtype_ = DType::float64;
+};
+
+// C++ type <-> DType
+template <class T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() { return DType::float32; }
+template <>
+constexpr DType dtype_of<double>() { return DType::float64; }
+template <>
+constexpr DType dtype_of<bool>() { return DType::boolean; }
+
+// A random stream that is identical on every machine: SplitMix64 for bits,
+// Box-Muller over doubles for normals (std::normal_distribution is
+// implementation defined, so it is never used).
+class Generator {
+ public:
+  explicit Generator(std::uint64_t seed) : state_(seed) {}
+  std::uint64_t next_u64();
+  double uniform();  // [0, 1) with 53 random bits
+  double normal();   // mean 0, standard deviation 1
+
+ private:
+  std::uint64_t state_;
+  bool has_spare_ = false;
+  double spare_ = 0.0;
+};
+
+Tensor randn(const Shape& shape, DType dtype, Generator& gen, double stddev = 1.0);
+Tensor rand_uniform(const Shape& shape, DType dtype, Generator& gen, double lo, double hi);
+
+// Calls f.template operator()<T>() with T = float or double for dtype.
+template <class F>
+decltype(auto) dispatch_float(DType dtype, const char* op, F&& f);
+
+}  // namespace headgrad
+
+#include "headgrad/tensor_inl.hpp"

@@ -1,0 +1,533 @@
+#include "headgrad/tensor.hpp"
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <numbers>
+#include <sstream>
+#include <stdexcept>
+
+#include "tensor/strided.hpp"
+
+namespace headgrad {
+
+// ---------------------------------------------------------------- dtypes, shapes
+
+std::size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::float32: return 4;
+    case DType::float64: return 8;
+    case DType::boolean: return 1;
+  }
+  throw std::logic_error("dtype_size: unknown dtype");
+}
+
+std::string_view dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::float32: return "float32";
+    case DType::float64: return "float64";
+    case DType::boolean: return "bool";
+  }
+  return "?";
+}
+
+DType dtype_from_name(std::string_view name) {
+  if (name == "float32") return DType::float32;
+  if (name == "float64") return DType::float64;
+  if (name == "bool") return DType::boolean;
+  throw std::invalid_argument("unknown dtype '" + std::string(name) +
+                              "' (expected float32, float64 or bool)");
+}
+
+void throw_dtype_mismatch(DType have, DType want) {
+  throw std::invalid_argument("tensor holds " + std::string(dtype_name(have)) + ", accessed as " +
+                              std::string(dtype_name(want)));
+}
+
+void throw_not_float(DType have, const char* op) {
+  throw std::invalid_argument(std::string(op) + ": expected a float32 or float64 tensor, got " +
+                              std::string(dtype_name(have)));
+}
+
+std::string shape_str(std::span<const std::int64_t> shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+std::int64_t shape_numel(std::span<const std::int64_t> shape) {
+  std::int64_t n = 1;
+  for (auto s : shape) n *= s;
+  return n;
+}
+
+Shape contiguous_strides(std::span<const std::int64_t> shape) {
+  Shape strides(shape.size());
+  std::int64_t s = 1;
+  for (std::size_t i = shape.size(); i-- > 0;) {
+    strides[i] = s;
+    s *= std::max<std::int64_t>(shape[i], 1);
+  }
+  return strides;
+}
+
+// ---------------------------------------------------------------- storage
+
+namespace {
+std::atomic<std::size_t> g_current_bytes{0};
+std::atomic<std::size_t> g_peak_bytes{0};
+
+void note_alloc(std::size_t n) {
+  std::size_t now = g_current_bytes.fetch_add(n) + n;
+  std::size_t peak = g_peak_bytes.load();
+  while (now > peak && !g_peak_bytes.compare_exchange_weak(peak, now)) {
+  }
+}
+}  // namespace
+
+Storage::Storage(std::size_t nbytes) : nbytes_(nbytes) {
+  // 64-byte alignment suits AVX-512 loads and keeps rows of a matrix apart.
+  std::size_t rounded = ((nbytes + 63) / 64) * 64;
+  data_ = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  if (!data_) throw std::bad_alloc();
+  note_alloc(nbytes_);
+}
+
+Storage::~Storage() {
+  std::free(data_);
+  g_current_bytes.fetch_sub(nbytes_);
+}
+
+MemoryStats memory_stats() { return {g_current_bytes.load(), g_peak_bytes.load()}; }
+void reset_peak_memory() { g_peak_bytes.store(g_current_bytes.load()); }
+
+// ---------------------------------------------------------------- construction
+
+Tensor::Tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, std::int64_t offset,
+               DType dtype)
+    : storage_(std::move(storage)),
+      shape_(std::move(shape)),
+      strides_(std::move(strides)),
+      offset_(offset),
+      dtype_(dtype) {
+  if (shape_.size() != strides_.size())
+    throw std::logic_error("Tensor: shape " + shape_str(shape_) + " and strides " +
+                           shape_str(strides_) + " differ in rank");
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype) {
+  for (auto s : shape)
+    if (s < 0) throw std::invalid_argument("Tensor::empty: negative size in " + shape_str(shape));
+  auto storage = std::make_shared<Storage>(static_cast<std::size_t>(shape_numel(shape)) *
+                                           dtype_size(dtype));
+  return Tensor(std::move(storage), shape, contiguous_strides(shape), 0, dtype);
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype) {
+  Tensor t = empty(shape, dtype);
+  std::memset(t.storage_->data(), 0, t.storage_->nbytes());
+  return t;
+}
+
+Tensor Tensor::full(const Shape& shape, double value, DType dtype) {
+  Tensor t = empty(shape, dtype);
+  t.fill_(value);
+  return t;
+}
+
+Tensor Tensor::from_values(std::span<const double> values, const Shape& shape, DType dtype) {
+  if (static_cast<std::int64_t>(values.size()) != shape_numel(shape))
+    throw std::invalid_argument("Tensor::from_values: " + std::to_string(values.size()) +
+                                " values for shape " + shape_str(shape));
+  Tensor t = empty(shape, dtype);
+  for (std::size_t i = 0; i < values.size(); ++i) t.set_flat(static_cast<std::int64_t>(i), values[i]);
+  return t;
+}
+
+// ---------------------------------------------------------------- geometry
+
+std::int64_t Tensor::normalize_dim(std::int64_t d, std::int64_t ndim, const char* op) const {
+  std::int64_t r = d < 0 ? d + ndim : d;
+  if (r < 0 || r >= ndim)
+    throw std::invalid_argument(std::string(op) + ": dim " + std::to_string(d) +
+                                " out of range for shape " + shape_str(shape_));
+  return r;
+}
+
+std::int64_t Tensor::size(std::int64_t d) const { return shape_[normalize_dim(d, dim(), "size")]; }
+std::int64_t Tensor::stride(std::int64_t d) const {
+  return strides_[normalize_dim(d, dim(), "stride")];
+}
+
+bool Tensor::is_contiguous() const {
+  std::int64_t expected = 1;
+  for (std::size_t i = shape_.size(); i-- > 0;) {
+    if (shape_[i] == 1) continue;
+    if (strides_[i] != expected) return false;
+    expected *= shape_[i];
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------- views
+
+Tensor Tensor::transpose(std::int64_t d0, std::int64_t d1) const {
+  d0 = normalize_dim(d0, dim(), "transpose");
+  d1 = normalize_dim(d1, dim(), "transpose");
+  Shape shape = shape_, strides = strides_;
+  std::swap(shape[d0], shape[d1]);
+  std::swap(strides[d0], strides[d1]);
+  return Tensor(storage_, std::move(shape), std::move(strides), offset_, dtype_);
+}
+
+Tensor Tensor::permute(const Shape& dims) const {
+  if (static_cast<std::int64_t>(dims.size()) != dim())
+    throw std::invalid_argument("permute: dims " + shape_str(dims) + " do not match shape " +
+                                shape_str(shape_));
+  Shape shape(dims.size()), strides(dims.size());
+  std::vector<bool> seen(dims.size(), false);
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    std::int64_t d = normalize_dim(dims[i], dim(), "permute");
+    if (seen[d]) throw std::invalid_argument("permute: dims " + shape_str(dims) + " repeat a dim");
+    seen[d] = true;
+    shape[i] = shape_[d];
+    strides[i] = strides_[d];
+  }
+  return Tensor(storage_, std::move(shape), std::move(strides), offset_, dtype_);
+}
+
+Tensor Tensor::narrow(std::int64_t d, std::int64_t start, std::int64_t length) const {
+  d = normalize_dim(d, dim(), "narrow");
+  if (start < 0 || length < 0 || start + length > shape_[d])
+    throw std::invalid_argument("narrow: [" + std::to_string(start) + ", " +
+                                std::to_string(start + length) + ") out of range for dim " +
+                                std::to_string(d) + " of shape " + shape_str(shape_));
+  Shape shape = shape_;
+  shape[d] = length;
+  return Tensor(storage_, std::move(shape), strides_, offset_ + start * strides_[d], dtype_);
+}
+
+namespace {
+Shape infer_shape(const Shape& requested, std::int64_t numel, const Shape& from, const char* op) {
+  Shape shape = requested;
+  std::int64_t known = 1, infer = -1;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == -1) {
+      if (infer >= 0) throw std::invalid_argument(std::string(op) + ": more than one -1 in " +
+                                                  shape_str(requested));
+      infer = static_cast<std::int64_t>(i);
+    } else if (shape[i] < 0) {
+      throw std::invalid_argument(std::string(op) + ": negative size in " + shape_str(requested));
+    } else {
+      known *= shape[i];
+    }
+  }
+  if (infer >= 0) {
+    if (known == 0 || numel % known != 0)
+      throw std::invalid_argument(std::string(op) + ": cannot infer -1 in " +
+                                  shape_str(requested) + " from shape " + shape_str(from));
+    shape[infer] = numel / known;
+    known *= shape[infer];
+  }
+  if (known != numel)
+    throw std::invalid_argument(std::string(op) + ": shape " + shape_str(requested) +
+                                " does not hold the " + std::to_string(numel) +
+                                " elements of shape " + shape_str(from));
+  return shape;
+}
+
+// PyTorch's computeStride: split the old dims into chunks that are contiguous
+// among themselves; each chunk may be re-split freely. Empty optional when the
+// new shape would need elements of two chunks to interleave.
+bool view_strides(const Shape& old_shape, const Shape& old_strides, const Shape& new_shape,
+                  Shape& new_strides) {
+  new_strides.assign(new_shape.size(), 0);
+  if (shape_numel(old_shape) == 0) {
+    new_strides = contiguous_strides(new_shape);
+    return true;
+  }
+  std::int64_t view_d = static_cast<std::int64_t>(new_shape.size()) - 1;
+  std::int64_t chunk_base_stride = old_strides.empty() ? 1 : old_strides.back();
+  std::int64_t tensor_numel = 1, view_numel = 1;
+  for (std::int64_t tensor_d = static_cast<std::int64_t>(old_shape.size()) - 1; tensor_d >= 0;
+       --tensor_d) {
+    tensor_numel *= old_shape[tensor_d];
+    if (tensor_d == 0 ||
+        (old_shape[tensor_d - 1] != 1 &&
+         old_strides[tensor_d - 1] != tensor_numel * chunk_base_stride)) {
+      while (view_d >= 0 && (view_numel < tensor_numel || new_shape[view_d] == 1)) {
+        new_strides[view_d] = view_numel * chunk_base_stride;
+        view_numel *= new_shape[view_d];
+        --view_d;
+      }
+      if (view_numel != tensor_numel) return false;
+      if (tensor_d > 0) {
+        chunk_base_stride = old_strides[tensor_d - 1];
+        tensor_numel = 1;
+        view_numel = 1;
+      }
+    }
+  }
+  return view_d == -1;
+}
+}  // namespace
+
+Tensor Tensor::view(const Shape& requested) const {
+  Shape shape = infer_shape(requested, numel(), shape_, "view");
+  Shape strides;
+  if (!view_strides(shape_, strides_, shape, strides))
+    throw std::invalid_argument(
+        "view: a tensor of shape " + shape_str(shape_) + " with strides " + shape_str(strides_) +
+        " cannot be viewed as " + shape_str(shape) +
+        " without a copy (its strides mix the dims being merged or split); use reshape(), or "
+        "contiguous() then view()");
+  return Tensor(storage_, std::move(shape), std::move(strides), offset_, dtype_);
+}
+
+Tensor Tensor::reshape(const Shape& requested) const {
+  Shape shape = infer_shape(requested, numel(), shape_, "reshape");
+  Shape strides;
+  if (view_strides(shape_, strides_, shape, strides))
+    return Tensor(storage_, std::move(shape), std::move(strides), offset_, dtype_);
+  return contiguous().view(shape);
+}
+
+Tensor Tensor::expand(const Shape& shape) const {
+  if (shape.size() < shape_.size())
+    throw std::invalid_argument("expand: cannot expand shape " + shape_str(shape_) + " to " +
+                                shape_str(shape));
+  const std::size_t lead = shape.size() - shape_.size();
+  Shape strides(shape.size(), 0);
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i < lead) continue;  // new leading dims: stride 0
+    std::int64_t have = shape_[i - lead];
+    if (have == shape[i]) {
+      strides[i] = strides_[i - lead];
+    } else if (have != 1) {
+      throw std::invalid_argument("expand: cannot expand shape " + shape_str(shape_) + " to " +
+                                  shape_str(shape) + " (dim " + std::to_string(i) +
+                                  " is neither equal nor 1)");
+    }
+  }
+  return Tensor(storage_, shape, std::move(strides), offset_, dtype_);
+}
+
+Tensor Tensor::unsqueeze(std::int64_t d) const {
+  d = normalize_dim(d, dim() + 1, "unsqueeze");
+  Shape shape = shape_, strides = strides_;
+  std::int64_t st = d < dim() ? strides_[d] * shape_[d] : 1;
+  shape.insert(shape.begin() + d, 1);
+  strides.insert(strides.begin() + d, st);
+  return Tensor(storage_, std::move(shape), std::move(strides), offset_, dtype_);
+}
+
+Tensor Tensor::squeeze(std::int64_t d) const {
+  d = normalize_dim(d, dim(), "squeeze");
+  if (shape_[d] != 1)
+    throw std::invalid_argument("squeeze: dim " + std::to_string(d) + " of shape " +
+                                shape_str(shape_) + " is not 1");
+  Shape shape = shape_, strides = strides_;
+  shape.erase(shape.begin() + d);
+  strides.erase(strides.begin() + d);
+  return Tensor(storage_, std::move(shape), std::move(strides), offset_, dtype_);
+}
+
+// ---------------------------------------------------------------- copies
+
+namespace {
+template <class Dst, class Src>
+void copy_typed(const Tensor& dst, const Tensor& src) {
+  Dst* d = static_cast<Dst*>(dst.storage()->data());
+  const Src* s = static_cast<const Src*>(src.storage()->data());
+  if (dst.is_contiguous() && src.is_contiguous()) {
+    Dst* dp = d + dst.offset();
+    const Src* sp = s + src.offset();
+    const std::int64_t n = dst.numel();
+    for (std::int64_t i = 0; i < n; ++i) dp[i] = static_cast<Dst>(sp[i]);
+    return;
+  }
+  detail::for_each_offsets<2>(dst.shape(), {dst.strides(), src.strides()},
+                              {dst.offset(), src.offset()},
+                              [&](const std::array<std::int64_t, 2>& o) {
+                                d[o[0]] = static_cast<Dst>(s[o[1]]);
+                              });
+}
+
+template <class F>
+void dispatch_any(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::float32: f.template operator()<float>(); break;
+    case DType::float64: f.template operator()<double>(); break;
+    case DType::boolean: f.template operator()<bool>(); break;
+  }
+}
+}  // namespace
+
+void Tensor::copy_(const Tensor& src) {
+  if (src.shape_ != shape_)
+    throw std::invalid_argument("copy_: source shape " + shape_str(src.shape_) +
+                                " differs from destination shape " + shape_str(shape_));
+  dispatch_any(dtype_, [&]<class D>() {
+    dispatch_any(src.dtype_, [&]<class S>() { copy_typed<D, S>(*this, src); });
+  });
+}
+
+Tensor Tensor::contiguous() const {
+  if (is_contiguous()) return *this;
+  return clone();
+}
+
+Tensor Tensor::clone() const {
+  Tensor out = empty(shape_, dtype_);
+  out.copy_(*this);
+  return out;
+}
+
+Tensor Tensor::to(DType dtype) const {
+  if (dtype == dtype_) return *this;
+  Tensor out = empty(shape_, dtype);
+  out.copy_(*this);
+  return out;
+}
+
+// ---------------------------------------------------------------- elements
+
+std::int64_t Tensor::flat_to_offset(std::int64_t i) const {
+  if (i < 0 || i >= numel())
+    throw std::out_of_range("flat index " + std::to_string(i) + " out of range for shape " +
+                            shape_str(shape_));
+  std::int64_t off = offset_;
+  for (std::size_t d = shape_.size(); d-- > 0;) {
+    off += (i % shape_[d]) * strides_[d];
+    i /= shape_[d];
+  }
+  return off;
+}
+
+namespace {
+double read_at(const Tensor& t, std::int64_t off) {
+  switch (t.dtype()) {
+    case DType::float32: return static_cast<const float*>(t.storage()->data())[off];
+    case DType::float64: return static_cast<const double*>(t.storage()->data())[off];
+    case DType::boolean: return static_cast<const bool*>(t.storage()->data())[off] ? 1.0 : 0.0;
+  }
+  return 0.0;
+}
+void write_at(const Tensor& t, std::int64_t off, double v) {
+  switch (t.dtype()) {
+    case DType::float32: static_cast<float*>(t.storage()->data())[off] = static_cast<float>(v); break;
+    case DType::float64: static_cast<double*>(t.storage()->data())[off] = v; break;
+    case DType::boolean: static_cast<bool*>(t.storage()->data())[off] = v != 0.0; break;
+  }
+}
+}  // namespace
+
+double Tensor::item() const {
+  if (numel() != 1)
+    throw std::invalid_argument("item: tensor of shape " + shape_str(shape_) +
+                                " has more than one element");
+  return read_at(*this, offset_);
+}
+
+double Tensor::at(std::span<const std::int64_t> index) const {
+  if (static_cast<std::int64_t>(index.size()) != dim())
+    throw std::invalid_argument("at: index of rank " + std::to_string(index.size()) +
+                                " for shape " + shape_str(shape_));
+  std::int64_t off = offset_;
+  for (std::size_t d = 0; d < index.size(); ++d) {
+    if (index[d] < 0 || index[d] >= shape_[d])
+      throw std::out_of_range("at: index " + shape_str(index) + " out of range for shape " +
+                              shape_str(shape_));
+    off += index[d] * strides_[d];
+  }
+  return read_at(*this, off);
+}
+
+void Tensor::set(std::span<const std::int64_t> index, double value) {
+  if (static_cast<std::int64_t>(index.size()) != dim())
+    throw std::invalid_argument("set: index of rank " + std::to_string(index.size()) +
+                                " for shape " + shape_str(shape_));
+  std::int64_t off = offset_;
+  for (std::size_t d = 0; d < index.size(); ++d) {
+    if (index[d] < 0 || index[d] >= shape_[d])
+      throw std::out_of_range("set: index " + shape_str(index) + " out of range for shape " +
+                              shape_str(shape_));
+    off += index[d] * strides_[d];
+  }
+  write_at(*this, off, value);
+}
+
+double Tensor::flat(std::int64_t i) const { return read_at(*this, flat_to_offset(i)); }
+void Tensor::set_flat(std::int64_t i, double value) { write_at(*this, flat_to_offset(i), value); }
+
+void Tensor::fill_(double value) {
+  dispatch_any(dtype_, [&]<class T>() {
+    T* base = static_cast<T*>(storage_->data());
+    const T v = static_cast<T>(value);
+    detail::for_each_offsets<1>(shape_, {strides_}, {offset_},
+                                [&](const std::array<std::int64_t, 1>& o) { base[o[0]] = v; });
+  });
+}
+
+std::vector<double> Tensor::to_vector() const {
+  std::vector<double> out;
+  out.reserve(static_cast<std::size_t>(numel()));
+  detail::for_each_offsets<1>(shape_, {strides_}, {offset_},
+                              [&](const std::array<std::int64_t, 1>& o) {
+                                out.push_back(read_at(*this, o[0]));
+                              });
+  return out;
+}
+
+std::string Tensor::repr() const {
+  if (!defined()) return "Tensor(undefined)";
+  return "Tensor(" + std::string(dtype_name(dtype_)) + ", " + shape_str(shape_) + ", strides " +
+         shape_str(strides_) + ")";
+}
+
+// ---------------------------------------------------------------- random
+
+std::uint64_t Generator::next_u64() {
+  // SplitMix64 (Steele, Lea, Flood 2014): integer-only, so the same on every machine.
+  std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+double Generator::uniform() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
+
+double Generator::normal() {
+  if (has_spare_) {
+    has_spare_ = false;
+    return spare_;
+  }
+  double u1 = uniform();
+  while (u1 <= 0.0) u1 = uniform();
+  const double u2 = uniform();
+  const double r = std::sqrt(-2.0 * std::log(u1));
+  const double theta = 2.0 * std::numbers::pi * u2;
+  spare_ = r * std::sin(theta);
+  has_spare_ = true;
+  return r * std::cos(theta);
+}
+
+Tensor randn(const Shape& shape, DType dtype, Generator& gen, double stddev) {
+  Tensor t = Tensor::empty(shape, dtype);
+  const std::int64_t n = t.numel();
+  for (std::int64_t i = 0; i < n; ++i) t.set_flat(i, gen.normal() * stddev);
+  return t;
+}
+
+Tensor rand_uniform(const Shape& shape, DType dtype, Generator& gen, double lo, double hi) {
+  Tensor t = Tensor::empty(shape, dtype);
+  const std::int64_t n = t.numel();
+  for (std::int64_t i = 0; i < n; ++i) t.set_flat(i, lo + (hi - lo) * gen.uniform());
+  return t;
+}
+
+}  // namespace headgrad
