@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -94,6 +95,7 @@ class Tensor {
   // A view with a new shape; one size may be -1. Throws std::invalid_argument
   // when the strides cannot express it (suggesting reshape() or contiguous()).
   Tensor view(const Shape& shape) const;
+  std::optional<Tensor> try_view(const Shape& shape) const;  // empty instead of throwing
   // Broadcast size-1 dims (and new leading dims) with stride 0.
   Tensor expand(const Shape& shape) const;
   Tensor unsqueeze(std::int64_t dim) const;

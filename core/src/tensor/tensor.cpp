@@ -288,6 +288,13 @@ Tensor Tensor::view(const Shape& requested) const {
   return Tensor(storage_, std::move(shape), std::move(strides), offset_, dtype_);
 }
 
+std::optional<Tensor> Tensor::try_view(const Shape& requested) const {
+  Shape shape = infer_shape(requested, numel(), shape_, "view");
+  Shape strides;
+  if (!view_strides(shape_, strides_, shape, strides)) return std::nullopt;
+  return Tensor(storage_, std::move(shape), std::move(strides), offset_, dtype_);
+}
+
 Tensor Tensor::reshape(const Shape& requested) const {
   Shape shape = infer_shape(requested, numel(), shape_, "reshape");
   Shape strides;

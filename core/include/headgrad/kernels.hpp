@@ -1,0 +1,37 @@
+// Tensor-level kernels: the arithmetic under the ops, with no graph. Ops use
+// them for forward and backward; fused plugins use them inside custom ops.
+//
+// Inputs may be any strided views; outputs are fresh contiguous tensors.
+// Both operands of a binary kernel must share a float dtype.
+#pragma once
+
+#include <cstdint>
+
+#include "headgrad/tensor.hpp"
+
+namespace headgrad::kernels {
+
+enum class BinaryOp { add, sub, mul, div };
+enum class UnaryOp { neg, exp, log };
+
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);  // broadcasting
+Tensor unary(UnaryOp op, const Tensor& x);
+Tensor scale(const Tensor& x, double factor);
+void add_(Tensor& acc, const Tensor& x);  // acc += x, same shape, acc contiguous
+
+// Sum g over the dims it was broadcast along, down to `shape`.
+Tensor sum_to(const Tensor& g, const Shape& shape);
+Tensor sum_dim(const Tensor& x, std::int64_t dim, bool keepdim);
+Tensor sum_all(const Tensor& x);  // -> []
+
+// a [..., M, K] @ b [..., K, N] -> [..., M, N] through sgemm/dgemm.
+Tensor matmul(const Tensor& a, const Tensor& b);
+
+// Stable softmax over dim, and its backward: dx = y * (dy - sum(dy * y, dim)).
+Tensor softmax(const Tensor& x, std::int64_t dim);
+Tensor softmax_backward(const Tensor& y, const Tensor& dy, std::int64_t dim);
+
+// Where mask (bool, broadcast to x) is true, `value`; elsewhere x.
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
+
+}  // namespace headgrad::kernels

@@ -1,0 +1,74 @@
+// headgrad ops: free functions over Variables, each with its backward.
+//
+// Shape legend: B batch, H heads, T sequence, Tq/Tk query/key lengths,
+// D model width (D = H * d), d head width, [...] any leading dims.
+//
+//   Variable q = linear(x, wq);                        // x [B, T, D], wq [D, D] -> [B, T, D]
+//   Variable qh = transpose(view(q, {B, T, H, d}), 1, 2);   // [B, H, T, d]
+//   Variable s = scale(matmul(qh, transpose(kh, -2, -1)), 1 / sqrt(d));   // [B, H, T, T]
+//   Variable p = softmax(masked_fill(s, causal_mask(T, T), -inf), -1);
+//
+// Every shape mismatch throws std::invalid_argument naming the op and the shapes.
+// Binary elementwise ops broadcast as numpy does (right-aligned, size-1 dims and
+// missing leading dims stretch); their backward sums over the broadcast dims.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "headgrad/variable.hpp"
+
+namespace headgrad {
+
+// ---- matrix products (CBLAS sgemm/dgemm) ----
+// a [..., M, K] @ b [..., K, N] -> [..., M, N]; leading dims broadcast.
+// Transposed views go to the GEMM as transposition flags, not copies.
+Variable matmul(const Variable& a, const Variable& b);
+// x [..., in] and w [out, in] (PyTorch's layout) -> x w^T [..., out]
+Variable linear(const Variable& x, const Variable& w);
+
+// ---- elementwise ----
+Variable add(const Variable& a, const Variable& b);
+Variable sub(const Variable& a, const Variable& b);
+Variable mul(const Variable& a, const Variable& b);
+Variable div(const Variable& a, const Variable& b);
+Variable scale(const Variable& x, double factor);
+Variable neg(const Variable& x);
+Variable exp(const Variable& x);
+Variable log(const Variable& x);
+
+// ---- reductions ----
+Variable sum(const Variable& x);                                     // -> []
+Variable sum(const Variable& x, std::int64_t dim, bool keepdim = false);
+Variable mean(const Variable& x);
+Variable mean(const Variable& x, std::int64_t dim, bool keepdim = false);
+
+// ---- shape ----
+Variable view(const Variable& x, const Shape& shape);     // throws if strides forbid it
+Variable reshape(const Variable& x, const Shape& shape);  // copies only when it must
+Variable transpose(const Variable& x, std::int64_t d0, std::int64_t d1);
+Variable permute(const Variable& x, const Shape& dims);
+Variable contiguous(const Variable& x);
+Variable narrow(const Variable& x, std::int64_t dim, std::int64_t start, std::int64_t length);
+Variable cat(const std::vector<Variable>& xs, std::int64_t dim);
+Variable stack(const std::vector<Variable>& xs, std::int64_t dim);
+Variable expand(const Variable& x, const Shape& shape);
+// Each slice along dim repeated `repeats` times in place: [a, b] -> [a, a, b, b]
+// (how grouped KV heads are widened to the query heads).
+Variable repeat_interleave(const Variable& x, std::int64_t repeats, std::int64_t dim);
+
+// ---- attention pieces ----
+Variable softmax(const Variable& x, std::int64_t dim);
+// Where mask is true the output holds `value` (PyTorch's masked_fill); mask
+// (bool) broadcasts to x. !! Attention masks say True = attend, so masking
+// scores is masked_fill(s, logical_not(attend), -inf). !!
+Variable masked_fill(const Variable& x, const Tensor& mask, double value);
+// [Tq, Tk] bool, True where query i may attend key j: j <= i, aligned top-left
+// when Tq != Tk (PyTorch's is_causal).
+Tensor causal_mask(std::int64_t tq, std::int64_t tk);
+Tensor logical_not(const Tensor& mask);
+
+// The dims two shapes broadcast to; throws naming `op` when they cannot.
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
+
+}  // namespace headgrad

@@ -1,0 +1,384 @@
+#include "headgrad/kernels.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+#include "headgrad/ops.hpp"
+#include "tensor/strided.hpp"
+
+namespace headgrad {
+
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
+  const std::size_t n = std::max(a.size(), b.size());
+  Shape out(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    const std::int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    if (da != db && da != 1 && db != 1)
+      throw std::invalid_argument(std::string(op) + ": shapes " + shape_str(a) + " and " +
+                                  shape_str(b) + " do not broadcast");
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+namespace kernels {
+namespace {
+
+void require_same_dtype(const Tensor& a, const Tensor& b, const char* op) {
+  if (a.dtype() != b.dtype())
+    throw std::invalid_argument(std::string(op) + ": dtypes differ (" +
+                                std::string(dtype_name(a.dtype())) + " and " +
+                                std::string(dtype_name(b.dtype())) + ")");
+}
+
+template <class T>
+T* base_ptr(const Tensor& t) {
+  return static_cast<T*>(t.storage()->data());
+}
+
+// out[i] = f(a[i], b[i]) over a common shape, any strides (b may be stride-0).
+template <class T, class F>
+void zip_into(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
+  T* o = base_ptr<T>(out);
+  const T* pa = base_ptr<T>(a);
+  const T* pb = base_ptr<T>(b);
+  if (out.is_contiguous() && a.is_contiguous() && b.is_contiguous() && a.shape() == out.shape() &&
+      b.shape() == out.shape()) {
+    o += out.offset();
+    pa += a.offset();
+    pb += b.offset();
+    const std::int64_t n = out.numel();
+    for (std::int64_t i = 0; i < n; ++i) o[i] = f(pa[i], pb[i]);
+    return;
+  }
+  detail::for_each_offsets<3>(out.shape(), {out.strides(), a.strides(), b.strides()},
+                              {out.offset(), a.offset(), b.offset()},
+                              [&](const std::array<std::int64_t, 3>& off) {
+                                o[off[0]] = f(pa[off[1]], pb[off[2]]);
+                              });
+}
+
+template <class T, class F>
+void map_into(const Tensor& out, const Tensor& x, F f) {
+  T* o = base_ptr<T>(out);
+  const T* px = base_ptr<T>(x);
+  if (x.is_contiguous()) {
+    o += out.offset();
+    px += x.offset();
+    const std::int64_t n = out.numel();
+    for (std::int64_t i = 0; i < n; ++i) o[i] = f(px[i]);
+    return;
+  }
+  detail::for_each_offsets<2>(out.shape(), {out.strides(), x.strides()},
+                              {out.offset(), x.offset()},
+                              [&](const std::array<std::int64_t, 2>& off) {
+                                o[off[0]] = f(px[off[1]]);
+                              });
+}
+
+}  // namespace
+
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+  static constexpr const char* names[] = {"add", "sub", "mul", "div"};
+  const char* name = names[static_cast<int>(op)];
+  require_same_dtype(a, b, name);
+  const Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
+  Tensor out = Tensor::empty(shape, a.dtype());
+  const Tensor ea = a.expand(shape), eb = b.expand(shape);
+  dispatch_float(a.dtype(), name, [&]<class T>() {
+    switch (op) {
+      case BinaryOp::add: zip_into<T>(out, ea, eb, [](T x, T y) { return x + y; }); break;
+      case BinaryOp::sub: zip_into<T>(out, ea, eb, [](T x, T y) { return x - y; }); break;
+      case BinaryOp::mul: zip_into<T>(out, ea, eb, [](T x, T y) { return x * y; }); break;
+      case BinaryOp::div: zip_into<T>(out, ea, eb, [](T x, T y) { return x / y; }); break;
+    }
+  });
+  return out;
+}
+
+Tensor unary(UnaryOp op, const Tensor& x) {
+  static constexpr const char* names[] = {"neg", "exp", "log"};
+  const char* name = names[static_cast<int>(op)];
+  Tensor out = Tensor::empty(x.shape(), x.dtype());
+  dispatch_float(x.dtype(), name, [&]<class T>() {
+    switch (op) {
+      case UnaryOp::neg: map_into<T>(out, x, [](T v) { return -v; }); break;
+      case UnaryOp::exp: map_into<T>(out, x, [](T v) { return std::exp(v); }); break;
+      case UnaryOp::log: map_into<T>(out, x, [](T v) { return std::log(v); }); break;
+    }
+  });
+  return out;
+}
+
+Tensor scale(const Tensor& x, double factor) {
+  Tensor out = Tensor::empty(x.shape(), x.dtype());
+  dispatch_float(x.dtype(), "scale", [&]<class T>() {
+    const T f = static_cast<T>(factor);
+    map_into<T>(out, x, [f](T v) { return v * f; });
+  });
+  return out;
+}
+
+void add_(Tensor& acc, const Tensor& x) {
+  if (acc.shape() != x.shape())
+    throw std::invalid_argument("add_: shapes " + shape_str(acc.shape()) + " and " +
+                                shape_str(x.shape()) + " differ");
+  require_same_dtype(acc, x, "add_");
+  dispatch_float(acc.dtype(), "add_", [&]<class T>() {
+    zip_into<T>(acc, acc, x, [](T s, T v) { return s + v; });
+  });
+}
+
+// Accumulate g into a zero tensor of the reduced shape, expanded (stride 0) over
+// the summed dims: one pass over g, whatever dims are reduced.
+Tensor sum_to(const Tensor& g, const Shape& shape) {
+  if (g.shape() == shape) return g;
+  if (shape.size() > g.shape().size())
+    throw std::invalid_argument("sum_to: cannot reduce " + shape_str(g.shape()) + " to " +
+                                shape_str(shape));
+  Tensor out = Tensor::zeros(shape, g.dtype());
+  const Tensor acc = out.expand(g.shape());
+  dispatch_float(g.dtype(), "sum_to", [&]<class T>() {
+    T* o = base_ptr<T>(acc);
+    const T* pg = base_ptr<T>(g);
+    detail::for_each_offsets<2>(g.shape(), {acc.strides(), g.strides()},
+                                {acc.offset(), g.offset()},
+                                [&](const std::array<std::int64_t, 2>& off) {
+                                  o[off[0]] += pg[off[1]];
+                                });
+  });
+  return out;
+}
+
+Tensor sum_dim(const Tensor& x, std::int64_t dim, bool keepdim) {
+  const std::int64_t d = dim < 0 ? dim + x.dim() : dim;
+  if (d < 0 || d >= x.dim())
+    throw std::invalid_argument("sum: dim " + std::to_string(dim) + " out of range for shape " +
+                                shape_str(x.shape()));
+  Shape kept = x.shape();
+  kept[d] = 1;
+  Tensor out = sum_to(x, kept);
+  if (out.shares_storage(x)) out = out.clone();  // size-1 dim: sum_to returned x itself
+  return keepdim ? out : out.squeeze(d);
+}
+
+Tensor sum_all(const Tensor& x) {
+  Tensor out = Tensor::zeros({}, x.dtype());
+  dispatch_float(x.dtype(), "sum", [&]<class T>() {
+    // Accumulate in double so float32 sums of long tensors stay accurate.
+    double s = 0.0;
+    const T* p = base_ptr<T>(x);
+    detail::for_each_offsets<1>(x.shape(), {x.strides()}, {x.offset()},
+                                [&](const std::array<std::int64_t, 1>& o) { s += p[o[0]]; });
+    *out.data<T>() = static_cast<T>(s);
+  });
+  return out;
+}
+
+// ---------------------------------------------------------------- matmul
+
+namespace {
+
+// How a [rows, cols] matrix view is handed to a row-major GEMM: as is (ld =
+// row stride) or transposed (ld = column stride). Size-1 dims have free strides.
+struct GemmOperand {
+  bool ok = false;
+  bool trans = false;
+  std::int64_t ld = 0;
+};
+
+GemmOperand gemm_operand(std::int64_t rows, std::int64_t cols, std::int64_t s_row,
+                         std::int64_t s_col) {
+  const std::int64_t sc = cols == 1 ? 1 : s_col;
+  const std::int64_t sr = rows == 1 ? std::max<std::int64_t>(cols, 1) : s_row;
+  if (sc == 1 && sr >= std::max<std::int64_t>(cols, 1)) return {true, false, sr};
+  const std::int64_t tr = rows == 1 ? 1 : s_row;
+  const std::int64_t tc = cols == 1 ? std::max<std::int64_t>(rows, 1) : s_col;
+  if (tr == 1 && tc >= std::max<std::int64_t>(rows, 1)) return {true, true, tc};
+  return {};
+}
+
+template <class T>
+void gemm(const GemmOperand& a, const GemmOperand& b, std::int64_t m, std::int64_t n,
+          std::int64_t k, const T* pa, const T* pb, T* pc) {
+  const auto ta = a.trans ? CblasTrans : CblasNoTrans;
+  const auto tb = b.trans ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(n),
+                static_cast<int>(k), 1.0f, pa, static_cast<int>(a.ld), pb, static_cast<int>(b.ld),
+                0.0f, pc, static_cast<int>(n));
+  } else {
+    cblas_dgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(n),
+                static_cast<int>(k), 1.0, pa, static_cast<int>(a.ld), pb, static_cast<int>(b.ld),
+                0.0, pc, static_cast<int>(n));
+  }
+}
+
+// Makes the last two dims of t GEMM-readable, copying only when they are not.
+Tensor gemm_ready(const Tensor& t) {
+  const std::int64_t nd = t.dim();
+  if (gemm_operand(t.size(-2), t.size(-1), t.stride(nd - 2), t.stride(nd - 1)).ok) return t;
+  return t.contiguous();
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  if (a_in.dim() < 2 || b_in.dim() < 2)
+    throw std::invalid_argument("matmul: operands need at least 2 dims, got " +
+                                shape_str(a_in.shape()) + " and " + shape_str(b_in.shape()));
+  require_same_dtype(a_in, b_in, "matmul");
+  const std::int64_t m = a_in.size(-2), k = a_in.size(-1), n = b_in.size(-1);
+  if (b_in.size(-2) != k)
+    throw std::invalid_argument("matmul: inner dims differ: " + shape_str(a_in.shape()) + " @ " +
+                                shape_str(b_in.shape()));
+  const Shape a_batch(a_in.shape().begin(), a_in.shape().end() - 2);
+  const Shape b_batch(b_in.shape().begin(), b_in.shape().end() - 2);
+  const Shape batch = broadcast_shapes(a_batch, b_batch, "matmul");
+  Shape out_shape = batch;
+  out_shape.push_back(m);
+  out_shape.push_back(n);
+  Tensor out = Tensor::empty(out_shape, a_in.dtype());
+  if (out.numel() == 0) return out;
+  if (k == 0) {
+    out.fill_(0.0);
+    return out;
+  }
+
+  dispatch_float(a_in.dtype(), "matmul", [&]<class T>() {
+    // One GEMM when b is a single matrix and a's batch folds into its rows
+    // (linear layers: [B, T, D] @ [D, D] is one [B*T, D] @ [D, D]).
+    if (b_batch.empty() && !a_batch.empty()) {
+      if (auto a2 = a_in.try_view({-1, k})) {
+        const auto ga = gemm_operand(a2->size(0), k, a2->stride(0), a2->stride(1));
+        const Tensor b = gemm_ready(b_in);
+        const auto gb = gemm_operand(k, n, b.stride(0), b.stride(1));
+        if (ga.ok && !ga.trans) {
+          gemm<T>(ga, gb, a2->size(0), n, k, a2->template data<T>(), b.template data<T>(),
+                  out.template data<T>());
+          return;
+        }
+      }
+    }
+    const Tensor a = gemm_ready(a_in), b = gemm_ready(b_in);
+    const auto ga = gemm_operand(m, k, a.stride(-2), a.stride(-1));
+    const auto gb = gemm_operand(k, n, b.stride(-2), b.stride(-1));
+    // Walk the broadcast batch dims with each operand's batch strides.
+    auto batch_strides = [&](const Tensor& t) {
+      Shape bs(t.shape().begin(), t.shape().end() - 2);
+      Shape st(t.strides().begin(), t.strides().end() - 2);
+      Tensor shell(t.storage(), bs, st, t.offset(), t.dtype());
+      return shell.expand(batch).strides();
+    };
+    const Shape sa = batch_strides(a), sb = batch_strides(b);
+    const Shape so(out.strides().begin(), out.strides().end() - 2);
+    const T* pa = base_ptr<T>(a);
+    const T* pb = base_ptr<T>(b);
+    T* pc = base_ptr<T>(out);
+    detail::for_each_offsets<3>(batch, {std::span<const std::int64_t>(sa),
+                                        std::span<const std::int64_t>(sb),
+                                        std::span<const std::int64_t>(so)},
+                                {a.offset(), b.offset(), out.offset()},
+                                [&](const std::array<std::int64_t, 3>& off) {
+                                  gemm<T>(ga, gb, m, n, k, pa + off[0], pb + off[1], pc + off[2]);
+                                });
+  });
+  return out;
+}
+
+// ---------------------------------------------------------------- softmax
+
+namespace {
+// Moves `dim` last and makes rows contiguous, so row kernels see [rows, n].
+Tensor dim_last(const Tensor& x, std::int64_t d) {
+  if (d == x.dim() - 1) return x.contiguous();
+  return x.transpose(d, -1).contiguous();
+}
+Tensor dim_back(const Tensor& rows, std::int64_t d, std::int64_t nd) {
+  if (d == nd - 1) return rows;
+  return rows.transpose(d, -1).contiguous();
+}
+std::int64_t norm_dim(const Tensor& x, std::int64_t dim, const char* op) {
+  const std::int64_t d = dim < 0 ? dim + x.dim() : dim;
+  if (d < 0 || d >= x.dim())
+    throw std::invalid_argument(std::string(op) + ": dim " + std::to_string(dim) +
+                                " out of range for shape " + shape_str(x.shape()));
+  return d;
+}
+}  // namespace
+
+Tensor softmax(const Tensor& x, std::int64_t dim) {
+  const std::int64_t d = norm_dim(x, dim, "softmax");
+  const Tensor rows = dim_last(x, d);
+  Tensor out = Tensor::empty(rows.shape(), x.dtype());
+  dispatch_float(x.dtype(), "softmax", [&]<class T>() {
+    const std::int64_t n = rows.size(-1);
+    const std::int64_t r = n == 0 ? 0 : rows.numel() / n;
+    const T* in = rows.template data<T>();
+    T* o = out.template data<T>();
+    for (std::int64_t i = 0; i < r; ++i) {
+      const T* row = in + i * n;
+      T* orow = o + i * n;
+      T mx = -std::numeric_limits<T>::infinity();
+      for (std::int64_t j = 0; j < n; ++j) mx = std::max(mx, row[j]);
+      T s = 0;
+      for (std::int64_t j = 0; j < n; ++j) s += (orow[j] = std::exp(row[j] - mx));
+      const T inv = T(1) / s;
+      for (std::int64_t j = 0; j < n; ++j) orow[j] *= inv;
+    }
+  });
+  return dim_back(out, d, x.dim());
+}
+
+Tensor softmax_backward(const Tensor& y_in, const Tensor& dy_in, std::int64_t dim) {
+  const std::int64_t d = norm_dim(y_in, dim, "softmax_backward");
+  const Tensor y = dim_last(y_in, d), dy = dim_last(dy_in, d);
+  Tensor dx = Tensor::empty(y.shape(), y.dtype());
+  dispatch_float(y.dtype(), "softmax_backward", [&]<class T>() {
+    const std::int64_t n = y.size(-1);
+    const std::int64_t r = n == 0 ? 0 : y.numel() / n;
+    const T* py = y.template data<T>();
+    const T* pdy = dy.template data<T>();
+    T* pdx = dx.template data<T>();
+    for (std::int64_t i = 0; i < r; ++i) {
+      const T* yr = py + i * n;
+      const T* gr = pdy + i * n;
+      T dot = 0;
+      for (std::int64_t j = 0; j < n; ++j) dot += yr[j] * gr[j];
+      for (std::int64_t j = 0; j < n; ++j) pdx[i * n + j] = yr[j] * (gr[j] - dot);
+    }
+  });
+  return dim_back(dx, d, y_in.dim());
+}
+
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
+  if (mask.dtype() != DType::boolean)
+    throw std::invalid_argument("masked_fill: mask must be bool, got " +
+                                std::string(dtype_name(mask.dtype())));
+  const Shape shape = broadcast_shapes(x.shape(), mask.shape(), "masked_fill");
+  if (shape != x.shape())
+    throw std::invalid_argument("masked_fill: mask " + shape_str(mask.shape()) +
+                                " does not broadcast to input " + shape_str(x.shape()));
+  Tensor out = Tensor::empty(x.shape(), x.dtype());
+  const Tensor m = mask.expand(shape);
+  dispatch_float(x.dtype(), "masked_fill", [&]<class T>() {
+    T* o = base_ptr<T>(out);
+    const T* px = base_ptr<T>(x);
+    const bool* pm = static_cast<const bool*>(m.storage()->data());
+    const T v = static_cast<T>(value);
+    detail::for_each_offsets<3>(shape, {out.strides(), x.strides(), m.strides()},
+                                {out.offset(), x.offset(), m.offset()},
+                                [&](const std::array<std::int64_t, 3>& off) {
+                                  o[off[0]] = pm[off[2]] ? v : px[off[1]];
+                                });
+  });
+  return out;
+}
+
+}  // namespace kernels
+}  // namespace headgrad

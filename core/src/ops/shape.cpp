@@ -1,0 +1,141 @@
+// Shape ops: views where strides allow, copies where they must; and their
+// backward, which routes each gradient element back to where it came from.
+#include <numeric>
+
+#include "headgrad/kernels.hpp"
+#include "headgrad/ops.hpp"
+
+namespace headgrad {
+
+namespace {
+std::int64_t checked_dim(std::int64_t dim, std::int64_t ndim, const Shape& shape, const char* op) {
+  const std::int64_t d = dim < 0 ? dim + ndim : dim;
+  if (d < 0 || d >= ndim)
+    throw std::invalid_argument(std::string(op) + ": dim " + std::to_string(dim) +
+                                " out of range for shape " + shape_str(shape));
+  return d;
+}
+
+// The gradient of any reshape is the upstream gradient in the input's shape.
+BackwardFn reshape_back() {
+  return [](const Tensor& g, std::vector<Variable>& in) {
+    in[0].accumulate_grad(g.reshape(in[0].shape()));
+  };
+}
+}  // namespace
+
+Variable view(const Variable& x, const Shape& shape) {
+  return Variable::from_op("view", x.data().view(shape), {x}, reshape_back());
+}
+
+Variable reshape(const Variable& x, const Shape& shape) {
+  return Variable::from_op("reshape", x.data().reshape(shape), {x}, reshape_back());
+}
+
+Variable contiguous(const Variable& x) {
+  return Variable::from_op("contiguous", x.data().contiguous(), {x},
+                           [](const Tensor& g, std::vector<Variable>& in) { in[0].accumulate_grad(g); });
+}
+
+Variable transpose(const Variable& x, std::int64_t d0, std::int64_t d1) {
+  return Variable::from_op("transpose", x.data().transpose(d0, d1), {x},
+                           [d0, d1](const Tensor& g, std::vector<Variable>& in) {
+                             in[0].accumulate_grad(g.transpose(d0, d1));
+                           });
+}
+
+Variable permute(const Variable& x, const Shape& dims) {
+  Tensor out = x.data().permute(dims);  // validates dims
+  Shape inverse(dims.size());
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    const std::int64_t d = dims[i] < 0 ? dims[i] + x.dim() : dims[i];
+    inverse[d] = static_cast<std::int64_t>(i);
+  }
+  return Variable::from_op("permute", std::move(out), {x},
+                           [inverse](const Tensor& g, std::vector<Variable>& in) {
+                             in[0].accumulate_grad(g.permute(inverse));
+                           });
+}
+
+Variable narrow(const Variable& x, std::int64_t dim, std::int64_t start, std::int64_t length) {
+  Tensor out = x.data().narrow(dim, start, length);
+  const std::int64_t d = checked_dim(dim, x.dim(), x.shape(), "narrow");
+  return Variable::from_op("narrow", std::move(out), {x},
+                           [d, start, length](const Tensor& g, std::vector<Variable>& in) {
+                             Tensor full = Tensor::zeros(in[0].shape(), g.dtype());
+                             full.narrow(d, start, length).copy_(g);
+                             in[0].accumulate_grad(full);
+                           });
+}
+
+Variable cat(const std::vector<Variable>& xs, std::int64_t dim) {
+  if (xs.empty()) throw std::invalid_argument("cat: no tensors");
+  const Shape& first = xs[0].shape();
+  const std::int64_t d = checked_dim(dim, static_cast<std::int64_t>(first.size()), first, "cat");
+  Shape out_shape = first;
+  out_shape[d] = 0;
+  for (const auto& x : xs) {
+    Shape a = x.shape(), b = first;
+    if (a.size() == b.size()) a[d] = b[d] = 0;
+    if (a != b || x.dtype() != xs[0].dtype())
+      throw std::invalid_argument("cat: tensor " + shape_str(x.shape()) + " (" +
+                                  std::string(dtype_name(x.dtype())) + ") does not fit " +
+                                  shape_str(first) + " (" + std::string(dtype_name(xs[0].dtype())) +
+                                  ") along dim " + std::to_string(dim));
+    out_shape[d] += x.size(d);
+  }
+  Tensor out = Tensor::empty(out_shape, xs[0].dtype());
+  std::vector<std::int64_t> starts;
+  std::int64_t at = 0;
+  for (const auto& x : xs) {
+    starts.push_back(at);
+    out.narrow(d, at, x.size(d)).copy_(x.data());
+    at += x.size(d);
+  }
+  return Variable::from_op("cat", std::move(out), xs,
+                           [d, starts](const Tensor& g, std::vector<Variable>& in) {
+                             for (std::size_t i = 0; i < in.size(); ++i)
+                               in[i].accumulate_grad(g.narrow(d, starts[i], in[i].size(d)));
+                           });
+}
+
+Variable stack(const std::vector<Variable>& xs, std::int64_t dim) {
+  if (xs.empty()) throw std::invalid_argument("stack: no tensors");
+  const std::int64_t d = checked_dim(dim, xs[0].dim() + 1, xs[0].shape(), "stack");
+  std::vector<Variable> parts;
+  for (const auto& x : xs) {
+    if (x.shape() != xs[0].shape())
+      throw std::invalid_argument("stack: shapes " + shape_str(xs[0].shape()) + " and " +
+                                  shape_str(x.shape()) + " differ");
+    Shape s = x.shape();
+    s.insert(s.begin() + d, 1);
+    parts.push_back(reshape(x, s));
+  }
+  return cat(parts, d);
+}
+
+Variable expand(const Variable& x, const Shape& shape) {
+  return Variable::from_op("expand", x.data().expand(shape), {x},
+                           [](const Tensor& g, std::vector<Variable>& in) {
+                             in[0].accumulate_grad(kernels::sum_to(g, in[0].shape()));
+                           });
+}
+
+Variable repeat_interleave(const Variable& x, std::int64_t repeats, std::int64_t dim) {
+  if (repeats < 1)
+    throw std::invalid_argument("repeat_interleave: repeats must be >= 1, got " +
+                                std::to_string(repeats));
+  const std::int64_t d = checked_dim(dim, x.dim(), x.shape(), "repeat_interleave");
+  // [.., n, ..] -> unsqueeze -> [.., n, 1, ..] -> expand [.., n, r, ..] -> [.., n*r, ..]
+  Shape wide = x.shape();
+  wide.insert(wide.begin() + d + 1, repeats);
+  Shape out_shape = x.shape();
+  out_shape[d] *= repeats;
+  Tensor out = x.data().unsqueeze(d + 1).expand(wide).reshape(out_shape);
+  return Variable::from_op("repeat_interleave", std::move(out), {x},
+                           [d, wide](const Tensor& g, std::vector<Variable>& in) {
+                             in[0].accumulate_grad(kernels::sum_dim(g.reshape(wide), d + 1, false));
+                           });
+}
+
+}  // namespace headgrad
