@@ -28,6 +28,7 @@ Tensor sum_all(const Tensor& x);  // -> []
 Tensor matmul(const Tensor& a, const Tensor& b);
 
 // Stable softmax over dim, and its backward: dx = y * (dy - sum(dy * y, dim)).
+// A row that is all -inf (every key masked) gives zeros rather than NaN.
 Tensor softmax(const Tensor& x, std::int64_t dim);
 Tensor softmax_backward(const Tensor& y, const Tensor& dy, std::int64_t dim);
 

@@ -58,6 +58,7 @@ Variable expand(const Variable& x, const Shape& shape);
 Variable repeat_interleave(const Variable& x, std::int64_t repeats, std::int64_t dim);
 
 // ---- attention pieces ----
+// A row that is all -inf (every key masked) gives zeros rather than PyTorch's NaN.
 Variable softmax(const Variable& x, std::int64_t dim);
 // Where mask is true the output holds `value` (PyTorch's masked_fill); mask
 // (bool) broadcasts to x. !! Attention masks say True = attend, so masking

@@ -40,8 +40,8 @@
 
 #include <boost/dll/alias.hpp>
 
+#include "headgrad/attention.hpp"
 #include "headgrad/ops.hpp"
-#include "headgrad/variable.hpp"
 
 // Bumped whenever a type below changes layout or meaning. The loader reads a
 // plugin's version through a plain C function before any C++ call and skips
@@ -76,41 +76,6 @@ struct PluginInfo {
   // A deliberately wrong variant that exists to prove suites catch a bug:
   // loaded on request, never listed among the real variants.
   bool mutant = false;
-};
-
-struct RopeSpec {
-  bool enabled = false;
-  double theta = 10000.0;
-};
-
-struct AttentionSpec {
-  std::int64_t d_model = 0;       // D (mha level)
-  std::int64_t num_heads = 1;     // H
-  std::int64_t num_kv_heads = 0;  // Hkv; 0 means H (plain multi-head)
-  bool causal = false;            // query i attends keys j <= i, aligned top-left
-  std::optional<double> scale;    // default 1/sqrt(d)
-  double dropout_p = 0.0;         // on the attention weights; 0 in every comparison
-  std::uint64_t dropout_seed = 0;
-  // Optional bool mask broadcastable to [..., Tq, Tk]: True = attend.
-  // Combined with `causal` when both are set (a key is attended when both allow it).
-  Tensor mask;
-  RopeSpec rope;
-  std::map<std::string, double> options;  // room for settings that come later
-
-  std::int64_t head_dim() const { return d_model / num_heads; }
-  std::int64_t kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }
-  double scale_for(std::int64_t d) const {
-    return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(d));
-  }
-};
-
-// The four projections, PyTorch's layout: W is [out, in] and y = x W^T.
-// Head h owns rows [h*d, (h+1)*d) of wq, wk, wv and columns [h*d, (h+1)*d) of wo.
-struct MhaWeights {
-  Variable wq;  // [D, D]
-  Variable wk;  // [Hkv*d, D]
-  Variable wv;  // [Hkv*d, D]
-  Variable wo;  // [D, D]
 };
 
 class Attention {

@@ -326,6 +326,12 @@ Tensor softmax(const Tensor& x, std::int64_t dim) {
       T* orow = o + i * n;
       T mx = -std::numeric_limits<T>::infinity();
       for (std::int64_t j = 0; j < n; ++j) mx = std::max(mx, row[j]);
+      if (mx == -std::numeric_limits<T>::infinity()) {
+        // Every entry masked out: zeros, not NaN (PyTorch gives NaN here). The
+        // backward then gives zeros too, since dx = y * (...).
+        std::fill(orow, orow + n, T(0));
+        continue;
+      }
       T s = 0;
       for (std::int64_t j = 0; j < n; ++j) s += (orow[j] = std::exp(row[j] - mx));
       const T inv = T(1) / s;

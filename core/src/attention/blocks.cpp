@@ -1,0 +1,55 @@
+#include <stdexcept>
+
+#include "headgrad/attention.hpp"
+#include "headgrad/kernels.hpp"
+
+namespace headgrad {
+
+Tensor attention_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t tk) {
+  const bool has_mask = spec.mask.defined();
+  if (has_mask && spec.mask.dtype() != DType::boolean)
+    throw std::invalid_argument("attention mask must be bool (True = attend), got " +
+                                std::string(dtype_name(spec.mask.dtype())));
+  if (!spec.causal) return has_mask ? spec.mask : Tensor();
+  Tensor causal = causal_mask(tq, tk);
+  if (!has_mask) return causal;
+  // attend where both allow: !(!causal | !mask), computed on the broadcast shape
+  const Shape shape = broadcast_shapes(spec.mask.shape(), causal.shape(), "attention_mask");
+  Tensor both = Tensor::empty(shape, DType::boolean);
+  const Tensor a = spec.mask.expand(shape), c = causal.expand(shape);
+  for (std::int64_t i = 0; i < both.numel(); ++i) both.set_flat(i, a.flat(i) != 0 && c.flat(i) != 0);
+  return both;
+}
+
+Variable split_heads(const Variable& x, std::int64_t heads) {
+  if (x.dim() != 3 || heads < 1 || x.size(2) % heads != 0)
+    throw std::invalid_argument("split_heads: input " + shape_str(x.shape()) +
+                                " is not [B, T, D] with D divisible by " + std::to_string(heads) +
+                                " heads");
+  const std::int64_t b = x.size(0), t = x.size(1), d = x.size(2) / heads;
+  return transpose(reshape(x, {b, t, heads, d}), 1, 2);  // [B, H, T, d]
+}
+
+Variable merge_heads(const Variable& x) {
+  if (x.dim() != 4)
+    throw std::invalid_argument("merge_heads: input " + shape_str(x.shape()) +
+                                " is not [B, H, T, d]");
+  const std::int64_t b = x.size(0), h = x.size(1), t = x.size(2), d = x.size(3);
+  return reshape(transpose(x, 1, 2), {b, t, h * d});  // [B, T, H, d] first, then [B, T, D]
+}
+
+Variable attention_core(const Variable& q, const Variable& k, const Variable& v,
+                        const AttentionSpec& spec) {
+  if (q.dim() < 2 || k.dim() != q.dim() || v.dim() != q.dim() || q.size(-1) != k.size(-1) ||
+      k.size(-2) != v.size(-2))
+    throw std::invalid_argument("attention_core: q " + shape_str(q.shape()) + ", k " +
+                                shape_str(k.shape()) + ", v " + shape_str(v.shape()) +
+                                " are not [..., Tq, d], [..., Tk, d], [..., Tk, dv]");
+  const std::int64_t tq = q.size(-2), tk = k.size(-2);
+  Variable scores = scale(matmul(q, transpose(k, -2, -1)), spec.scale_for(q.size(-1)));
+  if (const Tensor attend = attention_mask(spec, tq, tk); attend.defined())
+    scores = masked_fill(scores, logical_not(attend), -INFINITY);
+  return matmul(softmax(scores, -1), v);  // [..., Tq, dv]
+}
+
+}  // namespace headgrad

@@ -1,0 +1,90 @@
+// per_head: the oracle. Slow, obvious, trusted: a loop over heads, each with
+// its own slice of the weights and its own [T, T] scores; no reshape of
+// activations ever touches the head layout.
+//
+// Shape legend: B batch, T sequence, D model width, H heads, Hkv key/value
+// heads, d = D / H.
+#include <headgrad/plugin.hpp>
+
+namespace {
+
+using namespace headgrad;
+
+// Scores, mask, softmax, weighted values for one head: q [B, Tq, d],
+// k [B, Tk, d], v [B, Tk, dv] -> [B, Tq, dv]. mask: [.., Tq, Tk] or undefined.
+Variable one_head(const Variable& q, const Variable& k, const Variable& v, const Tensor& attend,
+                  double scale_factor) {
+  Variable s = scale(matmul(q, transpose(k, -2, -1)), scale_factor);  // [B, Tq, Tk]
+  if (attend.defined()) s = masked_fill(s, logical_not(attend), -INFINITY);
+  return matmul(softmax(s, -1), v);
+}
+
+// The mask's slice for head h when the mask has a head dim ([B, H, Tq, Tk]).
+Tensor head_mask(const Tensor& attend, std::int64_t h) {
+  if (!attend.defined() || attend.dim() < 4) return attend;
+  const std::int64_t slice = attend.size(-3) == 1 ? 0 : h;  // a size-1 head dim is shared
+  return attend.narrow(-3, slice, 1).squeeze(attend.dim() - 3);
+}
+
+class PerHead final : public Attention {
+ public:
+  PluginInfo info() const override {
+    PluginInfo i;
+    i.name = "per_head";
+    i.version = "1.0.0";
+    i.description = "loop over heads with sliced weights: the slow, obvious oracle";
+    auto& c = i.capabilities;
+    c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = c.grouped_kv = true;
+    return i;
+  }
+
+  // x [..., T, D] -> [..., T, D]
+  Variable mha_forward(const Variable& x, const MhaWeights& w,
+                       const AttentionSpec& spec) const override {
+    const std::int64_t t = x.size(-2), dm = x.size(-1), h_count = spec.num_heads;
+    const std::int64_t d = dm / h_count, group = h_count / spec.kv_heads();
+    const Variable x3 = reshape(x, {-1, t, dm});  // leading dims folded into one batch
+    const Tensor attend = attention_mask(spec, t, t);
+    std::vector<Variable> heads;
+    for (std::int64_t h = 0; h < h_count; ++h) {
+      const std::int64_t g = h / group;  // the key/value head this query head reads
+      const Variable q = linear(x3, narrow(w.wq, 0, h * d, d));  // [B, T, d]
+      const Variable k = linear(x3, narrow(w.wk, 0, g * d, d));
+      const Variable v = linear(x3, narrow(w.wv, 0, g * d, d));
+      heads.push_back(one_head(q, k, v, head_mask(attend, h), spec.scale_for(d)));
+    }
+    const Variable concat = cat(heads, -1);  // [B, T, D]: head h in columns [h*d, (h+1)*d)
+    Shape out_shape = x.shape();
+    return reshape(linear(concat, w.wo), out_shape);
+  }
+
+  // q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv]: every slice of the
+  // leading dims (batch x heads) on its own.
+  Variable core_forward(const Variable& q, const Variable& k, const Variable& v,
+                        const AttentionSpec& spec) const override {
+    const std::int64_t tq = q.size(-2), tk = k.size(-2), d = q.size(-1), dv = v.size(-1);
+    const Variable q3 = reshape(q, {-1, tq, d});
+    const Variable k3 = reshape(k, {-1, tk, d});
+    const Variable v3 = reshape(v, {-1, tk, dv});
+    Tensor attend = attention_mask(spec, tq, tk);
+    if (attend.defined()) {
+      Shape full(q.shape().begin(), q.shape().end() - 2);
+      full.push_back(tq);
+      full.push_back(tk);
+      attend = attend.expand(full).reshape({-1, tq, tk});
+    }
+    std::vector<Variable> slices;
+    for (std::int64_t n = 0; n < q3.size(0); ++n) {
+      const Tensor m = attend.defined() ? attend.narrow(0, n, 1) : Tensor();
+      slices.push_back(one_head(narrow(q3, 0, n, 1), narrow(k3, 0, n, 1), narrow(v3, 0, n, 1), m,
+                                spec.scale_for(d)));
+    }
+    Shape out_shape = q.shape();
+    out_shape.back() = dv;
+    return reshape(cat(slices, 0), out_shape);
+  }
+};
+
+}  // namespace
+
+HEADGRAD_PLUGIN(PerHead)
