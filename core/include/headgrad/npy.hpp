@@ -1,0 +1,48 @@
+// NumPy .npy and .npz files: the format reference tensors arrive in.
+//
+//   Tensor x = read_npy("refs/case1/x.npy");          // float64 [B, T, D]
+//   write_npy("out.npy", y.transpose(0, 1));           // written in logical row-major order
+//   auto arrays = read_npz("weights.npz");             // {"wq": ..., "wk": ...}
+//   Tensor wq = read_npz_member("weights.npz", "wq");  // or "wq.npy"
+//
+// Supported: format versions 1.0, 2.0 and 3.0; C order; dtypes '<f4' (float32),
+// '<f8' (float64) and '|b1' (bool). Everything else (Fortran order, big-endian,
+// other dtypes, sizes that disagree with the shape) is rejected, never guessed at.
+// Every failure, reading or writing, throws NpyError whose message starts with
+// the file (and, inside an .npz, the member).
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+#include <map>
+#include <span>
+#include <stdexcept>
+#include <string>
+
+#include "headgrad/tensor.hpp"
+
+namespace headgrad {
+
+class NpyError : public std::invalid_argument {
+ public:
+  // what() is "<where>: <problem>".
+  NpyError(const std::string& where, const std::string& problem)
+      : std::invalid_argument(where + ": " + problem) {}
+};
+
+Tensor read_npy(const std::filesystem::path& file);
+
+// Version 1.0 unless the header needs more than 65535 bytes, then 2.0.
+void write_npy(const std::filesystem::path& file, const Tensor& t);
+
+// A whole .npy image already in memory; `what` names it in errors.
+Tensor parse_npy(std::span<const std::byte> bytes, const std::string& what);
+
+// Keys are member names without ".npy"; members not ending in ".npy" are not
+// arrays (numpy would hand them back as raw bytes) and are skipped.
+std::map<std::string, Tensor> read_npz(const std::filesystem::path& file);
+
+// `name` with or without ".npy". A missing member's error lists those present.
+Tensor read_npz_member(const std::filesystem::path& file, const std::string& name);
+
+}  // namespace headgrad

@@ -1,0 +1,612 @@
+// .npy / .npz reading and writing. Format reference:
+// https://numpy.org/doc/stable/reference/generated/numpy.lib.format.html
+//
+//   "\x93NUMPY" major minor  header_len  header (a Python dict literal)  data
+//   6 bytes     1     1      2 (v1) or 4 (v2, v3), little-endian
+//
+// Files come from other people's tools, so every size is checked against the
+// bytes actually present before anything is allocated.
+#include "headgrad/npy.hpp"
+
+#include <zip.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+namespace headgrad {
+namespace {
+
+static_assert(std::endian::native == std::endian::little,
+              "npy.cpp copies little-endian data as is; a big-endian host needs byte swaps here");
+static_assert(sizeof(bool) == 1, "'|b1' data is copied into bool storage byte for byte");
+
+constexpr std::array<unsigned char, 6> kMagic = {0x93, 'N', 'U', 'M', 'P', 'Y'};
+constexpr const char* kSupportedDtypes = "'<f4' (float32), '<f8' (float64), '|b1' (bool)";
+
+// ---------------------------------------------------------------- byte sources
+
+// Where an .npy image is read from: a file, memory, or a zip member.
+class ByteSource {
+ public:
+  explicit ByteSource(std::string where) : where_(std::move(where)) {}
+  virtual ~ByteSource() = default;
+  ByteSource(const ByteSource&) = delete;
+  ByteSource& operator=(const ByteSource&) = delete;
+
+  // Total bytes as declared up front (file size, zip directory entry). The
+  // reader still checks what it actually gets: a zip directory can lie.
+  virtual std::uint64_t size() const = 0;
+
+  // Reads until n bytes or the end; returns how many were read.
+  std::size_t read(void* dst, std::size_t n) {
+    auto* out = static_cast<unsigned char*>(dst);
+    std::size_t got = 0;
+    while (got < n) {
+      std::size_t r = read_some(out + got, n - got);
+      if (r == 0) break;
+      got += r;
+    }
+    return got;
+  }
+
+  const std::string& where() const { return where_; }
+
+ protected:
+  virtual std::size_t read_some(unsigned char* dst, std::size_t n) = 0;  // 0 at the end
+
+ private:
+  std::string where_;
+};
+
+class SpanSource final : public ByteSource {
+ public:
+  SpanSource(std::span<const std::byte> bytes, std::string where)
+      : ByteSource(std::move(where)), bytes_(bytes) {}
+  std::uint64_t size() const override { return bytes_.size(); }
+
+ protected:
+  std::size_t read_some(unsigned char* dst, std::size_t n) override {
+    std::size_t k = std::min(n, bytes_.size() - pos_);
+    if (k > 0) std::memcpy(dst, bytes_.data() + pos_, k);
+    pos_ += k;
+    return k;
+  }
+
+ private:
+  std::span<const std::byte> bytes_;
+  std::size_t pos_ = 0;
+};
+
+struct FileCloser {
+  void operator()(std::FILE* f) const { std::fclose(f); }
+};
+using FilePtr = std::unique_ptr<std::FILE, FileCloser>;
+
+class FileSource final : public ByteSource {
+ public:
+  explicit FileSource(const std::filesystem::path& file) : ByteSource(file.string()) {
+    std::error_code ec;
+    auto n = std::filesystem::file_size(file, ec);  // also rejects directories
+    if (ec) throw NpyError(where(), "cannot open: " + ec.message());
+    size_ = n;
+    file_.reset(std::fopen(file.c_str(), "rb"));
+    if (!file_) throw NpyError(where(), std::string("cannot open: ") + std::strerror(errno));
+  }
+  std::uint64_t size() const override { return size_; }
+
+ protected:
+  std::size_t read_some(unsigned char* dst, std::size_t n) override {
+    std::size_t r = std::fread(dst, 1, n, file_.get());
+    if (r == 0 && std::ferror(file_.get()))
+      throw NpyError(where(), std::string("read error: ") + std::strerror(errno));
+    return r;
+  }
+
+ private:
+  FilePtr file_;
+  std::uint64_t size_ = 0;
+};
+
+struct ZipFileCloser {
+  void operator()(zip_file_t* f) const { zip_fclose(f); }
+};
+using ZipFilePtr = std::unique_ptr<zip_file_t, ZipFileCloser>;
+
+class ZipMemberSource final : public ByteSource {
+ public:
+  ZipMemberSource(ZipFilePtr member, std::uint64_t size, std::string where)
+      : ByteSource(std::move(where)), member_(std::move(member)), size_(size) {}
+  std::uint64_t size() const override { return size_; }
+
+ protected:
+  std::size_t read_some(unsigned char* dst, std::size_t n) override {
+    // A bad deflate stream or CRC shows up here, as a failed read.
+    zip_int64_t r = zip_fread(member_.get(), dst, n);
+    if (r < 0)
+      throw NpyError(where(), std::string("broken member: ") +
+                                  zip_error_strerror(zip_file_get_error(member_.get())));
+    return static_cast<std::size_t>(r);
+  }
+
+ private:
+  ZipFilePtr member_;
+  std::uint64_t size_;
+};
+
+// ---------------------------------------------------------------- header dict
+
+// The header is a Python literal such as
+//   {'descr': '<f8', 'fortran_order': False, 'shape': (2, 3), }
+// A small parser rather than pattern matching: key order, quotes, spacing and
+// trailing commas vary between writers (numpy versions, other languages).
+struct PyValue {
+  enum class Kind { string, integer, boolean, none, sequence };
+  Kind kind = Kind::none;
+  std::string text;  // a string's contents, or an integer as written (sign and digits)
+  bool truth = false;
+  bool is_tuple = false;
+  std::vector<PyValue> items;
+};
+
+std::string printable(std::string_view s) {
+  constexpr std::size_t kMax = 160;  // headers can be huge; the start is what matters
+  std::string out;
+  for (std::size_t i = 0; i < s.size() && i < kMax; ++i) {
+    auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  if (s.size() > kMax) out += "...";
+  return out;
+}
+
+class HeaderParser {
+ public:
+  HeaderParser(std::string_view text, const std::string& where) : text_(text), where_(where) {}
+
+  std::vector<std::pair<std::string, PyValue>> parse_dict() {
+    std::vector<std::pair<std::string, PyValue>> entries;
+    skip_space();
+    expect('{');
+    skip_space();
+    while (!at('}')) {
+      if (!at('\'') && !at('"')) fail("a quoted key or '}'");
+      std::string key = parse_string();
+      skip_space();
+      expect(':');
+      skip_space();
+      PyValue value = parse_value(0);
+      entries.emplace_back(std::move(key), std::move(value));
+      skip_space();
+      if (at(',')) {
+        ++pos_;
+        skip_space();
+      } else if (!at('}')) {
+        fail("',' or '}'");
+      }
+    }
+    ++pos_;
+    skip_space();
+    if (pos_ != text_.size()) fail("the end of the header after '}'");
+    return entries;
+  }
+
+ private:
+  static constexpr int kMaxDepth = 32;  // nested tuples only occur in structured dtypes
+
+  [[noreturn]] void fail(const std::string& expected) const {
+    throw NpyError(where_, "malformed header: expected " + expected + " at byte " +
+                               std::to_string(pos_) + " of \"" + printable(text_) + "\"");
+  }
+  bool at(char c) const { return pos_ < text_.size() && text_[pos_] == c; }
+  void expect(char c) {
+    if (!at(c)) fail(std::string("'") + c + "'");
+    ++pos_;
+  }
+  void skip_space() {
+    while (pos_ < text_.size() &&
+           (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\n' || text_[pos_] == '\r'))
+      ++pos_;
+  }
+  bool take_word(std::string_view word) {
+    if (text_.substr(pos_, word.size()) != word) return false;
+    pos_ += word.size();
+    return true;
+  }
+
+  std::string parse_string() {
+    char quote = text_[pos_++];
+    std::string out;
+    while (pos_ < text_.size() && text_[pos_] != quote) {
+      if (text_[pos_] == '\\' && pos_ + 1 < text_.size()) ++pos_;  // keep the escaped char
+      out += text_[pos_++];
+    }
+    if (pos_ >= text_.size()) fail(std::string("a closing ") + quote);
+    ++pos_;
+    return out;
+  }
+
+  PyValue parse_value(int depth) {
+    if (depth > kMaxDepth) fail("less nesting");
+    PyValue v;
+    if (at('\'') || at('"')) {
+      v.kind = PyValue::Kind::string;
+      v.text = parse_string();
+    } else if (at('(') || at('[')) {
+      char close = at('(') ? ')' : ']';
+      v.kind = PyValue::Kind::sequence;
+      v.is_tuple = close == ')';
+      ++pos_;
+      skip_space();
+      while (!at(close)) {
+        v.items.push_back(parse_value(depth + 1));
+        skip_space();
+        if (at(',')) {
+          ++pos_;
+          skip_space();
+        } else if (!at(close)) {
+          fail(std::string("',' or '") + close + "'");
+        }
+      }
+      ++pos_;
+    } else if (take_word("True")) {
+      v.kind = PyValue::Kind::boolean;
+      v.truth = true;
+    } else if (take_word("False")) {
+      v.kind = PyValue::Kind::boolean;
+    } else if (take_word("None")) {
+      v.kind = PyValue::Kind::none;
+    } else if (at('-') || (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9')) {
+      v.kind = PyValue::Kind::integer;
+      if (at('-')) v.text += text_[pos_++];
+      while (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9') v.text += text_[pos_++];
+      if (v.text == "-") fail("digits after '-'");
+      if (at('L')) ++pos_;  // Python 2 longs, written by old numpy
+    } else {
+      fail("a value (string, integer, True, False, None or tuple)");
+    }
+    return v;
+  }
+
+  std::string_view text_;
+  std::size_t pos_ = 0;
+  const std::string& where_;
+};
+
+// ---------------------------------------------------------------- header meaning
+
+struct Header {
+  DType dtype = DType::float64;
+  std::string descr;
+  Shape shape;
+  std::string shape_text;  // as numpy would print it, for messages
+  std::uint64_t data_bytes = 0;
+};
+
+DType dtype_from_descr(const PyValue& descr, const std::string& where) {
+  if (descr.kind == PyValue::Kind::sequence)
+    throw NpyError(where, "unsupported dtype: a structured (record) dtype; supported: " +
+                              std::string(kSupportedDtypes));
+  if (descr.kind != PyValue::Kind::string)
+    throw NpyError(where, "malformed header: 'descr' must be a string");
+  const std::string& d = descr.text;
+  if (d == "<f4") return DType::float32;
+  if (d == "<f8") return DType::float64;
+  // One byte has no byte order: numpy writes '|b1', other writers may not.
+  if (d.size() == 3 && d.substr(1) == "b1" && (d[0] == '|' || d[0] == '<' || d[0] == '>' || d[0] == '='))
+    return DType::boolean;
+  if (d == ">f4" || d == ">f8")
+    throw NpyError(where, "big-endian data ('" + d +
+                              "') is not supported: headgrad reads little-endian arrays; save with "
+                              "a.astype('<" + d.substr(1) + "')");
+  throw NpyError(where, "unsupported dtype '" + printable(d) + "' (supported: " +
+                            std::string(kSupportedDtypes) + ")");
+}
+
+// Parses one dimension as written; the caller reports overflow with the whole shape.
+bool parse_dim(const std::string& text, std::int64_t& out) {
+  std::int64_t v = 0;
+  for (char c : text) {
+    if (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, c - '0', &v)) return false;
+  }
+  out = v;
+  return true;
+}
+
+Header interpret_header(std::string_view text, const std::string& where) {
+  auto entries = HeaderParser(text, where).parse_dict();
+  const PyValue* descr = nullptr;
+  const PyValue* fortran = nullptr;
+  const PyValue* shape = nullptr;
+  for (const auto& [key, value] : entries) {
+    const PyValue** slot = key == "descr"           ? &descr
+                           : key == "fortran_order" ? &fortran
+                           : key == "shape"         ? &shape
+                                                    : nullptr;
+    if (!slot)
+      throw NpyError(where, "malformed header: unexpected key '" + printable(key) +
+                                "' (a .npy header has exactly 'descr', 'fortran_order' and 'shape')");
+    if (*slot) throw NpyError(where, "malformed header: key '" + key + "' appears twice");
+    *slot = &value;
+  }
+  for (auto [name, value] : {std::pair{"descr", descr}, {"fortran_order", fortran}, {"shape", shape}})
+    if (!value) throw NpyError(where, std::string("malformed header: missing key '") + name + "'");
+
+  Header h;
+  h.dtype = dtype_from_descr(*descr, where);
+  h.descr = descr->text;
+
+  if (fortran->kind != PyValue::Kind::boolean)
+    throw NpyError(where, "malformed header: 'fortran_order' must be True or False");
+  if (fortran->truth)
+    throw NpyError(where, "fortran_order is True: headgrad reads C-order arrays; save with "
+                          "np.ascontiguousarray");
+
+  if (shape->kind != PyValue::Kind::sequence)
+    throw NpyError(where, "malformed header: 'shape' must be a tuple of integers");
+  h.shape_text = "(";
+  for (std::size_t i = 0; i < shape->items.size(); ++i) {
+    if (shape->items[i].kind != PyValue::Kind::integer)
+      throw NpyError(where, "malformed header: 'shape' must be a tuple of integers");
+    h.shape_text += (i ? ", " : "") + shape->items[i].text;
+  }
+  h.shape_text += shape->items.size() == 1 ? ",)" : ")";
+
+  // Element and byte counts are computed with overflow checks: a hostile shape
+  // must fail here, not wrap around into a small allocation.
+  // Zero dims count as 1 here: strides are products of the other dims, so
+  // (0, 2**62, 4) holds no data yet still cannot be indexed in int64.
+  bool overflow = false;
+  for (const auto& item : shape->items) {
+    if (item.text[0] == '-')
+      throw NpyError(where, "malformed header: negative dimension in shape " + h.shape_text);
+    std::int64_t dim = 0;
+    overflow = overflow || !parse_dim(item.text, dim);
+    h.shape.push_back(dim);
+  }
+  std::int64_t extent = static_cast<std::int64_t>(dtype_size(h.dtype));
+  for (std::int64_t dim : h.shape)
+    overflow = overflow || __builtin_mul_overflow(extent, std::max<std::int64_t>(dim, 1), &extent);
+  if (overflow) throw NpyError(where, "shape " + h.shape_text + " overflows int64: too many elements");
+  h.data_bytes = static_cast<std::uint64_t>(shape_numel(h.shape)) * dtype_size(h.dtype);
+  return h;
+}
+
+// ---------------------------------------------------------------- reading
+
+std::uint32_t read_le(const unsigned char* p, int n) {
+  std::uint32_t v = 0;
+  for (int i = n - 1; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+Tensor read_npy_from(ByteSource& src) {
+  const std::string& where = src.where();
+  const std::uint64_t total = src.size();
+
+  std::array<unsigned char, 12> pre{};
+  std::size_t got = src.read(pre.data(), 8);
+  if (got < kMagic.size() || std::memcmp(pre.data(), kMagic.data(), kMagic.size()) != 0)
+    throw NpyError(where, "not a .npy file (bad magic: it does not start with \"\\x93NUMPY\")");
+  if (got < 8) throw NpyError(where, "truncated preamble: the file ends before the format version");
+  const int major = pre[6], minor = pre[7];
+  if (!((major == 1 || major == 2 || major == 3) && minor == 0))
+    throw NpyError(where, "unsupported .npy format version " + std::to_string(major) + "." +
+                              std::to_string(minor) + " (headgrad reads 1.0, 2.0 and 3.0)");
+  const int len_bytes = major == 1 ? 2 : 4;
+  if (src.read(pre.data() + 8, len_bytes) < static_cast<std::size_t>(len_bytes))
+    throw NpyError(where, "truncated preamble: the file ends inside the header length");
+  const std::uint64_t preamble = 8 + len_bytes;
+  const std::uint64_t after_preamble = total > preamble ? total - preamble : 0;
+  const std::uint64_t header_len = read_le(pre.data() + 8, len_bytes);
+  if (header_len > after_preamble)
+    throw NpyError(where, "truncated header: header length is " + std::to_string(header_len) +
+                              " bytes, file has " + std::to_string(after_preamble) +
+                              " after the preamble");
+
+  // Version 3.0 only changes the header's encoding (utf-8 instead of latin-1),
+  // which does not matter to the ASCII keys and values read here.
+  std::string text(header_len, '\0');
+  if (src.read(text.data(), text.size()) < text.size())
+    throw NpyError(where, "truncated header: the data ends inside the header");
+  Header h = interpret_header(text, where);
+
+  const std::uint64_t available = after_preamble - header_len;
+  if (available < h.data_bytes)
+    throw NpyError(where, "truncated data: expected " + std::to_string(h.data_bytes) +
+                              " bytes for shape " + h.shape_text + " of '" + h.descr + "', file has " +
+                              std::to_string(available));
+  if (available > h.data_bytes)
+    throw NpyError(where, "shape does not match the data size: shape " + h.shape_text + " of '" +
+                              h.descr + "' is " + std::to_string(h.data_bytes) + " bytes, file has " +
+                              std::to_string(available) + " after the header");
+
+  Tensor t = Tensor::empty(h.shape, h.dtype);
+  auto* bytes = static_cast<unsigned char*>(t.storage()->data());
+  const std::size_t n = static_cast<std::size_t>(h.data_bytes);
+  const std::size_t read = src.read(bytes, n);
+  if (read < n)
+    throw NpyError(where, "truncated data: expected " + std::to_string(n) + " bytes for shape " +
+                              h.shape_text + ", got " + std::to_string(read));
+  unsigned char extra = 0;
+  if (src.read(&extra, 1) != 0)  // a zip member can hold more than its directory entry says
+    throw NpyError(where, "shape does not match the data size: more than " + std::to_string(n) +
+                              " bytes follow the header");
+  // bool storage must hold exactly 0 or 1; other writers may store any nonzero byte.
+  if (h.dtype == DType::boolean)
+    for (std::size_t i = 0; i < n; ++i) bytes[i] = bytes[i] != 0;
+  return t;
+}
+
+// ---------------------------------------------------------------- writing
+
+std::string descr_of(DType dtype) {
+  switch (dtype) {
+    case DType::float32: return "<f4";
+    case DType::float64: return "<f8";
+    case DType::boolean: return "|b1";
+  }
+  throw std::logic_error("descr_of: unknown dtype");
+}
+
+std::string shape_tuple(const Shape& shape) {
+  std::string s = "(";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + (shape.size() == 1 ? ",)" : ")");
+}
+
+void write_all(std::FILE* f, const void* data, std::size_t n, const std::string& where) {
+  if (n > 0 && std::fwrite(data, 1, n, f) != n)
+    throw NpyError(where, std::string("write failed: ") + std::strerror(errno));
+}
+
+// ---------------------------------------------------------------- npz
+
+struct ZipDiscarder {
+  void operator()(zip_t* z) const { zip_discard(z); }  // read-only: nothing to write back
+};
+using ZipPtr = std::unique_ptr<zip_t, ZipDiscarder>;
+
+ZipPtr open_npz(const std::filesystem::path& file) {
+  const std::string where = file.string();
+  int code = 0;
+  zip_t* z = zip_open(file.c_str(), ZIP_RDONLY, &code);
+  if (z) return ZipPtr(z);
+  if (code == ZIP_ER_NOZIP)
+    throw NpyError(where, "not a zip file (an .npz is a zip archive of .npy files)");
+  zip_error_t error;
+  zip_error_init_with_code(&error, code);
+  std::string reason = zip_error_strerror(&error);
+  zip_error_fini(&error);
+  throw NpyError(where, "cannot open as a zip archive: " + reason);
+}
+
+std::string member_where(const std::filesystem::path& file, const std::string& member) {
+  return file.string() + " (member '" + member + "')";
+}
+
+std::string array_name(std::string_view member) {
+  return std::string(member.substr(0, member.size() - 4));  // drop ".npy"
+}
+
+bool is_array_member(std::string_view member) {
+  return member.size() > 4 && member.substr(member.size() - 4) == ".npy";
+}
+
+Tensor read_member(zip_t* z, zip_uint64_t index, const std::string& where) {
+  zip_stat_t st;
+  zip_stat_init(&st);
+  if (zip_stat_index(z, index, 0, &st) != 0 || !(st.valid & ZIP_STAT_SIZE))
+    throw NpyError(where, std::string("broken member: ") + zip_strerror(z));
+  ZipFilePtr member(zip_fopen_index(z, index, 0));
+  if (!member) throw NpyError(where, std::string("broken member: ") + zip_strerror(z));
+  ZipMemberSource src(std::move(member), st.size, where);
+  return read_npy_from(src);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- public API
+
+Tensor read_npy(const std::filesystem::path& file) {
+  FileSource src(file);
+  return read_npy_from(src);
+}
+
+Tensor parse_npy(std::span<const std::byte> bytes, const std::string& what) {
+  SpanSource src(bytes, what);
+  return read_npy_from(src);
+}
+
+void write_npy(const std::filesystem::path& file, const Tensor& t) {
+  const std::string where = file.string();
+  if (!t.defined()) throw NpyError(where, "cannot write an undefined tensor");
+  const Tensor c = t.contiguous();  // logical row-major order, whatever t's strides
+
+  std::string header = "{'descr': '" + descr_of(c.dtype()) +
+                       "', 'fortran_order': False, 'shape': " + shape_tuple(c.shape()) + ", }";
+  // numpy pads with spaces and a final '\n' so the data starts 64-byte aligned
+  // (it memory-maps files); version 2.0 only when the header outgrows 16 bits.
+  auto padded_len = [&](std::size_t preamble) {
+    std::size_t unpadded = preamble + header.size() + 1;
+    return (unpadded + 63) / 64 * 64 - preamble;
+  };
+  const bool v1 = padded_len(10) <= 0xffff;
+  const std::size_t preamble = v1 ? 10 : 12;
+  const std::size_t header_len = padded_len(preamble);
+  if (header_len > 0xffffffffu) throw NpyError(where, "header too large for .npy format 2.0");
+  header.resize(header_len - 1, ' ');
+  header += '\n';
+
+  std::array<unsigned char, 12> pre{};
+  std::memcpy(pre.data(), kMagic.data(), kMagic.size());
+  pre[6] = v1 ? 1 : 2;
+  pre[7] = 0;
+  for (std::size_t i = 0; i < preamble - 8; ++i)
+    pre[8 + i] = static_cast<unsigned char>((header_len >> (8 * i)) & 0xff);
+
+  FilePtr f(std::fopen(file.c_str(), "wb"));
+  if (!f) throw NpyError(where, std::string("cannot open for writing: ") + std::strerror(errno));
+  try {
+    write_all(f.get(), pre.data(), preamble, where);
+    write_all(f.get(), header.data(), header.size(), where);
+    const auto* data = static_cast<const std::byte*>(c.storage()->data()) +
+                       c.offset() * static_cast<std::int64_t>(dtype_size(c.dtype()));
+    write_all(f.get(), data, static_cast<std::size_t>(c.numel()) * dtype_size(c.dtype()), where);
+    if (std::fclose(f.release()) != 0)
+      throw NpyError(where, std::string("write failed: ") + std::strerror(errno));
+  } catch (...) {
+    f.reset();
+    std::error_code ignored;
+    std::filesystem::remove(file, ignored);  // a half-written file would later read as "truncated"
+    throw;
+  }
+}
+
+std::map<std::string, Tensor> read_npz(const std::filesystem::path& file) {
+  ZipPtr z = open_npz(file);
+  std::map<std::string, Tensor> out;
+  const zip_int64_t n = zip_get_num_entries(z.get(), 0);
+  for (zip_int64_t i = 0; i < n; ++i) {
+    const char* name = zip_get_name(z.get(), static_cast<zip_uint64_t>(i), 0);
+    if (!name) throw NpyError(file.string(), std::string("broken archive: ") + zip_strerror(z.get()));
+    if (!is_array_member(name)) continue;
+    out[array_name(name)] = read_member(z.get(), static_cast<zip_uint64_t>(i), member_where(file, name));
+  }
+  return out;
+}
+
+Tensor read_npz_member(const std::filesystem::path& file, const std::string& name) {
+  ZipPtr z = open_npz(file);
+  std::string member = is_array_member(name) ? name : name + ".npy";
+  zip_int64_t index = zip_name_locate(z.get(), member.c_str(), 0);
+  if (index < 0) {
+    std::string present;
+    const zip_int64_t n = zip_get_num_entries(z.get(), 0);
+    for (zip_int64_t i = 0; i < n; ++i) {
+      const char* m = zip_get_name(z.get(), static_cast<zip_uint64_t>(i), 0);
+      if (!m || !is_array_member(m)) continue;
+      present += (present.empty() ? "" : ", ") + array_name(m);
+    }
+    throw NpyError(file.string(), "no member '" + name + "' (members: " +
+                                      (present.empty() ? "none" : present) + ")");
+  }
+  return read_member(z.get(), static_cast<zip_uint64_t>(index), member_where(file, member));
+}
+
+}  // namespace headgrad
