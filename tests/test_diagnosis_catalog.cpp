@@ -1,0 +1,168 @@
+// The bug catalog against the mutant plugins: each hypothesis (written per
+// head) must reproduce its mutant (written batched) exactly, on the output and
+// every gradient, and must differ from the correct attention at a shape where
+// the bug can show.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include <headgrad/loader.hpp>
+
+#include "catalog.hpp"
+#include "hypotheses.hpp"
+
+using namespace headgrad;
+using namespace headgrad::diagnosis;
+
+namespace {
+
+struct Grads {
+  std::vector<Tensor> tensors;  // out, then the gradient of each input
+};
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  const auto va = a.to_vector(), vb = b.to_vector();
+  double m = 0.0;
+  for (std::size_t i = 0; i < va.size(); ++i) m = std::max(m, std::abs(va[i] - vb[i]));
+  return m;
+}
+
+class CatalogTest : public ::testing::TestWithParam<BugInfo> {
+ protected:
+  static void SetUpTestSuite() {
+    registry_ = new PluginRegistry();
+    registry_->load_directories({HEADGRAD_BUILD_PLUGIN_DIR});
+  }
+  static void TearDownTestSuite() {
+    delete registry_;
+    registry_ = nullptr;
+  }
+  static PluginRegistry* registry_;
+
+  // B=2, T=3, D=8, H=2 causal: every bug in the catalog can show here
+  // (and 1/sqrt(D) != 1/d, so the scale bugs stay apart).
+  static constexpr std::int64_t B = 2, T = 3, D = 8, H = 2;
+
+  std::vector<Tensor> inputs() const {
+    Generator gen(7);
+    return {randn({B, T, D}, DType::float64, gen), randn({D, D}, DType::float64, gen, 0.35),
+            randn({D, D}, DType::float64, gen, 0.35), randn({D, D}, DType::float64, gen, 0.35),
+            randn({D, D}, DType::float64, gen, 0.35), randn({B, T, D}, DType::float64, gen)};
+  }
+
+  template <class F>
+  Grads run_mha(F&& forward) const {
+    const auto in = inputs();
+    Variable x(in[0], true);
+    MhaWeights w{Variable(in[1], true), Variable(in[2], true), Variable(in[3], true),
+                 Variable(in[4], true)};
+    AttentionSpec spec;
+    spec.d_model = D;
+    spec.num_heads = H;
+    spec.causal = true;
+    Variable out = forward(x, w, spec);
+    sum(mul(out, Variable(in[5]))).backward();
+    auto grad_or_zero = [](const Variable& v) {
+      return v.grad().defined() ? v.grad() : Tensor::zeros(v.shape(), v.dtype());
+    };
+    return {{out.data(), grad_or_zero(x), grad_or_zero(w.wq), grad_or_zero(w.wk),
+             grad_or_zero(w.wv), grad_or_zero(w.wo)}};
+  }
+};
+PluginRegistry* CatalogTest::registry_ = nullptr;
+
+TEST_P(CatalogTest, HypothesisReproducesMutantAndDiffersFromCorrect) {
+  const BugInfo& info = GetParam();
+  const std::string name = "mutant_" + std::string(info.name);
+  const LoadedPlugin* mutant = registry_->find(name);
+  ASSERT_NE(mutant, nullptr) << name << " is not built";
+  EXPECT_TRUE(mutant->info.mutant);
+
+  const Grads from_plugin = run_mha([&](auto& x, auto& w, auto& s) {
+    return mutant->attention->mha_forward(x, w, s);
+  });
+  const Grads hypothesis =
+      run_mha([&](auto& x, auto& w, auto& s) { return hypothesis_mha(x, w, s, info.bug); });
+  const Grads correct =
+      run_mha([&](auto& x, auto& w, auto& s) { return hypothesis_mha(x, w, s, std::nullopt); });
+
+  const char* names[] = {"out", "dx", "dwq", "dwk", "dwv", "dwo"};
+  double distance_from_correct = 0.0;
+  for (std::size_t i = 0; i < 6; ++i) {
+    EXPECT_LT(max_abs_diff(from_plugin.tensors[i], hypothesis.tensors[i]), 1e-12)
+        << names[i] << " of " << name;
+    distance_from_correct =
+        std::max(distance_from_correct, max_abs_diff(hypothesis.tensors[i], correct.tensors[i]));
+  }
+  EXPECT_GT(distance_from_correct, 1e-3) << info.name << " is invisible at B=2, T=3, D=8, H=2";
+}
+
+// Only bugs that have a core-level form (not the projections or the head layout).
+std::vector<BugInfo> core_level_bugs() {
+  std::vector<BugInfo> out;
+  for (const auto& b : bug_catalog())
+    if (!b.visibility.mha_only) out.push_back(b);
+  return out;
+}
+
+class CoreCatalogTest : public CatalogTest {};
+
+TEST_P(CoreCatalogTest, HypothesisReproducesMutant) {
+  const BugInfo& info = GetParam();
+  const LoadedPlugin* mutant = registry_->find("mutant_" + std::string(info.name));
+  ASSERT_NE(mutant, nullptr);
+  Generator gen(3);
+  const Tensor q = randn({2, 2, 4, 3}, DType::float64, gen);
+  const Tensor k = randn({2, 2, 4, 3}, DType::float64, gen);
+  const Tensor v = randn({2, 2, 4, 3}, DType::float64, gen);
+  const Tensor r = randn({2, 2, 4, 3}, DType::float64, gen);
+  AttentionSpec spec;
+  spec.causal = true;
+  auto run = [&](auto&& forward) {
+    Variable vq(q, true), vk(k, true), vv(v, true);
+    Variable out = forward(vq, vk, vv);
+    sum(mul(out, Variable(r))).backward();
+    return std::vector<Tensor>{out.data(), vq.grad(), vk.grad(), vv.grad()};
+  };
+  const auto a = run([&](auto& x, auto& y, auto& z) {
+    return mutant->attention->core_forward(x, y, z, spec);
+  });
+  const auto b = run([&](auto& x, auto& y, auto& z) { return hypothesis_core(x, y, z, spec, info.bug); });
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_LT(max_abs_diff(a[i], b[i]), 1e-12) << i;
+}
+
+auto bug_name = [](const auto& p) { return std::string(p.param.name); };
+INSTANTIATE_TEST_SUITE_P(Bugs, CatalogTest,
+                         ::testing::ValuesIn(bug_catalog().begin(), bug_catalog().end()), bug_name);
+INSTANTIATE_TEST_SUITE_P(Bugs, CoreCatalogTest, ::testing::ValuesIn(core_level_bugs()), bug_name);
+
+TEST(Catalog, CorrectHypothesisMatchesPerHead) {
+  PluginRegistry reg;
+  reg.load_directories({HEADGRAD_BUILD_PLUGIN_DIR});
+  const LoadedPlugin& per_head = reg.get("per_head");
+  Generator gen(11);
+  const Tensor x = randn({2, 5, 12}, DType::float64, gen);
+  std::vector<Tensor> ws;
+  for (int i = 0; i < 4; ++i) ws.push_back(randn({12, 12}, DType::float64, gen, 0.3));
+  AttentionSpec spec;
+  spec.d_model = 12;
+  spec.num_heads = 3;
+  spec.causal = true;
+  const MhaWeights w{Variable(ws[0]), Variable(ws[1]), Variable(ws[2]), Variable(ws[3])};
+  const Tensor a = per_head.attention->mha_forward(Variable(x), w, spec).data();
+  const Tensor b = hypothesis_mha(Variable(x), w, spec, std::nullopt).data();
+  EXPECT_LT(max_abs_diff(a, b), 1e-13);
+}
+
+TEST(Catalog, NamesAreUniqueAndResolve) {
+  for (const auto& b : bug_catalog()) {
+    ASSERT_TRUE(bug_from_name(b.name).has_value()) << b.name;
+    EXPECT_EQ(*bug_from_name(b.name), b.bug);
+    EXPECT_FALSE(b.explanation.empty());
+    EXPECT_FALSE(b.fix.empty());
+  }
+  EXPECT_FALSE(bug_from_name("not_a_bug").has_value());
+  EXPECT_EQ(bug_catalog().size(), static_cast<std::size_t>(Bug::count_));
+}
+
+}  // namespace

@@ -1,0 +1,660 @@
+// The attention plugins against finite differences, against each other, and
+// against a hand-written oracle.
+//
+// Every plugin is loaded once per test suite from the build's plugin folder.
+// Each comparison hands the SAME input, weight and R tensors to both sides; each
+// side wraps them in its own fresh leaf Variables, builds its own graph and runs
+// its own backward of loss = sum(out * R).
+//
+// fused_sdpa is written separately: until its library is built, its tests skip
+// with a message (a library that exists but is rejected is a failure).
+//
+// Shape legend: B batch, [...] leading dims, T sequence, Tq/Tk query/key lengths,
+// D model width, H query heads, Hkv key/value heads, d = D / H head width,
+// dv value width.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "headgrad/attention.hpp"
+#include "headgrad/gradcheck.hpp"
+#include "headgrad/loader.hpp"
+#include "headgrad/ops.hpp"
+#include "headgrad/plugin.hpp"
+
+namespace {
+
+using namespace headgrad;
+
+constexpr double kAtol = 1e-8;  // DESIGN.md's float64 checking tolerances
+constexpr double kRtol = 1e-6;
+
+// ---------------------------------------------------------------- helpers
+
+std::string index_str(const Shape& shape, std::int64_t flat) {
+  Shape idx(shape.size());
+  for (std::size_t d = shape.size(); d-- > 0;) {
+    idx[d] = flat % shape[d];
+    flat /= shape[d];
+  }
+  return shape_str(idx);
+}
+
+// |a - b| <= atol + rtol * |b| elementwise; NaN never passes.
+::testing::AssertionResult all_close(const std::string& what, const Tensor& a, const Tensor& b,
+                                     double atol = kAtol, double rtol = kRtol) {
+  if (!a.defined() || !b.defined())
+    return ::testing::AssertionFailure() << what << ": undefined on the "
+                                         << (a.defined() ? "right" : "left") << " side";
+  if (a.shape() != b.shape())
+    return ::testing::AssertionFailure() << what << ": shapes " << shape_str(a.shape()) << " vs "
+                                         << shape_str(b.shape());
+  const std::vector<double> va = a.to_vector(), vb = b.to_vector();
+  std::int64_t bad = 0, worst = -1;
+  double worst_excess = 0.0;
+  for (std::size_t i = 0; i < va.size(); ++i) {
+    const double diff = std::abs(va[i] - vb[i]);
+    const double tol = atol + rtol * std::abs(vb[i]);
+    if (diff <= tol) continue;
+    ++bad;
+    const double excess = std::isnan(diff) ? std::numeric_limits<double>::infinity() : diff - tol;
+    if (worst < 0 || excess > worst_excess) {
+      worst = static_cast<std::int64_t>(i);
+      worst_excess = excess;
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  std::ostringstream os;
+  os << what << " " << shape_str(a.shape()) << ": " << bad << " of " << va.size()
+     << " elements beyond atol " << atol << " + rtol " << rtol << " * |b|; worst at "
+     << index_str(a.shape(), worst) << ": ";
+  os.precision(17);
+  os << va[static_cast<std::size_t>(worst)] << " vs "
+     << vb[static_cast<std::size_t>(worst)];
+  return ::testing::AssertionFailure() << os.str();
+}
+
+::testing::AssertionResult all_finite(const std::string& what, const Tensor& t) {
+  if (!t.defined()) return ::testing::AssertionFailure() << what << ": undefined";
+  const std::vector<double> v = t.to_vector();
+  for (std::size_t i = 0; i < v.size(); ++i)
+    if (!std::isfinite(v[i]))
+      return ::testing::AssertionFailure() << what << " " << index_str(t.shape(), static_cast<std::int64_t>(i))
+                                           << " is " << v[i];
+  return ::testing::AssertionSuccess();
+}
+
+// A bool mask of `shape` [..., Tq, Tk], True = attend, random, in which every
+// row keeps at least one key j <= i (so it keeps one under causal too).
+Tensor random_mask(const Shape& shape, Generator& gen) {
+  Tensor m = Tensor::empty(shape, DType::boolean);
+  const std::int64_t tq = shape[shape.size() - 2], tk = shape.back();
+  for (std::int64_t e = 0; e < m.numel(); ++e) m.set_flat(e, gen.uniform() < 0.6 ? 1.0 : 0.0);
+  for (std::int64_t row = 0; row < m.numel() / tk; ++row) {
+    const std::int64_t i = row % tq, allowed = std::min(i, tk - 1) + 1;
+    const auto j = static_cast<std::int64_t>(gen.uniform() * static_cast<double>(allowed));
+    m.set_flat(row * tk + j, 1.0);
+  }
+  return m;
+}
+
+// How an input reaches the plugin: its own contiguous tensor, a transposed view
+// of a tensor stored the other way round, or a narrowed slice of a wider one.
+enum class Layout { contiguous, transposed, narrowed };
+
+const char* layout_name(Layout l) {
+  switch (l) {
+    case Layout::contiguous: return "contiguous";
+    case Layout::transposed: return "transposed";
+    case Layout::narrowed: return "narrowed";
+  }
+  return "?";
+}
+
+// A random [..., R, C] tensor laid out as `layout` asks (the values differ per
+// layout; only the strides matter here).
+Tensor make_input(const Shape& shape, Layout layout, Generator& gen) {
+  const std::int64_t n = static_cast<std::int64_t>(shape.size());
+  switch (layout) {
+    case Layout::contiguous: return randn(shape, DType::float64, gen);
+    case Layout::transposed: {  // stored [..., C, R]
+      Shape stored = shape;
+      std::swap(stored[static_cast<std::size_t>(n - 1)], stored[static_cast<std::size_t>(n - 2)]);
+      return randn(stored, DType::float64, gen).transpose(n - 2, n - 1);
+    }
+    case Layout::narrowed: {  // columns [1, C + 1) of [..., R, C + 3]
+      Shape stored = shape;
+      stored.back() += 3;
+      return randn(stored, DType::float64, gen).narrow(n - 1, 1, shape.back());
+    }
+  }
+  return {};
+}
+
+AttentionSpec mha_spec(std::int64_t d_model, std::int64_t heads, bool causal,
+                       std::int64_t kv_heads = 0) {
+  AttentionSpec spec;
+  spec.d_model = d_model;
+  spec.num_heads = heads;
+  spec.num_kv_heads = kv_heads;
+  spec.causal = causal;
+  return spec;
+}
+
+// ---- the MHA level: shared inputs, one run per plugin ----
+
+struct MhaInputs {
+  Tensor x;                // [..., T, D]
+  Tensor wq, wk, wv, wo;   // [D, D], [Hkv*d, D], [Hkv*d, D], [D, D]
+  Tensor r;                // [..., T, D]
+};
+
+MhaInputs make_mha_inputs(const Shape& x_shape, std::int64_t heads, std::int64_t kv_heads,
+                          Layout layout, std::uint64_t seed) {
+  Generator gen(seed);
+  const std::int64_t dm = x_shape.back(), d = dm / heads;
+  MhaInputs in;
+  in.x = make_input(x_shape, layout, gen);
+  in.wq = randn({dm, dm}, DType::float64, gen, 0.5);
+  in.wk = randn({kv_heads * d, dm}, DType::float64, gen, 0.5);
+  in.wv = randn({kv_heads * d, dm}, DType::float64, gen, 0.5);
+  in.wo = randn({dm, dm}, DType::float64, gen, 0.5);
+  in.r = randn(x_shape, DType::float64, gen);
+  return in;
+}
+
+struct MhaResult {
+  Tensor out, dx, dwq, dwk, dwv, dwo;
+};
+
+MhaResult run_mha(const Attention& plugin, const MhaInputs& in, const AttentionSpec& spec) {
+  Variable x(in.x, true);
+  const MhaWeights w{Variable(in.wq, true), Variable(in.wk, true), Variable(in.wv, true),
+                     Variable(in.wo, true)};
+  const Variable out = plugin.mha_forward(x, w, spec);
+  sum(mul(out, Variable(in.r))).backward();
+  return {out.data(), x.grad(), w.wq.grad(), w.wk.grad(), w.wv.grad(), w.wo.grad()};
+}
+
+void expect_mha_agree(const MhaResult& a, const MhaResult& b) {
+  EXPECT_TRUE(all_close("out", a.out, b.out));
+  EXPECT_TRUE(all_close("dX", a.dx, b.dx));
+  EXPECT_TRUE(all_close("dWq", a.dwq, b.dwq));
+  EXPECT_TRUE(all_close("dWk", a.dwk, b.dwk));
+  EXPECT_TRUE(all_close("dWv", a.dwv, b.dwv));
+  EXPECT_TRUE(all_close("dWo", a.dwo, b.dwo));
+}
+
+// ---- the core level ----
+
+struct CoreInputs {
+  Tensor q, k, v;  // [B, H, Tq, d], [B, H, Tk, d], [B, H, Tk, dv]
+  Tensor r;        // [B, H, Tq, dv]
+};
+
+struct CoreResult {
+  Tensor out, dq, dk, dv;
+};
+
+CoreResult run_core(const Attention& plugin, const CoreInputs& in, const AttentionSpec& spec) {
+  Variable q(in.q, true), k(in.k, true), v(in.v, true);
+  const Variable out = plugin.core_forward(q, k, v, spec);
+  sum(mul(out, Variable(in.r))).backward();
+  return {out.data(), q.grad(), k.grad(), v.grad()};
+}
+
+// ---------------------------------------------------------------- the fixture
+
+// Loads the built plugins once per test suite and keeps the registry (and so
+// every plugin library) alive until the suite ends: Variables a plugin makes
+// carry backward code from its library.
+class PluginTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    registry_ = std::make_unique<PluginRegistry>();
+    registry_->load_directories({HEADGRAD_BUILD_PLUGIN_DIR});
+  }
+  static void TearDownTestSuite() { registry_.reset(); }
+
+  static const Attention& plugin(const std::string& name) {
+    return *registry_->get(name).attention;
+  }
+
+  // Skips the test when a plugin still being written is not built yet; fails it
+  // when any other plugin is missing, or when a library was built but rejected.
+  static void require_plugins(const std::vector<std::string>& names) {
+    for (const auto& name : names) {
+      if (registry_->find(name)) continue;
+      const bool rejected = std::any_of(
+          registry_->rejections().begin(), registry_->rejections().end(),
+          [&](const PluginRejection& r) { return r.file.stem() == name; });
+      if (name == "fused_sdpa" && !rejected)
+        GTEST_SKIP() << "plugin '" << name << "' is not built yet (no " << name << ".so under "
+                     << HEADGRAD_BUILD_PLUGIN_DIR << ")";
+      try {
+        registry_->get(name);
+      } catch (const std::exception& e) {
+        FAIL() << e.what();
+      }
+    }
+  }
+
+  static inline std::unique_ptr<PluginRegistry> registry_;
+};
+
+const std::vector<std::string> kPlugins = {"per_head", "batched", "fused_sdpa"};
+
+using PluginPair = std::pair<std::string, std::string>;
+const std::vector<PluginPair> kPairs = {
+    {"per_head", "batched"}, {"per_head", "fused_sdpa"}, {"batched", "fused_sdpa"}};
+
+std::string pair_name(const PluginPair& p) { return p.first + "_vs_" + p.second; }
+
+TEST_F(PluginTest, TheRealVariantsLoad) {
+  for (const std::string name : {"per_head", "batched"}) {
+    const LoadedPlugin* p = registry_->find(name);
+    ASSERT_NE(p, nullptr) << name << " not loaded from " << HEADGRAD_BUILD_PLUGIN_DIR;
+    EXPECT_EQ(p->abi_version, plugin_abi_version);
+    const Capabilities& c = p->info.capabilities;
+    EXPECT_TRUE(c.mha && c.core && c.causal && c.bool_mask && c.cross_lengths && c.grouped_kv)
+        << name << ": " << capabilities_str(c);
+  }
+}
+
+// ---------------------------------------------------------------- 1. gradcheck
+
+struct GradcheckCase {
+  std::string plugin;
+  bool causal;
+  Layout layout;
+};
+
+void PrintTo(const GradcheckCase& c, std::ostream* os) {
+  *os << c.plugin << (c.causal ? " causal " : " full ") << layout_name(c.layout);
+}
+
+std::string gradcheck_name(const ::testing::TestParamInfo<GradcheckCase>& info) {
+  return info.param.plugin + (info.param.causal ? "_causal_" : "_full_") +
+         layout_name(info.param.layout);
+}
+
+std::vector<GradcheckCase> gradcheck_cases() {
+  std::vector<GradcheckCase> cases;
+  for (const auto& p : kPlugins)
+    for (bool causal : {false, true})
+      for (Layout l : {Layout::contiguous, Layout::transposed, Layout::narrowed})
+        cases.push_back({p, causal, l});
+  return cases;
+}
+
+class Gradcheck : public PluginTest, public ::testing::WithParamInterface<GradcheckCase> {
+ protected:
+  void SetUp() override { require_plugins({GetParam().plugin}); }
+};
+
+// x [B=2, T=3, D=4], H=2 (d=2): inputs x (laid out as the case says), wq, wk, wv, wo.
+TEST_P(Gradcheck, MhaLevel) {
+  const auto& c = GetParam();
+  const Attention& p = plugin(c.plugin);
+  const MhaInputs in = make_mha_inputs({2, 3, 4}, 2, 2, c.layout, 11);
+  EXPECT_EQ(in.x.is_contiguous(), c.layout == Layout::contiguous);
+  const AttentionSpec spec = mha_spec(4, 2, c.causal);
+  const GradcheckResult r = gradcheck(
+      [&](const std::vector<Variable>& v) {
+        return p.mha_forward(v[0], MhaWeights{v[1], v[2], v[3], v[4]}, spec);
+      },
+      {in.x, in.wq, in.wk, in.wv, in.wo});
+  EXPECT_TRUE(r.ok) << r.message;
+  EXPECT_EQ(r.elements_checked, 24 + 4 * 16);
+}
+
+// q [B=1, H=2, Tq=3, d=2], k [1, 2, Tk=4, 2], v [1, 2, 4, 2], each laid out as the case says.
+TEST_P(Gradcheck, CoreLevel) {
+  const auto& c = GetParam();
+  const Attention& p = plugin(c.plugin);
+  Generator gen(12);
+  const Tensor q = make_input({1, 2, 3, 2}, c.layout, gen);
+  const Tensor k = make_input({1, 2, 4, 2}, c.layout, gen);
+  const Tensor v = make_input({1, 2, 4, 2}, c.layout, gen);
+  AttentionSpec spec;
+  spec.causal = c.causal;
+  const GradcheckResult r = gradcheck(
+      [&](const std::vector<Variable>& in) { return p.core_forward(in[0], in[1], in[2], spec); },
+      {q, k, v});
+  EXPECT_TRUE(r.ok) << r.message;
+  EXPECT_EQ(r.elements_checked, 12 + 16 + 16);
+}
+
+INSTANTIATE_TEST_SUITE_P(Plugins, Gradcheck, ::testing::ValuesIn(gradcheck_cases()),
+                         gradcheck_name);
+
+// ---------------------------------------------------------------- 2. MHA agreement
+
+struct MhaShape {
+  std::string name;
+  Shape x_shape;  // [..., T, D]
+  std::int64_t heads;
+  Layout layout = Layout::contiguous;
+};
+
+const std::vector<MhaShape> kMhaShapes = {
+    {"closed_book_B2_T3_D8_H2", {2, 3, 8}, 2},
+    {"B2_T5_D12_H3", {2, 5, 12}, 3},
+    {"B2_T5_D12_H1", {2, 5, 12}, 1},
+    {"B2_T4_D8_H4", {2, 4, 8}, 4},
+    {"lead2x2_T4_D8_H2", {2, 2, 4, 8}, 2},
+    {"B2_T5_D12_H3_x_transposed", {2, 5, 12}, 3, Layout::transposed},
+    {"B2_T5_D12_H3_x_narrowed", {2, 5, 12}, 3, Layout::narrowed},
+};
+
+void PrintTo(const MhaShape& s, std::ostream* os) { *os << s.name; }
+
+using MhaAgreementCase = std::tuple<PluginPair, MhaShape, bool>;
+
+class MhaAgreement : public PluginTest, public ::testing::WithParamInterface<MhaAgreementCase> {
+ protected:
+  void SetUp() override {
+    const auto& pair = std::get<0>(GetParam());
+    require_plugins({pair.first, pair.second});
+  }
+};
+
+TEST_P(MhaAgreement, OutAndAllGradients) {
+  const auto& [pair, shape, causal] = GetParam();
+  const MhaInputs in = make_mha_inputs(shape.x_shape, shape.heads, shape.heads, shape.layout, 7);
+  const std::vector<double> x_before = in.x.to_vector();
+  const AttentionSpec spec = mha_spec(shape.x_shape.back(), shape.heads, causal);
+  const MhaResult a = run_mha(plugin(pair.first), in, spec);
+  const MhaResult b = run_mha(plugin(pair.second), in, spec);
+  EXPECT_EQ(a.out.shape(), shape.x_shape);
+  expect_mha_agree(a, b);
+  EXPECT_EQ(in.x.to_vector(), x_before) << "a plugin wrote into its input";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Plugins, MhaAgreement,
+    ::testing::Combine(::testing::ValuesIn(kPairs), ::testing::ValuesIn(kMhaShapes),
+                       ::testing::Bool()),
+    [](const ::testing::TestParamInfo<MhaAgreementCase>& info) {
+      return pair_name(std::get<0>(info.param)) + "__" + std::get<1>(info.param).name + "__" +
+             (std::get<2>(info.param) ? "causal" : "full");
+    });
+
+// ---------------------------------------------------------------- 3. core agreement
+
+struct CoreShape {
+  std::string name;
+  std::int64_t b, h, tq, tk, d, dv;
+};
+
+const std::vector<CoreShape> kCoreShapes = {
+    {"B2_H3_Tq5_Tk7_d4", 2, 3, 5, 7, 4, 4},
+    {"B1_H2_Tq7_Tk5_d4_dv3", 1, 2, 7, 5, 4, 3},
+};
+
+void PrintTo(const CoreShape& s, std::ostream* os) { *os << s.name; }
+
+// Which bool mask (True = attend) the spec carries besides `causal`.
+enum class MaskKind { none, full, broadcast };  // -, [B, H, Tq, Tk], [Tq, Tk]
+
+const char* mask_name(MaskKind m) {
+  switch (m) {
+    case MaskKind::none: return "nomask";
+    case MaskKind::full: return "mask_BHTqTk";
+    case MaskKind::broadcast: return "mask_TqTk";
+  }
+  return "?";
+}
+
+void PrintTo(MaskKind m, std::ostream* os) { *os << mask_name(m); }
+
+using CoreAgreementCase = std::tuple<PluginPair, CoreShape, bool, MaskKind>;
+
+class CoreAgreement : public PluginTest,
+                      public ::testing::WithParamInterface<CoreAgreementCase> {
+ protected:
+  void SetUp() override {
+    const auto& pair = std::get<0>(GetParam());
+    require_plugins({pair.first, pair.second});
+  }
+};
+
+TEST_P(CoreAgreement, OutAndGradients) {
+  const auto& [pair, s, causal, mask] = GetParam();
+  Generator gen(21);
+  CoreInputs in;
+  in.q = randn({s.b, s.h, s.tq, s.d}, DType::float64, gen);
+  in.k = randn({s.b, s.h, s.tk, s.d}, DType::float64, gen);
+  in.v = randn({s.b, s.h, s.tk, s.dv}, DType::float64, gen);
+  in.r = randn({s.b, s.h, s.tq, s.dv}, DType::float64, gen);
+  AttentionSpec spec;
+  spec.causal = causal;
+  if (mask == MaskKind::full) spec.mask = random_mask({s.b, s.h, s.tq, s.tk}, gen);
+  if (mask == MaskKind::broadcast) spec.mask = random_mask({s.tq, s.tk}, gen);
+  const CoreResult a = run_core(plugin(pair.first), in, spec);
+  const CoreResult b = run_core(plugin(pair.second), in, spec);
+  EXPECT_EQ(a.out.shape(), (Shape{s.b, s.h, s.tq, s.dv}));
+  EXPECT_TRUE(all_close("out", a.out, b.out));
+  EXPECT_TRUE(all_close("dq", a.dq, b.dq));
+  EXPECT_TRUE(all_close("dk", a.dk, b.dk));
+  EXPECT_TRUE(all_close("dv", a.dv, b.dv));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Plugins, CoreAgreement,
+    ::testing::Combine(::testing::ValuesIn(kPairs), ::testing::ValuesIn(kCoreShapes),
+                       ::testing::Bool(),
+                       ::testing::Values(MaskKind::none, MaskKind::full, MaskKind::broadcast)),
+    [](const ::testing::TestParamInfo<CoreAgreementCase>& info) {
+      return pair_name(std::get<0>(info.param)) + "__" + std::get<1>(info.param).name + "__" +
+             (std::get<2>(info.param) ? "causal" : "full") + "__" +
+             mask_name(std::get<3>(info.param));
+    });
+
+// ---------------------------------------------------------------- 4. the oracle
+
+// Multi-head attention by hand, with nothing from headgrad's ops: plain loops
+// over row-major std::vector<double>. x [B, T, D], wq/wo [D, D], wk/wv
+// [Hkv*d, D] -> out [B, T, D]. Query head h reads key/value head h / (H / Hkv).
+std::vector<double> oracle_mha(const std::vector<double>& x, const std::vector<double>& wq,
+                               const std::vector<double>& wk, const std::vector<double>& wv,
+                               const std::vector<double>& wo, std::size_t batch, std::size_t t,
+                               std::size_t dm, std::size_t heads, std::size_t kv_heads,
+                               bool causal) {
+  const std::size_t d = dm / heads, dkv = kv_heads * d, group = heads / kv_heads;
+  // y [T, rows] = x_b [T, D] W^T, W [rows, D]
+  auto project = [&](std::size_t b, const std::vector<double>& w, std::size_t rows) {
+    std::vector<double> y(t * rows, 0.0);
+    for (std::size_t i = 0; i < t; ++i)
+      for (std::size_t o = 0; o < rows; ++o)
+        for (std::size_t c = 0; c < dm; ++c) y[i * rows + o] += x[(b * t + i) * dm + c] * w[o * dm + c];
+    return y;
+  };
+  std::vector<double> out(batch * t * dm, 0.0);
+  for (std::size_t b = 0; b < batch; ++b) {
+    const std::vector<double> q = project(b, wq, dm), k = project(b, wk, dkv),
+                              v = project(b, wv, dkv);
+    std::vector<double> concat(t * dm, 0.0);  // head h in columns [h*d, (h+1)*d)
+    for (std::size_t h = 0; h < heads; ++h) {
+      const std::size_t g = h / group;
+      for (std::size_t i = 0; i < t; ++i) {
+        const std::size_t keys = causal ? i + 1 : t;  // causal: keys j <= i
+        std::vector<double> p(keys);
+        for (std::size_t j = 0; j < keys; ++j) {
+          double s = 0.0;
+          for (std::size_t c = 0; c < d; ++c) s += q[i * dm + h * d + c] * k[j * dkv + g * d + c];
+          p[j] = s / std::sqrt(static_cast<double>(d));
+        }
+        const double mx = *std::max_element(p.begin(), p.end());
+        double total = 0.0;
+        for (double& e : p) total += (e = std::exp(e - mx));
+        for (double& e : p) e /= total;
+        for (std::size_t c = 0; c < d; ++c)
+          for (std::size_t j = 0; j < keys; ++j)
+            concat[i * dm + h * d + c] += p[j] * v[j * dkv + g * d + c];
+      }
+    }
+    for (std::size_t i = 0; i < t; ++i)
+      for (std::size_t o = 0; o < dm; ++o)
+        for (std::size_t c = 0; c < dm; ++c)
+          out[(b * t + i) * dm + o] += concat[i * dm + c] * wo[o * dm + c];
+  }
+  return out;
+}
+
+struct OracleCase {
+  std::string name;
+  std::int64_t b, t, dm, h, hkv;
+  bool causal;
+};
+
+const std::vector<OracleCase> kOracleCases = {
+    {"B1_T2_D2_H1_full", 1, 2, 2, 1, 1, false},
+    {"B1_T2_D2_H1_causal", 1, 2, 2, 1, 1, true},
+    {"B1_T3_D4_H2_full", 1, 3, 4, 2, 2, false},
+    {"B1_T3_D4_H2_causal", 1, 3, 4, 2, 2, true},
+    {"B2_T3_D8_H4_Hkv2_causal", 2, 3, 8, 4, 2, true},
+};
+
+void PrintTo(const OracleCase& c, std::ostream* os) { *os << c.name; }
+
+class Oracle : public PluginTest,
+               public ::testing::WithParamInterface<std::tuple<std::string, OracleCase>> {
+ protected:
+  void SetUp() override { require_plugins({std::get<0>(GetParam())}); }
+};
+
+TEST_P(Oracle, OutputMatchesHandWrittenLoops) {
+  const auto& [name, c] = GetParam();
+  const MhaInputs in = make_mha_inputs({c.b, c.t, c.dm}, c.h, c.hkv, Layout::contiguous, 31);
+  const AttentionSpec spec = mha_spec(c.dm, c.h, c.causal, c.hkv);
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = plugin(name).mha_forward(Variable(in.x), MhaWeights{Variable(in.wq), Variable(in.wk),
+                                                             Variable(in.wv), Variable(in.wo)},
+                                   spec).data();
+  }
+  auto u = [](std::int64_t n) { return static_cast<std::size_t>(n); };
+  const std::vector<double> want =
+      oracle_mha(in.x.to_vector(), in.wq.to_vector(), in.wk.to_vector(), in.wv.to_vector(),
+                 in.wo.to_vector(), u(c.b), u(c.t), u(c.dm), u(c.h), u(c.hkv), c.causal);
+  EXPECT_TRUE(all_close("out vs oracle", out, Tensor::from_values(want, {c.b, c.t, c.dm},
+                                                                  DType::float64),
+                        1e-12, 1e-12));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Plugins, Oracle,
+    ::testing::Combine(::testing::ValuesIn(kPlugins), ::testing::ValuesIn(kOracleCases)),
+    [](const ::testing::TestParamInfo<std::tuple<std::string, OracleCase>>& info) {
+      return std::get<0>(info.param) + "__" + std::get<1>(info.param).name;
+    });
+
+// ---------------------------------------------------------------- 5. grouped KV heads
+
+using GqaCase = std::tuple<std::int64_t, bool>;  // Hkv, causal
+
+class GroupedKv : public PluginTest, public ::testing::WithParamInterface<GqaCase> {
+ protected:
+  void SetUp() override { require_plugins({"per_head", "batched"}); }
+};
+
+// H=4 query heads over Hkv key/value heads: wk, wv are [Hkv*d, D].
+TEST_P(GroupedKv, PerHeadAndBatchedAgree) {
+  const auto& [kv_heads, causal] = GetParam();
+  const std::int64_t heads = 4, dm = 8, d = dm / heads;
+  const MhaInputs in = make_mha_inputs({2, 5, dm}, heads, kv_heads, Layout::contiguous, 41);
+  ASSERT_EQ(in.wk.shape(), (Shape{kv_heads * d, dm}));
+  const AttentionSpec spec = mha_spec(dm, heads, causal, kv_heads);
+  const MhaResult a = run_mha(plugin("per_head"), in, spec);
+  const MhaResult b = run_mha(plugin("batched"), in, spec);
+  expect_mha_agree(a, b);
+}
+
+INSTANTIATE_TEST_SUITE_P(Plugins, GroupedKv,
+                         ::testing::Combine(::testing::Values<std::int64_t>(1, 2),
+                                            ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<GqaCase>& info) {
+                           return "H4_Hkv" + std::to_string(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) ? "_causal" : "_full");
+                         });
+
+// ---------------------------------------------------------------- 6. fully masked rows
+
+// The rule: a query row whose keys are ALL masked (bool mask row all False)
+// produces zeros, not NaN (PyTorch's softmax of an all -inf row gives NaN).
+// Such a row then depends on nothing, so its dq row is zero and every gradient
+// stays finite.
+class MaskedRow : public PluginTest, public ::testing::WithParamInterface<std::string> {
+ protected:
+  void SetUp() override { require_plugins({GetParam()}); }
+};
+
+// A [Tq, Tk] mask that attends everything except row `dead`, which attends nothing.
+Tensor mask_with_dead_row(std::int64_t tq, std::int64_t tk, std::int64_t dead) {
+  Tensor m = Tensor::full({tq, tk}, 1.0, DType::boolean);
+  for (std::int64_t j = 0; j < tk; ++j) m.set({dead, j}, 0.0);
+  return m;
+}
+
+TEST_P(MaskedRow, CoreGivesZerosAndFiniteGradients) {
+  Generator gen(51);
+  CoreInputs in;  // B=1, H=2, Tq=3, Tk=4, d=2; query row 1 sees no key
+  in.q = randn({1, 2, 3, 2}, DType::float64, gen);
+  in.k = randn({1, 2, 4, 2}, DType::float64, gen);
+  in.v = randn({1, 2, 4, 2}, DType::float64, gen);
+  in.r = randn({1, 2, 3, 2}, DType::float64, gen);
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "full");
+    AttentionSpec spec;
+    spec.causal = causal;
+    spec.mask = mask_with_dead_row(3, 4, 1);
+    const CoreResult res = run_core(plugin(GetParam()), in, spec);
+    for (std::int64_t h = 0; h < 2; ++h)
+      for (std::int64_t c = 0; c < 2; ++c) {
+        EXPECT_EQ(res.out.at({0, h, 1, c}), 0.0) << "out head " << h << " dim " << c;
+        EXPECT_EQ(res.dq.at({0, h, 1, c}), 0.0) << "dq head " << h << " dim " << c;
+      }
+    EXPECT_TRUE(all_finite("out", res.out));
+    EXPECT_TRUE(all_finite("dq", res.dq));
+    EXPECT_TRUE(all_finite("dk", res.dk));
+    EXPECT_TRUE(all_finite("dv", res.dv));
+  }
+}
+
+TEST_P(MaskedRow, MhaGivesZerosAndFiniteGradients) {
+  const MhaInputs in = make_mha_inputs({2, 3, 4}, 2, 2, Layout::contiguous, 52);
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "full");
+    AttentionSpec spec = mha_spec(4, 2, causal);
+    spec.mask = mask_with_dead_row(3, 3, 2);  // token 2 sees no token
+    const MhaResult res = run_mha(plugin(GetParam()), in, spec);
+    for (std::int64_t b = 0; b < 2; ++b)
+      for (std::int64_t c = 0; c < 4; ++c) EXPECT_EQ(res.out.at({b, 2, c}), 0.0);
+    EXPECT_TRUE(all_finite("out", res.out));
+    EXPECT_TRUE(all_finite("dX", res.dx));
+    EXPECT_TRUE(all_finite("dWq", res.dwq));
+    EXPECT_TRUE(all_finite("dWk", res.dwk));
+    EXPECT_TRUE(all_finite("dWv", res.dwv));
+    EXPECT_TRUE(all_finite("dWo", res.dwo));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Plugins, MaskedRow, ::testing::ValuesIn(kPlugins),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
+}  // namespace

@@ -1,0 +1,52 @@
+// The catalog of known multi-head attention bugs: each has a stable name, a
+// one-line explanation, the fix, and the shapes at which it cannot be seen
+// (its signature, used by localization and the weak-suite warnings).
+#pragma once
+
+#include <optional>
+#include <span>
+#include <string_view>
+
+namespace headgrad::diagnosis {
+
+enum class Bug {
+  split_without_transpose,
+  merge_without_transpose,
+  scale_one_over_d,
+  scale_model_dim,
+  no_scale,
+  softmax_over_queries,
+  missing_causal_mask,
+  causal_mask_excludes_diagonal,
+  causal_mask_inverted,
+  missing_output_projection,
+  weights_not_transposed,
+  interleaved_head_slices,
+  kv_swapped,
+  batch_mixing,
+  count_,  // keep last
+};
+
+// What a bug needs in a case before it can show.
+struct Visibility {
+  bool needs_heads = false;    // invisible at H = 1
+  bool needs_seq = false;      // invisible at T = 1 (or Tk = 1)
+  bool needs_batch = false;    // invisible at B = 1
+  bool needs_causal = false;   // invisible without a causal mask
+  bool needs_d_lt_D = false;   // invisible when the head dim equals the model dim
+  bool mha_only = false;       // lives in the projections or the head layout
+};
+
+struct BugInfo {
+  Bug bug;
+  std::string_view name;         // stable: what suites write in expect.diagnosis
+  std::string_view explanation;  // one line
+  std::string_view fix;          // one line
+  Visibility visibility;
+};
+
+std::span<const BugInfo> bug_catalog();
+const BugInfo& bug_info(Bug bug);
+std::optional<Bug> bug_from_name(std::string_view name);
+
+}  // namespace headgrad::diagnosis

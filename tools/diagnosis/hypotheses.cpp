@@ -1,0 +1,118 @@
+#include "hypotheses.hpp"
+
+#include <cmath>
+#include <stdexcept>
+
+namespace headgrad::diagnosis {
+
+namespace {
+
+bool is(std::optional<Bug> bug, Bug b) { return bug && *bug == b; }
+
+// The causal/explicit mask as the hypothesis applies it: [Tq, Tk] or [.., Tq, Tk].
+Tensor hypothesis_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t tk,
+                       std::optional<Bug> bug) {
+  AttentionSpec s = spec;
+  if (is(bug, Bug::missing_causal_mask)) s.causal = false;
+  const bool wrong = is(bug, Bug::causal_mask_excludes_diagonal) || is(bug, Bug::causal_mask_inverted);
+  if (!s.causal || !wrong) return attention_mask(s, tq, tk);
+  s.causal = false;
+  Tensor m = Tensor::empty({tq, tk}, DType::boolean);
+  for (std::int64_t i = 0; i < tq; ++i)
+    for (std::int64_t j = 0; j < tk; ++j)
+      m.set({i, j}, is(bug, Bug::causal_mask_excludes_diagonal) ? j < i : j >= i);
+  if (const Tensor extra = attention_mask(s, tq, tk); extra.defined()) {
+    const Shape shape = broadcast_shapes(extra.shape(), m.shape(), "hypothesis mask");
+    Tensor both = Tensor::empty(shape, DType::boolean);
+    const Tensor a = extra.expand(shape), c = m.expand(shape);
+    for (std::int64_t i = 0; i < both.numel(); ++i) both.set_flat(i, a.flat(i) != 0 && c.flat(i) != 0);
+    return both;
+  }
+  return m;
+}
+
+double hypothesis_scale(const AttentionSpec& spec, std::int64_t d, std::optional<Bug> bug) {
+  if (is(bug, Bug::scale_one_over_d)) return 1.0 / static_cast<double>(d);
+  if (is(bug, Bug::scale_model_dim))
+    return 1.0 / std::sqrt(static_cast<double>(spec.d_model > 0 ? spec.d_model : d));
+  if (is(bug, Bug::no_scale)) return 1.0;
+  return spec.scale_for(d);
+}
+
+// Rolls dim 0 by one: item b takes item b+1's values.
+Variable roll_batch(const Variable& p) {
+  const std::int64_t n = p.size(0);
+  if (n < 2) return p;
+  return cat({narrow(p, 0, 1, n - 1), narrow(p, 0, 0, 1)}, 0);
+}
+
+// One head: q [N, Tq, d], k [N, Tk, d], v [N, Tk, dv]; mask broadcast to [N, Tq, Tk].
+Variable attend(const Variable& q, const Variable& k_in, const Variable& v_in, const Tensor& mask,
+                double factor, std::optional<Bug> bug) {
+  const bool swapped = is(bug, Bug::kv_swapped);
+  const Variable& k = swapped ? v_in : k_in;
+  const Variable& v = swapped ? k_in : v_in;
+  Variable s = scale(matmul(q, transpose(k, -2, -1)), factor);
+  if (mask.defined()) s = masked_fill(s, logical_not(mask), -INFINITY);
+  Variable p = softmax(s, is(bug, Bug::softmax_over_queries) ? -2 : -1);
+  if (is(bug, Bug::batch_mixing)) p = roll_batch(p);
+  return matmul(p, v);
+}
+
+Variable project(const Variable& x, const Variable& w, std::optional<Bug> bug) {
+  return is(bug, Bug::weights_not_transposed) ? matmul(x, w) : linear(x, w);
+}
+
+// Head h's slice of a projection P [B, T, D], as the hypothesis lays heads out.
+Variable head_slice(const Variable& p, std::int64_t h, std::int64_t heads, std::optional<Bug> bug) {
+  const std::int64_t b = p.size(0), t = p.size(1), dm = p.size(2), d = dm / heads;
+  if (is(bug, Bug::split_without_transpose))  // the flat buffer cut as [B, H, T, d]
+    return reshape(narrow(reshape(p, {b, heads, t, d}), 1, h, 1), {b, t, d});
+  if (is(bug, Bug::interleaved_head_slices))  // features h, h+H, ...
+    return reshape(narrow(reshape(p, {b, t, d, heads}), 3, h, 1), {b, t, d});
+  return narrow(p, 2, h * d, d);
+}
+
+// Heads' outputs o_h [B, T, d] back to [B, T, D], as the hypothesis merges them.
+Variable merge(const std::vector<Variable>& heads, std::optional<Bug> bug) {
+  const std::int64_t b = heads[0].size(0), t = heads[0].size(1), d = heads[0].size(2);
+  const std::int64_t dm = d * static_cast<std::int64_t>(heads.size());
+  if (is(bug, Bug::merge_without_transpose)) return reshape(stack(heads, 1), {b, t, dm});
+  if (is(bug, Bug::interleaved_head_slices)) return reshape(stack(heads, 3), {b, t, dm});
+  return cat(heads, 2);
+}
+
+}  // namespace
+
+Variable hypothesis_mha(const Variable& x, const MhaWeights& w, const AttentionSpec& spec,
+                        std::optional<Bug> bug) {
+  const std::int64_t t = x.size(-2), dm = x.size(-1), heads = spec.num_heads;
+  const std::int64_t d = dm / heads;
+  const Variable x3 = reshape(x, {-1, t, dm});
+  const Variable q = project(x3, w.wq, bug), k = project(x3, w.wk, bug), v = project(x3, w.wv, bug);
+  const Tensor mask = hypothesis_mask(spec, t, t, bug);
+  const double factor = hypothesis_scale(spec, d, bug);
+  std::vector<Variable> outs;
+  for (std::int64_t h = 0; h < heads; ++h) {
+    Tensor m = mask;
+    if (m.defined() && m.dim() >= 4)  // a [B, H, T, T] mask: this head's slice
+      m = m.narrow(-3, m.size(-3) == 1 ? 0 : h, 1).squeeze(m.dim() - 3);
+    outs.push_back(attend(head_slice(q, h, heads, bug), head_slice(k, h, heads, bug),
+                          head_slice(v, h, heads, bug), m, factor, bug));
+  }
+  const Variable merged = merge(outs, bug);
+  if (is(bug, Bug::missing_output_projection)) return reshape(merged, x.shape());
+  return reshape(project(merged, w.wo, bug), x.shape());
+}
+
+Variable hypothesis_core(const Variable& q, const Variable& k, const Variable& v,
+                         const AttentionSpec& spec, std::optional<Bug> bug) {
+  if (bug && bug_info(*bug).visibility.mha_only)
+    throw std::invalid_argument(std::string("bug '") + std::string(bug_info(*bug).name) +
+                                "' has no core-level form");
+  const std::int64_t tq = q.size(-2), tk = k.size(-2);
+  const Tensor mask = hypothesis_mask(spec, tq, tk, bug);
+  return attend(q, k, v, mask, hypothesis_scale(spec, q.size(-1), bug), bug);
+}
+
+}  // namespace headgrad::diagnosis

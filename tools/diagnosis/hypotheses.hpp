@@ -1,0 +1,30 @@
+// Bug hypotheses: a reference attention with exactly one known bug injected.
+// Diagnosis runs each hypothesis on the failing case's inputs and keeps those
+// that reproduce the failing plugin's output and gradients.
+//
+// Written per head (a loop over heads with sliced weights), independently of
+// the mutant plugins, which are batched: a hypothesis matching a mutant is
+// two implementations agreeing, not one file agreeing with itself.
+//
+// Shape legend: B batch, T sequence, D model width, H heads, d = D / H.
+#pragma once
+
+#include <optional>
+
+#include <headgrad/attention.hpp>
+
+#include "catalog.hpp"
+
+namespace headgrad::diagnosis {
+
+// x [..., T, D] -> [..., T, D]; `bug` empty = the correct computation.
+Variable hypothesis_mha(const Variable& x, const MhaWeights& w, const AttentionSpec& spec,
+                        std::optional<Bug> bug);
+
+// q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv] -> [..., Tq, dv]. Bugs that
+// live in the projections or the head layout have no core-level form: for
+// those this throws std::invalid_argument (check bug_info(bug).visibility.mha_only).
+Variable hypothesis_core(const Variable& q, const Variable& k, const Variable& v,
+                         const AttentionSpec& spec, std::optional<Bug> bug);
+
+}  // namespace headgrad::diagnosis
