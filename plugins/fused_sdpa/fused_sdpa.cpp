@@ -1,0 +1,554 @@
+// fused_sdpa: the attention core as ONE custom op with a hand-written forward
+// and backward, in the manner of FlashAttention-2.
+//
+// Shape legend: N leading index (batch x heads, flattened), Tq/Tk query/key
+// lengths, d query/key width, dv value width, Br x Bc one tile (query rows x
+// keys, both kTile); B, T, D, H, Hkv as in plugin.hpp.
+//
+// Forward, per leading index and block of Br query rows: walk the key tiles
+// with an online softmax (running max m, running sum l, accumulator rescaled by
+// exp(m_old - m_new) whenever the max grows). Only O [N, Tq, dv] and one
+// log-sum-exp L = m + log(l) per query row [N, Tq] are kept for the backward,
+// which recomputes P = exp(S - L) tile by tile:
+//   D = rowsum(dO * O);  dV += P^T dO;  dP = dO V^T;  dS = P * (dP - D);
+//   dQ += dS K * scale;  dK += dS^T Q * scale.
+// Extra memory grows with T, never with Tq * Tk: O, L, the gradients and a
+// tile of scratch per worker. A bool mask is read through a strided view of the
+// user's mask (never densified); causal is decided from indices, and causal
+// tiles that lie entirely above the diagonal are skipped, not computed.
+//
+// Fully masked rows: a query row whose keys are all masked has l = 0 and
+// L = -inf. Its output is zeros and it sends zero (finite) gradients to q, k
+// and v, where a naive softmax gives NaN (the same rule as core's softmax).
+//
+// Dropout (dropout_p > 0), on the attention weights as in PyTorch: key j of
+// query i in leading index n is kept when a counter-based SplitMix64 hash of
+// (dropout_seed, n, i, j) is >= p, and kept weights are scaled by 1/(1-p). The
+// backward regenerates the same mask from the same hash, so none is stored.
+// With dropout_p = 0 no dropout code runs and the op is exact.
+//
+// Threads: the N leading indices are split in contiguous chunks over
+// std::thread workers (hardware_concurrency, at most N). Each worker owns
+// disjoint slices of O, L, dQ, dK, dV: no locks.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <exception>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include <headgrad/kernels.hpp>
+#include <headgrad/plugin.hpp>
+
+namespace {
+
+using namespace headgrad;
+
+constexpr std::int64_t kTile = 64;  // Br = Bc
+
+// ---------------------------------------------------------------- helpers
+
+// C [m, n] = alpha * op(A) op(B) + beta * C, row-major; op(X) = X^T when tX.
+template <class T>
+void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
+          const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
+          std::int64_t ldc) {
+  const auto opa = ta ? CblasTrans : CblasNoTrans;
+  const auto opb = tb ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, opa, opb, static_cast<int>(m), static_cast<int>(n),
+                static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
+                beta, c, static_cast<int>(ldc));
+  } else {
+    cblas_dgemm(CblasRowMajor, opa, opb, static_cast<int>(m), static_cast<int>(n),
+                static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
+                beta, c, static_cast<int>(ldc));
+  }
+}
+
+// SplitMix64's output function: a strong 64-bit mixer of a counter.
+constexpr std::uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
+std::uint64_t mix64(std::uint64_t z) {
+  z += kGolden;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// The dropout mask as a pure function of (seed, n, i, j): forward and backward
+// draw the same bits whatever the tiling or the thread that asks.
+struct Dropout {
+  bool on = false;
+  double p = 0.0;
+  std::uint64_t seed = 0;
+
+  std::uint64_t row_key(std::int64_t n, std::int64_t i) const {
+    return mix64(mix64(mix64(seed) + static_cast<std::uint64_t>(n)) +
+                 static_cast<std::uint64_t>(i));
+  }
+  bool keep(std::uint64_t row_key, std::int64_t j) const {
+    const std::uint64_t h = mix64(row_key + static_cast<std::uint64_t>(j) * kGolden);
+    return static_cast<double>(h >> 11) * 0x1.0p-53 >= p;  // uniform in [0, 1)
+  }
+};
+
+// Storage offsets (from the first element) of the slices of t's first `lead`
+// dims, in row-major order of the leading index.
+std::vector<std::int64_t> slice_offsets(const Tensor& t, std::size_t lead) {
+  std::int64_t count = 1;
+  for (std::size_t d = 0; d < lead; ++d) count *= t.size(static_cast<std::int64_t>(d));
+  std::vector<std::int64_t> out(static_cast<std::size_t>(count));
+  std::vector<std::int64_t> idx(lead, 0);
+  std::int64_t off = 0;
+  for (std::int64_t n = 0; n < count; ++n) {
+    out[static_cast<std::size_t>(n)] = off;
+    for (std::size_t d = lead; d-- > 0;) {
+      const auto dd = static_cast<std::int64_t>(d);
+      off += t.stride(dd);
+      if (++idx[d] < t.size(dd)) break;
+      off -= t.stride(dd) * t.size(dd);
+      idx[d] = 0;
+    }
+  }
+  return out;
+}
+
+// A [..., R, C] tensor seen as one row-major matrix per leading index: row r
+// of slice n starts at slice(n) + r * ld and its C columns are contiguous,
+// which is what CBLAS reads. Strided views that already are so are not copied.
+template <class T>
+struct Rows {
+  Tensor tensor;  // keeps the storage alive
+  const T* base = nullptr;
+  std::vector<std::int64_t> offsets;
+  std::int64_t ld = 1;
+  const T* slice(std::int64_t n) const { return base + offsets[static_cast<std::size_t>(n)]; }
+};
+
+bool rows_readable(const Tensor& t) {
+  const std::int64_t r = t.size(-2), c = t.size(-1);
+  return (c <= 1 || t.stride(-1) == 1) && (r <= 1 || t.stride(-2) >= std::max<std::int64_t>(c, 1));
+}
+
+template <class T>
+Rows<T> as_rows(const Tensor& x, const Shape& lead) {
+  Shape full = lead;
+  full.push_back(x.size(-2));
+  full.push_back(x.size(-1));
+  const Tensor t = (rows_readable(x) ? x : x.contiguous()).expand(full);
+  Rows<T> rows;
+  rows.tensor = t;
+  rows.base = t.data<T>();
+  rows.offsets = slice_offsets(t, lead.size());
+  rows.ld = t.size(-2) <= 1 ? std::max<std::int64_t>(t.size(-1), 1) : t.stride(-2);
+  return rows;
+}
+
+// The bool mask (True = attend) as a strided [N, Tq, Tk] view: element (n, i, j)
+// at slice(n)[i * si + j * sj]. Broadcast dims have stride 0; nothing is copied.
+struct MaskRows {
+  bool on = false;
+  Tensor tensor;
+  const bool* base = nullptr;
+  std::vector<std::int64_t> offsets;
+  std::int64_t si = 0, sj = 0;
+  const bool* slice(std::int64_t n) const { return base + offsets[static_cast<std::size_t>(n)]; }
+};
+
+// Splits [0, count) over the workers; work(worker, n0, n1) runs on each chunk.
+std::int64_t worker_count(std::int64_t count) {
+  const auto hw = static_cast<std::int64_t>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::clamp<std::int64_t>(hw, 1, std::max<std::int64_t>(count, 1));
+}
+
+template <class F>
+void parallel_slices(std::int64_t count, std::int64_t workers, const F& work) {
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(workers));
+  auto run = [&](std::int64_t w) {
+    try {
+      work(w, count * w / workers, count * (w + 1) / workers);
+    } catch (...) {
+      errors[static_cast<std::size_t>(w)] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (std::int64_t w = 1; w < workers; ++w) threads.emplace_back(run, w);
+  run(0);
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+// ---------------------------------------------------------------- the problem
+
+// Everything forward and backward share: operands, mask, scale, dropout.
+template <class T>
+struct Sdpa {
+  Shape lead;  // leading dims of the output
+  std::int64_t n = 1, tq = 0, tk = 0, d = 0, dv = 0;
+  T scale = 1;
+  bool causal = false;
+  Rows<T> q, k, v;  // [N, Tq, d], [N, Tk, d], [N, Tk, dv]
+  MaskRows mask;
+  Dropout dropout;
+
+  // Keys a block of query rows [i0, i0 + br) can see: causal blocks stop at the
+  // diagonal, so the tiles above it are never computed.
+  std::int64_t key_end(std::int64_t i0, std::int64_t br) const {
+    return causal ? std::min(tk, i0 + br) : tk;
+  }
+
+  // s [br, bc] = scale * q[i0:i0+br] k[j0:j0+bc]^T, masked entries -inf.
+  // Forward and backward both call this, so they see bit-identical scores.
+  void scores(std::int64_t nn, std::int64_t i0, std::int64_t br, std::int64_t j0,
+              std::int64_t bc, T* s) const {
+    gemm<T>(false, true, br, bc, d, scale, q.slice(nn) + i0 * q.ld, q.ld, k.slice(nn) + j0 * k.ld,
+            k.ld, T(0), s, bc);
+    const bool diagonal = causal && j0 + bc - 1 > i0;  // some key j > query i in this tile
+    if (!diagonal && !mask.on) return;
+    constexpr T neg_inf = -std::numeric_limits<T>::infinity();
+    const bool* m = mask.on ? mask.slice(nn) : nullptr;
+    for (std::int64_t r = 0; r < br; ++r) {
+      const std::int64_t i = i0 + r;
+      T* sr = s + r * bc;
+      for (std::int64_t c = 0; c < bc; ++c) {
+        const std::int64_t j = j0 + c;
+        if ((diagonal && j > i) || (m && !m[i * mask.si + j * mask.sj])) sr[c] = neg_inf;
+      }
+    }
+  }
+};
+
+template <class T>
+Sdpa<T> make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionSpec& spec) {
+  const auto shapes = [&] {
+    return "q " + shape_str(q.shape()) + ", k " + shape_str(k.shape()) + ", v " +
+           shape_str(v.shape());
+  };
+  if (q.dim() < 2 || k.dim() < 2 || v.dim() < 2 || q.size(-1) != k.size(-1) ||
+      k.size(-2) != v.size(-2))
+    throw std::invalid_argument("fused_sdpa: " + shapes() +
+                                " are not [..., Tq, d], [..., Tk, d], [..., Tk, dv]");
+  if (k.dtype() != q.dtype() || v.dtype() != q.dtype())
+    throw std::invalid_argument("fused_sdpa: q, k, v dtypes differ (" +
+                                std::string(dtype_name(q.dtype())) + ", " +
+                                std::string(dtype_name(k.dtype())) + ", " +
+                                std::string(dtype_name(v.dtype())) + ")");
+  if (!(spec.dropout_p >= 0.0 && spec.dropout_p < 1.0))
+    throw std::invalid_argument("fused_sdpa: dropout_p " + std::to_string(spec.dropout_p) +
+                                " is not in [0, 1)");
+  Sdpa<T> a;
+  const auto lead_of = [](const Tensor& t) {
+    return Shape(t.shape().begin(), t.shape().end() - 2);
+  };
+  a.lead = broadcast_shapes(broadcast_shapes(lead_of(q), lead_of(k), "fused_sdpa"), lead_of(v),
+                            "fused_sdpa");
+  a.n = shape_numel(a.lead);
+  a.tq = q.size(-2);
+  a.tk = k.size(-2);
+  a.d = q.size(-1);
+  a.dv = v.size(-1);
+  a.scale = static_cast<T>(spec.scale_for(a.d));
+  a.causal = spec.causal;
+  a.q = as_rows<T>(q, a.lead);
+  a.k = as_rows<T>(k, a.lead);
+  a.v = as_rows<T>(v, a.lead);
+
+  // The spec's bool mask alone (attention_mask checks its dtype); causal is
+  // applied from indices so that it costs no [Tq, Tk] tensor.
+  AttentionSpec mask_only = spec;
+  mask_only.causal = false;
+  if (const Tensor m = attention_mask(mask_only, a.tq, a.tk); m.defined()) {
+    Shape full = a.lead;
+    full.push_back(a.tq);
+    full.push_back(a.tk);
+    if (broadcast_shapes(m.shape(), full, "fused_sdpa mask") != full)
+      throw std::invalid_argument("fused_sdpa: mask " + shape_str(m.shape()) +
+                                  " does not broadcast to [..., Tq, Tk] = " + shape_str(full));
+    const Tensor expanded = m.expand(full);  // a view: broadcast dims get stride 0
+    a.mask.on = true;
+    a.mask.tensor = expanded;
+    a.mask.base = expanded.data<bool>();
+    a.mask.offsets = slice_offsets(expanded, a.lead.size());
+    a.mask.si = expanded.stride(-2);
+    a.mask.sj = expanded.stride(-1);
+  }
+  a.dropout.on = spec.dropout_p > 0.0;
+  a.dropout.p = spec.dropout_p;
+  a.dropout.seed = spec.dropout_seed;
+  return a;
+}
+
+// ---------------------------------------------------------------- forward
+
+// o [N, Tq, dv] and lse [N, Tq] (contiguous) for leading indices [n0, n1).
+// scratch: s [Br, Bc], acc [Br, dv], m [Br], l [Br].
+template <class T>
+void sdpa_forward(const Sdpa<T>& a, std::int64_t n0, std::int64_t n1, T* o, T* lse, T* scratch) {
+  constexpr T neg_inf = -std::numeric_limits<T>::infinity();
+  const T keep_scale = static_cast<T>(1.0 / (1.0 - a.dropout.p));
+  T* s = scratch;
+  T* acc = s + kTile * kTile;
+  T* m = acc + kTile * a.dv;
+  T* l = m + kTile;
+  for (std::int64_t nn = n0; nn < n1; ++nn) {
+    const T* vn = a.v.slice(nn);
+    T* on = o + nn * a.tq * a.dv;
+    T* ln = lse + nn * a.tq;
+    for (std::int64_t i0 = 0; i0 < a.tq; i0 += kTile) {
+      const std::int64_t br = std::min(kTile, a.tq - i0);
+      std::fill(m, m + br, neg_inf);
+      std::fill(l, l + br, T(0));
+      std::fill(acc, acc + br * a.dv, T(0));
+      const std::int64_t j_end = a.key_end(i0, br);
+      for (std::int64_t j0 = 0; j0 < j_end; j0 += kTile) {
+        const std::int64_t bc = std::min(kTile, j_end - j0);
+        a.scores(nn, i0, br, j0, bc, s);
+        bool any = false;  // a tile whose weights are all zero adds nothing to acc
+        for (std::int64_t r = 0; r < br; ++r) {
+          T* sr = s + r * bc;
+          T tile_max = neg_inf;
+          for (std::int64_t c = 0; c < bc; ++c) tile_max = std::max(tile_max, sr[c]);
+          const T m_new = std::max(m[r], tile_max);
+          if (m_new == neg_inf) {  // no key attended so far: weights 0, nothing to rescale
+            std::fill(sr, sr + bc, T(0));
+            continue;
+          }
+          const T alpha = std::exp(m[r] - m_new);  // 0 when m[r] was -inf
+          T row_sum = 0;
+          for (std::int64_t c = 0; c < bc; ++c) {
+            sr[c] = std::exp(sr[c] - m_new);
+            row_sum += sr[c];
+          }
+          l[r] = l[r] * alpha + row_sum;
+          m[r] = m_new;
+          if (alpha != T(1))
+            for (T* x = acc + r * a.dv; x != acc + (r + 1) * a.dv; ++x) *x *= alpha;
+          if (a.dropout.on) {  // l keeps the undropped sum: dropout acts after softmax
+            const std::uint64_t key = a.dropout.row_key(nn, i0 + r);
+            for (std::int64_t c = 0; c < bc; ++c)
+              sr[c] = a.dropout.keep(key, j0 + c) ? sr[c] * keep_scale : T(0);
+          }
+          any = true;
+        }
+        if (any)  // acc += P V[j0:j0+bc]
+          gemm<T>(false, false, br, a.dv, bc, T(1), s, bc, vn + j0 * a.v.ld, a.v.ld, T(1), acc,
+                  a.dv);
+      }
+      for (std::int64_t r = 0; r < br; ++r) {
+        T* orow = on + (i0 + r) * a.dv;
+        const T* arow = acc + r * a.dv;
+        if (l[r] == T(0)) {  // every key masked: zeros, and L = -inf marks the row
+          std::fill(orow, orow + a.dv, T(0));
+          ln[i0 + r] = neg_inf;
+          continue;
+        }
+        const T inv = T(1) / l[r];
+        for (std::int64_t c = 0; c < a.dv; ++c) orow[c] = arow[c] * inv;
+        ln[i0 + r] = m[r] + std::log(l[r]);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- backward
+
+struct Needs {
+  bool q = false, k = false, v = false;
+};
+
+// dq [N, Tq, d], dk [N, Tk, d], dv [N, Tk, dv] (contiguous, zeroed; null when
+// not needed) for leading indices [n0, n1). scratch: p [Br, Bc], ds [Br, Bc],
+// drow [Br].
+template <class T>
+void sdpa_backward(const Sdpa<T>& a, const Rows<T>& dout, const T* o, const T* lse,
+                   std::int64_t n0, std::int64_t n1, T* dq, T* dk, T* dvv, T* scratch) {
+  constexpr T neg_inf = -std::numeric_limits<T>::infinity();
+  const T keep_scale = static_cast<T>(1.0 / (1.0 - a.dropout.p));
+  T* p = scratch;
+  T* ds = p + kTile * kTile;
+  T* drow = ds + kTile * kTile;
+  const bool need_ds = dq != nullptr || dk != nullptr;
+  for (std::int64_t nn = n0; nn < n1; ++nn) {
+    const T* qn = a.q.slice(nn);
+    const T* kn = a.k.slice(nn);
+    const T* vn = a.v.slice(nn);
+    const T* don = dout.slice(nn);
+    const T* on = o + nn * a.tq * a.dv;
+    const T* ln = lse + nn * a.tq;
+    for (std::int64_t i0 = 0; i0 < a.tq; i0 += kTile) {
+      const std::int64_t br = std::min(kTile, a.tq - i0);
+      for (std::int64_t r = 0; r < br; ++r) {  // D = rowsum(dO * O)
+        const T* gr = don + (i0 + r) * dout.ld;
+        const T* orow = on + (i0 + r) * a.dv;
+        T acc = 0;
+        for (std::int64_t c = 0; c < a.dv; ++c) acc += gr[c] * orow[c];
+        drow[r] = acc;
+      }
+      const T* dob = don + i0 * dout.ld;  // dO[i0:i0+br]
+      const std::int64_t j_end = a.key_end(i0, br);
+      for (std::int64_t j0 = 0; j0 < j_end; j0 += kTile) {
+        const std::int64_t bc = std::min(kTile, j_end - j0);
+        // in the forward pass this was: P = softmax(S) over all key tiles
+        a.scores(nn, i0, br, j0, bc, p);
+        bool any = false;
+        for (std::int64_t r = 0; r < br; ++r) {
+          T* pr = p + r * bc;
+          const T lr = ln[i0 + r];
+          if (lr == neg_inf) {  // fully masked row: no weights, no gradient
+            std::fill(pr, pr + bc, T(0));
+            continue;
+          }
+          for (std::int64_t c = 0; c < bc; ++c) pr[c] = std::exp(pr[c] - lr);
+          any = true;
+        }
+        if (!any) continue;
+        // in the forward pass this was: O += dropout(P) V, so dP = dO V^T
+        if (need_ds)
+          gemm<T>(false, true, br, bc, a.dv, T(1), dob, dout.ld, vn + j0 * a.v.ld, a.v.ld, T(0),
+                  ds, bc);
+        if (a.dropout.on) {  // p := dropout(P) for dV; ds := P * (dropout'(dP) - D)
+          for (std::int64_t r = 0; r < br; ++r) {
+            const std::uint64_t key = a.dropout.row_key(nn, i0 + r);
+            T* pr = p + r * bc;
+            T* dsr = ds + r * bc;
+            for (std::int64_t c = 0; c < bc; ++c) {
+              const T z = a.dropout.keep(key, j0 + c) ? keep_scale : T(0);
+              if (need_ds) dsr[c] = pr[c] * (dsr[c] * z - drow[r]);
+              pr[c] *= z;
+            }
+          }
+        } else if (need_ds) {  // ds := P * (dP - D)
+          for (std::int64_t r = 0; r < br; ++r) {
+            const T* pr = p + r * bc;
+            T* dsr = ds + r * bc;
+            for (std::int64_t c = 0; c < bc; ++c) dsr[c] = pr[c] * (dsr[c] - drow[r]);
+          }
+        }
+        if (dvv)  // dV[j0:j0+bc] += P^T dO
+          gemm<T>(true, false, bc, a.dv, br, T(1), p, bc, dob, dout.ld, T(1),
+                  dvv + (nn * a.tk + j0) * a.dv, a.dv);
+        if (dq)  // dQ[i0:i0+br] += dS K * scale
+          gemm<T>(false, false, br, a.d, bc, a.scale, ds, bc, kn + j0 * a.k.ld, a.k.ld, T(1),
+                  dq + (nn * a.tq + i0) * a.d, a.d);
+        if (dk)  // dK[j0:j0+bc] += dS^T Q * scale
+          gemm<T>(true, false, bc, a.d, br, a.scale, ds, bc, qn + i0 * a.q.ld, a.q.ld, T(1),
+                  dk + (nn * a.tk + j0) * a.d, a.d);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- the op
+
+Shape with_last2(const Shape& lead, std::int64_t r, std::int64_t c) {
+  Shape s = lead;
+  s.push_back(r);
+  s.push_back(c);
+  return s;
+}
+
+template <class T>
+Variable fused_core(const Variable& q, const Variable& k, const Variable& v,
+                    const AttentionSpec& spec) {
+  const auto a =
+      std::make_shared<const Sdpa<T>>(make_problem<T>(q.data(), k.data(), v.data(), spec));
+  const Shape q_shape = q.shape(), k_shape = k.shape(), v_shape = v.shape();
+
+  auto forward = [a](CustomOpContext& ctx, const std::vector<Tensor>&) {
+    Tensor o = Tensor::empty(with_last2(a->lead, a->tq, a->dv), dtype_of<T>());  // [..., Tq, dv]
+    Shape lse_shape = a->lead;
+    lse_shape.push_back(a->tq);
+    Tensor lse = Tensor::empty(lse_shape, dtype_of<T>());  // [..., Tq]
+    const std::int64_t workers = worker_count(a->n);
+    const std::int64_t per = kTile * kTile + kTile * a->dv + 2 * kTile;
+    Tensor scratch = Tensor::empty({workers, per}, dtype_of<T>());
+    T* po = o.data<T>();
+    T* pl = lse.data<T>();
+    T* ps = scratch.data<T>();
+    parallel_slices(a->n, workers, [&](std::int64_t w, std::int64_t n0, std::int64_t n1) {
+      sdpa_forward(*a, n0, n1, po, pl, ps + w * per);
+    });
+    ctx.saved = {o, lse};
+    return o;
+  };
+
+  auto backward = [a, q_shape, k_shape, v_shape](const CustomOpContext& ctx, const Tensor& g) {
+    const Tensor& o = ctx.saved[0];
+    const Tensor& lse = ctx.saved[1];
+    const Needs need{ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]};
+    const Rows<T> dout = as_rows<T>(g, a->lead);
+    Tensor dq, dk, dv;
+    if (need.q) dq = Tensor::zeros(with_last2(a->lead, a->tq, a->d), dtype_of<T>());
+    if (need.k) dk = Tensor::zeros(with_last2(a->lead, a->tk, a->d), dtype_of<T>());
+    if (need.v) dv = Tensor::zeros(with_last2(a->lead, a->tk, a->dv), dtype_of<T>());
+    const std::int64_t workers = worker_count(a->n);
+    const std::int64_t per = 2 * kTile * kTile + kTile;
+    Tensor scratch = Tensor::empty({workers, per}, dtype_of<T>());
+    T* pdq = need.q ? dq.data<T>() : nullptr;
+    T* pdk = need.k ? dk.data<T>() : nullptr;
+    T* pdv = need.v ? dv.data<T>() : nullptr;
+    const T* po = o.data<T>();
+    const T* pl = lse.data<T>();
+    T* ps = scratch.data<T>();
+    if (need.q || need.k || need.v)
+      parallel_slices(a->n, workers, [&](std::int64_t w, std::int64_t n0, std::int64_t n1) {
+        sdpa_backward(*a, dout, po, pl, n0, n1, pdq, pdk, pdv, ps + w * per);
+      });
+    // Leading dims that were broadcast are summed back to each input's shape.
+    return std::vector<Tensor>{need.q ? kernels::sum_to(dq, q_shape) : Tensor(),
+                               need.k ? kernels::sum_to(dk, k_shape) : Tensor(),
+                               need.v ? kernels::sum_to(dv, v_shape) : Tensor()};
+  };
+
+  return custom_op("fused_sdpa", {q, k, v}, std::move(forward), std::move(backward));
+}
+
+class FusedSdpa final : public Attention {
+ public:
+  PluginInfo info() const override {
+    PluginInfo i;
+    i.name = "fused_sdpa";
+    i.version = "1.0.0";
+    i.description =
+        "FlashAttention-2 style fused core: key tiles, online softmax, one log-sum-exp per row, "
+        "memory O(T); fully masked rows give zeros";
+    auto& c = i.capabilities;
+    c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = true;
+    c.float32 = c.float64 = c.dropout = c.grouped_kv = true;
+    return i;
+  }
+
+  // x [..., T, D] -> [..., T, D]: the batched split and merge around the fused core.
+  Variable mha_forward(const Variable& x, const MhaWeights& w,
+                       const AttentionSpec& spec) const override {
+    const std::int64_t t = x.size(-2), dm = x.size(-1);
+    const std::int64_t h = spec.num_heads, hkv = spec.kv_heads();
+    const Variable x3 = reshape(x, {-1, t, dm});          // [B, T, D]
+    const Variable q = split_heads(linear(x3, w.wq), h);  // [B, H, T, d]
+    Variable k = split_heads(linear(x3, w.wk), hkv);      // [B, Hkv, T, d]
+    Variable v = split_heads(linear(x3, w.wv), hkv);
+    if (hkv != h) {  // grouped KV heads: query head i reads key/value head i / (H / Hkv)
+      k = repeat_interleave(k, h / hkv, 1);
+      v = repeat_interleave(v, h / hkv, 1);
+    }
+    const Variable o = merge_heads(core_forward(q, k, v, spec));  // [B, T, D]
+    return reshape(linear(o, w.wo), x.shape());
+  }
+
+  // q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv] -> [..., Tq, dv]
+  Variable core_forward(const Variable& q, const Variable& k, const Variable& v,
+                        const AttentionSpec& spec) const override {
+    return dispatch_float(q.dtype(), "fused_sdpa",
+                          [&]<class T>() { return fused_core<T>(q, k, v, spec); });
+  }
+};
+
+}  // namespace
+
+HEADGRAD_PLUGIN(FusedSdpa)

@@ -1,0 +1,574 @@
+// The fused_sdpa plugin: its hand-written backward against finite differences,
+// its forward and backward against the batched core (composed from ops, with
+// autodiff's backward), fully masked rows, dropout, and peak memory at long
+// sequences against the batched core's [T, T] buffers.
+//
+// Both plugins are loaded through the loader from the build's plugin folder,
+// once per test suite. Comparisons hand the SAME q, k, v, R tensors to both
+// sides; each side wraps them in its own leaf Variables.
+//
+// Shape legend: [...] leading dims (batch x heads), Tq/Tk query/key lengths,
+// d query/key width, dv value width, B batch, T sequence, D model width,
+// H query heads, Hkv key/value heads. The fused kernel's tile is 64.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <iostream>
+#include <limits>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "headgrad/attention.hpp"
+#include "headgrad/gradcheck.hpp"
+#include "headgrad/loader.hpp"
+#include "headgrad/ops.hpp"
+#include "headgrad/plugin.hpp"
+
+namespace {
+
+using namespace headgrad;
+
+constexpr double kAtol64 = 1e-8;  // DESIGN.md's float64 checking tolerances
+constexpr double kRtol64 = 1e-6;
+constexpr double kAtol32 = 2e-5;  // float32: a few ulps of O(1) values, summed over T
+constexpr double kRtol32 = 1e-4;
+
+// ---------------------------------------------------------------- helpers
+
+// |a - b| <= atol + rtol * |b| elementwise; NaN never passes.
+::testing::AssertionResult all_close(const std::string& what, const Tensor& a, const Tensor& b,
+                                     double atol, double rtol) {
+  if (!a.defined() || !b.defined())
+    return ::testing::AssertionFailure() << what << ": undefined on the "
+                                         << (a.defined() ? "right" : "left") << " side";
+  if (a.shape() != b.shape())
+    return ::testing::AssertionFailure() << what << ": shapes " << shape_str(a.shape()) << " vs "
+                                         << shape_str(b.shape());
+  const std::vector<double> va = a.to_vector(), vb = b.to_vector();
+  std::int64_t bad = 0, worst = -1;
+  double worst_diff = 0.0;
+  for (std::size_t i = 0; i < va.size(); ++i) {
+    const double diff = std::abs(va[i] - vb[i]);
+    if (diff <= atol + rtol * std::abs(vb[i])) continue;
+    ++bad;
+    if (worst < 0 || !(diff <= worst_diff)) {
+      worst = static_cast<std::int64_t>(i);
+      worst_diff = diff;
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  std::ostringstream os;
+  os.precision(17);
+  os << what << " " << shape_str(a.shape()) << ": " << bad << " of " << va.size()
+     << " elements beyond tolerance; worst at flat index " << worst << ": " << va[worst]
+     << " vs " << vb[worst];
+  return ::testing::AssertionFailure() << os.str();
+}
+
+bool all_finite(const Tensor& t) {
+  const std::vector<double> v = t.to_vector();
+  return std::all_of(v.begin(), v.end(), [](double x) { return std::isfinite(x); });
+}
+
+Shape with_last2(Shape lead, std::int64_t r, std::int64_t c) {
+  lead.push_back(r);
+  lead.push_back(c);
+  return lead;
+}
+
+// A bool mask (True = attend) with each entry attended with probability `p`.
+Tensor random_mask(const Shape& shape, double p, std::uint64_t seed) {
+  Generator gen(seed);
+  Tensor m = Tensor::empty(shape, DType::boolean);
+  for (std::int64_t i = 0; i < m.numel(); ++i) m.set_flat(i, gen.uniform() < p ? 1.0 : 0.0);
+  return m;
+}
+
+struct CoreResult {
+  Tensor out, dq, dk, dv;
+};
+
+// out = core(q, k, v); backward of loss = sum(out * R), R seeded.
+CoreResult run_core(const Attention& a, const Tensor& q, const Tensor& k, const Tensor& v,
+                    const AttentionSpec& spec, std::uint64_t r_seed = 99) {
+  const Variable vq(q, true), vk(k, true), vv(v, true);
+  const Variable out = a.core_forward(vq, vk, vv, spec);
+  Generator gen(r_seed);
+  const Tensor r = randn(out.shape(), out.dtype(), gen);
+  sum(mul(out, Variable(r))).backward();
+  return {out.data(), vq.grad(), vk.grad(), vv.grad()};
+}
+
+// ---------------------------------------------------------------- fixture
+
+class FusedSdpaTest : public ::testing::Test {
+ protected:
+  // Once per suite: the registry (and so both libraries) outlives every
+  // Variable a test makes.
+  static void SetUpTestSuite() {
+    registry_ = std::make_unique<PluginRegistry>();
+    const std::filesystem::path dir = HEADGRAD_BUILD_PLUGIN_DIR;
+    for (const char* name : {"fused_sdpa", "batched"})
+      registry_->load_file(dir / name / (std::string(name) + ".so"));
+  }
+  static void TearDownTestSuite() { registry_.reset(); }
+
+  void SetUp() override {
+    for (const auto& r : registry_->rejections())
+      ADD_FAILURE() << "plugin rejected: " << r.file << ": " << r.reason;
+    ASSERT_NE(registry_->find("fused_sdpa"), nullptr);
+    ASSERT_NE(registry_->find("batched"), nullptr);
+  }
+
+  static const Attention& fused() { return *registry_->get("fused_sdpa").attention; }
+  static const Attention& batched() { return *registry_->get("batched").attention; }
+
+  static inline std::unique_ptr<PluginRegistry> registry_;
+};
+
+TEST_F(FusedSdpaTest, AdvertisesItsCapabilities) {
+  const PluginInfo info = registry_->get("fused_sdpa").info;
+  EXPECT_EQ(info.name, "fused_sdpa");
+  EXPECT_FALSE(info.mutant);
+  EXPECT_NE(info.description.find("fully masked rows give zeros"), std::string::npos);
+  const Capabilities& c = info.capabilities;
+  EXPECT_TRUE(c.mha && c.core && c.causal && c.bool_mask && c.cross_lengths);
+  EXPECT_TRUE(c.float32 && c.float64 && c.dropout && c.grouped_kv);
+  EXPECT_FALSE(c.rope);
+}
+
+TEST_F(FusedSdpaTest, RejectsBadInputsNamingTheOp) {
+  Generator gen(1);
+  const Variable q(randn({2, 3, 4}, DType::float64, gen));
+  const Variable k(randn({2, 5, 4}, DType::float64, gen));
+  const Variable v(randn({2, 5, 2}, DType::float64, gen));
+  const Variable k_bad(randn({2, 5, 3}, DType::float64, gen));
+  AttentionSpec spec;
+  EXPECT_THROW(fused().core_forward(q, k_bad, v, spec), std::invalid_argument);
+  spec.mask = random_mask({4, 5}, 0.5, 2);  // Tq is 3, not 4
+  EXPECT_THROW(fused().core_forward(q, k, v, spec), std::invalid_argument);
+  spec.mask = Tensor();
+  spec.dropout_p = 1.0;
+  try {
+    fused().core_forward(q, k, v, spec);
+    ADD_FAILURE() << "dropout_p = 1 accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("fused_sdpa"), std::string::npos) << e.what();
+  }
+}
+
+// ---------------------------------------------------------------- core cases
+
+enum class MaskKind { none, shared, per_slice };  // [Tq, Tk] or [..., Tq, Tk]
+enum class QLayout { contiguous, transposed, narrowed };
+
+struct CoreCase {
+  std::string name;
+  Shape lead;
+  std::int64_t tq, tk, d, dv;
+  bool causal;
+  MaskKind mask = MaskKind::none;
+  QLayout q_layout = QLayout::contiguous;
+};
+
+struct CoreInputs {
+  Tensor q, k, v;
+  AttentionSpec spec;
+};
+
+CoreInputs make_inputs(const CoreCase& c, DType dtype, std::uint64_t seed) {
+  Generator gen(seed);
+  CoreInputs in;
+  switch (c.q_layout) {
+    case QLayout::contiguous: in.q = randn(with_last2(c.lead, c.tq, c.d), dtype, gen); break;
+    case QLayout::transposed:  // [..., d, Tq] seen as [..., Tq, d]: a copy inside the op
+      in.q = randn(with_last2(c.lead, c.d, c.tq), dtype, gen).transpose(-2, -1);
+      break;
+    case QLayout::narrowed:  // rows longer than d: read in place with a wider stride
+      in.q = randn(with_last2(c.lead, c.tq, c.d + 3), dtype, gen).narrow(-1, 1, c.d);
+      break;
+  }
+  in.k = randn(with_last2(c.lead, c.tk, c.d), dtype, gen);
+  in.v = randn(with_last2(c.lead, c.tk, c.dv), dtype, gen);
+  in.spec.causal = c.causal;
+  if (c.mask == MaskKind::shared) in.spec.mask = random_mask({c.tq, c.tk}, 0.7, seed + 1);
+  if (c.mask == MaskKind::per_slice)
+    in.spec.mask = random_mask(with_last2(c.lead, c.tq, c.tk), 0.7, seed + 1);
+  return in;
+}
+
+std::string case_name(const ::testing::TestParamInfo<CoreCase>& info) { return info.param.name; }
+
+// -------- gradcheck of the hand-written backward, float64
+
+class FusedCoreGradcheck : public FusedSdpaTest,
+                           public ::testing::WithParamInterface<CoreCase> {};
+
+TEST_P(FusedCoreGradcheck, MatchesFiniteDifferences) {
+  const CoreCase& c = GetParam();
+  const CoreInputs in = make_inputs(c, DType::float64, 7);
+  const GradcheckResult r = gradcheck(
+      [&](const std::vector<Variable>& x) {
+        return fused().core_forward(x[0], x[1], x[2], in.spec);
+      },
+      {in.q, in.k, in.v});
+  EXPECT_TRUE(r.ok) << r.message;
+  EXPECT_EQ(r.elements_checked, in.q.numel() + in.k.numel() + in.v.numel());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, FusedCoreGradcheck,
+    ::testing::Values(
+        CoreCase{"square", {2, 2}, 3, 3, 4, 4, false},
+        CoreCase{"square_causal", {2, 2}, 3, 3, 4, 4, true},
+        CoreCase{"tq_lt_tk_dv_ne_d", {2}, 3, 5, 4, 2, false},
+        CoreCase{"tq_lt_tk_causal", {2}, 3, 5, 4, 2, true},
+        CoreCase{"tq_gt_tk_causal", {2}, 5, 3, 2, 3, true},
+        CoreCase{"bool_mask", {2, 2}, 4, 5, 3, 2, false, MaskKind::per_slice},
+        CoreCase{"bool_mask_causal", {2}, 4, 5, 3, 2, true, MaskKind::shared},
+        CoreCase{"transposed_q", {2}, 4, 5, 3, 2, true, MaskKind::none, QLayout::transposed},
+        CoreCase{"narrowed_q", {2}, 4, 5, 3, 2, false, MaskKind::none, QLayout::narrowed},
+        CoreCase{"tiles_causal_67x70", {1}, 67, 70, 2, 3, true},
+        CoreCase{"tiles_mask_70x66", {1}, 70, 66, 2, 2, false, MaskKind::shared}),
+    case_name);
+
+// -------- agreement with the batched core
+
+class FusedCoreAgreement : public FusedSdpaTest, public ::testing::WithParamInterface<CoreCase> {};
+
+TEST_P(FusedCoreAgreement, Float64MatchesBatched) {
+  const CoreCase& c = GetParam();
+  const CoreInputs in = make_inputs(c, DType::float64, 11);
+  const CoreResult f = run_core(fused(), in.q, in.k, in.v, in.spec);
+  const CoreResult b = run_core(batched(), in.q, in.k, in.v, in.spec);
+  EXPECT_TRUE(all_close("out", f.out, b.out, kAtol64, kRtol64));
+  EXPECT_TRUE(all_close("dq", f.dq, b.dq, kAtol64, kRtol64));
+  EXPECT_TRUE(all_close("dk", f.dk, b.dk, kAtol64, kRtol64));
+  EXPECT_TRUE(all_close("dv", f.dv, b.dv, kAtol64, kRtol64));
+}
+
+TEST_P(FusedCoreAgreement, Float32MatchesBatched) {
+  const CoreCase& c = GetParam();
+  const CoreInputs in = make_inputs(c, DType::float32, 13);
+  const CoreResult f = run_core(fused(), in.q, in.k, in.v, in.spec);
+  const CoreResult b = run_core(batched(), in.q, in.k, in.v, in.spec);
+  ASSERT_EQ(f.out.dtype(), DType::float32);
+  ASSERT_EQ(f.dq.dtype(), DType::float32);
+  EXPECT_TRUE(all_close("out", f.out, b.out, kAtol32, kRtol32));
+  EXPECT_TRUE(all_close("dq", f.dq, b.dq, kAtol32, kRtol32));
+  EXPECT_TRUE(all_close("dk", f.dk, b.dk, kAtol32, kRtol32));
+  EXPECT_TRUE(all_close("dv", f.dv, b.dv, kAtol32, kRtol32));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, FusedCoreAgreement,
+    ::testing::Values(
+        CoreCase{"tq5_tk7", {2, 3}, 5, 7, 4, 3, false},
+        CoreCase{"tq5_tk7_causal", {2, 3}, 5, 7, 4, 3, true},
+        CoreCase{"tq7_tk5_causal", {2, 3}, 7, 5, 4, 4, true},
+        CoreCase{"tq5_tk7_mask", {2, 3}, 5, 7, 4, 3, false, MaskKind::per_slice},
+        CoreCase{"t130", {2, 2}, 130, 130, 16, 16, false},
+        CoreCase{"t130_causal", {2, 2}, 130, 130, 16, 16, true},
+        CoreCase{"t130_causal_mask", {2, 2}, 130, 130, 16, 8, true, MaskKind::shared},
+        CoreCase{"tq65_tk129_mask", {3}, 65, 129, 8, 12, false, MaskKind::per_slice},
+        CoreCase{"tq129_tk65_causal", {3}, 129, 65, 8, 8, true},
+        CoreCase{"t200_transposed_q", {2}, 200, 200, 8, 8, true, MaskKind::none,
+                 QLayout::transposed},
+        CoreCase{"no_leading_dims", {}, 70, 90, 5, 6, false}),
+    case_name);
+
+// Broadcast leading dims: k and v shared by every head; their gradients are
+// summed back over the heads.
+TEST_F(FusedSdpaTest, BroadcastLeadingDimsMatchBatched) {
+  Generator gen(21);
+  const Tensor q = randn({2, 3, 6, 4}, DType::float64, gen);
+  const Tensor k = randn({2, 1, 9, 4}, DType::float64, gen);
+  const Tensor v = randn({1, 1, 9, 5}, DType::float64, gen);
+  AttentionSpec spec;
+  spec.causal = true;
+  const CoreResult f = run_core(fused(), q, k, v, spec);
+  const CoreResult b = run_core(batched(), q, k, v, spec);
+  EXPECT_TRUE(all_close("out", f.out, b.out, kAtol64, kRtol64));
+  EXPECT_TRUE(all_close("dq", f.dq, b.dq, kAtol64, kRtol64));
+  EXPECT_TRUE(all_close("dk", f.dk, b.dk, kAtol64, kRtol64));
+  EXPECT_TRUE(all_close("dv", f.dv, b.dv, kAtol64, kRtol64));
+}
+
+// ---------------------------------------------------------------- fully masked rows
+
+TEST_F(FusedSdpaTest, FullyMaskedRowGivesZerosAndFiniteGradients) {
+  Generator gen(31);
+  const std::int64_t tq = 4, tk = 6;
+  const Tensor q = randn({2, tq, 3}, DType::float64, gen);
+  const Tensor k = randn({2, tk, 3}, DType::float64, gen);
+  const Tensor v = randn({2, tk, 2}, DType::float64, gen);
+  AttentionSpec spec;
+  spec.mask = Tensor::ones({tq, tk}, DType::boolean);
+  for (std::int64_t j = 0; j < tk; ++j) spec.mask.set({1, j}, 0.0);  // query 1 sees no key
+  spec.mask.set({0, 0}, 0.0);  // with causal, query 0's only key is gone too
+
+  for (const bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "not causal");
+    spec.causal = causal;
+    const CoreResult f = run_core(fused(), q, k, v, spec);
+    for (std::int64_t n = 0; n < 2; ++n)
+      for (std::int64_t c = 0; c < 2; ++c) {
+        EXPECT_EQ(f.out.at({n, 1, c}), 0.0);
+        if (causal) {
+          EXPECT_EQ(f.out.at({n, 0, c}), 0.0);
+        }
+      }
+    for (std::int64_t n = 0; n < 2; ++n)
+      for (std::int64_t c = 0; c < 3; ++c) EXPECT_EQ(f.dq.at({n, 1, c}), 0.0);
+    EXPECT_TRUE(all_finite(f.out));
+    EXPECT_TRUE(all_finite(f.dq));
+    EXPECT_TRUE(all_finite(f.dk));
+    EXPECT_TRUE(all_finite(f.dv));
+    EXPECT_NE(f.out.at({0, 2, 0}), 0.0);  // the other rows are untouched
+    // core's softmax has the same zeros rule: both sides agree everywhere
+    const CoreResult b = run_core(batched(), q, k, v, spec);
+    EXPECT_TRUE(all_close("out", f.out, b.out, kAtol64, kRtol64));
+    EXPECT_TRUE(all_close("dq", f.dq, b.dq, kAtol64, kRtol64));
+    EXPECT_TRUE(all_close("dk", f.dk, b.dk, kAtol64, kRtol64));
+    EXPECT_TRUE(all_close("dv", f.dv, b.dv, kAtol64, kRtol64));
+  }
+  // and the hand-written backward is right around the masked rows
+  spec.causal = true;
+  const GradcheckResult r = gradcheck(
+      [&](const std::vector<Variable>& x) { return fused().core_forward(x[0], x[1], x[2], spec); },
+      {q, k, v});
+  EXPECT_TRUE(r.ok) << r.message;
+}
+
+TEST_F(FusedSdpaTest, EveryKeyMaskedGivesAllZeros) {
+  Generator gen(32);
+  const Tensor q = randn({1, 70, 4}, DType::float32, gen);
+  const Tensor k = randn({1, 80, 4}, DType::float32, gen);
+  const Tensor v = randn({1, 80, 4}, DType::float32, gen);
+  AttentionSpec spec;
+  spec.mask = Tensor::zeros({70, 80}, DType::boolean);
+  const CoreResult f = run_core(fused(), q, k, v, spec);
+  for (const Tensor* t : {&f.out, &f.dq, &f.dk, &f.dv}) {
+    const std::vector<double> x = t->to_vector();
+    EXPECT_TRUE(std::all_of(x.begin(), x.end(), [](double e) { return e == 0.0; }));
+  }
+}
+
+// ---------------------------------------------------------------- dropout
+
+TEST_F(FusedSdpaTest, DropoutIsDeterministicForASeed) {
+  Generator gen(41);
+  const Tensor q = randn({2, 2, 70, 8}, DType::float32, gen);
+  const Tensor k = randn({2, 2, 90, 8}, DType::float32, gen);
+  const Tensor v = randn({2, 2, 90, 8}, DType::float32, gen);
+  AttentionSpec spec;
+  spec.causal = true;
+  spec.dropout_p = 0.5;
+  spec.dropout_seed = 1234;
+  const CoreResult a = run_core(fused(), q, k, v, spec);
+  const CoreResult b = run_core(fused(), q, k, v, spec);
+  EXPECT_EQ(a.out.to_vector(), b.out.to_vector());
+  EXPECT_EQ(a.dq.to_vector(), b.dq.to_vector());
+  EXPECT_EQ(a.dk.to_vector(), b.dk.to_vector());
+  EXPECT_EQ(a.dv.to_vector(), b.dv.to_vector());
+  spec.dropout_seed = 1235;
+  EXPECT_NE(run_core(fused(), q, k, v, spec).out.to_vector(), a.out.to_vector());
+  spec.dropout_p = 0.0;  // p = 0: exact, the seed is ignored
+  const CoreResult plain = run_core(fused(), q, k, v, spec);
+  EXPECT_NE(plain.out.to_vector(), a.out.to_vector());
+  EXPECT_TRUE(all_close("out", plain.out, run_core(batched(), q, k, v, spec).out, kAtol32,
+                        kRtol32));
+}
+
+TEST_F(FusedSdpaTest, DropoutGradcheckRegeneratesTheMask) {
+  for (const bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "not causal");
+    Generator gen(43);
+    const Tensor q = randn({2, 5, 3}, DType::float64, gen);
+    const Tensor k = randn({2, 6, 3}, DType::float64, gen);
+    const Tensor v = randn({2, 6, 2}, DType::float64, gen);
+    AttentionSpec spec;
+    spec.causal = causal;
+    spec.dropout_p = 0.5;
+    spec.dropout_seed = 77;
+    const GradcheckResult r = gradcheck(
+        [&](const std::vector<Variable>& x) {
+          return fused().core_forward(x[0], x[1], x[2], spec);
+        },
+        {q, k, v});
+    EXPECT_TRUE(r.ok) << r.message;
+  }
+}
+
+// q = 0 makes every weight 1/Tk and v = identity puts weight (i, j) at out[i, j]:
+// it is exactly 0 where dropped and 1/(Tk (1 - p)) where kept.
+TEST_F(FusedSdpaTest, DropoutDropsAFractionNearP) {
+  const std::int64_t n = 4, tq = 64, tk = 96;
+  const double p = 0.5;
+  const Tensor q = Tensor::zeros({n, tq, 8}, DType::float64);
+  Generator gen(45);
+  const Tensor k = randn({n, tk, 8}, DType::float64, gen);
+  Tensor eye = Tensor::zeros({tk, tk}, DType::float64);
+  for (std::int64_t j = 0; j < tk; ++j) eye.set({j, j}, 1.0);
+  AttentionSpec spec;
+  spec.dropout_p = p;
+  spec.dropout_seed = 2024;
+  const Variable out = fused().core_forward(Variable(q), Variable(k), Variable(eye), spec);
+  ASSERT_EQ(out.shape(), (Shape{n, tq, tk}));
+  const std::vector<double> w = out.data().to_vector();
+  std::int64_t dropped = 0, odd = 0;
+  const double kept_value = 1.0 / (static_cast<double>(tk) * (1.0 - p));
+  for (double x : w) {
+    if (x == 0.0) ++dropped;
+    else if (std::abs(x - kept_value) > 1e-12) ++odd;
+  }
+  const double fraction = static_cast<double>(dropped) / static_cast<double>(w.size());
+  std::cout << "dropout p = " << p << ": dropped fraction " << fraction << " of " << w.size()
+            << " weights\n";
+  EXPECT_EQ(odd, 0);
+  EXPECT_NEAR(fraction, p, 0.03);  // sd of the fraction is 0.002 here
+  // the leading index is part of the counter: slices do not share a mask
+  std::int64_t same = 0;
+  for (std::int64_t e = 0; e < tq * tk; ++e) same += (w[e] == 0.0) == (w[tq * tk + e] == 0.0);
+  EXPECT_LT(static_cast<double>(same) / static_cast<double>(tq * tk), 0.6);
+}
+
+// ---------------------------------------------------------------- mha level
+
+struct MhaCase {
+  std::string name;
+  std::int64_t b, t, dm, h, hkv;
+  bool causal;
+  bool transposed_x;
+};
+
+MhaWeights make_weights(const MhaCase& c, Generator& gen) {
+  const std::int64_t d = c.dm / c.h;
+  const double s = 1.0 / std::sqrt(static_cast<double>(c.dm));
+  return {Variable(randn({c.dm, c.dm}, DType::float64, gen, s), true),
+          Variable(randn({c.hkv * d, c.dm}, DType::float64, gen, s), true),
+          Variable(randn({c.hkv * d, c.dm}, DType::float64, gen, s), true),
+          Variable(randn({c.dm, c.dm}, DType::float64, gen, s), true)};
+}
+
+Tensor make_x(const MhaCase& c, Generator& gen) {
+  return c.transposed_x ? randn({c.b, c.dm, c.t}, DType::float64, gen).transpose(1, 2)
+                        : randn({c.b, c.t, c.dm}, DType::float64, gen);
+}
+
+AttentionSpec mha_spec(const MhaCase& c) {
+  AttentionSpec spec;
+  spec.d_model = c.dm;
+  spec.num_heads = c.h;
+  spec.num_kv_heads = c.hkv;
+  spec.causal = c.causal;
+  return spec;
+}
+
+class FusedMha : public FusedSdpaTest, public ::testing::WithParamInterface<MhaCase> {};
+
+TEST_P(FusedMha, GradcheckInputAndWeights) {
+  const MhaCase& c = GetParam();
+  Generator gen(51);
+  const Tensor x = make_x(c, gen);
+  const MhaWeights w = make_weights(c, gen);
+  const AttentionSpec spec = mha_spec(c);
+  const GradcheckResult r = gradcheck(
+      [&](const std::vector<Variable>& in) {
+        return fused().mha_forward(in[0], {in[1], in[2], in[3], in[4]}, spec);
+      },
+      {x, w.wq.data(), w.wk.data(), w.wv.data(), w.wo.data()});
+  EXPECT_TRUE(r.ok) << r.message;
+}
+
+TEST_P(FusedMha, MatchesBatched) {
+  const MhaCase& c = GetParam();
+  Generator gen(53);
+  const Tensor x = make_x(c, gen);
+  const MhaWeights w = make_weights(c, gen);
+  const AttentionSpec spec = mha_spec(c);
+  Generator rgen(54);
+  const Tensor r = randn({c.b, c.t, c.dm}, DType::float64, rgen);
+  auto run = [&](const Attention& a) {
+    const Variable vx(x, true);
+    const MhaWeights vw{Variable(w.wq.data(), true), Variable(w.wk.data(), true),
+                        Variable(w.wv.data(), true), Variable(w.wo.data(), true)};
+    const Variable out = a.mha_forward(vx, vw, spec);
+    sum(mul(out, Variable(r))).backward();
+    return std::vector<Tensor>{out.data(), vx.grad(), vw.wq.grad(), vw.wk.grad(), vw.wv.grad(),
+                               vw.wo.grad()};
+  };
+  const std::vector<Tensor> f = run(fused()), b = run(batched());
+  const char* names[] = {"out", "dx", "dwq", "dwk", "dwv", "dwo"};
+  for (std::size_t i = 0; i < f.size(); ++i)
+    EXPECT_TRUE(all_close(names[i], f[i], b[i], kAtol64, kRtol64));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, FusedMha,
+    ::testing::Values(MhaCase{"closed_book_causal", 2, 3, 8, 2, 2, true, false},
+                      MhaCase{"b2_t5_d12_h3", 2, 5, 12, 3, 3, false, false},
+                      MhaCase{"transposed_x_causal", 2, 5, 12, 3, 3, true, true},
+                      MhaCase{"grouped_kv", 2, 4, 8, 4, 2, true, false}),
+    [](const ::testing::TestParamInfo<MhaCase>& info) { return info.param.name; });
+
+// ---------------------------------------------------------------- memory
+
+// Peak bytes of tensor storage allocated on top of the inputs during one
+// forward + backward of loss = sum(out * R), float32, [1, T, 64].
+struct MemoryRun {
+  std::size_t peak_extra;
+  double seconds;
+};
+
+MemoryRun measure_core(const Attention& a, std::int64_t t) {
+  Generator gen(61);
+  const std::int64_t d = 64;
+  const Tensor q = randn({1, t, d}, DType::float32, gen);
+  const Tensor k = randn({1, t, d}, DType::float32, gen);
+  const Tensor v = randn({1, t, d}, DType::float32, gen);
+  const Tensor r = randn({1, t, d}, DType::float32, gen);
+  const auto start = std::chrono::steady_clock::now();
+  reset_peak_memory();
+  const std::size_t base = memory_stats().current_bytes;
+  {
+    const Variable vq(q, true), vk(k, true), vv(v, true);
+    const Variable out = a.core_forward(vq, vk, vv, AttentionSpec{});
+    sum(mul(out, Variable(r))).backward();
+    EXPECT_TRUE(all_finite(vq.grad().narrow(1, 0, 4)));
+  }
+  const std::size_t peak = memory_stats().peak_bytes;
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return {peak - base, secs};
+}
+
+TEST_F(FusedSdpaTest, PeakMemoryGrowsLinearlyNotQuadratically) {
+  const MemoryRun fused_1k = measure_core(fused(), 1024);
+  const MemoryRun fused_4k = measure_core(fused(), 4096);
+  const MemoryRun batched_4k = measure_core(batched(), 4096);
+  constexpr double mib = 1024.0 * 1024.0;
+  std::cout << "peak extra memory, core forward + backward, float32, [1, T, 64], not causal:\n"
+            << "  fused_sdpa T=1024: " << fused_1k.peak_extra / mib << " MiB (" << fused_1k.seconds
+            << " s)\n"
+            << "  fused_sdpa T=4096: " << fused_4k.peak_extra / mib << " MiB (" << fused_4k.seconds
+            << " s)\n"
+            << "  batched    T=4096: " << batched_4k.peak_extra / mib << " MiB ("
+            << batched_4k.seconds << " s); one [T, T] float32 buffer is 64 MiB\n"
+            << "  fused growth 1024 -> 4096: "
+            << static_cast<double>(fused_4k.peak_extra) / static_cast<double>(fused_1k.peak_extra)
+            << "x (T^2 growth would be 16x)\n";
+  EXPECT_GT(batched_4k.peak_extra, std::size_t{64} << 20);  // it does hold a [T, T] buffer
+  EXPECT_LT(fused_4k.peak_extra * 8, batched_4k.peak_extra);
+  EXPECT_LT(static_cast<double>(fused_4k.peak_extra),
+            6.0 * static_cast<double>(fused_1k.peak_extra));
+  EXPECT_LT(fused_4k.peak_extra, std::size_t{64} << 20);  // less than ONE [T, T] buffer
+}
+
+}  // namespace
