@@ -239,7 +239,13 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
                                 shape_str(b_in.shape()));
   const Shape a_batch(a_in.shape().begin(), a_in.shape().end() - 2);
   const Shape b_batch(b_in.shape().begin(), b_in.shape().end() - 2);
-  const Shape batch = broadcast_shapes(a_batch, b_batch, "matmul");
+  Shape batch;
+  try {
+    batch = broadcast_shapes(a_batch, b_batch, "matmul");
+  } catch (const std::invalid_argument&) {  // name both operands, not only their batch dims
+    throw std::invalid_argument("matmul: batch dims do not broadcast: " + shape_str(a_in.shape()) +
+                                " @ " + shape_str(b_in.shape()));
+  }
   Shape out_shape = batch;
   out_shape.push_back(m);
   out_shape.push_back(n);

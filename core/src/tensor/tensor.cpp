@@ -246,7 +246,8 @@ Shape infer_shape(const Shape& requested, std::int64_t numel, const Shape& from,
 bool view_strides(const Shape& old_shape, const Shape& old_strides, const Shape& new_shape,
                   Shape& new_strides) {
   new_strides.assign(new_shape.size(), 0);
-  if (shape_numel(old_shape) == 0) {
+  // No elements, or a 0-dim scalar (whose new shape is all 1s): any strides do.
+  if (shape_numel(old_shape) == 0 || old_shape.empty()) {
     new_strides = contiguous_strides(new_shape);
     return true;
   }

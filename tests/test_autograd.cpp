@@ -1,0 +1,336 @@
+// The graph engine: accumulation, upstream gradients, grad mode, leaves,
+// custom ops with hand-written backward, and gradcheck's own ability to fail.
+// Every expected gradient is worked out by hand in the comment beside it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "headgrad/gradcheck.hpp"
+#include "headgrad/kernels.hpp"
+#include "headgrad/ops.hpp"
+#include "headgrad/variable.hpp"
+
+namespace {
+
+using namespace headgrad;
+
+Tensor vec(std::vector<double> v) {
+  const auto n = static_cast<std::int64_t>(v.size());
+  return Tensor::from_values(v, {n}, DType::float64);
+}
+
+Tensor rnd(const Shape& shape, std::uint64_t seed) {
+  Generator gen(seed);
+  return randn(shape, DType::float64, gen);
+}
+
+template <class E>
+void expect_throw_with(const std::function<void()>& f, std::initializer_list<std::string> pieces) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an exception";
+  } catch (const E& e) {
+    const std::string msg = e.what();
+    for (const auto& p : pieces) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+  }
+}
+
+void expect_values(const Tensor& t, const std::vector<double>& want, double tol = 1e-12) {
+  ASSERT_TRUE(t.defined());
+  const std::vector<double> got = t.to_vector();
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], tol) << "element " << i;
+}
+
+// ---------------------------------------------------------------- accumulation
+
+TEST(Autograd, ValueUsedTwiceAccumulates) {
+  // y = x * x + x, so dy/dx = 2x + 1: x enters mul twice and add once.
+  Variable x(vec({1.5, -2.0, 0.5}), true);
+  Variable y = add(mul(x, x), x);
+  expect_values(y.data(), {3.75, 2.0, 0.75});
+  sum(y).backward();
+  expect_values(x.grad(), {4.0, -3.0, 2.0});
+}
+
+TEST(Autograd, DiamondGraph) {
+  // a = 2x, b = x^2, y = a * b = 2 x^3, dy/dx = 6 x^2: x reaches y along two paths.
+  Variable x(vec({1.0, -3.0}), true);
+  Variable y = mul(scale(x, 2.0), mul(x, x));
+  sum(y).backward();
+  expect_values(x.grad(), {6.0, 54.0});
+}
+
+TEST(Autograd, ExplicitUpstreamGradient) {
+  // y = x * x with upstream g: dx = 2 x g.
+  Variable x(vec({1.0, 2.0, -1.0}), true);
+  Variable y = mul(x, x);
+  y.backward(vec({1.0, 0.5, 3.0}));
+  expect_values(x.grad(), {2.0, 2.0, -6.0});
+  // An upstream gradient of another dtype is converted to the output's.
+  Variable x2(vec({4.0}), true);
+  scale(x2, 3.0).backward(Tensor::full({1}, 2.0, DType::float32));
+  expect_values(x2.grad(), {6.0});
+}
+
+TEST(Autograd, BackwardErrors) {
+  Variable x(vec({1.0, 2.0}), true);
+  Variable y = mul(x, x);
+  expect_throw_with<std::invalid_argument>([&] { y.backward(); }, {"backward", "[2]", "scalar"});
+  expect_throw_with<std::invalid_argument>([&] { y.backward(vec({1.0, 2.0, 3.0})); },
+                                           {"backward", "[3]", "[2]"});
+  Variable c(vec({1.0}));  // requires no gradient
+  EXPECT_THROW(scale(c, 2.0).backward(), std::invalid_argument);
+  EXPECT_THROW(Variable().backward(), std::logic_error);
+  EXPECT_THROW(Variable(Tensor::zeros({2}, DType::boolean), true), std::invalid_argument);
+  EXPECT_THROW((void)Variable(Tensor{}), std::invalid_argument);
+}
+
+TEST(Autograd, OneElementNonScalarBackward) {
+  // A [1, 1] output counts as a scalar.
+  Variable x(vec({3.0}), true);
+  Variable y = view(mul(x, x), {1, 1});
+  y.backward();
+  expect_values(x.grad(), {6.0});
+}
+
+// ---------------------------------------------------------------- grad mode
+
+TEST(Autograd, NoGradGuardRecordsNoGraphAndRestores) {
+  Variable x(vec({1.0, 2.0}), true);
+  ASSERT_TRUE(grad_enabled());
+  {
+    NoGradGuard guard;
+    EXPECT_FALSE(grad_enabled());
+    Variable y = mul(x, x);
+    EXPECT_FALSE(y.requires_grad());
+    EXPECT_TRUE(y.is_leaf());  // no backward attached
+    expect_values(y.data(), {1.0, 4.0});
+    EXPECT_THROW(sum(y).backward(), std::invalid_argument);
+    {
+      NoGradGuard nested;
+      EXPECT_FALSE(grad_enabled());
+    }
+    EXPECT_FALSE(grad_enabled());  // the nested guard restores "off", not "on"
+  }
+  EXPECT_TRUE(grad_enabled());
+  Variable z = mul(x, x);
+  EXPECT_TRUE(z.requires_grad());
+  EXPECT_FALSE(z.is_leaf());
+  EXPECT_EQ(z.op_name(), "mul");
+  EXPECT_FALSE(x.grad().defined());  // nothing reached x
+}
+
+TEST(Autograd, InputsWithoutGradGetNone) {
+  // loss = sum(a * b): da = b, and b (no grad) keeps an undefined gradient.
+  Variable a(vec({1.0, 2.0, 3.0}), true);
+  Variable b(vec({4.0, 5.0, 6.0}));
+  EXPECT_FALSE(b.requires_grad());
+  EXPECT_TRUE(b.is_leaf());
+  EXPECT_EQ(b.op_name(), "leaf");
+  sum(mul(a, b)).backward();
+  expect_values(a.grad(), {4.0, 5.0, 6.0});
+  EXPECT_FALSE(b.grad().defined());
+}
+
+// ---------------------------------------------------------------- leaves
+
+TEST(Autograd, LeavesKeepGradAndAccumulateAcrossBackwards) {
+  Variable x(vec({1.0, -1.0}), true);
+  Variable h = scale(x, 3.0);
+  Variable loss = sum(mul(h, x));  // 3 x^2, d/dx = 6 x
+  loss.backward();
+  expect_values(x.grad(), {6.0, -6.0});
+  EXPECT_FALSE(h.grad().defined());  // a non-leaf's gradient is not kept
+  loss.backward();                   // the graph survives: a second pass adds
+  expect_values(x.grad(), {12.0, -12.0});
+  x.zero_grad();
+  EXPECT_FALSE(x.grad().defined());
+  loss.backward();
+  expect_values(x.grad(), {6.0, -6.0});
+}
+
+TEST(Autograd, GradientOfAViewLeafHasItsShape) {
+  // A leaf holding a transposed view gets a gradient of the view's shape.
+  Tensor base = Tensor::from_values(std::vector<double>{1, 2, 3, 4, 5, 6}, {2, 3}, DType::float64);
+  Variable x(base.transpose(0, 1), true);  // [3, 2]
+  sum(mul(x, x)).backward();               // 2 x
+  EXPECT_EQ(x.grad().shape(), (Shape{3, 2}));
+  expect_values(x.grad(), {2, 8, 4, 10, 6, 12});
+}
+
+TEST(Autograd, DeepChainDoesNotOverflow) {
+  // 20000 ops: backward walks the graph iteratively.
+  Variable x(vec({1.0}), true);
+  Variable y = x;
+  for (int i = 0; i < 20000; ++i) y = add(y, x);
+  sum(y).backward();
+  expect_values(x.grad(), {20001.0});
+}
+
+// ---------------------------------------------------------------- custom ops
+
+// cube(x) = x^3 with backward 3 x^2 dout, written by hand; `wrong` perturbs it.
+Variable cube(const Variable& x, const std::string& name = "cube",
+              std::function<Tensor(Tensor)> wrong = nullptr) {
+  return custom_op(
+      name, {x},
+      [](CustomOpContext& ctx, const std::vector<Tensor>& in) {
+        ctx.saved = {in[0]};
+        Tensor out = Tensor::empty(in[0].shape(), in[0].dtype());
+        for (std::int64_t i = 0; i < out.numel(); ++i) out.set_flat(i, std::pow(in[0].flat(i), 3));
+        return out;
+      },
+      [wrong](const CustomOpContext& ctx, const Tensor& dout) {
+        const Tensor& x = ctx.saved[0];
+        Tensor dx = Tensor::empty(x.shape(), x.dtype());
+        for (std::int64_t i = 0; i < dx.numel(); ++i)
+          dx.set_flat(i, 3.0 * x.flat(i) * x.flat(i) * dout.flat(i));
+        if (wrong) dx = wrong(dx);
+        return std::vector<Tensor>{dx};
+      });
+}
+
+TEST(CustomOp, ForwardBackwardAndGradcheck) {
+  Variable x(vec({2.0, -1.0}), true);
+  Variable y = cube(x);
+  EXPECT_EQ(y.op_name(), "cube");
+  expect_values(y.data(), {8.0, -1.0});
+  sum(y).backward();
+  expect_values(x.grad(), {12.0, 3.0});
+
+  const auto r = gradcheck([](const std::vector<Variable>& v) { return cube(v[0]); },
+                           {rnd({3, 4}, 1), });
+  EXPECT_TRUE(r.ok) << r.message;
+  EXPECT_EQ(r.elements_checked, 12);
+  // Through a transposed input and composed with core ops (fan-out: x feeds both).
+  const auto r2 = gradcheck(
+      [](const std::vector<Variable>& v) { return mul(cube(v[0]), exp(v[0])); },
+      {rnd({4, 3}, 2).transpose(0, 1)});
+  EXPECT_TRUE(r2.ok) << r2.message;
+}
+
+TEST(CustomOp, ContextAndUndefinedGradients) {
+  // z = a * b with a custom backward that returns only da; b gets nothing.
+  Variable a(vec({1.0, 2.0}), true), b(vec({3.0, 4.0}), true), c(vec({5.0, 6.0}));
+  std::vector<bool> seen_needs;
+  Variable z = custom_op(
+      "mul_a_only", {a, b, c},
+      [&](CustomOpContext& ctx, const std::vector<Tensor>& in) {
+        seen_needs = ctx.needs_input_grad;
+        EXPECT_FALSE(grad_enabled());  // the forward runs without recording
+        ctx.saved = {in[1]};
+        ctx.scalars = {0.5};
+        return kernels::binary(kernels::BinaryOp::mul, in[0], in[1]);
+      },
+      [](const CustomOpContext& ctx, const Tensor& dout) {
+        return std::vector<Tensor>{
+            kernels::scale(kernels::binary(kernels::BinaryOp::mul, dout, ctx.saved[0]),
+                           2.0 * ctx.scalars[0]),
+            Tensor(), Tensor()};
+      });
+  EXPECT_EQ(seen_needs, (std::vector<bool>{true, true, false}));
+  sum(z).backward();
+  expect_values(a.grad(), {3.0, 4.0});
+  EXPECT_FALSE(b.grad().defined());
+  EXPECT_FALSE(c.grad().defined());
+}
+
+TEST(CustomOp, WrongGradientShapeThrowsNamingTheOp) {
+  Variable x(vec({1.0, 2.0, 3.0}), true);
+  Variable y = cube(x, "bad_shape_cube", [](Tensor dx) { return dx.narrow(0, 0, 2); });
+  expect_throw_with<std::logic_error>([&] { sum(y).backward(); },
+                                      {"bad_shape_cube", "[2]", "[3]"});
+}
+
+TEST(CustomOp, WrongGradientCountThrowsNamingTheOp) {
+  Variable x(vec({1.0, 2.0}), true);
+  Variable y = custom_op(
+      "two_grads_for_one", {x},
+      [](CustomOpContext&, const std::vector<Tensor>& in) { return in[0].clone(); },
+      [](const CustomOpContext&, const Tensor& dout) { return std::vector<Tensor>{dout, dout}; });
+  expect_throw_with<std::logic_error>([&] { sum(y).backward(); }, {"two_grads_for_one", "2", "1"});
+}
+
+TEST(CustomOp, ForwardReturningNothingThrows) {
+  Variable x(vec({1.0}), true);
+  expect_throw_with<std::logic_error>(
+      [&] {
+        custom_op(
+            "empty_forward", {x}, [](CustomOpContext&, const std::vector<Tensor>&) { return Tensor(); },
+            [](const CustomOpContext&, const Tensor&) { return std::vector<Tensor>{}; });
+      },
+      {"empty_forward"});
+}
+
+// ---------------------------------------------------------------- gradcheck can fail
+
+TEST(Gradcheck, FailsOnAWrongBackwardAndReportsTheWorstElement) {
+  // f(a, b) = a * cube'(b) where the custom backward of b is off by 0.5 at [1, 2] only.
+  const GradcheckFn f = [](const std::vector<Variable>& v) {
+    return mul(v[0], cube(v[1], "cube_off_by_half", [](Tensor dx) {
+                 dx.set({1, 2}, dx.at({1, 2}) + 0.5);
+                 return dx;
+               }));
+  };
+  const auto r = gradcheck(f, {rnd({2, 3}, 3), rnd({2, 3}, 4)});
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.elements_checked, 12);
+  EXPECT_EQ(r.worst_input, 1u);
+  EXPECT_EQ(r.worst_index, (Shape{1, 2}));
+  EXPECT_NEAR(r.analytic - r.numeric, 0.5, 1e-5);
+  EXPECT_NEAR(r.max_abs_error, 0.5, 1e-5);
+  EXPECT_NE(r.message.find("FAILED"), std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("input 1 [1, 2]"), std::string::npos) << r.message;
+}
+
+TEST(Gradcheck, FailsOnAScaledBackward) {
+  // A backward of 2 x^2 instead of 3 x^2 is wrong everywhere.
+  const auto r = gradcheck(
+      [](const std::vector<Variable>& v) {
+        return cube(v[0], "cube_2x2", [](Tensor dx) { return kernels::scale(dx, 2.0 / 3.0); });
+      },
+      {rnd({5}, 5)});
+  EXPECT_FALSE(r.ok) << r.message;
+  EXPECT_GT(r.max_abs_error, 1e-3);
+}
+
+TEST(Gradcheck, FailsWhenAGradientIsMissing) {
+  // A backward that drops its gradient reads as analytic 0 against a nonzero numeric one.
+  const auto r = gradcheck(
+      [](const std::vector<Variable>& v) {
+        return custom_op(
+            "no_grad_cube", {v[0]},
+            [](CustomOpContext&, const std::vector<Tensor>& in) {
+              return kernels::binary(kernels::BinaryOp::mul, in[0], in[0]);
+            },
+            [](const CustomOpContext&, const Tensor&) { return std::vector<Tensor>{Tensor()}; });
+      },
+      {rnd({3}, 6)});
+  EXPECT_FALSE(r.ok) << r.message;
+  EXPECT_EQ(r.analytic, 0.0);
+}
+
+TEST(Gradcheck, RestoresInputsAndRejectsBadOnes) {
+  Tensor x = rnd({2, 3}, 7);
+  const std::vector<double> before = x.to_vector();
+  const auto r = gradcheck([](const std::vector<Variable>& v) { return exp(v[0]); }, {x});
+  EXPECT_TRUE(r.ok) << r.message;
+  EXPECT_EQ(x.to_vector(), before);  // restored exactly
+  expect_throw_with<std::invalid_argument>(
+      [] { gradcheck([](const std::vector<Variable>& v) { return v[0]; }, {Tensor::ones({2}, DType::float32)}); },
+      {"gradcheck", "float32"});
+  expect_throw_with<std::invalid_argument>(
+      [] {
+        gradcheck([](const std::vector<Variable>& v) { return v[0]; },
+                  {Tensor::ones({1, 3}, DType::float64).expand({2, 3})});
+      },
+      {"gradcheck", "stride-0"});
+}
+
+}  // namespace
