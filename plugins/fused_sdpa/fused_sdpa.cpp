@@ -27,9 +27,15 @@
 // backward regenerates the same mask from the same hash, so none is stored.
 // With dropout_p = 0 no dropout code runs and the op is exact.
 //
-// Threads: the N leading indices are split in contiguous chunks over
-// std::thread workers (hardware_concurrency, at most N). Each worker owns
-// disjoint slices of O, L, dQ, dK, dV: no locks.
+// Threads (headgrad::num_threads(), the persistent pool of <headgrad/parallel.hpp>):
+// the work is split WITHIN a slice too, so that B*H = 1 still uses every core.
+// The forward hands out (leading index, query block) items, costliest first
+// (causal blocks near the end see the most keys); each owns disjoint rows of
+// O and L. The backward hands out (leading index, key block) items: each owns
+// its rows of dK and dV and walks the query blocks that see it; dQ rows are
+// shared between key blocks, so each worker adds into its own dQ buffer and the
+// buffers are summed at the end (O(T) memory per worker). Inside the loops BLAS
+// runs single-threaded (SerialBlasScope): one kind of thread at a time.
 #include <cblas.h>
 
 #include <algorithm>
@@ -38,18 +44,18 @@
 #include <limits>
 #include <memory>
 #include <stdexcept>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
 #include <headgrad/kernels.hpp>
+#include <headgrad/parallel.hpp>
 #include <headgrad/plugin.hpp>
 
 namespace {
 
 using namespace headgrad;
 
-constexpr std::int64_t kTile = 64;  // Br = Bc
+constexpr std::int64_t kTile = 128;  // Br = Bc
 
 // ---------------------------------------------------------------- helpers
 
@@ -160,30 +166,6 @@ struct MaskRows {
   const bool* slice(std::int64_t n) const { return base + offsets[static_cast<std::size_t>(n)]; }
 };
 
-// Splits [0, count) over the workers; work(worker, n0, n1) runs on each chunk.
-std::int64_t worker_count(std::int64_t count) {
-  const auto hw = static_cast<std::int64_t>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::clamp<std::int64_t>(hw, 1, std::max<std::int64_t>(count, 1));
-}
-
-template <class F>
-void parallel_slices(std::int64_t count, std::int64_t workers, const F& work) {
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(workers));
-  auto run = [&](std::int64_t w) {
-    try {
-      work(w, count * w / workers, count * (w + 1) / workers);
-    } catch (...) {
-      errors[static_cast<std::size_t>(w)] = std::current_exception();
-    }
-  };
-  std::vector<std::thread> threads;
-  for (std::int64_t w = 1; w < workers; ++w) threads.emplace_back(run, w);
-  run(0);
-  for (auto& t : threads) t.join();
-  for (const auto& e : errors)
-    if (e) std::rethrow_exception(e);
-}
-
 // ---------------------------------------------------------------- the problem
 
 // Everything forward and backward share: operands, mask, scale, dropout.
@@ -286,73 +268,70 @@ Sdpa<T> make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const At
 
 // ---------------------------------------------------------------- forward
 
-// o [N, Tq, dv] and lse [N, Tq] (contiguous) for leading indices [n0, n1).
-// scratch: s [Br, Bc], acc [Br, dv], m [Br], l [Br].
+// o [N, Tq, dv] and lse [N, Tq] (contiguous): rows [i0, i0 + br) of slice nn,
+// one block of query rows. scratch: s [Br, Bc], acc [Br, dv], m [Br], l [Br].
 template <class T>
-void sdpa_forward(const Sdpa<T>& a, std::int64_t n0, std::int64_t n1, T* o, T* lse, T* scratch) {
+void sdpa_forward_block(const Sdpa<T>& a, std::int64_t nn, std::int64_t i0, T* o, T* lse,
+                        T* scratch) {
   constexpr T neg_inf = -std::numeric_limits<T>::infinity();
   const T keep_scale = static_cast<T>(1.0 / (1.0 - a.dropout.p));
   T* s = scratch;
   T* acc = s + kTile * kTile;
   T* m = acc + kTile * a.dv;
   T* l = m + kTile;
-  for (std::int64_t nn = n0; nn < n1; ++nn) {
-    const T* vn = a.v.slice(nn);
-    T* on = o + nn * a.tq * a.dv;
-    T* ln = lse + nn * a.tq;
-    for (std::int64_t i0 = 0; i0 < a.tq; i0 += kTile) {
-      const std::int64_t br = std::min(kTile, a.tq - i0);
-      std::fill(m, m + br, neg_inf);
-      std::fill(l, l + br, T(0));
-      std::fill(acc, acc + br * a.dv, T(0));
-      const std::int64_t j_end = a.key_end(i0, br);
-      for (std::int64_t j0 = 0; j0 < j_end; j0 += kTile) {
-        const std::int64_t bc = std::min(kTile, j_end - j0);
-        a.scores(nn, i0, br, j0, bc, s);
-        bool any = false;  // a tile whose weights are all zero adds nothing to acc
-        for (std::int64_t r = 0; r < br; ++r) {
-          T* sr = s + r * bc;
-          T tile_max = neg_inf;
-          for (std::int64_t c = 0; c < bc; ++c) tile_max = std::max(tile_max, sr[c]);
-          const T m_new = std::max(m[r], tile_max);
-          if (m_new == neg_inf) {  // no key attended so far: weights 0, nothing to rescale
-            std::fill(sr, sr + bc, T(0));
-            continue;
-          }
-          const T alpha = std::exp(m[r] - m_new);  // 0 when m[r] was -inf
-          T row_sum = 0;
-          for (std::int64_t c = 0; c < bc; ++c) {
-            sr[c] = std::exp(sr[c] - m_new);
-            row_sum += sr[c];
-          }
-          l[r] = l[r] * alpha + row_sum;
-          m[r] = m_new;
-          if (alpha != T(1))
-            for (T* x = acc + r * a.dv; x != acc + (r + 1) * a.dv; ++x) *x *= alpha;
-          if (a.dropout.on) {  // l keeps the undropped sum: dropout acts after softmax
-            const std::uint64_t key = a.dropout.row_key(nn, i0 + r);
-            for (std::int64_t c = 0; c < bc; ++c)
-              sr[c] = a.dropout.keep(key, j0 + c) ? sr[c] * keep_scale : T(0);
-          }
-          any = true;
-        }
-        if (any)  // acc += P V[j0:j0+bc]
-          gemm<T>(false, false, br, a.dv, bc, T(1), s, bc, vn + j0 * a.v.ld, a.v.ld, T(1), acc,
-                  a.dv);
+  const T* vn = a.v.slice(nn);
+  T* on = o + nn * a.tq * a.dv;
+  T* ln = lse + nn * a.tq;
+  const std::int64_t br = std::min(kTile, a.tq - i0);
+  std::fill(m, m + br, neg_inf);
+  std::fill(l, l + br, T(0));
+  std::fill(acc, acc + br * a.dv, T(0));
+  const std::int64_t j_end = a.key_end(i0, br);
+  for (std::int64_t j0 = 0; j0 < j_end; j0 += kTile) {
+    const std::int64_t bc = std::min(kTile, j_end - j0);
+    a.scores(nn, i0, br, j0, bc, s);
+    bool any = false;  // a tile whose weights are all zero adds nothing to acc
+    for (std::int64_t r = 0; r < br; ++r) {
+      T* sr = s + r * bc;
+      T tile_max = neg_inf;
+      for (std::int64_t c = 0; c < bc; ++c) tile_max = std::max(tile_max, sr[c]);
+      const T m_new = std::max(m[r], tile_max);
+      if (m_new == neg_inf) {  // no key attended so far: weights 0, nothing to rescale
+        std::fill(sr, sr + bc, T(0));
+        continue;
       }
-      for (std::int64_t r = 0; r < br; ++r) {
-        T* orow = on + (i0 + r) * a.dv;
-        const T* arow = acc + r * a.dv;
-        if (l[r] == T(0)) {  // every key masked: zeros, and L = -inf marks the row
-          std::fill(orow, orow + a.dv, T(0));
-          ln[i0 + r] = neg_inf;
-          continue;
-        }
-        const T inv = T(1) / l[r];
-        for (std::int64_t c = 0; c < a.dv; ++c) orow[c] = arow[c] * inv;
-        ln[i0 + r] = m[r] + std::log(l[r]);
+      const T alpha = std::exp(m[r] - m_new);  // 0 when m[r] was -inf
+      T row_sum = 0;
+      for (std::int64_t c = 0; c < bc; ++c) {
+        sr[c] = std::exp(sr[c] - m_new);
+        row_sum += sr[c];
       }
+      l[r] = l[r] * alpha + row_sum;
+      m[r] = m_new;
+      if (alpha != T(1))
+        for (T* x = acc + r * a.dv; x != acc + (r + 1) * a.dv; ++x) *x *= alpha;
+      if (a.dropout.on) {  // l keeps the undropped sum: dropout acts after softmax
+        const std::uint64_t key = a.dropout.row_key(nn, i0 + r);
+        for (std::int64_t c = 0; c < bc; ++c)
+          sr[c] = a.dropout.keep(key, j0 + c) ? sr[c] * keep_scale : T(0);
+      }
+      any = true;
     }
+    if (any)  // acc += P V[j0:j0+bc]
+      gemm<T>(false, false, br, a.dv, bc, T(1), s, bc, vn + j0 * a.v.ld, a.v.ld, T(1), acc,
+              a.dv);
+  }
+  for (std::int64_t r = 0; r < br; ++r) {
+    T* orow = on + (i0 + r) * a.dv;
+    const T* arow = acc + r * a.dv;
+    if (l[r] == T(0)) {  // every key masked: zeros, and L = -inf marks the row
+      std::fill(orow, orow + a.dv, T(0));
+      ln[i0 + r] = neg_inf;
+      continue;
+    }
+    const T inv = T(1) / l[r];
+    for (std::int64_t c = 0; c < a.dv; ++c) orow[c] = arow[c] * inv;
+    ln[i0 + r] = m[r] + std::log(l[r]);
   }
 }
 
@@ -362,85 +341,76 @@ struct Needs {
   bool q = false, k = false, v = false;
 };
 
-// dq [N, Tq, d], dk [N, Tk, d], dv [N, Tk, dv] (contiguous, zeroed; null when
-// not needed) for leading indices [n0, n1). scratch: p [Br, Bc], ds [Br, Bc],
-// drow [Br].
+// The gradients that key block [j0, j0 + bc) of slice nn receives from every
+// query block that sees it: its rows of dk [N, Tk, d] and dv [N, Tk, dv]
+// (contiguous, zeroed, owned by this call) and additions to dq [N, Tq, d]
+// (this worker's buffer). Null pointers: not needed. drow [N, Tq] holds
+// D = rowsum(dO * O). scratch: p [Br, Bc], ds [Br, Bc].
 template <class T>
-void sdpa_backward(const Sdpa<T>& a, const Rows<T>& dout, const T* o, const T* lse,
-                   std::int64_t n0, std::int64_t n1, T* dq, T* dk, T* dvv, T* scratch) {
+void sdpa_backward_block(const Sdpa<T>& a, const Rows<T>& dout, const T* lse, const T* drow,
+                         std::int64_t nn, std::int64_t j0, T* dq, T* dk, T* dvv, T* scratch) {
   constexpr T neg_inf = -std::numeric_limits<T>::infinity();
   const T keep_scale = static_cast<T>(1.0 / (1.0 - a.dropout.p));
   T* p = scratch;
   T* ds = p + kTile * kTile;
-  T* drow = ds + kTile * kTile;
   const bool need_ds = dq != nullptr || dk != nullptr;
-  for (std::int64_t nn = n0; nn < n1; ++nn) {
-    const T* qn = a.q.slice(nn);
-    const T* kn = a.k.slice(nn);
-    const T* vn = a.v.slice(nn);
-    const T* don = dout.slice(nn);
-    const T* on = o + nn * a.tq * a.dv;
-    const T* ln = lse + nn * a.tq;
-    for (std::int64_t i0 = 0; i0 < a.tq; i0 += kTile) {
-      const std::int64_t br = std::min(kTile, a.tq - i0);
-      for (std::int64_t r = 0; r < br; ++r) {  // D = rowsum(dO * O)
-        const T* gr = don + (i0 + r) * dout.ld;
-        const T* orow = on + (i0 + r) * a.dv;
-        T acc = 0;
-        for (std::int64_t c = 0; c < a.dv; ++c) acc += gr[c] * orow[c];
-        drow[r] = acc;
+  const T* qn = a.q.slice(nn);
+  const T* kn = a.k.slice(nn);
+  const T* vn = a.v.slice(nn);
+  const T* don = dout.slice(nn);
+  const T* ln = lse + nn * a.tq;
+  const T* dn = drow + nn * a.tq;
+  const std::int64_t bc = std::min(kTile, a.tk - j0);
+  for (std::int64_t i0 = 0; i0 < a.tq; i0 += kTile) {
+    const std::int64_t br = std::min(kTile, a.tq - i0);
+    if (j0 >= a.key_end(i0, br)) continue;  // causal: this query block sees no key here
+    // in the forward pass this was: P = softmax(S) over all key tiles
+    a.scores(nn, i0, br, j0, bc, p);
+    bool any = false;
+    for (std::int64_t r = 0; r < br; ++r) {
+      T* pr = p + r * bc;
+      const T lr = ln[i0 + r];
+      if (lr == neg_inf) {  // fully masked row: no weights, no gradient
+        std::fill(pr, pr + bc, T(0));
+        continue;
       }
-      const T* dob = don + i0 * dout.ld;  // dO[i0:i0+br]
-      const std::int64_t j_end = a.key_end(i0, br);
-      for (std::int64_t j0 = 0; j0 < j_end; j0 += kTile) {
-        const std::int64_t bc = std::min(kTile, j_end - j0);
-        // in the forward pass this was: P = softmax(S) over all key tiles
-        a.scores(nn, i0, br, j0, bc, p);
-        bool any = false;
-        for (std::int64_t r = 0; r < br; ++r) {
-          T* pr = p + r * bc;
-          const T lr = ln[i0 + r];
-          if (lr == neg_inf) {  // fully masked row: no weights, no gradient
-            std::fill(pr, pr + bc, T(0));
-            continue;
-          }
-          for (std::int64_t c = 0; c < bc; ++c) pr[c] = std::exp(pr[c] - lr);
-          any = true;
+      for (std::int64_t c = 0; c < bc; ++c) pr[c] = std::exp(pr[c] - lr);
+      any = true;
+    }
+    if (!any) continue;
+    const T* dob = don + i0 * dout.ld;  // dO[i0:i0+br]
+    // in the forward pass this was: O += dropout(P) V, so dP = dO V^T
+    if (need_ds)
+      gemm<T>(false, true, br, bc, a.dv, T(1), dob, dout.ld, vn + j0 * a.v.ld, a.v.ld, T(0), ds,
+              bc);
+    if (a.dropout.on) {  // p := dropout(P) for dV; ds := P * (dropout'(dP) - D)
+      for (std::int64_t r = 0; r < br; ++r) {
+        const std::uint64_t key = a.dropout.row_key(nn, i0 + r);
+        T* pr = p + r * bc;
+        T* dsr = ds + r * bc;
+        for (std::int64_t c = 0; c < bc; ++c) {
+          const T z = a.dropout.keep(key, j0 + c) ? keep_scale : T(0);
+          if (need_ds) dsr[c] = pr[c] * (dsr[c] * z - dn[i0 + r]);
+          pr[c] *= z;
         }
-        if (!any) continue;
-        // in the forward pass this was: O += dropout(P) V, so dP = dO V^T
-        if (need_ds)
-          gemm<T>(false, true, br, bc, a.dv, T(1), dob, dout.ld, vn + j0 * a.v.ld, a.v.ld, T(0),
-                  ds, bc);
-        if (a.dropout.on) {  // p := dropout(P) for dV; ds := P * (dropout'(dP) - D)
-          for (std::int64_t r = 0; r < br; ++r) {
-            const std::uint64_t key = a.dropout.row_key(nn, i0 + r);
-            T* pr = p + r * bc;
-            T* dsr = ds + r * bc;
-            for (std::int64_t c = 0; c < bc; ++c) {
-              const T z = a.dropout.keep(key, j0 + c) ? keep_scale : T(0);
-              if (need_ds) dsr[c] = pr[c] * (dsr[c] * z - drow[r]);
-              pr[c] *= z;
-            }
-          }
-        } else if (need_ds) {  // ds := P * (dP - D)
-          for (std::int64_t r = 0; r < br; ++r) {
-            const T* pr = p + r * bc;
-            T* dsr = ds + r * bc;
-            for (std::int64_t c = 0; c < bc; ++c) dsr[c] = pr[c] * (dsr[c] - drow[r]);
-          }
-        }
-        if (dvv)  // dV[j0:j0+bc] += P^T dO
-          gemm<T>(true, false, bc, a.dv, br, T(1), p, bc, dob, dout.ld, T(1),
-                  dvv + (nn * a.tk + j0) * a.dv, a.dv);
-        if (dq)  // dQ[i0:i0+br] += dS K * scale
-          gemm<T>(false, false, br, a.d, bc, a.scale, ds, bc, kn + j0 * a.k.ld, a.k.ld, T(1),
-                  dq + (nn * a.tq + i0) * a.d, a.d);
-        if (dk)  // dK[j0:j0+bc] += dS^T Q * scale
-          gemm<T>(true, false, bc, a.d, br, a.scale, ds, bc, qn + i0 * a.q.ld, a.q.ld, T(1),
-                  dk + (nn * a.tk + j0) * a.d, a.d);
+      }
+    } else if (need_ds) {  // ds := P * (dP - D)
+      for (std::int64_t r = 0; r < br; ++r) {
+        const T* pr = p + r * bc;
+        T* dsr = ds + r * bc;
+        const T dr = dn[i0 + r];
+        for (std::int64_t c = 0; c < bc; ++c) dsr[c] = pr[c] * (dsr[c] - dr);
       }
     }
+    if (dvv)  // dV[j0:j0+bc] += P^T dO
+      gemm<T>(true, false, bc, a.dv, br, T(1), p, bc, dob, dout.ld, T(1),
+              dvv + (nn * a.tk + j0) * a.dv, a.dv);
+    if (dq)  // dQ[i0:i0+br] += dS K * scale
+      gemm<T>(false, false, br, a.d, bc, a.scale, ds, bc, kn + j0 * a.k.ld, a.k.ld, T(1),
+              dq + (nn * a.tq + i0) * a.d, a.d);
+    if (dk)  // dK[j0:j0+bc] += dS^T Q * scale
+      gemm<T>(true, false, bc, a.d, br, a.scale, ds, bc, qn + i0 * a.q.ld, a.q.ld, T(1),
+              dk + (nn * a.tk + j0) * a.d, a.d);
   }
 }
 
@@ -465,14 +435,19 @@ Variable fused_core(const Variable& q, const Variable& k, const Variable& v,
     Shape lse_shape = a->lead;
     lse_shape.push_back(a->tq);
     Tensor lse = Tensor::empty(lse_shape, dtype_of<T>());  // [..., Tq]
-    const std::int64_t workers = worker_count(a->n);
+    const std::int64_t q_blocks = (a->tq + kTile - 1) / kTile;
+    const std::int64_t items = a->n * q_blocks;
+    const std::int64_t workers = std::clamp<std::int64_t>(num_threads(), 1, std::max<std::int64_t>(items, 1));
     const std::int64_t per = kTile * kTile + kTile * a->dv + 2 * kTile;
     Tensor scratch = Tensor::empty({workers, per}, dtype_of<T>());
     T* po = o.data<T>();
     T* pl = lse.data<T>();
     T* ps = scratch.data<T>();
-    parallel_slices(a->n, workers, [&](std::int64_t w, std::int64_t n0, std::int64_t n1) {
-      sdpa_forward(*a, n0, n1, po, pl, ps + w * per);
+    const SerialBlasScope serial_blas;
+    // Item -> (slice, query block), the last query block first: it sees the most keys.
+    parallel_items(items, [&](std::int64_t item, int w) {
+      const std::int64_t nn = item / q_blocks, qb = q_blocks - 1 - item % q_blocks;
+      sdpa_forward_block(*a, nn, qb * kTile, po, pl, ps + w * per);
     });
     ctx.saved = {o, lse};
     return o;
@@ -482,24 +457,62 @@ Variable fused_core(const Variable& q, const Variable& k, const Variable& v,
     const Tensor& o = ctx.saved[0];
     const Tensor& lse = ctx.saved[1];
     const Needs need{ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]};
+    if (!need.q && !need.k && !need.v) return std::vector<Tensor>(3);
     const Rows<T> dout = as_rows<T>(g, a->lead);
     Tensor dq, dk, dv;
     if (need.q) dq = Tensor::zeros(with_last2(a->lead, a->tq, a->d), dtype_of<T>());
     if (need.k) dk = Tensor::zeros(with_last2(a->lead, a->tk, a->d), dtype_of<T>());
     if (need.v) dv = Tensor::zeros(with_last2(a->lead, a->tk, a->dv), dtype_of<T>());
-    const std::int64_t workers = worker_count(a->n);
-    const std::int64_t per = 2 * kTile * kTile + kTile;
+    const std::int64_t k_blocks = (a->tk + kTile - 1) / kTile;
+    const std::int64_t items = a->n * k_blocks;
+    const std::int64_t workers = std::clamp<std::int64_t>(num_threads(), 1, std::max<std::int64_t>(items, 1));
+    const std::int64_t per = 2 * kTile * kTile;
     Tensor scratch = Tensor::empty({workers, per}, dtype_of<T>());
-    T* pdq = need.q ? dq.data<T>() : nullptr;
+    // D = rowsum(dO * O) [N, Tq], once for every key block that needs it.
+    Tensor drow = Tensor::empty({a->n, a->tq}, dtype_of<T>());
+    const T* po = o.data<T>();
+    T* pd = drow.data<T>();
+    parallel_for(a->n * a->tq, [&](std::int64_t r0, std::int64_t r1, int) {
+      for (std::int64_t row = r0; row < r1; ++row) {
+        const std::int64_t nn = row / a->tq, i = row % a->tq;
+        const T* gr = dout.slice(nn) + i * dout.ld;
+        const T* orow = po + row * a->dv;
+        T acc = 0;
+        for (std::int64_t c = 0; c < a->dv; ++c) acc += gr[c] * orow[c];
+        pd[row] = acc;
+      }
+    }, 64);
+    // dQ rows are shared by key blocks: worker 0 adds into dq, the others into
+    // buffers of their own, summed below.
+    std::vector<Tensor> dq_extra;
+    std::vector<T*> dq_of(static_cast<std::size_t>(workers), need.q ? dq.data<T>() : nullptr);
+    if (need.q)
+      for (std::int64_t w = 1; w < workers; ++w) {
+        dq_extra.push_back(Tensor::zeros(dq.shape(), dtype_of<T>()));
+        dq_of[static_cast<std::size_t>(w)] = dq_extra.back().data<T>();
+      }
     T* pdk = need.k ? dk.data<T>() : nullptr;
     T* pdv = need.v ? dv.data<T>() : nullptr;
-    const T* po = o.data<T>();
     const T* pl = lse.data<T>();
     T* ps = scratch.data<T>();
-    if (need.q || need.k || need.v)
-      parallel_slices(a->n, workers, [&](std::int64_t w, std::int64_t n0, std::int64_t n1) {
-        sdpa_backward(*a, dout, po, pl, n0, n1, pdq, pdk, pdv, ps + w * per);
+    {
+      const SerialBlasScope serial_blas;
+      // Item -> (slice, key block), the first key block first: every causal query block sees it.
+      parallel_items(items, [&](std::int64_t item, int w) {
+        const std::int64_t nn = item / k_blocks, kb = item % k_blocks;
+        sdpa_backward_block(*a, dout, pl, pd, nn, kb * kTile, dq_of[static_cast<std::size_t>(w)],
+                            pdk, pdv, ps + w * per);
       });
+    }
+    if (!dq_extra.empty()) {
+      T* sum = dq.data<T>();
+      parallel_for(dq.numel(), [&](std::int64_t e0, std::int64_t e1, int) {
+        for (const Tensor& extra : dq_extra) {
+          const T* x = extra.data<T>();
+          for (std::int64_t e = e0; e < e1; ++e) sum[e] += x[e];
+        }
+      }, 4096);
+    }
     // Leading dims that were broadcast are summed back to each input's shape.
     return std::vector<Tensor>{need.q ? kernels::sum_to(dq, q_shape) : Tensor(),
                                need.k ? kernels::sum_to(dk, k_shape) : Tensor(),

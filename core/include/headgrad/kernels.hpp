@@ -35,4 +35,13 @@ Tensor softmax_backward(const Tensor& y, const Tensor& dy, std::int64_t dim);
 // Where mask (bool, broadcast to x) is true, `value`; elsewhere x.
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
 
+// Attention weights in one pass over [..., Tq, Tk]: softmax over the last dim of
+// x * scale, where keys are masked out when `attend` (bool, broadcast to x;
+// undefined = all) is false or, with causal, when key j > query i (top-left
+// aligned). Equals softmax(masked_fill(scale(x), !attend, -inf)) exactly; a row
+// with no attended key gives zeros.
+Tensor masked_softmax(const Tensor& x, double scale, const Tensor& attend, bool causal);
+// Its backward: dx = scale * y * (dy - sum(dy * y)); masked entries get 0.
+Tensor masked_softmax_backward(const Tensor& y, const Tensor& dy, double scale, bool causal);
+
 }  // namespace headgrad::kernels

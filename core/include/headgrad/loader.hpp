@@ -35,8 +35,9 @@ struct PluginRejection {
 
 // The plugin folders in search order: each of `cli_dirs`, then the entries of
 // HEADGRAD_PLUGIN_PATH (colon-separated), then the built plugin folder (when
-// running from a build tree) and the installed one. Folders that do not exist
-// are kept: load_directories() reports them.
+// running from a build tree) or the installed one (<libdir>/headgrad/plugins,
+// found next to the libheadgrad.so in use, so a moved installation works).
+// Folders that do not exist are kept: load_directories() reports them.
 std::vector<std::filesystem::path> plugin_search_path(
     const std::vector<std::filesystem::path>& cli_dirs);
 
@@ -47,6 +48,7 @@ class PluginRegistry {
   // later plugin is rejected with both files named.
   void load_directories(const std::vector<std::filesystem::path>& dirs);
   // Loads one library; returns false (and records a rejection) when it cannot.
+  // A C plugin (<headgrad/c_plugin.h>) loads too, as a core-level Attention.
   bool load_file(const std::filesystem::path& file);
 
   const std::vector<LoadedPlugin>& plugins() const { return plugins_; }

@@ -67,6 +67,11 @@ Variable masked_fill(const Variable& x, const Tensor& mask, double value);
 // [Tq, Tk] bool, True where query i may attend key j: j <= i, aligned top-left
 // when Tq != Tk (PyTorch's is_causal).
 Tensor causal_mask(std::int64_t tq, std::int64_t tk);
+// softmax(masked_fill(scale(x, s), !attend, -inf), -1) as ONE op with one
+// backward: a single pass over [..., Tq, Tk] each way instead of three, no
+// mask tensor when causal (key j > query i is masked from the indices), and
+// exactly the same values. attend: bool broadcast to x, or undefined.
+Variable masked_softmax(const Variable& x, double scale, const Tensor& attend, bool causal);
 Tensor logical_not(const Tensor& mask);
 
 // The dims two shapes broadcast to; throws naming `op` when they cannot.

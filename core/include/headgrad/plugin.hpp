@@ -25,6 +25,8 @@
 //
 // Built from the ops in <headgrad/ops.hpp>, a plugin gets its backward for
 // free; a fused plugin wraps its kernel in custom_op() with its own backward.
+// A kernel written in C (or wrapped in C) uses <headgrad/c_plugin.h> instead.
+// The guide: docs/plugin-guide.md.
 //
 // Shape legend: B batch, T sequence, Tq/Tk query/key lengths, D model width,
 // H query heads, Hkv key/value heads, d = D / H head width, [...] leading dims.

@@ -34,6 +34,8 @@ Shape contiguous_strides(std::span<const std::int64_t> shape);
 
 // Bytes owned by one or more tensors. Every allocation is counted so that the
 // engine's peak memory can be measured (benchmarks, the fused core's tests).
+// Buffers come from a caching allocator (size-class free lists, huge-page
+// aligned large buffers); HEADGRAD_ALLOCATOR=system bypasses the cache.
 class Storage {
  public:
   explicit Storage(std::size_t nbytes);
@@ -48,14 +50,23 @@ class Storage {
  private:
   void* data_;
   std::size_t nbytes_;
+  std::size_t capacity_ = 0;  // the allocator's size class, >= nbytes_
 };
 
 struct MemoryStats {
-  std::size_t current_bytes;
-  std::size_t peak_bytes;
+  std::size_t current_bytes;  // held by live tensors (as they asked for them)
+  std::size_t peak_bytes;     // the most current_bytes reached since the last reset
+  // The allocator's side: free buffers kept for reuse, and everything taken from
+  // the system (live size classes + cached), with its peak.
+  std::size_t cached_bytes = 0;
+  std::size_t reserved_bytes = 0;
+  std::size_t peak_reserved_bytes = 0;
 };
 MemoryStats memory_stats();
-void reset_peak_memory();  // peak := current
+void reset_peak_memory();  // peak := current (both peaks)
+// Returns every cached free buffer to the system (live tensors are untouched).
+void empty_cache();
+std::string_view allocator_name();  // "caching" or "system" (HEADGRAD_ALLOCATOR)
 
 class Tensor {
  public:

@@ -46,10 +46,14 @@ Variable attention_core(const Variable& q, const Variable& k, const Variable& v,
                                 shape_str(k.shape()) + ", v " + shape_str(v.shape()) +
                                 " are not [..., Tq, d], [..., Tk, d], [..., Tk, dv]");
   const std::int64_t tq = q.size(-2), tk = k.size(-2);
-  Variable scores = scale(matmul(q, transpose(k, -2, -1)), spec.scale_for(q.size(-1)));
-  if (const Tensor attend = attention_mask(spec, tq, tk); attend.defined())
-    scores = masked_fill(scores, logical_not(attend), -INFINITY);
-  return matmul(softmax(scores, -1), v);  // [..., Tq, dv]
+  // softmax(masked_fill(scale(q k^T), !attend, -inf)) as one fused op: the same
+  // values in one pass over [..., Tq, Tk]; causal is taken from the indices.
+  AttentionSpec mask_only = spec;
+  mask_only.causal = false;
+  const Tensor attend = attention_mask(mask_only, tq, tk);
+  const Variable p = masked_softmax(matmul(q, transpose(k, -2, -1)),
+                                    spec.scale_for(q.size(-1)), attend, spec.causal);
+  return matmul(p, v);  // [..., Tq, dv]
 }
 
 }  // namespace headgrad

@@ -20,6 +20,14 @@ Variable masked_fill(const Variable& x, const Tensor& mask, double value) {
                            });
 }
 
+Variable masked_softmax(const Variable& x, double scale, const Tensor& attend, bool causal) {
+  Tensor y = kernels::masked_softmax(x.data(), scale, attend, causal);
+  return Variable::from_op(
+      "masked_softmax", y, {x}, [y, scale, causal](const Tensor& g, std::vector<Variable>& in) {
+        in[0].accumulate_grad(kernels::masked_softmax_backward(y, g, scale, causal));
+      });
+}
+
 Tensor causal_mask(std::int64_t tq, std::int64_t tk) {
   if (tq < 0 || tk < 0)
     throw std::invalid_argument("causal_mask: negative length (" + std::to_string(tq) + ", " +

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "headgrad/ops.hpp"
+#include "headgrad/parallel.hpp"
 #include "tensor/strided.hpp"
 
 namespace headgrad {
@@ -286,13 +287,28 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
     const T* pa = base_ptr<T>(a);
     const T* pb = base_ptr<T>(b);
     T* pc = base_ptr<T>(out);
+    std::vector<std::array<std::int64_t, 3>> offsets;
+    offsets.reserve(static_cast<std::size_t>(shape_numel(batch)));
     detail::for_each_offsets<3>(batch, {std::span<const std::int64_t>(sa),
                                         std::span<const std::int64_t>(sb),
                                         std::span<const std::int64_t>(so)},
                                 {a.offset(), b.offset(), out.offset()},
-                                [&](const std::array<std::int64_t, 3>& off) {
-                                  gemm<T>(ga, gb, m, n, k, pa + off[0], pb + off[1], pc + off[2]);
-                                });
+                                [&](const std::array<std::int64_t, 3>& off) { offsets.push_back(off); });
+    const auto count = static_cast<std::int64_t>(offsets.size());
+    auto run = [&](std::int64_t i0, std::int64_t i1, int) {
+      for (std::int64_t i = i0; i < i1; ++i) {
+        const auto& off = offsets[static_cast<std::size_t>(i)];
+        gemm<T>(ga, gb, m, n, k, pa + off[0], pb + off[1], pc + off[2]);
+      }
+    };
+    // Many small products (batch x heads): one per worker, each on one BLAS
+    // thread, scale better than every product split over all BLAS threads.
+    if (num_threads() > 1 && count >= num_threads()) {
+      const SerialBlasScope serial_blas;
+      parallel_for(count, run);
+    } else {
+      run(0, count, 0);
+    }
   });
   return out;
 }
@@ -390,6 +406,125 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
                                 });
   });
   return out;
+}
+
+// ---------------------------------------------------------------- masked softmax
+
+namespace {
+
+// Storage offset of each row (every dim but the last) of t, in row-major order.
+std::vector<std::int64_t> row_offsets(const Tensor& t) {
+  const Shape lead(t.shape().begin(), t.shape().end() - 1);
+  const Shape strides(t.strides().begin(), t.strides().end() - 1);
+  std::vector<std::int64_t> out;
+  out.reserve(static_cast<std::size_t>(shape_numel(lead)));
+  detail::for_each_offsets<1>(lead, {std::span<const std::int64_t>(strides)}, {t.offset()},
+                              [&](const std::array<std::int64_t, 1>& o) { out.push_back(o[0]); });
+  return out;
+}
+
+void check_masked_softmax(const Tensor& x, const Tensor& attend, bool causal, const char* op) {
+  if (x.dim() < 1 || (causal && x.dim() < 2))
+    throw std::invalid_argument(std::string(op) + ": input " + shape_str(x.shape()) +
+                                " is not [..., Tq, Tk]");
+  if (!attend.defined()) return;
+  if (attend.dtype() != DType::boolean)
+    throw std::invalid_argument(std::string(op) + ": mask must be bool (True = attend), got " +
+                                std::string(dtype_name(attend.dtype())));
+  if (broadcast_shapes(x.shape(), attend.shape(), op) != x.shape())
+    throw std::invalid_argument(std::string(op) + ": mask " + shape_str(attend.shape()) +
+                                " does not broadcast to input " + shape_str(x.shape()));
+}
+
+}  // namespace
+
+Tensor masked_softmax(const Tensor& x_in, double scale, const Tensor& attend, bool causal) {
+  check_masked_softmax(x_in, attend, causal, "masked_softmax");
+  const Tensor x = x_in.contiguous();
+  Tensor out = Tensor::empty(x.shape(), x.dtype());
+  const std::int64_t n = x.dim() == 0 ? 1 : x.size(-1);
+  const std::int64_t rows = n == 0 ? 0 : x.numel() / n;
+  const std::int64_t tq = x.dim() >= 2 ? x.size(-2) : 1;
+  Tensor m;
+  std::vector<std::int64_t> mask_rows;
+  if (attend.defined()) {
+    m = attend.expand(x.shape());
+    mask_rows = row_offsets(m);
+  }
+  const bool* pm = m.defined() ? static_cast<const bool*>(m.storage()->data()) : nullptr;
+  const std::int64_t sj = m.defined() ? m.stride(-1) : 0;
+  dispatch_float(x.dtype(), "masked_softmax", [&]<class T>() {
+    constexpr T neg_inf = -std::numeric_limits<T>::infinity();
+    const T f = static_cast<T>(scale);
+    const T* in = x.template data<T>();
+    T* o = out.template data<T>();
+    parallel_for(rows, [&](std::int64_t r0, std::int64_t r1, int) {
+      for (std::int64_t r = r0; r < r1; ++r) {
+        const T* row = in + r * n;
+        T* orow = o + r * n;
+        // Keys at or past `end` are causally masked: their weight is exactly 0.
+        const std::int64_t end = causal ? std::min(n, r % tq + 1) : n;
+        const bool* mrow = pm ? pm + mask_rows[static_cast<std::size_t>(r)] : nullptr;
+        T mx = neg_inf;
+        if (mrow) {
+          for (std::int64_t j = 0; j < end; ++j) {
+            const T v = mrow[j * sj] ? row[j] * f : neg_inf;
+            orow[j] = v;
+            mx = std::max(mx, v);
+          }
+        } else {
+          for (std::int64_t j = 0; j < end; ++j) {
+            const T v = row[j] * f;
+            orow[j] = v;
+            mx = std::max(mx, v);
+          }
+        }
+        std::fill(orow + end, orow + n, T(0));
+        if (mx == neg_inf) {  // no key attended: zeros, not NaN (core's softmax rule)
+          std::fill(orow, orow + end, T(0));
+          continue;
+        }
+        T s = 0;
+        for (std::int64_t j = 0; j < end; ++j) s += (orow[j] = std::exp(orow[j] - mx));
+        const T inv = T(1) / s;
+        for (std::int64_t j = 0; j < end; ++j) orow[j] *= inv;
+      }
+    }, 16);
+  });
+  return out;
+}
+
+Tensor masked_softmax_backward(const Tensor& y_in, const Tensor& dy_in, double scale, bool causal) {
+  if (y_in.shape() != dy_in.shape())
+    throw std::invalid_argument("masked_softmax_backward: y " + shape_str(y_in.shape()) +
+                                " and dy " + shape_str(dy_in.shape()) + " differ");
+  require_same_dtype(y_in, dy_in, "masked_softmax_backward");
+  check_masked_softmax(y_in, Tensor(), causal, "masked_softmax_backward");
+  const Tensor y = y_in.contiguous(), dy = dy_in.contiguous();
+  Tensor dx = Tensor::empty(y.shape(), y.dtype());
+  const std::int64_t n = y.dim() == 0 ? 1 : y.size(-1);
+  const std::int64_t rows = n == 0 ? 0 : y.numel() / n;
+  const std::int64_t tq = y.dim() >= 2 ? y.size(-2) : 1;
+  dispatch_float(y.dtype(), "masked_softmax_backward", [&]<class T>() {
+    const T f = static_cast<T>(scale);
+    const T* py = y.template data<T>();
+    const T* pdy = dy.template data<T>();
+    T* pdx = dx.template data<T>();
+    parallel_for(rows, [&](std::int64_t r0, std::int64_t r1, int) {
+      for (std::int64_t r = r0; r < r1; ++r) {
+        const T* yr = py + r * n;
+        const T* gr = pdy + r * n;
+        T* dr = pdx + r * n;
+        const std::int64_t end = causal ? std::min(n, r % tq + 1) : n;
+        // in the forward pass this was: y = softmax(x * scale) with masked y = 0
+        T dot = 0;
+        for (std::int64_t j = 0; j < end; ++j) dot += yr[j] * gr[j];
+        for (std::int64_t j = 0; j < end; ++j) dr[j] = yr[j] * (gr[j] - dot) * f;
+        std::fill(dr + end, dr + n, T(0));
+      }
+    }, 16);
+  });
+  return dx;
 }
 
 }  // namespace kernels

@@ -8,7 +8,9 @@
 #include <boost/dll/runtime_symbol_info.hpp>
 #include <boost/dll/shared_library.hpp>
 
+#include "headgrad/c_plugin.h"
 #include "headgrad/log.hpp"
+#include "plugin/c_adapter.hpp"
 
 namespace fs = std::filesystem;
 
@@ -18,12 +20,18 @@ namespace {
 
 // Where this build's or installation's plugins are. The core library knows
 // where it was loaded from: inside the build tree it serves the built plugins,
-// anywhere else the installed ones.
+// anywhere else the installed ones, found next to the library itself
+// (<libdir>/headgrad/plugins) so that an installation can be moved (a DESTDIR
+// staging, a relocated prefix); the configured prefix is the fallback.
 fs::path default_plugin_dir() {
   std::error_code ec;
   const fs::path here = fs::weakly_canonical(boost::dll::this_line_location().string(), ec);
   const fs::path build_core = fs::weakly_canonical(HEADGRAD_BUILD_CORE_DIR, ec);
   if (!here.empty() && here.parent_path() == build_core) return HEADGRAD_BUILD_PLUGIN_DIR;
+  if (!here.empty()) {
+    const fs::path beside = here.parent_path() / HEADGRAD_PLUGIN_SUBDIR;
+    if (fs::is_directory(beside, ec)) return beside;
+  }
   return HEADGRAD_PLUGIN_DIR;
 }
 
@@ -33,6 +41,9 @@ struct PluginKeeper {
   std::shared_ptr<boost::dll::shared_library> library;
   std::shared_ptr<Attention> object;
 };
+
+// What a C plugin exports instead of the C++ factory (<headgrad/c_plugin.h>).
+constexpr const char* c_plugin_symbol = "headgrad_c_plugin";
 
 bool is_shared_library(const fs::path& p) {
   const std::string name = p.filename().string();
@@ -96,10 +107,17 @@ bool PluginRegistry::load_file(const fs::path& file) {
   if (!library->has(plugin_abi_symbol))
     return reject(std::string("not a headgrad plugin: no symbol '") + plugin_abi_symbol + "'");
   const int abi = library->get<int()>(plugin_abi_symbol)();
-  if (abi != plugin_abi_version)
+  // A C plugin (<headgrad/c_plugin.h>) has no C++ factory but a C descriptor;
+  // its version is the C ABI's, which does not move with the C++ types.
+  const bool c_plugin = !library->has(plugin_factory_symbol) && library->has(c_plugin_symbol);
+  if (c_plugin && abi != HEADGRAD_C_ABI_VERSION)
+    return reject("C ABI version " + std::to_string(abi) + ", expected " +
+                  std::to_string(HEADGRAD_C_ABI_VERSION) +
+                  "; rebuild the plugin against this headgrad's <headgrad/c_plugin.h>");
+  if (!c_plugin && abi != plugin_abi_version)
     return reject("ABI version " + std::to_string(abi) + ", expected " +
                   std::to_string(plugin_abi_version) + "; rebuild the plugin against this headgrad");
-  if (!library->has(plugin_factory_symbol))
+  if (!c_plugin && !library->has(plugin_factory_symbol))
     return reject(std::string("no factory: the symbol '") + plugin_factory_symbol +
                   "' is missing (export it with HEADGRAD_PLUGIN(YourClass))");
 
@@ -107,11 +125,16 @@ bool PluginRegistry::load_file(const fs::path& file) {
   keeper->library = library;
   PluginInfo info;
   try {
-    keeper->object = library->get_alias<PluginFactory>(plugin_factory_symbol)();
+    if (c_plugin)
+      keeper->object = detail::make_c_attention(
+          library->get<const hg_c_plugin*()>(c_plugin_symbol)(), library);
+    else
+      keeper->object = library->get_alias<PluginFactory>(plugin_factory_symbol)();
     if (!keeper->object) return reject("the factory returned no object");
     info = keeper->object->info();
   } catch (const std::exception& e) {
-    return reject(std::string("the plugin threw while starting: ") + e.what());
+    return reject(std::string(c_plugin ? "bad C plugin descriptor: " : "the plugin threw while starting: ") +
+                  e.what());
   } catch (...) {
     return reject("the plugin threw while starting (not a std::exception)");
   }
@@ -125,8 +148,8 @@ bool PluginRegistry::load_file(const fs::path& file) {
   loaded.abi_version = abi;
   loaded.file = file;
   loaded.attention = std::shared_ptr<const Attention>(keeper, keeper->object.get());
-  logging::plugins()->info("loaded plugin '{}' {} from {}", loaded.info.name, loaded.info.version,
-                       file.string());
+  logging::plugins()->info("loaded plugin '{}' {} from {}{}", loaded.info.name, loaded.info.version,
+                           file.string(), c_plugin ? " (C ABI)" : "");
   plugins_.push_back(std::move(loaded));
   return true;
 }

@@ -76,34 +76,7 @@ Shape contiguous_strides(std::span<const std::int64_t> shape) {
 }
 
 // ---------------------------------------------------------------- storage
-
-namespace {
-std::atomic<std::size_t> g_current_bytes{0};
-std::atomic<std::size_t> g_peak_bytes{0};
-
-void note_alloc(std::size_t n) {
-  std::size_t now = g_current_bytes.fetch_add(n) + n;
-  std::size_t peak = g_peak_bytes.load();
-  while (now > peak && !g_peak_bytes.compare_exchange_weak(peak, now)) {
-  }
-}
-}  // namespace
-
-Storage::Storage(std::size_t nbytes) : nbytes_(nbytes) {
-  // 64-byte alignment suits AVX-512 loads and keeps rows of a matrix apart.
-  std::size_t rounded = ((nbytes + 63) / 64) * 64;
-  data_ = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
-  if (!data_) throw std::bad_alloc();
-  note_alloc(nbytes_);
-}
-
-Storage::~Storage() {
-  std::free(data_);
-  g_current_bytes.fetch_sub(nbytes_);
-}
-
-MemoryStats memory_stats() { return {g_current_bytes.load(), g_peak_bytes.load()}; }
-void reset_peak_memory() { g_peak_bytes.store(g_current_bytes.load()); }
+// Storage, memory_stats and the caching allocator: allocator.cpp.
 
 // ---------------------------------------------------------------- construction
 

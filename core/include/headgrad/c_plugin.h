@@ -1,0 +1,134 @@
+/* The headgrad C plugin ABI: an attention core written in C, or a CUDA/other
+ * kernel wrapped in C, without any C++ on the plugin's side. Plain C99; also
+ * compiles as C++.
+ *
+ *   #include <headgrad/c_plugin.h>
+ *
+ *   static int my_forward(const hg_core_call* call, hg_tensor* out, hg_tensor* stats) {...}
+ *   static int my_backward(const hg_core_call* call, const hg_tensor* out,
+ *                          const hg_tensor* stats, const hg_tensor* dout,
+ *                          hg_tensor* dq, hg_tensor* dk, hg_tensor* dv) {...}
+ *
+ *   static const hg_c_plugin kPlugin = {
+ *       "my_attention", "0.1.0", "my kernel, wrapped in C",
+ *       HG_CAP_CAUSAL | HG_CAP_BOOL_MASK | HG_CAP_FLOAT64,
+ *       1,                          // stats_per_row: one log-sum-exp per query row
+ *       my_forward, my_backward};
+ *   HG_C_EXPORT int headgrad_plugin_abi_version(void) { return HEADGRAD_C_ABI_VERSION; }
+ *   HG_C_EXPORT const hg_c_plugin* headgrad_c_plugin(void) { return &kPlugin; }
+ *
+ * headgrad's loader sees the two symbols (and no C++ factory), checks the
+ * version first, then wraps the plugin as an Attention with the core level only:
+ * core_forward becomes a custom op whose forward calls `core_forward` and whose
+ * backward calls `core_backward`.
+ *
+ * Shape legend: [...] leading dims (batch, heads), Tq/Tk query/key lengths,
+ * d query/key width, dv value width, S = stats_per_row.
+ *
+ * The contract
+ * - Every tensor has the same leading dims [...]: headgrad broadcasts q, k, v
+ *   and the mask before the call (a broadcast dim has stride 0).
+ * - Inputs (q, k, v, mask, dout) may be strided views: read element
+ *   (i0, ..., in) at data[i0 * strides[0] + ... + in * strides[n]]. Strides are
+ *   in elements, not bytes, and are >= 0. Inputs are read only.
+ * - Outputs (out, stats, dq, dk, dv) are allocated by headgrad, contiguous
+ *   (row-major), and owned by headgrad: write into them, never free them, keep no
+ *   pointer to them after returning. dq, dk, dv are zero-filled (write or
+ *   accumulate); one whose gradient is not needed has data == NULL: skip it.
+ * - out and stats from the forward are handed back to the backward unchanged:
+ *   stats is the place for what the backward needs (FlashAttention's log-sum-exp).
+ * - q, k, v, out, stats, dout, dq, dk, dv share one dtype (float32 or float64);
+ *   the mask is HG_BOOL (one byte per element, 0 or 1; 1 = attend).
+ * - Causal: query i attends key j when j <= i (top-left aligned when Tq != Tk).
+ *   With a mask too, a key is attended when both allow it. A query row with no
+ *   attended key gives zeros (out and gradients), not NaN.
+ * - Return 0 on success. On failure return a nonzero code and write a one-line
+ *   message into call->error (at most call->error_size bytes, NUL included):
+ *   headgrad raises it as an error naming the plugin.
+ * - Functions may be called from several threads at once, each call with its
+ *   own buffers: keep no mutable global state. They must not exit or abort.
+ */
+#ifndef HEADGRAD_C_PLUGIN_H
+#define HEADGRAD_C_PLUGIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Bumped whenever a type below changes layout or meaning. A C plugin's
+ * headgrad_plugin_abi_version() returns this (not the C++ SDK's version, which
+ * moves with the C++ types); the loader skips a mismatch with a message. */
+#define HEADGRAD_C_ABI_VERSION 1
+
+#if defined(_WIN32)
+#define HG_C_EXPORT_ATTR __declspec(dllexport)
+#else
+#define HG_C_EXPORT_ATTR __attribute__((visibility("default")))
+#endif
+#ifdef __cplusplus
+#define HG_C_EXPORT extern "C" HG_C_EXPORT_ATTR
+#else
+#define HG_C_EXPORT HG_C_EXPORT_ATTR
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum hg_dtype { HG_FLOAT32 = 0, HG_FLOAT64 = 1, HG_BOOL = 2 } hg_dtype;
+
+/* Capabilities: the core level is implied (a C plugin has no mha level). */
+#define HG_CAP_CAUSAL 0x01u        /* call->causal may be 1 */
+#define HG_CAP_BOOL_MASK 0x02u     /* call->mask may be non-NULL */
+#define HG_CAP_CROSS_LENGTHS 0x04u /* Tq != Tk */
+#define HG_CAP_FLOAT32 0x08u
+#define HG_CAP_FLOAT64 0x10u
+
+/* A strided view of a buffer. */
+typedef struct hg_tensor {
+  int32_t dtype;          /* hg_dtype */
+  int32_t ndim;
+  const int64_t* shape;   /* [ndim] */
+  const int64_t* strides; /* [ndim], in elements */
+  void* data;             /* the first element; NULL: not needed (gradients only) */
+} hg_tensor;
+
+/* One call's inputs and settings, the same for forward and backward. */
+typedef struct hg_core_call {
+  hg_tensor q;            /* [..., Tq, d] */
+  hg_tensor k;            /* [..., Tk, d] */
+  hg_tensor v;            /* [..., Tk, dv] */
+  const hg_tensor* mask;  /* NULL, or HG_BOOL [..., Tq, Tk], 1 = attend */
+  int32_t causal;         /* nonzero: query i attends keys j <= i */
+  double scale;           /* scores = q k^T * scale (headgrad resolves the 1/sqrt(d) default) */
+  char* error;            /* message buffer for a failure */
+  size_t error_size;
+} hg_core_call;
+
+/* out [..., Tq, dv]; stats [..., Tq, S] (data NULL when S == 0). */
+typedef int (*hg_core_forward_fn)(const hg_core_call* call, hg_tensor* out, hg_tensor* stats);
+
+/* dout [..., Tq, dv] (strided) -> dq [..., Tq, d], dk [..., Tk, d], dv [..., Tk, dv]. */
+typedef int (*hg_core_backward_fn)(const hg_core_call* call, const hg_tensor* out,
+                                   const hg_tensor* stats, const hg_tensor* dout, hg_tensor* dq,
+                                   hg_tensor* dk, hg_tensor* dv);
+
+/* What headgrad_c_plugin() returns: static data that lives as long as the library. */
+typedef struct hg_c_plugin {
+  const char* name;         /* unique; what suites write in `compare:` */
+  const char* version;
+  const char* description;  /* one line */
+  uint32_t capabilities;    /* HG_CAP_* */
+  int32_t stats_per_row;    /* S: values per query row kept for the backward (0: none) */
+  hg_core_forward_fn core_forward;
+  hg_core_backward_fn core_backward;  /* NULL: forward only (asking for a gradient is an error) */
+} hg_c_plugin;
+
+/* The symbols a C plugin exports (declared here so their types are checked). */
+HG_C_EXPORT_ATTR int headgrad_plugin_abi_version(void);
+HG_C_EXPORT_ATTR const hg_c_plugin* headgrad_c_plugin(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HEADGRAD_C_PLUGIN_H */

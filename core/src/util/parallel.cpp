@@ -1,0 +1,185 @@
+#include "headgrad/parallel.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace headgrad {
+
+namespace {
+
+thread_local bool t_in_worker = false;
+
+int default_threads() {
+  if (const char* env = std::getenv("HEADGRAD_NUM_THREADS")) {
+    const int n = std::atoi(env);
+    if (n >= 1) return n;
+  }
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+// Workers 1..n-1 sleep on a condition variable; a job wakes them with a new
+// generation number. Worker w runs chunk w of the job; the caller is worker 0
+// and returns only when every chunk is done, so a job never outlives its call.
+class Pool {
+ public:
+  using Chunk = std::function<void(int)>;
+
+  ~Pool() { resize(1); }
+
+  int size() {
+    std::lock_guard lock(resize_mutex_);
+    return size_;
+  }
+
+  void resize(int n) {
+    std::lock_guard resize_lock(resize_mutex_);
+    if (n == size_) return;
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+    stop_ = false;
+    size_ = n;
+    // A worker must not take the generation when it first runs: a job posted
+    // before it got there would be missed and its chunk never run.
+    std::uint64_t start;
+    {
+      std::lock_guard lock(mutex_);
+      start = generation_;
+    }
+    for (int w = 1; w < n; ++w) threads_.emplace_back([this, w, start] { loop(w, start); });
+  }
+
+  // Runs chunk(w) for w in [0, chunks), chunks <= size().
+  void run(int chunks, const Chunk& chunk) {
+    std::lock_guard job_lock(job_mutex_);  // one job at a time
+    errors_.assign(static_cast<std::size_t>(chunks), nullptr);
+    {
+      std::lock_guard lock(mutex_);
+      job_ = &chunk;
+      chunks_ = chunks;
+      pending_ = chunks - 1;
+      ++generation_;
+    }
+    wake_.notify_all();
+    run_one(0, chunk);
+    {
+      std::unique_lock lock(mutex_);
+      done_.wait(lock, [&] { return pending_ == 0; });
+      job_ = nullptr;
+    }
+    for (const auto& e : errors_)
+      if (e) std::rethrow_exception(e);
+  }
+
+ private:
+  void run_one(int w, const Chunk& chunk) {
+    const bool was = t_in_worker;
+    t_in_worker = true;
+    try {
+      chunk(w);
+    } catch (...) {
+      errors_[static_cast<std::size_t>(w)] = std::current_exception();
+    }
+    t_in_worker = was;
+  }
+
+  void loop(int w, std::uint64_t seen) {
+    while (true) {
+      const Chunk* job = nullptr;
+      {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        if (w >= chunks_) continue;  // this job has fewer chunks than workers
+        job = job_;
+      }
+      run_one(w, *job);
+      {
+        std::lock_guard lock(mutex_);
+        if (--pending_ == 0) done_.notify_one();
+      }
+    }
+  }
+
+  std::mutex resize_mutex_, job_mutex_, mutex_;
+  std::condition_variable wake_, done_;
+  std::vector<std::thread> threads_;
+  std::vector<std::exception_ptr> errors_;
+  const Chunk* job_ = nullptr;
+  int size_ = 1, chunks_ = 0, pending_ = 0;
+  std::uint64_t generation_ = 0;
+  bool stop_ = false;
+};
+
+Pool& pool() {
+  static Pool p;
+  static std::once_flag once;
+  std::call_once(once, [] { p.resize(default_threads()); });
+  return p;
+}
+
+std::atomic<int> g_threads{0};  // 0: not yet set
+
+}  // namespace
+
+void set_num_threads(int n) {
+  if (n <= 0) n = default_threads();
+  g_threads.store(n);
+  openblas_set_num_threads(n);
+  pool().resize(n);
+}
+
+int num_threads() {
+  const int n = g_threads.load();
+  return n > 0 ? n : pool().size();
+}
+
+SerialBlasScope::SerialBlasScope() : previous_(openblas_get_num_threads()) {
+  if (previous_ != 1) openblas_set_num_threads(1);
+}
+SerialBlasScope::~SerialBlasScope() {
+  if (previous_ != 1) openblas_set_num_threads(previous_);
+}
+
+void parallel_for(std::int64_t n, const std::function<void(std::int64_t, std::int64_t, int)>& body,
+                  std::int64_t min_per_worker) {
+  if (n <= 0) return;
+  std::int64_t workers = t_in_worker ? 1 : num_threads();
+  workers = std::clamp<std::int64_t>(n / std::max<std::int64_t>(min_per_worker, 1), 1, workers);
+  if (workers == 1) {
+    body(0, n, 0);
+    return;
+  }
+  pool().run(static_cast<int>(workers), [&](int w) {
+    body(n * w / workers, n * (w + 1) / workers, w);
+  });
+}
+
+void parallel_items(std::int64_t n, const std::function<void(std::int64_t, int)>& body) {
+  if (n <= 0) return;
+  const std::int64_t workers = std::min<std::int64_t>(t_in_worker ? 1 : num_threads(), n);
+  if (workers == 1) {
+    for (std::int64_t i = 0; i < n; ++i) body(i, 0);
+    return;
+  }
+  std::atomic<std::int64_t> next{0};
+  pool().run(static_cast<int>(workers), [&](int w) {
+    for (std::int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) body(i, w);
+  });
+}
+
+}  // namespace headgrad

@@ -1,0 +1,194 @@
+/* naive_c: the attention core in plain C99 through headgrad's C ABI
+ * (<headgrad/c_plugin.h>), with a hand-written backward. It proves the escape
+ * hatch for kernels written outside C++: the tests compare it with fused_sdpa
+ * and gradcheck it.
+ *
+ * Shape legend: N leading index (the leading dims [...] flattened), Tq/Tk
+ * query/key lengths, d query/key width, dv value width.
+ *
+ * Forward, per leading index n and query row i, over the attended keys j
+ * (causal: j <= i; mask: mask[i, j] != 0):
+ *   s_j = scale * q_i . k_j;   m = max_j s_j;   l = sum_j exp(s_j - m)
+ *   out_i = sum_j exp(s_j - m) / l * v_j;   stats_i = lse_i = m + log(l)
+ * A row with no attended key has out_i = 0 and lse_i = -inf.
+ *
+ * Backward, recomputing p_ij = exp(s_ij - lse_i) from the saved lse:
+ *   D_i = dout_i . out_i;   dv_j += p_ij dout_i;   dp_ij = dout_i . v_j
+ *   ds_ij = p_ij (dp_ij - D_i);   dq_i += scale ds_ij k_j;   dk_j += scale ds_ij q_i
+ *
+ * Elements are read and written through the strides headgrad gives, in double
+ * whatever the dtype (float32 buffers are converted on load and store).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <headgrad/c_plugin.h>
+
+/* The storage offset (in elements) of leading index n of t, whose last two
+ * dims are rows and columns. */
+static int64_t lead_offset(const hg_tensor* t, int64_t n) {
+  int64_t off = 0;
+  int a;
+  for (a = t->ndim - 3; a >= 0; --a) {
+    off += (n % t->shape[a]) * t->strides[a];
+    n /= t->shape[a];
+  }
+  return off;
+}
+
+/* t[base + r * stride[-2] + c * stride[-1]] */
+static double load(const hg_tensor* t, int64_t base, int64_t r, int64_t c) {
+  const int64_t i = base + r * t->strides[t->ndim - 2] + c * t->strides[t->ndim - 1];
+  return t->dtype == HG_FLOAT64 ? ((const double*)t->data)[i] : (double)((const float*)t->data)[i];
+}
+
+static void store(const hg_tensor* t, int64_t base, int64_t r, int64_t c, double x) {
+  const int64_t i = base + r * t->strides[t->ndim - 2] + c * t->strides[t->ndim - 1];
+  if (t->dtype == HG_FLOAT64)
+    ((double*)t->data)[i] = x;
+  else
+    ((float*)t->data)[i] = (float)x;
+}
+
+static void add_to(const hg_tensor* t, int64_t base, int64_t r, int64_t c, double x) {
+  store(t, base, r, c, load(t, base, r, c) + x);
+}
+
+static int attends(const hg_core_call* call, int64_t mask_base, int64_t i, int64_t j) {
+  const hg_tensor* m = call->mask;
+  if (call->causal && j > i) return 0;
+  if (m) {
+    const int64_t at = mask_base + i * m->strides[m->ndim - 2] + j * m->strides[m->ndim - 1];
+    if (!((const uint8_t*)m->data)[at]) return 0;
+  }
+  return 1;
+}
+
+static int64_t leading_count(const hg_tensor* t) {
+  int64_t n = 1;
+  int a;
+  for (a = 0; a < t->ndim - 2; ++a) n *= t->shape[a];
+  return n;
+}
+
+static int fail(const hg_core_call* call, int code, const char* message) {
+  snprintf(call->error, call->error_size, "%s", message);
+  return code;
+}
+
+/* s[j] = scale * q_i . k_j for attended keys, -inf elsewhere; returns the max. */
+static double score_row(const hg_core_call* call, int64_t qb, int64_t kb, int64_t mb, int64_t i,
+                        double* s) {
+  const int64_t tk = call->k.shape[call->k.ndim - 2], d = call->q.shape[call->q.ndim - 1];
+  double m = -INFINITY;
+  int64_t j, c;
+  for (j = 0; j < tk; ++j) {
+    double dot = 0.0;
+    if (!attends(call, mb, i, j)) {
+      s[j] = -INFINITY;
+      continue;
+    }
+    for (c = 0; c < d; ++c) dot += load(&call->q, qb, i, c) * load(&call->k, kb, j, c);
+    s[j] = dot * call->scale;
+    if (s[j] > m) m = s[j];
+  }
+  return m;
+}
+
+/* out [..., Tq, dv], stats [..., Tq, 1] (the log-sum-exp) */
+static int naive_forward(const hg_core_call* call, hg_tensor* out, hg_tensor* stats) {
+  const int64_t n_lead = leading_count(&call->q);
+  const int64_t tq = call->q.shape[call->q.ndim - 2], tk = call->k.shape[call->k.ndim - 2];
+  const int64_t dv = call->v.shape[call->v.ndim - 1];
+  double* s;
+  int64_t n, i, j, c;
+  if (call->q.dtype != HG_FLOAT32 && call->q.dtype != HG_FLOAT64)
+    return fail(call, 1, "naive_c: q must be float32 or float64");
+  s = (double*)malloc((size_t)(tk > 0 ? tk : 1) * sizeof(double));
+  if (!s) return fail(call, 2, "naive_c: out of memory for a row of scores");
+  for (n = 0; n < n_lead; ++n) {
+    const int64_t qb = lead_offset(&call->q, n), kb = lead_offset(&call->k, n),
+                  vb = lead_offset(&call->v, n), ob = lead_offset(out, n),
+                  sb = lead_offset(stats, n), mb = call->mask ? lead_offset(call->mask, n) : 0;
+    for (i = 0; i < tq; ++i) {
+      const double m = score_row(call, qb, kb, mb, i, s);
+      double l = 0.0;
+      if (m == -INFINITY) { /* every key masked: zeros, not NaN */
+        for (c = 0; c < dv; ++c) store(out, ob, i, c, 0.0);
+        store(stats, sb, i, 0, -INFINITY);
+        continue;
+      }
+      for (j = 0; j < tk; ++j) {
+        s[j] = exp(s[j] - m); /* exp(-inf) = 0 for masked keys */
+        l += s[j];
+      }
+      for (c = 0; c < dv; ++c) {
+        double acc = 0.0;
+        for (j = 0; j < tk; ++j) acc += s[j] * load(&call->v, vb, j, c);
+        store(out, ob, i, c, acc / l);
+      }
+      store(stats, sb, i, 0, m + log(l));
+    }
+  }
+  free(s);
+  return 0;
+}
+
+static int naive_backward(const hg_core_call* call, const hg_tensor* out, const hg_tensor* stats,
+                          const hg_tensor* dout, hg_tensor* dq, hg_tensor* dk, hg_tensor* dv) {
+  const int64_t n_lead = leading_count(&call->q);
+  const int64_t tq = call->q.shape[call->q.ndim - 2], tk = call->k.shape[call->k.ndim - 2];
+  const int64_t d = call->q.shape[call->q.ndim - 1], dvw = call->v.shape[call->v.ndim - 1];
+  double* p;
+  int64_t n, i, j, c;
+  p = (double*)malloc((size_t)(tk > 0 ? tk : 1) * sizeof(double));
+  if (!p) return fail(call, 2, "naive_c: out of memory for a row of probabilities");
+  for (n = 0; n < n_lead; ++n) {
+    const int64_t qb = lead_offset(&call->q, n), kb = lead_offset(&call->k, n),
+                  vb = lead_offset(&call->v, n), ob = lead_offset(out, n),
+                  sb = lead_offset(stats, n), gb = lead_offset(dout, n),
+                  mb = call->mask ? lead_offset(call->mask, n) : 0;
+    const int64_t dqb = dq->data ? lead_offset(dq, n) : 0, dkb = dk->data ? lead_offset(dk, n) : 0,
+                  dvb = dv->data ? lead_offset(dv, n) : 0;
+    for (i = 0; i < tq; ++i) {
+      const double lse = load(stats, sb, i, 0);
+      double big_d = 0.0;
+      if (lse == -INFINITY) continue; /* a fully masked row sends no gradient */
+      /* in the forward pass this was: p_ij = exp(s_ij - m) / l */
+      score_row(call, qb, kb, mb, i, p);
+      for (j = 0; j < tk; ++j) p[j] = exp(p[j] - lse);
+      for (c = 0; c < dvw; ++c) big_d += load(dout, gb, i, c) * load(out, ob, i, c);
+      for (j = 0; j < tk; ++j) {
+        double dp = 0.0, ds;
+        if (p[j] == 0.0) continue;
+        for (c = 0; c < dvw; ++c) {
+          const double g = load(dout, gb, i, c);
+          dp += g * load(&call->v, vb, j, c);
+          if (dv->data) add_to(dv, dvb, j, c, p[j] * g);
+        }
+        ds = p[j] * (dp - big_d) * call->scale;
+        for (c = 0; c < d; ++c) {
+          if (dq->data) add_to(dq, dqb, i, c, ds * load(&call->k, kb, j, c));
+          if (dk->data) add_to(dk, dkb, j, c, ds * load(&call->q, qb, i, c));
+        }
+      }
+    }
+  }
+  free(p);
+  return 0;
+}
+
+static const hg_c_plugin kNaive = {
+    "naive_c",
+    "1.0.0",
+    "naive attention core in C99 with a hand-written backward (C ABI)",
+    HG_CAP_CAUSAL | HG_CAP_BOOL_MASK | HG_CAP_CROSS_LENGTHS | HG_CAP_FLOAT32 | HG_CAP_FLOAT64,
+    1, /* stats_per_row: the log-sum-exp */
+    naive_forward,
+    naive_backward,
+};
+
+HG_C_EXPORT int headgrad_plugin_abi_version(void) { return HEADGRAD_C_ABI_VERSION; }
+HG_C_EXPORT const hg_c_plugin* headgrad_c_plugin(void) { return &kNaive; }

@@ -1,0 +1,26 @@
+// segfaults: writes through a null pointer (the volatile keeps the compiler
+// from reasoning the store away). The runner must survive and say SIGSEGV.
+#include "common.hpp"
+
+namespace {
+
+using namespace runner_test;
+
+[[noreturn]] void crash() {
+  volatile int* volatile p = nullptr;  // a volatile store: never elided
+  *p = 42;
+  __builtin_trap();  // not reached: the store above faults
+}
+
+class Segfaults final : public Attention {
+ public:
+  PluginInfo info() const override { return test_info("segfaults", "test plugin: writes through a null pointer"); }
+  Variable mha_forward(const Variable&, const MhaWeights&, const AttentionSpec&) const override { crash(); }
+  Variable core_forward(const Variable&, const Variable&, const Variable&, const AttentionSpec&) const override {
+    crash();
+  }
+};
+
+}  // namespace
+
+HEADGRAD_PLUGIN(Segfaults)

@@ -1,0 +1,315 @@
+// The C ABI escape hatch (<headgrad/c_plugin.h>): naive_c, an attention core
+// written in C99 with a hand-written backward, loads through the loader, passes
+// a float64 gradient check, and agrees with fused_sdpa on out, dq, dk, dv;
+// broken C plugins are skipped or report their error naming the plugin; and the
+// headgrad program runs a suite comparing the two.
+//
+// Shape legend: B batch, H heads, Tq/Tk query/key lengths, d query/key width,
+// dv value width.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "headgrad/attention.hpp"
+#include "headgrad/c_plugin.h"
+#include "headgrad/gradcheck.hpp"
+#include "headgrad/loader.hpp"
+#include "headgrad/ops.hpp"
+#include "headgrad/plugin.hpp"
+
+namespace {
+
+using namespace headgrad;
+namespace fs = std::filesystem;
+
+const fs::path kCPluginDir = C_PLUGIN_DIR;                 // build/tests/c_plugin
+const fs::path kBrokenCPluginDir = BROKEN_C_PLUGIN_DIR;    // build/tests/c_plugin_broken
+const fs::path kBuiltPluginDir = HEADGRAD_BUILD_PLUGIN_DIR;  // build/plugins
+const fs::path kSuite = C_VS_FUSED_SUITE;                  // tests/c_plugin/c_vs_fused.yaml
+const fs::path kHeadgrad = HEADGRAD_EXE;                   // build/tools/headgrad/headgrad
+
+constexpr double kAtol64 = 1e-8;  // DESIGN.md's float64 checking tolerances
+constexpr double kRtol64 = 1e-6;
+constexpr double kAtol32 = 2e-5;
+constexpr double kRtol32 = 1e-4;
+
+::testing::AssertionResult contains(const std::string& text, const std::string& part) {
+  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "\"" << part << "\" not found in:\n  " << text;
+}
+
+// |a - b| <= atol + rtol * |b| elementwise; NaN never passes.
+::testing::AssertionResult all_close(const std::string& what, const Tensor& a, const Tensor& b,
+                                     double atol, double rtol) {
+  if (!a.defined() || !b.defined())
+    return ::testing::AssertionFailure() << what << ": undefined on the " << (a.defined() ? "right" : "left")
+                                         << " side";
+  if (a.shape() != b.shape())
+    return ::testing::AssertionFailure() << what << ": shapes " << shape_str(a.shape()) << " vs "
+                                         << shape_str(b.shape());
+  const std::vector<double> va = a.to_vector(), vb = b.to_vector();
+  for (std::size_t i = 0; i < va.size(); ++i) {
+    const double diff = std::abs(va[i] - vb[i]);
+    if (!(diff <= atol + rtol * std::abs(vb[i]))) {
+      std::ostringstream os;
+      os.precision(17);
+      os << what << " " << shape_str(a.shape()) << ": flat index " << i << ": " << va[i] << " vs " << vb[i];
+      return ::testing::AssertionFailure() << os.str();
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// The plugins, loaded once for the whole program: naive_c, failing_c and
+// fused_sdpa, each from its own file.
+const PluginRegistry& registry() {
+  static const std::unique_ptr<PluginRegistry> reg = [] {
+    auto r = std::make_unique<PluginRegistry>();
+    r->load_file(kCPluginDir / "naive_c.so");
+    r->load_file(kBrokenCPluginDir / "failing_c.so");
+    r->load_file(kBuiltPluginDir / "fused_sdpa" / "fused_sdpa.so");
+    return r;
+  }();
+  return *reg;
+}
+
+const Attention& plugin(const std::string& name) { return *registry().get(name).attention; }
+
+struct CoreResult {
+  Tensor out, dq, dk, dv;
+};
+
+// out = core(q, k, v); loss = sum(out * r); backward. Each call wraps the SAME
+// tensors in fresh leaf variables.
+CoreResult run_core(const Attention& a, const Tensor& q, const Tensor& k, const Tensor& v,
+                    const AttentionSpec& spec, std::uint64_t seed) {
+  Variable vq(q, true), vk(k, true), vv(v, true);
+  const Variable out = a.core_forward(vq, vk, vv, spec);
+  Generator gen(seed + 1000);
+  const Tensor r = randn(out.shape(), out.dtype(), gen);
+  sum(mul(out, Variable(r))).backward();
+  return {out.data(), vq.grad(), vk.grad(), vv.grad()};
+}
+
+// A bool mask [rows, cols] from a seeded stream, about 70% attended, with the
+// given query row fully masked (or none when it is out of range).
+Tensor random_mask(std::int64_t rows, std::int64_t cols, std::uint64_t seed, std::int64_t masked_row) {
+  Generator gen(seed);
+  Tensor m = Tensor::empty({rows, cols}, DType::boolean);
+  for (std::int64_t i = 0; i < rows; ++i)
+    for (std::int64_t j = 0; j < cols; ++j) m.set({i, j}, i != masked_row && gen.uniform() < 0.7);
+  return m;
+}
+
+// ---------------------------------------------------------------- cases
+
+struct CoreCase {
+  std::string name;
+  std::int64_t B, H, Tq, Tk, d, dv;
+  bool causal = false;
+  bool mask = false;
+  bool transposed = false;   // q, k, v as transposed views of their storage
+  bool broadcast_kv = false; // k, v with one batch: broadcast over B
+};
+
+std::string case_name(const ::testing::TestParamInfo<CoreCase>& info) { return info.param.name; }
+
+const std::vector<CoreCase> kCases = {
+    {"plain", 2, 3, 5, 5, 4, 4},
+    {"causal", 2, 2, 6, 6, 4, 3, true},
+    {"mask", 2, 2, 5, 7, 4, 4, false, true},
+    {"causal_and_mask", 1, 3, 5, 7, 6, 6, true, true},
+    {"cross_causal", 2, 2, 7, 4, 3, 5, true},
+    {"transposed", 2, 2, 6, 6, 4, 4, true, false, true},
+    {"broadcast_kv", 2, 2, 4, 5, 3, 3, false, true, false, true},
+};
+
+struct Inputs {
+  Tensor q, k, v;
+  AttentionSpec spec;
+};
+
+Inputs make_inputs(const CoreCase& c, DType dtype, std::uint64_t seed) {
+  Generator gen(seed);
+  auto make = [&](std::int64_t b, std::int64_t rows, std::int64_t cols) {
+    if (!c.transposed) return randn({b, c.H, rows, cols}, DType::float64, gen).to(dtype);
+    return randn({b, c.H, cols, rows}, DType::float64, gen).to(dtype).transpose(-2, -1);
+  };
+  Inputs in;
+  const std::int64_t bkv = c.broadcast_kv ? 1 : c.B;
+  in.q = make(c.B, c.Tq, c.d);
+  in.k = make(bkv, c.Tk, c.d);
+  in.v = make(bkv, c.Tk, c.dv);
+  in.spec.causal = c.causal;
+  if (c.mask) in.spec.mask = random_mask(c.Tq, c.Tk, seed + 5, /*masked_row=*/1);
+  return in;
+}
+
+class CPluginAgreement : public ::testing::TestWithParam<CoreCase> {};
+
+TEST_P(CPluginAgreement, MatchesFusedSdpaInFloat64) {
+  const Inputs in = make_inputs(GetParam(), DType::float64, 11);
+  const CoreResult c = run_core(plugin("naive_c"), in.q, in.k, in.v, in.spec, 3);
+  const CoreResult f = run_core(plugin("fused_sdpa"), in.q, in.k, in.v, in.spec, 3);
+  EXPECT_TRUE(all_close("out", c.out, f.out, kAtol64, kRtol64));
+  EXPECT_TRUE(all_close("dq", c.dq, f.dq, kAtol64, kRtol64));
+  EXPECT_TRUE(all_close("dk", c.dk, f.dk, kAtol64, kRtol64));
+  EXPECT_TRUE(all_close("dv", c.dv, f.dv, kAtol64, kRtol64));
+}
+
+TEST_P(CPluginAgreement, MatchesFusedSdpaInFloat32) {
+  const Inputs in = make_inputs(GetParam(), DType::float32, 12);
+  const CoreResult c = run_core(plugin("naive_c"), in.q, in.k, in.v, in.spec, 4);
+  const CoreResult f = run_core(plugin("fused_sdpa"), in.q, in.k, in.v, in.spec, 4);
+  EXPECT_EQ(c.out.dtype(), DType::float32);
+  EXPECT_TRUE(all_close("out", c.out, f.out, kAtol32, kRtol32));
+  EXPECT_TRUE(all_close("dq", c.dq, f.dq, kAtol32, kRtol32));
+  EXPECT_TRUE(all_close("dk", c.dk, f.dk, kAtol32, kRtol32));
+  EXPECT_TRUE(all_close("dv", c.dv, f.dv, kAtol32, kRtol32));
+}
+
+TEST_P(CPluginAgreement, PassesGradcheck) {
+  const Inputs in = make_inputs(GetParam(), DType::float64, 13);
+  const Attention& a = plugin("naive_c");
+  const AttentionSpec spec = in.spec;
+  const GradcheckResult r = gradcheck(
+      [&](const std::vector<Variable>& v) { return a.core_forward(v[0], v[1], v[2], spec); },
+      {in.q, in.k, in.v});
+  EXPECT_TRUE(r.ok) << r.message;
+  EXPECT_GT(r.elements_checked, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CPluginAgreement, ::testing::ValuesIn(kCases), case_name);
+
+// ---------------------------------------------------------------- loading
+
+TEST(CPlugin, LoadsAsACoreLevelPlugin) {
+  const LoadedPlugin& p = registry().get("naive_c");
+  EXPECT_EQ(p.file, kCPluginDir / "naive_c.so");
+  EXPECT_EQ(p.abi_version, HEADGRAD_C_ABI_VERSION);
+  EXPECT_EQ(p.info.version, "1.0.0");
+  EXPECT_TRUE(contains(p.info.description, "C99"));
+  const Capabilities& c = p.info.capabilities;
+  EXPECT_TRUE(c.core);
+  EXPECT_FALSE(c.mha);
+  EXPECT_TRUE(c.causal && c.bool_mask && c.cross_lengths && c.float32 && c.float64);
+  EXPECT_FALSE(c.dropout);
+  EXPECT_TRUE(contains(capabilities_str(c), "c-abi"));
+}
+
+TEST(CPlugin, HasNoMhaLevel) {
+  Generator gen(1);
+  const Variable x(randn({1, 2, 4}, DType::float64, gen));
+  EXPECT_THROW((void)plugin("naive_c").mha_forward(x, MhaWeights{}, AttentionSpec{}), UnsupportedError);
+}
+
+TEST(CPlugin, WrongCAbiVersionIsSkipped) {
+  PluginRegistry reg;
+  EXPECT_FALSE(reg.load_file(kBrokenCPluginDir / "c_wrong_abi.so"));
+  ASSERT_EQ(reg.rejections().size(), 1u);
+  EXPECT_TRUE(contains(reg.rejections()[0].reason,
+                       "C ABI version " + std::to_string(HEADGRAD_C_ABI_VERSION + 41) + ", expected " +
+                           std::to_string(HEADGRAD_C_ABI_VERSION)));
+}
+
+TEST(CPlugin, DescriptorWithoutForwardIsSkipped) {
+  PluginRegistry reg;
+  EXPECT_FALSE(reg.load_file(kBrokenCPluginDir / "c_no_forward.so"));
+  ASSERT_EQ(reg.rejections().size(), 1u);
+  EXPECT_TRUE(contains(reg.rejections()[0].reason, "bad C plugin descriptor"));
+  EXPECT_TRUE(contains(reg.rejections()[0].reason, "'c_no_forward': core_forward is NULL"));
+}
+
+// ---------------------------------------------------------------- errors
+
+TEST(CPlugin, AnErrorFromCIsRaisedWithItsMessageNamingThePlugin) {
+  Generator gen(2);
+  const Variable q(randn({1, 1, 3, 4}, DType::float64, gen)), k(randn({1, 1, 5, 4}, DType::float64, gen));
+  try {
+    (void)plugin("failing_c").core_forward(q, k, k, AttentionSpec{});
+    FAIL() << "failing_c's core_forward did not throw";
+  } catch (const std::runtime_error& e) {
+    EXPECT_TRUE(contains(e.what(), "plugin 'failing_c'"));
+    EXPECT_TRUE(contains(e.what(), "core_forward failed with code 7"));
+    EXPECT_TRUE(contains(e.what(), "simulated device failure: out of memory (3 x 5)"));
+  }
+}
+
+TEST(CPlugin, SettingsBeyondTheCapabilitiesAreUnsupported) {
+  Generator gen(3);
+  const Variable q(randn({1, 1, 3, 4}, DType::float64, gen));
+  const Variable q32(randn({1, 1, 3, 4}, DType::float32, gen));
+  AttentionSpec causal;
+  causal.causal = true;
+  EXPECT_THROW((void)plugin("failing_c").core_forward(q, q, q, causal), UnsupportedError);  // float64 only
+  EXPECT_THROW((void)plugin("failing_c").core_forward(q32, q32, q32, {}), UnsupportedError);
+  AttentionSpec dropout;
+  dropout.dropout_p = 0.1;
+  EXPECT_THROW((void)plugin("naive_c").core_forward(q, q, q, dropout), UnsupportedError);
+}
+
+TEST(CPlugin, FullyMaskedRowGivesZerosAndFiniteGradients) {
+  Generator gen(4);
+  const Tensor q = randn({1, 2, 3, 4}, DType::float64, gen), k = randn({1, 2, 3, 4}, DType::float64, gen);
+  AttentionSpec spec;
+  spec.mask = random_mask(3, 3, 9, /*masked_row=*/0);
+  const CoreResult c = run_core(plugin("naive_c"), q, k, k, spec, 5);
+  for (std::int64_t h = 0; h < 2; ++h)
+    for (std::int64_t j = 0; j < 4; ++j) {
+      EXPECT_EQ(c.out.at({0, h, 0, j}), 0.0);
+      EXPECT_EQ(c.dq.at({0, h, 0, j}), 0.0);
+    }
+  for (const Tensor* t : {&c.out, &c.dq, &c.dk, &c.dv})
+    for (double x : t->to_vector()) EXPECT_TRUE(std::isfinite(x));
+}
+
+// The graph holds the C library: its backward runs after the registry is gone.
+TEST(CPlugin, GraphOutlivesItsRegistry) {
+  Generator gen(5);
+  Variable q(randn({2, 3, 4}, DType::float64, gen), true);
+  Variable out;
+  {
+    PluginRegistry reg;
+    ASSERT_TRUE(reg.load_file(kCPluginDir / "naive_c.so"));
+    out = reg.get("naive_c").attention->core_forward(q, q, q, AttentionSpec{});
+  }
+  sum(out).backward();
+  ASSERT_TRUE(q.grad().defined());
+  EXPECT_EQ(q.grad().shape(), (Shape{2, 3, 4}));
+}
+
+// ---------------------------------------------------------------- the program
+
+// Runs a command through the shell; returns its exit code and its output.
+std::pair<int, std::string> run(const std::string& command) {
+  std::string output;
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (!pipe) return {-1, "popen failed"};
+  char buf[4096];
+  while (std::size_t n = std::fread(buf, 1, sizeof buf, pipe)) output.append(buf, n);
+  const int status = ::pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+TEST(CPluginProgram, ListsTheCPlugin) {
+  const auto [code, out] = run(kHeadgrad.string() + " plugins --plugin-path " + kCPluginDir.string());
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_TRUE(contains(out, "naive_c"));
+  EXPECT_TRUE(contains(out, "c-abi"));
+}
+
+TEST(CPluginProgram, SuiteAgainstFusedSdpaPasses) {
+  const auto [code, out] =
+      run(kHeadgrad.string() + " run " + kSuite.string() + " --plugin-path " + kCPluginDir.string());
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_TRUE(contains(out, "naive_c"));
+}
+
+}  // namespace

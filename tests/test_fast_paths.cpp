@@ -1,0 +1,202 @@
+// The engine's fast paths (issue 6): the caching allocator and its figures,
+// the thread pool, and the fused masked softmax, which must give exactly what
+// the ops it replaces give.
+#include <atomic>
+#include <cmath>
+#include <stdexcept>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <headgrad/attention.hpp>
+#include <headgrad/gradcheck.hpp>
+#include <headgrad/kernels.hpp>
+#include <headgrad/ops.hpp>
+#include <headgrad/parallel.hpp>
+#include <headgrad/tensor.hpp>
+
+using namespace headgrad;
+
+namespace {
+
+// ---------------------------------------------------------------- allocator
+
+TEST(CachingAllocator, ReusesAFreedBufferOfTheSameSize) {
+  if (allocator_name() != "caching") GTEST_SKIP() << "HEADGRAD_ALLOCATOR=system";
+  const void* first = nullptr;
+  {
+    Tensor t = Tensor::empty({1000, 1000}, DType::float32);
+    first = t.storage()->data();
+  }
+  Tensor again = Tensor::empty({1000, 1000}, DType::float32);
+  EXPECT_EQ(again.storage()->data(), first);
+}
+
+TEST(CachingAllocator, LiveBytesKeepTheirMeaningAndCachedBytesAreSeparate) {
+  empty_cache();
+  const MemoryStats before = memory_stats();
+  const std::size_t bytes = 3 * 1000 * 8;
+  {
+    Tensor t = Tensor::zeros({3, 1000}, DType::float64);
+    const MemoryStats during = memory_stats();
+    EXPECT_EQ(during.current_bytes, before.current_bytes + bytes);  // what tensors asked for
+    EXPECT_GE(during.reserved_bytes, before.reserved_bytes + bytes);
+  }
+  const MemoryStats after = memory_stats();
+  EXPECT_EQ(after.current_bytes, before.current_bytes);
+  if (allocator_name() == "caching") EXPECT_GE(after.cached_bytes, bytes);
+  empty_cache();
+  EXPECT_EQ(memory_stats().cached_bytes, 0u);
+}
+
+TEST(CachingAllocator, LargeBuffersAreHugePageAligned) {
+  if (allocator_name() != "caching") GTEST_SKIP() << "HEADGRAD_ALLOCATOR=system";
+  Tensor big = Tensor::empty({3 << 20}, DType::float32);  // 12 MiB
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(big.storage()->data()) % (2u << 20), 0u);
+  Tensor small = Tensor::empty({5}, DType::float64);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(small.storage()->data()) % 64, 0u);
+}
+
+TEST(CachingAllocator, IsThreadSafe) {
+  std::atomic<int> bad{0};
+  parallel_for(64, [&](std::int64_t i0, std::int64_t i1, int) {
+    for (std::int64_t i = i0; i < i1; ++i)
+      for (int rep = 0; rep < 50; ++rep) {
+        Tensor t = Tensor::full({1 + (i * 7 + rep) % 300}, static_cast<double>(i), DType::float64);
+        if (t.flat(t.numel() - 1) != static_cast<double>(i)) ++bad;
+      }
+  });
+  EXPECT_EQ(bad.load(), 0);
+}
+
+// ---------------------------------------------------------------- threads
+
+TEST(Parallel, EveryIndexOnceAndNestedLoopsRunSerially) {
+  set_num_threads(2);
+  EXPECT_EQ(num_threads(), 2);
+  std::vector<std::atomic<int>> seen(1000);
+  parallel_for(1000, [&](std::int64_t i0, std::int64_t i1, int w) {
+    EXPECT_GE(w, 0);
+    EXPECT_LT(w, 2);
+    for (std::int64_t i = i0; i < i1; ++i) {
+      parallel_for(3, [&](std::int64_t, std::int64_t, int inner) { EXPECT_EQ(inner, 0); });
+      ++seen[static_cast<std::size_t>(i)];
+    }
+  });
+  for (const auto& s : seen) EXPECT_EQ(s.load(), 1);
+  std::vector<std::atomic<int>> items(37);
+  parallel_items(37, [&](std::int64_t i, int) { ++items[static_cast<std::size_t>(i)]; });
+  for (const auto& s : items) EXPECT_EQ(s.load(), 1);
+}
+
+TEST(Parallel, ExceptionsReachTheCaller) {
+  set_num_threads(2);
+  EXPECT_THROW(parallel_for(10, [](std::int64_t i0, std::int64_t, int) {
+                 if (i0 > 0) throw std::runtime_error("chunk failed");
+               }),
+               std::runtime_error);
+  int sum = 0;  // the pool still works afterwards
+  parallel_for(1, [&](std::int64_t, std::int64_t, int) { sum = 1; });
+  EXPECT_EQ(sum, 1);
+  set_num_threads(1);
+  EXPECT_EQ(num_threads(), 1);
+  set_num_threads(0);  // back to the default
+}
+
+// ---------------------------------------------------------------- masked softmax
+
+Tensor pattern_mask(const Shape& shape, std::uint64_t seed) {
+  Generator gen(seed);
+  Tensor m = Tensor::empty(shape, DType::boolean);
+  for (std::int64_t i = 0; i < m.numel(); ++i) m.set_flat(i, gen.uniform() < 0.7);
+  if (m.numel() > 0) m.set_flat(0, 0.0);
+  return m;
+}
+
+// softmax(masked_fill(scale(x), !attend, -inf)) from the separate ops, as attention_core did.
+Variable composed(const Variable& x, double s, const Tensor& attend) {
+  Variable scores = scale(x, s);
+  if (attend.defined()) scores = masked_fill(scores, logical_not(attend), -INFINITY);
+  return softmax(scores, -1);
+}
+
+struct SoftmaxCase {
+  Shape shape;
+  bool causal;
+  bool mask;
+};
+
+class MaskedSoftmax : public ::testing::TestWithParam<SoftmaxCase> {};
+
+TEST_P(MaskedSoftmax, SameValuesAndGradientsAsTheComposedOps) {
+  const SoftmaxCase c = GetParam();
+  for (DType dtype : {DType::float64, DType::float32}) {
+    Generator gen(3);
+    const Tensor x0 = randn(c.shape, dtype, gen);
+    const Tensor r = randn(c.shape, dtype, gen);
+    const std::int64_t tq = c.shape[c.shape.size() - 2], tk = c.shape.back();
+    Tensor attend = c.mask ? pattern_mask({tq, tk}, 5) : Tensor();
+    AttentionSpec spec;
+    spec.causal = c.causal;
+    spec.mask = attend;
+    const Tensor combined = attention_mask(spec, tq, tk);
+
+    Variable xa(x0, true), xb(x0, true);
+    const Variable fused = masked_softmax(xa, 0.37, attend, c.causal);
+    const Variable ref = composed(xb, 0.37, combined);
+    sum(mul(fused, Variable(r))).backward();
+    sum(mul(ref, Variable(r))).backward();
+    const auto fv = fused.data().to_vector(), rv = ref.data().to_vector();
+    const auto fg = xa.grad().to_vector(), rg = xb.grad().to_vector();
+    for (std::size_t i = 0; i < fv.size(); ++i) {
+      EXPECT_EQ(fv[i], rv[i]) << "value " << i;  // bit for bit
+      EXPECT_NEAR(fg[i], rg[i], 1e-12 + 1e-6 * std::abs(rg[i])) << "grad " << i;
+    }
+  }
+}
+
+TEST_P(MaskedSoftmax, GradcheckFloat64) {
+  const SoftmaxCase c = GetParam();
+  Generator gen(4);
+  const std::int64_t tq = c.shape[c.shape.size() - 2], tk = c.shape.back();
+  const Tensor attend = c.mask ? pattern_mask({tq, tk}, 6) : Tensor();
+  const auto r = gradcheck(
+      [&](const std::vector<Variable>& v) { return masked_softmax(v[0], 0.8, attend, c.causal); },
+      {randn(c.shape, DType::float64, gen)});
+  EXPECT_TRUE(r.ok) << r.message;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, MaskedSoftmax,
+                         ::testing::Values(SoftmaxCase{{2, 3, 5, 5}, true, false},
+                                           SoftmaxCase{{2, 3, 5, 5}, false, false},
+                                           SoftmaxCase{{2, 4, 7}, true, true},
+                                           SoftmaxCase{{3, 5, 7}, false, true},
+                                           SoftmaxCase{{1, 2, 9, 4}, true, false},
+                                           SoftmaxCase{{2, 40, 33}, true, true}),
+                         [](const auto& info) {
+                           std::string name;
+                           for (auto s : info.param.shape) name += std::to_string(s) + "x";
+                           name.pop_back();
+                           return name + (info.param.causal ? "_causal" : "_full") +
+                                  (info.param.mask ? "_mask" : "");
+                         });
+
+TEST(MaskedSoftmaxRows, FullyMaskedRowGivesZeros) {
+  // Tq = 2, Tk = 3, the mask hides every key of row 0.
+  const Tensor attend = Tensor::from_values(std::vector<double>{0, 0, 0, 1, 0, 1}, {2, 3}, DType::boolean);
+  Variable x(Tensor::from_values(std::vector<double>{1, 2, 3, 4, 5, 6}, {2, 3}, DType::float64), true);
+  const Variable y = masked_softmax(x, 1.0, attend, false);
+  sum(y).backward();
+  EXPECT_EQ(y.data().at({0, 0}), 0.0);
+  EXPECT_EQ(y.data().at({0, 2}), 0.0);
+  EXPECT_EQ(y.data().at({1, 1}), 0.0);
+  EXPECT_NEAR(y.data().at({1, 0}) + y.data().at({1, 2}), 1.0, 1e-15);
+  for (double g : x.grad().to_vector()) EXPECT_TRUE(std::isfinite(g));
+}
+
+TEST(MaskedSoftmaxRows, RejectsBadMasks) {
+  Variable x(Tensor::zeros({2, 3}, DType::float64));
+  EXPECT_THROW(masked_softmax(x, 1.0, Tensor::zeros({2, 3}, DType::float64), false), std::invalid_argument);
+  EXPECT_THROW(masked_softmax(x, 1.0, Tensor::zeros({3, 2}, DType::boolean), false), std::invalid_argument);
+}
+
+}  // namespace

@@ -1,0 +1,345 @@
+// The real headgrad program: exit codes 0/1/2/3, the misbehaving-plugin
+// suite, each malformed input, reports on disk, `plugins` and `export`.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <headgrad/npy.hpp>
+#include <nlohmann/json.hpp>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path kFixtures = RUNNER_FIXTURES;
+const std::string kTestPlugins = RUNNER_TEST_PLUGIN_DIR;
+
+struct Outcome {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Runs build/tools/headgrad with `args` (no shell), stdout and stderr captured.
+Outcome headgrad(const std::vector<std::string>& args, const fs::path& cwd = fs::current_path()) {
+  const fs::path tmp = fs::temp_directory_path();
+  const std::string tag = std::to_string(::getpid());
+  const fs::path out_file = tmp / ("headgrad_cli_out_" + tag), err_file = tmp / ("headgrad_cli_err_" + tag);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int out = ::open(out_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int err = ::open(err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(out, 1);
+    ::dup2(err, 2);
+    if (::chdir(cwd.c_str()) != 0) ::_exit(127);
+    ::unsetenv("HEADGRAD_PLUGIN_PATH");
+    ::unsetenv("HEADGRAD_LOG_LEVEL");
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(HEADGRAD_EXE));
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(HEADGRAD_EXE, argv.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  Outcome r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = slurp(out_file);
+  r.err = slurp(err_file);
+  fs::remove(out_file);
+  fs::remove(err_file);
+  return r;
+}
+
+bool has_line(const std::string& text, const std::string& line) {
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);)
+    if (l == line) return true;
+  return false;
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("headgrad_cli_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+};
+
+TEST_F(Cli, PassingSuiteExitsZero) {
+  const Outcome r = headgrad({"run", (kFixtures / "pass.yaml").string()});
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_TRUE(has_line(r.out, "7 passed, 0 failed")) << r.out;
+  EXPECT_NE(r.out.find("  OK     closed-book"), std::string::npos);
+  EXPECT_NE(r.out.find("CORE(B=2,H=3,Tq=5,Tk=7,d=4,mask)"), std::string::npos);
+  EXPECT_EQ(r.out.find("\033["), std::string::npos);  // stdout is not a terminal: no colors
+  EXPECT_EQ(r.err, "");                              // nor a progress line
+}
+
+TEST_F(Cli, MisbehavingPluginsEveryCaseRunsAndReports) {
+  const fs::path json = dir_ / "r.json", junit = dir_ / "r.xml", html = dir_ / "r.html";
+  const Outcome r = headgrad({"run", (kFixtures / "misbehaving.yaml").string(), "--plugin-path", kTestPlugins, "--json",
+                          json.string(), "--junit", junit.string(), "--html", html.string()});
+  EXPECT_EQ(r.code, 3) << r.out << r.err;
+  const std::vector<std::pair<std::string, std::string>> expected = {
+      {"  OK     normal-first", ""},
+      {"  ERROR  throws", "plugin throws threw std::runtime_error: deliberate failure in mha_forward"},
+      {"  ERROR  throws-core", "plugin throws threw std::runtime_error: deliberate failure in core_forward"},
+      {"  ERROR  segfaults", "plugin segfaults crashed (SIGSEGV)"},
+      {"  ERROR  aborts", "plugin aborts crashed (SIGABRT)"},
+      {"  ERROR  hangs", "plugin hangs exceeded the 1 s limit"},
+      {"  FAIL   returns-nan", "plugin returns_nan returned NaN in out at [0, 1, 3] (b=0, t=1, head=0, ch=3)"},
+      {"  OK     normal-last", ""},
+  };
+  std::istringstream in(r.out);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  std::size_t at = 0;  // the cases appear in suite order, each with its cause on its line
+  for (const auto& [start, cause] : expected) {
+    while (at < lines.size() && lines[at].rfind(start, 0) != 0) ++at;
+    ASSERT_LT(at, lines.size()) << "no line for " << start << " in\n" << r.out;
+    EXPECT_NE(lines[at].find(cause), std::string::npos) << lines[at];
+  }
+  EXPECT_TRUE(has_line(r.out, "2 passed, 6 failed")) << r.out;
+
+  const nlohmann::json j = nlohmann::json::parse(slurp(json));
+  ASSERT_EQ(j["cases"].size(), 8u);
+  EXPECT_EQ(j["summary"]["exit_code"], 3);
+  EXPECT_EQ(j["cases"][5]["sides"][0]["status"], "timed_out");
+  EXPECT_EQ(j["cases"][5]["sides"][1]["status"], "ok");
+  const std::string xml = slurp(junit);
+  EXPECT_NE(xml.find("tests=\"8\" failures=\"1\" errors=\"5\""), std::string::npos) << xml;
+  EXPECT_NE(xml.find("<error type=\"crashed\" message=\"plugin segfaults crashed (SIGSEGV)\">"), std::string::npos);
+  EXPECT_NE(xml.find("<error type=\"timed_out\" message=\"plugin hangs exceeded the 1 s limit\">"), std::string::npos);
+  EXPECT_NE(slurp(html).find("plugin aborts crashed (SIGABRT)"), std::string::npos);
+}
+
+TEST_F(Cli, ReturnsNanAloneIsAComparisonFailure) {
+  const Outcome r = headgrad({"run", (kFixtures / "misbehaving.yaml").string(), "--plugin-path", kTestPlugins,
+                          "--filter", "returns-nan"});
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+}
+
+TEST_F(Cli, TightToleranceExitsOne) {
+  const Outcome r = headgrad({"run", (kFixtures / "tight.yaml").string()});
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_TRUE(has_line(r.out, "1 passed, 1 failed")) << r.out;
+  EXPECT_NE(r.out.find("  XFAIL  expected-to-fail"), std::string::npos);
+}
+
+TEST_F(Cli, MissingPluginExitsThreeAndTheOtherCasesRun) {
+  const Outcome r = headgrad({"run", (kFixtures / "missing_plugin.yaml").string()});
+  EXPECT_EQ(r.code, 3) << r.out << r.err;
+  EXPECT_NE(r.out.find("  OK     fine"), std::string::npos);
+  EXPECT_NE(r.out.find("  ERROR  needs-ghost"), std::string::npos);
+  EXPECT_NE(r.err.find("plugin ghost_plugin is not loaded"), std::string::npos) << r.err;
+}
+
+// Each malformed input of issue 4 item 7: exit 2, FILE:LINE:COL and the reason.
+struct BadInput {
+  const char* file;
+  const char* message;
+};
+
+class CliBadInput : public ::testing::TestWithParam<BadInput> {};
+
+TEST_P(CliBadInput, ExitsTwoNamingFileLineAndColumn) {
+  const fs::path suite = kFixtures / "bad" / GetParam().file;
+  const Outcome r = headgrad({"run", suite.string(), "--plugin-path", kTestPlugins});
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  const std::string want = "headgrad: error: " + suite.string() + ":" + GetParam().message;
+  EXPECT_NE(r.err.find(want), std::string::npos) << "want: " << want << "\ngot:  " << r.err;
+  EXPECT_EQ(r.out, "");  // nothing ran
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Item7, CliBadInput,
+    ::testing::Values(
+        BadInput{"malformed.yaml", "5:10: malformed YAML: end of sequence flow not found"},
+        BadInput{"unknown_key.yaml", "5:5: case 'typo': unknown key 'dtyp' in the case (did you mean 'dtype'?)"},
+        BadInput{"wrong_type.yaml", "5:16: case 'words-for-numbers': 'B' must be an integer, got 'two'"},
+        BadInput{"missing_compare.yaml", "3:5: case 'nothing-to-compare': no 'compare' list"},
+        BadInput{"one_plugin_no_reference.yaml", "4:14: case 'alone': 'compare' needs two plugins, or one plugin "
+                                                 "and a 'reference' directory; got 1 name"},
+        BadInput{"d_not_divisible.yaml", "5:16: case 'uneven-heads': D=10 is not divisible by H=4"},
+        BadInput{"dropout.yaml", "3:14: case 'with-dropout': dropout_p must be 0 in a comparison, got 0.1: dropout "
+                                 "zeroes a random subset of attention weights, so the two sides draw different "
+                                 "masks and cannot agree; and a module's eval() does not turn it off in a "
+                                 "functional call"},
+        BadInput{"capability.yaml", "4:14: case 'needs-causal': plugin 'limited' lacks the capability 'causal' "
+                                    "(the case is causal); it declares: mha, float64"},
+        BadInput{"mask_missing.yaml", "6:11: case 'no-such-mask': mask file"},
+        BadInput{"mask_shape.yaml", "6:11: case 'mask-does-not-fit': mask file"},
+        BadInput{"reference_missing.yaml", "5:16: case 'no-such-dir': reference directory"}),
+    [](const auto& info) {
+      std::string n = info.param.file;
+      return n.substr(0, n.find('.'));
+    });
+
+TEST_F(Cli, ReferenceDirectoryMissingAFileOrWithAWrongShape) {
+  const Outcome ex = headgrad({"export", (kFixtures / "pass.yaml").string(), "--case", "closed-book", "--out",
+                           (dir_ / "ref").string()});
+  ASSERT_EQ(ex.code, 0) << ex.out << ex.err;
+  std::ofstream(dir_ / "s.yaml") << "cases:\n  - name: r\n    compare: [per_head]\n    reference: ref\n    causal: true\n"
+                                    "    shape: {H: 2}\n";
+  EXPECT_EQ(headgrad({"run", (dir_ / "s.yaml").string()}).code, 0);
+  fs::remove(dir_ / "ref" / "wv.npy");
+  Outcome r = headgrad({"run", (dir_ / "s.yaml").string()});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("s.yaml:4:16: case 'r': reference directory ref has no wv.npy"), std::string::npos) << r.err;
+  headgrad::write_npy(dir_ / "ref" / "wv.npy", headgrad::Tensor::zeros({8, 4}, headgrad::DType::float64));
+  r = headgrad({"run", (dir_ / "s.yaml").string()});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("ref/wv.npy has shape [8, 4], expected [8, 8]"), std::string::npos) << r.err;
+}
+
+TEST_F(Cli, UsageErrorsExitTwo) {
+  EXPECT_EQ(headgrad({}).code, 2);                                        // no subcommand
+  EXPECT_EQ(headgrad({"frobnicate"}).code, 2);                            // unknown subcommand
+  EXPECT_EQ(headgrad({"run"}).code, 2);                                   // no suite
+  EXPECT_EQ(headgrad({"run", "/no/such/suite.yaml"}).code, 2);            // missing file
+  EXPECT_EQ(headgrad({"run", (kFixtures / "pass.yaml").string(), "--bogus"}).code, 2);
+  EXPECT_EQ(headgrad({"run", (kFixtures / "pass.yaml").string(), "--timeout", "-1"}).code, 2);
+  EXPECT_EQ(headgrad({"run", (kFixtures / "pass.yaml").string(), "-q", "-v"}).code, 2);
+  const Outcome nomatch = headgrad({"run", (kFixtures / "pass.yaml").string(), "--filter", "nothing*"});
+  EXPECT_EQ(nomatch.code, 2);
+  EXPECT_NE(nomatch.err.find("no case of"), std::string::npos);
+  const Outcome unwritable = headgrad({"run", (kFixtures / "pass.yaml").string(), "--json", "/no/such/dir/r.json"});
+  EXPECT_EQ(unwritable.code, 2);
+  EXPECT_NE(unwritable.err.find("cannot write /no/such/dir/r.json"), std::string::npos);
+}
+
+TEST_F(Cli, EverySubcommandHasHelp) {
+  for (const char* sub : {"run", "plugins", "export"}) {
+    const Outcome r = headgrad({sub, "--help"});
+    EXPECT_EQ(r.code, 0) << sub;
+    EXPECT_NE(r.out.find("--plugin-path"), std::string::npos) << sub << ":\n" << r.out;
+  }
+  const Outcome run = headgrad({"run", "--help"});
+  for (const char* opt : {"--filter", "--json", "--junit", "--html", "--timeout", "--no-isolation", "-v", "-q"})
+    EXPECT_NE(run.out.find(opt), std::string::npos) << opt;
+  const Outcome top = headgrad({"--help"});
+  EXPECT_EQ(top.code, 0);
+  EXPECT_NE(top.out.find("Exit codes: 0"), std::string::npos);
+}
+
+TEST_F(Cli, FilterAndQuiet) {
+  const Outcome r = headgrad({"run", (kFixtures / "pass.yaml").string(), "--filter", "layouts", "-q"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.find("OK"), std::string::npos) << r.out;  // quiet: passing cases are not listed
+  EXPECT_TRUE(has_line(r.out, "4 passed, 0 failed")) << r.out;
+  const Outcome v = headgrad({"run", (kFixtures / "pass.yaml").string(), "--filter", "closed-book", "-v"});
+  EXPECT_NE(v.out.find("closest to the limit"), std::string::npos) << v.out;  // every tensor's figures
+  EXPECT_NE(v.err.find("loaded plugin 'per_head'"), std::string::npos);        // info logs
+}
+
+TEST_F(Cli, NoIsolationRunsInProcess) {
+  const Outcome r = headgrad({"run", (kFixtures / "misbehaving.yaml").string(), "--plugin-path", kTestPlugins,
+                          "--no-isolation", "--filter", "throws*"});
+  EXPECT_EQ(r.code, 3) << r.out << r.err;
+  EXPECT_NE(r.out.find("plugin throws threw std::runtime_error"), std::string::npos);
+}
+
+TEST_F(Cli, PluginsListsNameVersionAbiCapabilitiesFile) {
+  const Outcome r = headgrad({"plugins"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("NAME", 0), 0u);
+  for (const char* col : {"VERSION", "ABI", "CAPABILITIES", "FILE"}) EXPECT_NE(r.out.find(col), std::string::npos);
+  EXPECT_NE(r.out.find("per_head"), std::string::npos);
+  EXPECT_NE(r.out.find("per_head.so"), std::string::npos);
+  EXPECT_NE(r.out.find("mha, core, causal"), std::string::npos);
+  EXPECT_EQ(r.out.find("mutant_"), std::string::npos);  // only with --all
+
+  const Outcome all = headgrad({"plugins", "--all"});
+  EXPECT_EQ(all.code, 0);
+
+  // a library that is not a plugin: listed as rejected, with its reason; exit 3
+  std::ofstream(dir_ / "fake.so") << "not a shared library";
+  const Outcome rejected = headgrad({"plugins", "--plugin-path", dir_.string(), "--plugin-path", kTestPlugins});
+  EXPECT_EQ(rejected.code, 3);
+  EXPECT_NE(rejected.out.find("rejected  " + (dir_ / "fake.so").string() + ": cannot load the library"),
+            std::string::npos)
+      << rejected.out;
+  EXPECT_NE(rejected.out.find("segfaults"), std::string::npos);
+
+  const Outcome json = headgrad({"plugins", "--json", "--plugin-path", kTestPlugins});
+  const nlohmann::json j = nlohmann::json::parse(json.out);
+  bool found = false;
+  for (const auto& p : j["plugins"]) {
+    if (p["name"] != "limited") continue;
+    found = true;
+    EXPECT_EQ(p["capabilities"], "mha, float64");
+    EXPECT_EQ(p["abi"], 1);
+    EXPECT_NE(p["file"].get<std::string>().find("limited.so"), std::string::npos);
+  }
+  EXPECT_TRUE(found) << json.out;
+}
+
+TEST_F(Cli, ExportWritesAReferenceDirectoryThatChecksBack) {
+  const fs::path out = dir_ / "closed-book";
+  const Outcome ex = headgrad({"export", (kFixtures / "pass.yaml").string(), "--case", "closed-book", "--plugin",
+                           "batched", "--out", out.string()});
+  ASSERT_EQ(ex.code, 0) << ex.out << ex.err;
+  for (const char* f : {"x", "wq", "wk", "wv", "wo", "r", "out", "dx", "dwq", "dwk", "dwv", "dwo"})
+    EXPECT_TRUE(fs::exists(out / (std::string(f) + ".npy"))) << f;
+  EXPECT_EQ(headgrad::read_npy(out / "x.npy").shape(), (headgrad::Shape{2, 3, 8}));
+  EXPECT_EQ(headgrad::read_npy(out / "dwq.npy").shape(), (headgrad::Shape{8, 8}));
+  // the written suite checks a plugin against the directory
+  Outcome back = headgrad({"run", (out / "suite.yaml").string()});
+  EXPECT_EQ(back.code, 0) << back.out << back.err;
+  // a mutated expected file: the check fails and names the element
+  headgrad::Tensor dwv = headgrad::read_npy(out / "dwv.npy");
+  dwv.set({5, 2}, dwv.at({5, 2}) + 0.01);
+  headgrad::write_npy(out / "dwv.npy", dwv);
+  back = headgrad({"run", (out / "suite.yaml").string()});
+  EXPECT_EQ(back.code, 1) << back.out;
+  EXPECT_NE(back.out.find("worst [5, 2] (head=1, row=1, in=2)"), std::string::npos) << back.out;
+
+  // core level with a mask: q, k, v, mask, r and the expected tensors
+  const Outcome core = headgrad({"export", (kFixtures / "pass.yaml").string(), "--case", "core-mask", "--out",
+                             (dir_ / "core").string()});
+  ASSERT_EQ(core.code, 0) << core.err;
+  for (const char* f : {"q", "k", "v", "mask", "r", "out", "dq", "dk", "dv"})
+    EXPECT_TRUE(fs::exists(dir_ / "core" / (std::string(f) + ".npy"))) << f;
+  EXPECT_EQ(headgrad({"run", (dir_ / "core" / "suite.yaml").string()}).code, 0);
+
+  // a sweep point by its full name; a wrong name suggests the closest
+  EXPECT_EQ(headgrad({"export", (kFixtures / "pass.yaml").string(), "--case", "layouts[B=2,H=2]", "--out",
+                      (dir_ / "sweep").string()})
+                .code,
+            0);
+  const Outcome typo = headgrad({"export", (kFixtures / "pass.yaml").string(), "--case", "closed-bok", "--out",
+                             (dir_ / "x").string()});
+  EXPECT_EQ(typo.code, 2);
+  EXPECT_NE(typo.err.find("did you mean 'closed-book'?"), std::string::npos) << typo.err;
+  // a plugin that crashes: exit 3, nothing written
+  const Outcome crash = headgrad({"export", (kFixtures / "misbehaving.yaml").string(), "--case", "segfaults",
+                              "--plugin-path", kTestPlugins, "--out", (dir_ / "crash").string()});
+  EXPECT_EQ(crash.code, 3);
+  EXPECT_NE(crash.err.find("plugin segfaults crashed (SIGSEGV)"), std::string::npos) << crash.err;
+  EXPECT_FALSE(fs::exists(dir_ / "crash"));
+}
+
+TEST_F(Cli, TheDefaultSuitePasses) {
+  const Outcome plugins = headgrad({"plugins"});
+  if (plugins.out.find("fused_sdpa") == std::string::npos) GTEST_SKIP() << "fused_sdpa is not built";
+  const Outcome r = headgrad({"run", "configs/default.yaml", "-q"}, HEADGRAD_SOURCE_ROOT);
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+}
+
+}  // namespace

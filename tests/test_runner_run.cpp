@@ -1,0 +1,335 @@
+// The runner in this process: suites that pass, suites that must fail,
+// reference directories (made here, then broken on purpose), isolation from
+// plugins that throw, crash, abort, hang or return NaN, and capabilities.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <headgrad/npy.hpp>
+
+#include "runner/run.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using namespace headgrad;
+using namespace headgrad::runner;
+
+const fs::path kFixtures = RUNNER_FIXTURES;
+
+class RunnerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    registry_ = new PluginRegistry();
+    registry_->load_directories(plugin_search_path({RUNNER_TEST_PLUGIN_DIR}));
+  }
+  static void TearDownTestSuite() {
+    delete registry_;
+    registry_ = nullptr;
+  }
+  void SetUp() override {
+    for (const char* name : {"per_head", "batched", "throws", "segfaults", "returns_nan", "limited"})
+      ASSERT_NE(registry_->find(name), nullptr) << name << " is not loaded";
+    dir_ = fs::temp_directory_path() / ("headgrad_runner_run_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  Suite suite_from(const std::string& yaml) {
+    const fs::path file = dir_ / "suite.yaml";
+    std::ofstream(file) << yaml;
+    return load_suite(file);
+  }
+
+  // A reference directory holding per_head's tensors for `c` (as export does).
+  void write_reference(const CaseSpec& c, const fs::path& out) {
+    fs::create_directories(out);
+    const CaseInputs in = make_inputs(c);
+    for (const auto& [name, t] : input_tensors(in)) write_npy(out / (name + ".npy"), t);
+    for (const auto& [name, t] : compute_side(c, in, *registry_->get("per_head").attention))
+      write_npy(out / (name + ".npy"), t);
+  }
+
+  static PluginRegistry* registry_;
+  fs::path dir_;
+};
+PluginRegistry* RunnerTest::registry_ = nullptr;
+
+TEST_F(RunnerTest, PassingSuitePasses) {
+  const Suite suite = load_suite(kFixtures / "pass.yaml");
+  const SuiteResult r = run_suite(suite, *registry_, {});
+  ASSERT_EQ(r.cases.size(), 7u);
+  for (const auto& c : r.cases) {
+    EXPECT_EQ(c.status, CaseStatus::pass) << c.spec.name << ": " << c.cause;
+    EXPECT_EQ(c.tensors.size(), c.spec.level == Level::mha ? 6u : 4u) << c.spec.name;
+    EXPECT_EQ(c.sides.size(), 2u);
+    EXPECT_TRUE(c.lhs.empty());  // passing cases do not keep their tensors
+  }
+  EXPECT_EQ(r.passed(), 7u);
+  EXPECT_EQ(r.exit_code(), 0);
+  EXPECT_EQ(r.cases[1].spec.name, "layouts[B=1,H=1]");
+}
+
+TEST_F(RunnerTest, ImpossiblyTightToleranceFailsAndExpectedFailuresCount) {
+  RunOptions options;
+  std::vector<std::string> hooked;  // the diagnosis stage's hook sees each failing case with its inputs
+  options.on_failure = [&](CaseResult& r, const CaseInputs& in) {
+    hooked.push_back(r.spec.name);
+    EXPECT_EQ(in.x.shape(), (Shape{2, 4, 8}));
+  };
+  const SuiteResult r = run_suite(load_suite(kFixtures / "tight.yaml"), *registry_, options);
+  EXPECT_EQ(hooked, (std::vector<std::string>{"impossibly-tight", "expected-to-fail"}));
+  ASSERT_EQ(r.cases.size(), 2u);
+  const CaseResult& tight = r.cases[0];
+  EXPECT_EQ(tight.status, CaseStatus::fail);
+  EXPECT_GT(tight.differing_tensors(), 0u);
+  EXPECT_NE(tight.cause.find("tensors differ"), std::string::npos) << tight.cause;
+  EXPECT_FALSE(tight.lhs.empty());  // kept for reports
+  for (const auto& t : tight.tensors)
+    if (!t.allclose) {
+      ASSERT_TRUE(t.worst);
+      EXPECT_NE(t.worst->lhs, t.worst->rhs);
+    }
+  EXPECT_EQ(r.cases[1].status, CaseStatus::xfail);
+  EXPECT_EQ(r.passed(), 1u);
+  EXPECT_EQ(r.exit_code(), 1);
+}
+
+TEST_F(RunnerTest, ExpectedFailureThatPassesIsAFailure) {
+  const SuiteResult r = run_suite(suite_from(R"(
+cases:
+  - {name: fine, compare: [per_head, batched], expect: {fail: true}, shape: {B: 1, T: 2, D: 4, H: 2}}
+)"),
+                                  *registry_, {});
+  EXPECT_EQ(r.cases[0].status, CaseStatus::xpass);
+  EXPECT_NE(r.cases[0].cause.find("expected to fail"), std::string::npos);
+  EXPECT_EQ(r.exit_code(), 1);
+}
+
+TEST_F(RunnerTest, LayoutsGiveTheSameTensors) {
+  RunOptions keep;
+  keep.keep_tensors = true;
+  std::vector<TensorSet> outs;
+  for (const char* layout : {"contiguous", "transposed", "sliced"}) {
+    const Suite s = suite_from(std::string("cases:\n  - {name: c, compare: [per_head, batched], input_layout: ") +
+                               layout + ", causal: true, shape: {B: 2, T: 3, D: 8, H: 2}}\n");
+    const CaseResult r = run_case(s.cases[0], *registry_, keep);
+    ASSERT_EQ(r.status, CaseStatus::pass) << layout << ": " << r.cause;
+    outs.push_back(r.lhs);
+  }
+  for (std::size_t i = 0; i < outs[0].size(); ++i)
+    for (std::size_t k = 1; k < outs.size(); ++k) {
+      EXPECT_EQ(outs[k][i].name, outs[0][i].name);
+      const auto a = outs[0][i].tensor.to_vector(), b = outs[k][i].tensor.to_vector();
+      ASSERT_EQ(a.size(), b.size());
+      for (std::size_t e = 0; e < a.size(); ++e) EXPECT_NEAR(a[e], b[e], 1e-12) << outs[0][i].name;
+    }
+}
+
+// ---- reference directories ----
+
+TEST_F(RunnerTest, ReferenceDirectoryRoundTripAndAMutatedFile) {
+  Suite gen = suite_from("cases:\n  - {name: g, compare: [per_head, batched], causal: true, seed: 3, "
+                         "shape: {B: 2, T: 3, D: 8, H: 2}}\n");
+  write_reference(gen.cases[0], dir_ / "ref");
+  const std::string yaml = "cases:\n  - {name: vs-ref, compare: [batched], reference: ref, causal: true, shape: {H: 2}}\n";
+  Suite s = suite_from(yaml);
+  EXPECT_EQ(s.cases[0].dims.B, 2);  // from the files
+  EXPECT_EQ(s.cases[0].dims.T, 3);
+  EXPECT_EQ(s.cases[0].dims.D, 8);
+  CaseResult ok = run_case(s.cases[0], *registry_, {});
+  EXPECT_EQ(ok.status, CaseStatus::pass) << ok.cause;
+  EXPECT_EQ(ok.rhs_label, "ref");
+  EXPECT_EQ(ok.sides.size(), 1u);
+
+  // one element of out.npy off by 1e-3: the case fails and names the element
+  Tensor out = read_npy(dir_ / "ref" / "out.npy");
+  out.set({1, 2, 5}, out.at({1, 2, 5}) + 1e-3);
+  write_npy(dir_ / "ref" / "out.npy", out);
+  CaseResult bad = run_case(s.cases[0], *registry_, {});
+  EXPECT_EQ(bad.status, CaseStatus::fail);
+  ASSERT_EQ(bad.tensors[0].name, "out");
+  EXPECT_FALSE(bad.tensors[0].allclose);
+  EXPECT_EQ(bad.tensors[0].mismatched, 1);
+  EXPECT_EQ(bad.tensors[0].worst->where, "b=1, t=2, head=1, ch=1");
+  EXPECT_NEAR(bad.tensors[0].max_abs, 1e-3, 1e-12);
+  for (std::size_t i = 1; i < bad.tensors.size(); ++i) EXPECT_TRUE(bad.tensors[i].allclose) << bad.tensors[i].name;
+  EXPECT_EQ(bad.cause, "1 of 6 tensors differ: out");
+}
+
+TEST_F(RunnerTest, ReferenceWithOnlySomeExpectedFilesChecksThose) {
+  Suite gen = suite_from("cases:\n  - {name: g, compare: [per_head, batched], shape: {B: 1, T: 2, D: 4, H: 2}}\n");
+  write_reference(gen.cases[0], dir_ / "ref");
+  for (const char* f : {"dx", "dwq", "dwk", "dwv", "r"}) fs::remove(dir_ / "ref" / (std::string(f) + ".npy"));
+  Suite s = suite_from("cases:\n  - {name: partial, compare: [per_head], reference: ref, shape: {H: 2}}\n");
+  EXPECT_EQ(s.cases[0].check, (std::vector<std::string>{"out", "dwo"}));
+  // without r.npy the loss weights are ones; per_head's dwo was made with the
+  // seeded r, so it differs now while out does not
+  const CaseResult r = run_case(s.cases[0], *registry_, {});
+  EXPECT_TRUE(r.tensors[0].allclose);
+  EXPECT_FALSE(r.tensors[1].allclose);
+  // a case-level check that names a missing file is an error
+  try {
+    suite_from("cases:\n  - {name: strict, compare: [per_head], reference: ref, check: [out, dx], shape: {H: 2}}\n");
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("'check' lists dx but ref has no dx.npy"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(RunnerTest, ReferenceDirectoryErrorsNameTheFileAndShape) {
+  Suite gen = suite_from("cases:\n  - {name: g, compare: [per_head, batched], shape: {B: 1, T: 2, D: 4, H: 2}}\n");
+  write_reference(gen.cases[0], dir_ / "ref");
+  const std::string yaml = "cases:\n  - name: r\n    compare: [per_head]\n    reference: ref\n    shape: {H: 2}\n";
+  auto error = [&](const std::string& y) -> std::string {
+    try {
+      suite_from(y);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  const std::string where = (dir_ / "suite.yaml").string() + ":4:16: case 'r': ";
+  fs::remove(dir_ / "ref" / "wk.npy");
+  EXPECT_EQ(error(yaml), where + "reference directory ref has no wk.npy (an mha-level reference needs x, wq, wk, wv, wo)");
+  write_npy(dir_ / "ref" / "wk.npy", Tensor::zeros({4, 3}, DType::float64));
+  EXPECT_EQ(error(yaml), where + "ref/wk.npy has shape [4, 3], expected [4, 4] (D=4 from x.npy [1, 2, 4])");
+  write_npy(dir_ / "ref" / "wk.npy", Tensor::zeros({4, 4}, DType::float32));
+  EXPECT_EQ(error(yaml), where + "ref/wk.npy is float32 but x.npy is float64; every file of a reference must share one dtype");
+  write_npy(dir_ / "ref" / "wk.npy", Tensor::zeros({4, 4}, DType::float64));
+  EXPECT_EQ(error("cases:\n  - name: r\n    compare: [per_head]\n    reference: ref\n    shape: {H: 3}\n"),
+            where + "x.npy has D=4, which is not divisible by H=3");
+  EXPECT_EQ(error("cases:\n  - name: r\n    compare: [per_head]\n    reference: ref\n    shape: {H: 2, T: 5}\n"),
+            where + "shape gives T=5 but x.npy has T=2");
+  write_npy(dir_ / "ref" / "dx.npy", Tensor::zeros({1, 3, 4}, DType::float64));
+  EXPECT_EQ(error(yaml), where + "ref/dx.npy has shape [1, 3, 4], expected [1, 2, 4] (x.npy is [1, 2, 4])");
+  std::ofstream(dir_ / "ref" / "dx.npy") << "not an npy file";
+  EXPECT_NE(error(yaml).find(where + "reference file "), std::string::npos);
+  fs::remove_all(dir_ / "ref");
+  EXPECT_EQ(error(yaml), where + "reference directory " + (dir_ / "ref").string() + " does not exist");
+}
+
+TEST_F(RunnerTest, CoreReferenceWithMask) {
+  fs::copy_file(kFixtures / "mask_B2_Tq5_Tk7.npy", dir_ / "mask.npy", fs::copy_options::overwrite_existing);
+  Suite gen = suite_from("cases:\n  - {name: g, level: core, compare: [per_head, batched], mask: mask.npy, "
+                         "shape: {B: 2, H: 3, Tq: 5, Tk: 7, d: 4}}\n");
+  write_reference(gen.cases[0], dir_ / "ref");
+  ASSERT_TRUE(fs::exists(dir_ / "ref" / "mask.npy"));
+  Suite s = suite_from("cases:\n  - {name: c, level: core, compare: [batched], reference: ref}\n");
+  EXPECT_EQ(s.cases[0].mask_file, dir_ / "ref" / "mask.npy");
+  EXPECT_EQ(s.cases[0].dims.Tk, 7);
+  const CaseResult r = run_case(s.cases[0], *registry_, {});
+  EXPECT_EQ(r.status, CaseStatus::pass) << r.cause;
+  EXPECT_EQ(r.tensors.size(), 4u);
+  // without the mask the expected tensors do not match
+  fs::remove(dir_ / "ref" / "mask.npy");
+  Suite unmasked = suite_from("cases:\n  - {name: c, level: core, compare: [batched], reference: ref}\n");
+  EXPECT_EQ(run_case(unmasked.cases[0], *registry_, {}).status, CaseStatus::fail);
+}
+
+// ---- isolation: each misbehaving plugin fails its own case ----
+
+TEST_F(RunnerTest, MisbehavingPluginsFailTheirCaseWithTheCauseNamed) {
+  Suite s = load_suite(kFixtures / "misbehaving.yaml");
+  RunOptions options;
+  options.timeout_s = 0.5;
+  const auto t0 = std::chrono::steady_clock::now();
+  const SuiteResult r = run_suite(s, *registry_, options);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+  std::map<std::string, const CaseResult*> by_name;
+  for (const auto& c : r.cases) by_name[c.spec.name] = &c;
+  ASSERT_EQ(by_name.size(), 8u);
+  EXPECT_EQ(by_name["normal-first"]->status, CaseStatus::pass);
+  EXPECT_EQ(by_name["normal-last"]->status, CaseStatus::pass);
+  EXPECT_EQ(by_name["throws"]->status, CaseStatus::error);
+  EXPECT_EQ(by_name["throws"]->cause, "plugin throws threw std::runtime_error: deliberate failure in mha_forward");
+  EXPECT_EQ(by_name["throws-core"]->cause, "plugin throws threw std::runtime_error: deliberate failure in core_forward");
+  EXPECT_EQ(by_name["segfaults"]->cause, "plugin segfaults crashed (SIGSEGV)");
+  EXPECT_EQ(by_name["aborts"]->cause, "plugin aborts crashed (SIGABRT)");
+  EXPECT_EQ(by_name["hangs"]->status, CaseStatus::error);
+  EXPECT_EQ(by_name["hangs"]->cause, "plugin hangs exceeded the 0.5 s limit");
+  EXPECT_EQ(by_name["returns-nan"]->status, CaseStatus::fail);  // a wrong result, not a crash
+  EXPECT_EQ(by_name["returns-nan"]->cause, "plugin returns_nan returned NaN in out at [0, 1, 3] (b=0, t=1, head=0, ch=3)");
+  EXPECT_EQ(by_name["segfaults"]->sides[0].status, SideStatus::crashed);
+  EXPECT_EQ(by_name["segfaults"]->sides[1].status, SideStatus::ok);  // the other side still ran
+  EXPECT_EQ(r.exit_code(), 3);
+}
+
+TEST_F(RunnerTest, WithoutIsolationExceptionsAreStillCaught) {
+  Suite s = load_suite(kFixtures / "misbehaving.yaml");
+  RunOptions options;
+  options.isolate = false;
+  for (const auto& c : s.cases) {
+    if (c.name != "throws" && c.name != "returns-nan" && c.name != "normal-first") continue;
+    const CaseResult r = run_case(c, *registry_, options);
+    if (c.name == "throws") {
+      EXPECT_EQ(r.cause, "plugin throws threw std::runtime_error: deliberate failure in mha_forward");
+    } else if (c.name == "returns-nan") {
+      EXPECT_EQ(r.status, CaseStatus::fail);
+    } else {
+      EXPECT_EQ(r.status, CaseStatus::pass);
+    }
+  }
+}
+
+TEST_F(RunnerTest, AMissingPluginFailsOnlyItsCases) {
+  const SuiteResult r = run_suite(load_suite(kFixtures / "missing_plugin.yaml"), *registry_, {});
+  ASSERT_EQ(r.cases.size(), 2u);
+  EXPECT_EQ(r.cases[0].status, CaseStatus::pass);
+  EXPECT_EQ(r.cases[1].status, CaseStatus::error);
+  EXPECT_EQ(r.cases[1].cause.rfind("plugin ghost_plugin is not loaded; loaded: ", 0), 0u) << r.cases[1].cause;
+  EXPECT_EQ(r.exit_code(), 3);
+  Suite typo = suite_from("cases:\n  - {name: t, compare: [per_haed, batched], shape: {B: 1, T: 1, D: 2, H: 1}}\n");
+  EXPECT_NE(run_case(typo.cases[0], *registry_, {}).cause.find("(did you mean 'per_head'?)"), std::string::npos);
+}
+
+TEST_F(RunnerTest, FilterSelectsByNameOrBaseName) {
+  const Suite s = load_suite(kFixtures / "pass.yaml");
+  EXPECT_EQ(select_cases(s, "").size(), 7u);
+  EXPECT_EQ(select_cases(s, "layouts").size(), 4u);  // the sweep's base name
+  EXPECT_EQ(select_cases(s, "layouts[B=2,H=1]").size(), 1u);  // an exact name, brackets and all
+  EXPECT_EQ(select_cases(s, "*core*").size(), 1u);
+  EXPECT_EQ(select_cases(s, "nothing").size(), 0u);
+}
+
+TEST_F(RunnerTest, CapabilitiesAreCheckedAgainstLoadedPlugins) {
+  auto error = [&](const std::string& yaml) -> std::string {
+    const Suite s = suite_from(yaml);
+    std::vector<const CaseSpec*> cases;
+    for (const auto& c : s.cases) cases.push_back(&c);
+    try {
+      check_capabilities(cases, *registry_);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  const std::string file = (dir_ / "suite.yaml").string();
+  EXPECT_EQ(error("cases:\n  - name: c\n    compare: [limited, per_head]\n    causal: true\n"
+                  "    shape: {B: 1, T: 2, D: 4, H: 2}\n"),
+            file + ":3:14: case 'c': plugin 'limited' lacks the capability 'causal' (the case is causal); it "
+                   "declares: mha, float64");
+  EXPECT_NE(error("cases:\n  - {name: c, level: core, compare: [per_head, limited], shape: {B: 1, H: 1, Tq: 2, "
+                  "Tk: 2, d: 2}}\n")
+                .find("plugin 'limited' lacks the capability 'core' (the case is at core level)"),
+            std::string::npos);
+  EXPECT_NE(error("cases:\n  - {name: c, dtype: float32, compare: [limited, per_head], shape: {B: 1, T: 2, D: 4, "
+                  "H: 2}}\n")
+                .find("lacks the capability 'float32' (dtype: float32)"),
+            std::string::npos);
+  EXPECT_EQ(error("cases:\n  - {name: c, compare: [limited, per_head], shape: {B: 1, T: 2, D: 4, H: 2}}\n"),
+            "(no error)");
+  EXPECT_EQ(error("cases:\n  - {name: c, compare: [not_loaded, per_head], causal: true, shape: {B: 1, T: 2, D: 4, "
+                  "H: 2}}\n"),
+            "(no error)");  // the runner reports plugins that are not loaded
+}
+
+}  // namespace

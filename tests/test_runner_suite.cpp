@@ -1,0 +1,371 @@
+// Suites: parsing, defaults, sweeps, and every validation error with its
+// FILE:LINE:COL and what was expected. No plugin is loaded here.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include "runner/suite.hpp"
+
+namespace {
+
+using namespace headgrad;
+using namespace headgrad::runner;
+
+Suite parse(const std::string& yaml) { return parse_suite(yaml, "t.yaml"); }
+
+// The ConfigError's message, or a note that there was none.
+std::string error_of(const std::string& yaml) {
+  try {
+    parse(yaml);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+CaseSpec only_case(const Suite& s) {  // a copy: callers pass temporaries
+  EXPECT_EQ(s.cases.size(), 1u);
+  return s.cases.at(0);
+}
+
+constexpr const char* kPair = "compare: [per_head, batched]";
+
+TEST(Suite, ReadsEveryKey) {
+  const Suite s = parse(R"(
+suite: all-keys
+description: every key once
+cases:
+  - name: everything
+    description: a case
+    compare: [per_head, batched]
+    level: mha
+    shape: {B: 2, T: 3, D: 8, H: 2}
+    dtype: float32
+    causal: true
+    scale: 0.25
+    dropout_p: 0.0
+    input_layout: sliced
+    seed: 42
+    atol: 1.0e-4
+    rtol: 1.0e-3
+    tolerance: {dwq: {atol: 0.5}}
+    check: [dwo, out]
+    expect: {fail: true, diagnosis: no_scale}
+    timeout: 5
+)");
+  EXPECT_EQ(s.name, "all-keys");
+  const CaseSpec& c = only_case(s);
+  EXPECT_EQ(c.name, "everything");
+  EXPECT_EQ(c.compare, (std::vector<std::string>{"per_head", "batched"}));
+  EXPECT_EQ(c.level, Level::mha);
+  EXPECT_EQ(c.dims.B, 2);
+  EXPECT_EQ(c.dims.T, 3);
+  EXPECT_EQ(c.dims.D, 8);
+  EXPECT_EQ(c.dims.H, 2);
+  EXPECT_EQ(c.dims.head_dim(), 4);
+  EXPECT_EQ(c.dtype, DType::float32);
+  EXPECT_TRUE(c.causal);
+  EXPECT_DOUBLE_EQ(*c.scale, 0.25);
+  EXPECT_EQ(c.layout, InputLayout::sliced);
+  EXPECT_EQ(c.seed, 42u);
+  EXPECT_DOUBLE_EQ(c.tolerance.atol, 1e-4);
+  EXPECT_DOUBLE_EQ(c.tolerance.rtol, 1e-3);
+  EXPECT_DOUBLE_EQ(c.tolerance_for("dwq").atol, 0.5);
+  EXPECT_DOUBLE_EQ(c.tolerance_for("dwq").rtol, 1e-3);  // falls back to the case's
+  EXPECT_DOUBLE_EQ(c.tolerance_for("dx").atol, 1e-4);
+  EXPECT_EQ(c.check, (std::vector<std::string>{"out", "dwo"}));  // report order
+  EXPECT_TRUE(c.check_strict);
+  EXPECT_TRUE(c.expect_fail);
+  EXPECT_EQ(c.expect_diagnosis, "no_scale");
+  EXPECT_DOUBLE_EQ(c.timeout_s, 5);
+  EXPECT_EQ(c.source.str(), "t.yaml:5:5");
+  EXPECT_EQ(describe_case(c), "MHA(B=2,T=3,D=8,H=2,causal,scale=0.25,sliced,float32)");
+}
+
+TEST(Suite, BuiltInDefaults) {
+  const CaseSpec& c = only_case(parse(std::string("cases:\n  - name: a\n    ") + kPair +
+                                      "\n    shape: {B: 1, T: 2, D: 4, H: 1}\n"));
+  EXPECT_EQ(c.dtype, DType::float64);
+  EXPECT_FALSE(c.causal);
+  EXPECT_DOUBLE_EQ(c.tolerance.atol, 1e-8);
+  EXPECT_DOUBLE_EQ(c.tolerance.rtol, 1e-6);
+  EXPECT_DOUBLE_EQ(c.timeout_s, 60);
+  EXPECT_EQ(c.seed, 0u);
+  EXPECT_EQ(c.check, tensor_names(Level::mha));
+  EXPECT_FALSE(c.check_strict);
+  EXPECT_EQ(c.layout, InputLayout::contiguous);
+}
+
+TEST(Suite, Float32HasItsOwnDefaultTolerance) {
+  const CaseSpec& c = only_case(parse(std::string("cases:\n  - name: a\n    ") + kPair +
+                                      "\n    dtype: float32\n    shape: {B: 1, T: 2, D: 4, H: 1}\n"));
+  EXPECT_DOUBLE_EQ(c.tolerance.atol, 1e-5);
+  EXPECT_DOUBLE_EQ(c.tolerance.rtol, 1e-4);
+}
+
+TEST(Suite, DefaultsApplyAndCasesOverrideThem) {
+  const Suite s = parse(R"(
+defaults:
+  causal: true
+  seed: 3
+  shape: {D: 8, H: 2}
+  tolerance: {dwq: {atol: 0.1}}
+cases:
+  - name: inherits
+    compare: [per_head, batched]
+    shape: {B: 1, T: 2}
+  - name: overrides
+    compare: [per_head, batched]
+    causal: false
+    seed: 4
+    shape: {B: 1, T: 2, H: 4}
+    tolerance: {dwk: {rtol: 0.2}}
+  - name: inherits-again
+    compare: [per_head, batched]
+    shape: {B: 1, T: 2}
+)");
+  ASSERT_EQ(s.cases.size(), 3u);
+  const CaseSpec &a = s.cases[0], &b = s.cases[1], &c = s.cases[2];
+  EXPECT_TRUE(a.causal);
+  EXPECT_EQ(a.seed, 3u);
+  EXPECT_EQ(a.dims.D, 8);  // shape merges dim by dim
+  EXPECT_EQ(a.dims.H, 2);
+  EXPECT_DOUBLE_EQ(a.tolerance_for("dwq").atol, 0.1);
+  EXPECT_FALSE(b.causal);
+  EXPECT_EQ(b.seed, 4u);
+  EXPECT_EQ(b.dims.H, 4);
+  EXPECT_EQ(b.dims.D, 8);
+  EXPECT_DOUBLE_EQ(b.tolerance_for("dwq").atol, 0.1);  // tolerance merges tensor by tensor
+  EXPECT_DOUBLE_EQ(b.tolerance_for("dwk").rtol, 0.2);
+  // A case that overrides a default must not change what later cases inherit
+  // (yaml-cpp's nodes are shared handles: a regression of that once did).
+  EXPECT_TRUE(c.causal);
+  EXPECT_EQ(c.seed, 3u);
+  EXPECT_EQ(c.dims.H, 2);
+  EXPECT_EQ(c.key_source.at("causal").str(), "t.yaml:3:11");  // from the defaults
+  EXPECT_EQ(b.key_source.at("causal").str(), "t.yaml:13:13");
+}
+
+TEST(Suite, SweepExpandsAsACartesianProduct) {
+  const Suite s = parse(R"(
+cases:
+  - name: layouts
+    compare: [batched, per_head]
+    shape: {B: 9, D: 24}
+    sweep: {B: [1, 2], T: [1, 5, 17], H: [1, 2, 4], D: [24]}
+)");
+  ASSERT_EQ(s.cases.size(), 18u);
+  EXPECT_EQ(s.cases[0].name, "layouts[B=1,T=1,H=1]");  // D has one value: not in the name
+  EXPECT_EQ(s.cases[1].name, "layouts[B=1,T=1,H=2]");  // the last dim varies fastest
+  EXPECT_EQ(s.cases[17].name, "layouts[B=2,T=17,H=4]");
+  EXPECT_EQ(s.cases[17].dims.B, 2);  // the sweep wins over the shape
+  EXPECT_EQ(s.cases[17].dims.T, 17);
+  EXPECT_EQ(s.cases[17].dims.H, 4);
+  EXPECT_EQ(s.cases[17].dims.D, 24);
+  EXPECT_EQ(s.cases[17].base_name, "layouts");
+  ASSERT_EQ(s.cases[5].sweep_point.size(), 4u);
+  EXPECT_EQ(s.cases[5].sweep_point[1], (std::pair<std::string, std::int64_t>{"T", 5}));
+}
+
+TEST(Suite, CoreLevelCase) {
+  const CaseSpec& c = only_case(parse(R"(
+defaults:
+  check: [out, dx, dwq, dwk, dwv, dwo]
+cases:
+  - name: core
+    level: core
+    compare: [per_head, batched]
+    mask: causal
+    shape: {B: 2, H: 3, Tq: 5, Tk: 7, d: 4}
+)"));
+  EXPECT_EQ(c.level, Level::core);
+  EXPECT_TRUE(c.causal);
+  EXPECT_TRUE(c.mask_file.empty());
+  EXPECT_EQ(c.dims.Tq, 5);
+  EXPECT_EQ(c.dims.Tk, 7);
+  EXPECT_EQ(c.dims.d, 4);
+  // a defaults list written for the mha level does not narrow the core checks
+  EXPECT_EQ(c.check, tensor_names(Level::core));
+  EXPECT_EQ(describe_case(c), "CORE(B=2,H=3,Tq=5,Tk=7,d=4,causal)");
+}
+
+TEST(Suite, PathsResolveAgainstTheSuitesFolder) {
+  const Suite s = parse_suite(R"(
+cases:
+  - name: ref
+    compare: [per_head]
+    reference: refs/case1
+    shape: {H: 2}
+  - name: masked
+    level: core
+    compare: [per_head, batched]
+    mask: masks/m.npy
+    shape: {B: 1, H: 1, Tq: 2, Tk: 2, d: 2}
+)",
+                              "configs/sub/s.yaml");
+  EXPECT_EQ(s.cases[0].reference, std::filesystem::path("configs/sub/refs/case1"));
+  EXPECT_EQ(s.cases[0].reference_text, "refs/case1");
+  EXPECT_TRUE(s.cases[0].is_reference());
+  EXPECT_EQ(s.cases[1].mask_file, std::filesystem::path("configs/sub/masks/m.npy"));
+}
+
+// ---- errors: each names FILE:LINE:COL and what was expected ----
+
+TEST(SuiteErrors, MalformedYaml) {
+  const std::string e = error_of("cases:\n  - name: a\n    compare: [per_head, batched\n    shape: {B: 1}\n");
+  EXPECT_EQ(e.rfind("t.yaml:4:10: malformed YAML", 0), 0u) << e;
+}
+
+TEST(SuiteErrors, EmptyFileAndNoCases) {
+  EXPECT_EQ(error_of(""), "t.yaml:1:1: the suite is empty; it needs at least 'cases:'");
+  EXPECT_EQ(error_of("suite: x\n"), "t.yaml:1:1: the suite has no 'cases:' list");
+  EXPECT_EQ(error_of("cases: []\n").rfind("t.yaml:1:8: 'cases' must be a non-empty list", 0), 0u);
+}
+
+TEST(SuiteErrors, UnknownKeysSuggestTheClosest) {
+  EXPECT_EQ(error_of("cases:\n  - name: a\n    compare: [per_head, batched]\n    dtyp: float64\n"),
+            "t.yaml:4:5: case 'a': unknown key 'dtyp' in the case (did you mean 'dtype'?)");
+  EXPECT_EQ(error_of("case:\n  - name: a\n"), "t.yaml:1:1: unknown key 'case' in the suite (did you mean 'cases'?)");
+  EXPECT_EQ(error_of("defaults:\n  tolerence: {}\ncases: []\n"),
+            "t.yaml:2:3: unknown key 'tolerence' in 'defaults' (did you mean 'tolerance'?)");
+  EXPECT_EQ(error_of(std::string("cases:\n  - name: a\n    ") + kPair + "\n    expect: {fial: true}\n"),
+            "t.yaml:4:14: case 'a': unknown key 'fial' in 'expect' (did you mean 'fail'?)");
+  // nothing close: the valid keys are listed
+  const std::string e = error_of("cases:\n  - name: a\n    zzzzzz: 1\n");
+  EXPECT_NE(e.find("unknown key 'zzzzzz'"), std::string::npos) << e;
+  EXPECT_NE(e.find("valid keys: name, description, compare"), std::string::npos) << e;
+}
+
+TEST(SuiteErrors, UnknownOrMisplacedDims) {
+  EXPECT_EQ(error_of(std::string("cases:\n  - name: a\n    ") + kPair + "\n    shape: {B: 1, Tt: 2, D: 4, H: 1}\n"),
+            "t.yaml:4:19: case 'a': unknown dim 'Tt' in 'shape' (did you mean 'T'?)");
+  EXPECT_EQ(error_of(std::string("cases:\n  - name: a\n    ") + kPair + "\n    shape: {B: 1, Tq: 2}\n"),
+            "t.yaml:4:19: case 'a': 'Tq' is a core-level dim; this case is level mha, whose dims are B, T, D, H");
+}
+
+TEST(SuiteErrors, WrongTypedValues) {
+  const std::string head = std::string("cases:\n  - name: a\n    ") + kPair + "\n    ";
+  EXPECT_EQ(error_of(head + "shape: {B: two, T: 3, D: 8, H: 2}\n"),
+            "t.yaml:4:16: case 'a': 'B' must be an integer, got 'two'");
+  EXPECT_EQ(error_of(head + "shape: {B: 0, T: 3, D: 8, H: 2}\n"),
+            "t.yaml:4:16: case 'a': 'B' must be a positive integer, got 0");
+  EXPECT_EQ(error_of(head + "causal: maybe\n"), "t.yaml:4:13: case 'a': 'causal' must be true or false, got 'maybe'");
+  EXPECT_EQ(error_of(head + "atol: small\n"), "t.yaml:4:11: case 'a': 'atol' must be a finite number, got 'small'");
+  EXPECT_EQ(error_of(head + "rtol: -1\n"), "t.yaml:4:11: case 'a': 'rtol' must be >= 0");
+  EXPECT_EQ(error_of(head + "seed: [1]\n"), "t.yaml:4:11: case 'a': 'seed' must be an integer, got a list");
+  EXPECT_EQ(error_of(head + "dtype:\n"), "t.yaml:4:5: case 'a': 'dtype' has no value");
+  EXPECT_EQ(error_of(head + "dtype: float63\n"),
+            "t.yaml:4:12: case 'a': 'dtype' must be float64 | float32, got 'float63' (did you mean 'float64'?)");
+  EXPECT_EQ(error_of(head + "input_layout: transposd\n"),
+            "t.yaml:4:19: case 'a': 'input_layout' must be contiguous | transposed | sliced, got 'transposd' "
+            "(did you mean 'transposed'?)");
+  EXPECT_EQ(error_of(head + "timeout: 0\n"), "t.yaml:4:14: case 'a': 'timeout' must be > 0 seconds");
+  EXPECT_EQ(error_of("cases:\n  - name: a\n    compare: per_head\n"),
+            "t.yaml:3:14: case 'a': 'compare' must be a list like [a, b], got 'per_head'");
+}
+
+TEST(SuiteErrors, MissingValues) {
+  EXPECT_EQ(error_of("cases:\n  - name: a\n    shape: {B: 1, T: 2, D: 4, H: 1}\n"),
+            "t.yaml:2:5: case 'a': no 'compare' list (one plugin with 'reference', or two plugins)");
+  EXPECT_EQ(error_of(std::string("cases:\n  - ") + kPair + "\n"), "t.yaml:2:5: case #1 has no 'name'");
+  EXPECT_EQ(error_of(std::string("cases:\n  - name: a\n    ") + kPair + "\n    shape: {B: 1, D: 4}\n"),
+            "t.yaml:4:16: case 'a': missing shape dims T, H (mha level needs B, T, D, H in 'shape' or 'sweep')");
+  EXPECT_EQ(error_of("cases:\n  - name: a\n    compare: [per_head]\n    reference: r\n"),
+            "t.yaml:2:5: case 'a': a reference case at mha level needs the head count: shape: {H: ..} (B, T and D "
+            "come from the files)");
+}
+
+TEST(SuiteErrors, DNotDivisibleByH) {
+  EXPECT_EQ(error_of(std::string("cases:\n  - name: a\n    ") + kPair + "\n    shape: {B: 1, T: 2, D: 10, H: 4}\n"),
+            "t.yaml:4:16: case 'a': D=10 is not divisible by H=4 (each head takes d = D / H channels)");
+  // in a sweep, the point is named
+  EXPECT_EQ(error_of(std::string("cases:\n  - name: s\n    ") + kPair +
+                     "\n    shape: {B: 1, T: 2, D: 12}\n    sweep: {H: [3, 5]}\n"),
+            "t.yaml:5:16: case 's[H=5]': D=12 is not divisible by H=5 (each head takes d = D / H channels)");
+}
+
+TEST(SuiteErrors, DropoutIsRejectedWithTheReason) {
+  const std::string e = error_of("defaults:\n  dropout_p: 0.1\ncases:\n  - name: a\n    compare: [per_head, batched]\n");
+  EXPECT_EQ(e.rfind("t.yaml:2:14: case 'a': dropout_p must be 0 in a comparison, got 0.1", 0), 0u) << e;
+  EXPECT_NE(e.find("the two sides draw different masks"), std::string::npos) << e;
+  EXPECT_NE(e.find("eval() does not turn it off in a functional call"), std::string::npos) << e;
+}
+
+TEST(SuiteErrors, ComparePluginsOrAReference) {
+  EXPECT_EQ(error_of("cases:\n  - name: a\n    compare: [per_head]\n    shape: {B: 1, T: 2, D: 4, H: 1}\n"),
+            "t.yaml:3:14: case 'a': 'compare' needs two plugins, or one plugin and a 'reference' directory; got 1 name");
+  EXPECT_EQ(error_of("cases:\n  - name: a\n    compare: [per_head, batched]\n    reference: r\n"),
+            "t.yaml:3:14: case 'a': a case with 'reference' compares exactly one plugin against it, got 2 names");
+  EXPECT_EQ(error_of("cases:\n  - name: a\n    compare: [a, b, c]\n"),
+            "t.yaml:3:14: case 'a': 'compare' needs two plugins, or one plugin and a 'reference' directory; got 3 names");
+  EXPECT_EQ(error_of("cases:\n  - name: a\n    compare: [per_head]\n    reference: r\n    shape: {H: 1}\n"
+                     "    sweep: {H: [1, 2]}\n"),
+            "t.yaml:6:12: case 'a': a reference case cannot sweep: its shapes come from the reference files");
+}
+
+TEST(SuiteErrors, DuplicatesAndMasks) {
+  EXPECT_EQ(error_of("cases:\n  - name: a\n    name: b\n"), "t.yaml:3:5: case 'a': duplicate key 'name' in the case");
+  EXPECT_EQ(error_of(std::string("cases:\n  - name: a\n    ") + kPair + "\n    shape: {B: 1, T: 2, D: 4, H: 1}\n" +
+                     "  - name: a\n    " + kPair + "\n    shape: {B: 1, T: 2, D: 4, H: 1}\n"),
+            "t.yaml:5:5: two cases are named 'a'; names must be unique");
+  EXPECT_EQ(error_of(std::string("cases:\n  - name: a\n    ") + kPair + "\n    mask: m.npy\n"),
+            "t.yaml:4:11: case 'a': a mask file needs 'level: core' (at mha level the only masks are none and "
+            "causal; use causal: true)");
+  EXPECT_EQ(error_of(std::string("cases:\n  - name: a\n    ") + kPair + "\n    causal: false\n    mask: causal\n"),
+            "t.yaml:5:11: case 'a': 'mask: causal' contradicts 'causal: false'");
+}
+
+TEST(SuiteErrors, CheckNamesFitTheLevel) {
+  EXPECT_EQ(error_of("cases:\n  - name: a\n    level: core\n    compare: [per_head, batched]\n    check: [out, dx]\n"),
+            "t.yaml:5:12: case 'a': 'dx' is not a core-level tensor (out, dq, dk, dv); did you mean 'dq'?");
+  EXPECT_EQ(error_of(std::string("cases:\n  - name: a\n    ") + kPair + "\n    check: [out, dwz]\n"),
+            "t.yaml:4:12: case 'a': 'dwz' is not a mha-level tensor (out, dx, dwq, dwk, dwv, dwo); did you mean 'dwq'?");
+}
+
+// ---- capabilities (a plugin's declared Capabilities against a case) ----
+
+TEST(SuiteCapabilities, NamesWhatIsMissing) {
+  const Suite s = parse(R"(
+cases:
+  - name: core-cross
+    level: core
+    compare: [a, b]
+    causal: true
+    dtype: float32
+    shape: {B: 1, H: 1, Tq: 2, Tk: 3, d: 2}
+)");
+  Capabilities caps;  // mha only by default; causal, float32, float64 on
+  caps.causal = false;
+  caps.float32 = false;
+  const auto missing = missing_capabilities(s.cases[0], caps);
+  std::vector<std::string> names;
+  for (const auto& [cap, why] : missing) names.push_back(cap);
+  EXPECT_EQ(names, (std::vector<std::string>{"core", "causal", "Tq!=Tk", "float32"}));
+  EXPECT_EQ(missing[2].second, "Tq=2, Tk=3");
+  caps.core = caps.causal = caps.cross_lengths = caps.float32 = true;
+  EXPECT_TRUE(missing_capabilities(s.cases[0], caps).empty());
+}
+
+TEST(SuiteHelpers, ClosestMatch) {
+  const std::vector<std::string> keys = {"dtype", "causal", "input_layout", "tolerance"};
+  EXPECT_EQ(closest_match("dtyp", keys), "dtype");
+  EXPECT_EQ(closest_match("Causal", keys), "causal");  // case-insensitive
+  EXPECT_EQ(closest_match("input_layot", keys), "input_layout");
+  EXPECT_EQ(closest_match("tolerence", keys), "tolerance");
+  EXPECT_EQ(closest_match("banana", keys), "");
+}
+
+TEST(SuiteFiles, TheDefaultSuiteParses) {
+  const Suite s = parse_suite(
+      [] {
+        std::ifstream in(std::string(HEADGRAD_SOURCE_ROOT) + "/configs/default.yaml");
+        return std::string(std::istreambuf_iterator<char>(in), {});
+      }(),
+      "configs/default.yaml");
+  EXPECT_EQ(s.name, "default");
+  EXPECT_GT(s.cases.size(), 20u);
+}
+
+}  // namespace

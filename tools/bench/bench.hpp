@@ -1,0 +1,88 @@
+// headgrad bench: how fast each attention plugin runs, forward and
+// forward + backward, beside a plain GEMM timed in the same run.
+//
+//   headgrad bench configs/bench.yaml --json bench.json
+//   headgrad bench --plugin batched --plugin fused_sdpa --shape 1,4096,256,4 --threads 1
+//
+// For each plugin x shape x dtype x thread count: warm-up runs, then `repeats`
+// timed runs of the forward alone and of forward + backward (loss =
+// sum(out * R), R seeded), reported as median and minimum; GFLOP/s from the
+// stated FLOP count; the engine's peak extra memory (memory_stats()); and each
+// GFLOP/s figure as a fraction of a 2048^3 sgemm/dgemm timed with the same
+// dtype and threads.
+//
+// FLOP counts (mha level, causal or not; a multiply-add is 2 FLOPs):
+//   projections 4 x 2*B*T*D^2; core dense 2 x 2*B*T^2*D (scores and P V);
+//   core causal-useful 2 x 2*B*D*T(T+1)/2 (only the keys j <= i);
+//   backward = 2 x forward, forward + backward = 3 x forward.
+// Core level counts the core alone. GFLOP/s figures use the dense count
+// unless named *_causal.
+//
+// Shape legend: B batch, T sequence, D model width, H heads, d = D / H.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <headgrad/tensor.hpp>
+#include <nlohmann/json.hpp>
+
+namespace CLI {
+class App;
+}
+
+namespace headgrad::bench {
+
+// Bad YAML, bad flag value (exit 2).
+class BenchConfigError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+struct BenchShape {
+  std::int64_t B = 0, T = 0, D = 0, H = 0;
+  std::string str() const;  // "(4,512,512,8)"
+};
+
+struct BenchConfig {
+  std::vector<std::string> plugins;
+  std::vector<BenchShape> shapes;
+  std::vector<DType> dtypes{DType::float32};
+  std::vector<int> threads{1};
+  std::string level = "mha";  // mha | core
+  bool causal = true;
+  int repeats = 5;
+  int warmup = 2;
+  std::int64_t gemm_size = 2048;
+  std::uint64_t seed = 0;
+  std::vector<std::filesystem::path> plugin_paths;
+};
+
+// Reads configs/bench.yaml-style files; throws BenchConfigError naming the key.
+BenchConfig load_bench_config(const std::filesystem::path& file);
+// "B,T,D,H" (also "(B,T,D,H)"); throws BenchConfigError.
+BenchShape parse_shape(const std::string& text);
+
+struct Flops {
+  double fwd_dense = 0, fwd_causal = 0;  // backward = 2x, forward + backward = 3x
+};
+Flops count_flops(const BenchShape& s, const std::string& level);
+
+// Runs the whole configuration. Progress goes to `log` (stderr in the
+// command); plugins that cannot be found make it throw PluginMissing.
+class PluginMissing : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+nlohmann::json run_bench(const BenchConfig& config, std::ostream* log);
+
+// The aligned table of a run_bench result.
+void print_table(std::ostream& out, const nlohmann::json& result);
+
+// Registers `bench` on app; when it runs, exit_code is set (0 ok, 2 bad usage
+// or config, 3 a plugin missing or failing).
+void add_bench_command(CLI::App& app, int& exit_code);
+
+}  // namespace headgrad::bench

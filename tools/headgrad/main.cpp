@@ -1,0 +1,419 @@
+// headgrad: the command-line program.
+//
+//   headgrad run SUITE.yaml [--plugin-path DIR]... [--filter GLOB] [--json FILE]
+//                [--junit FILE] [--html FILE] [--timeout SEC] [--no-isolation] [-v | -q]
+//   headgrad plugins [--plugin-path DIR]... [--all] [--json]
+//   headgrad export SUITE.yaml --case NAME [--plugin NAME] --out DIR
+//
+// Exit codes (DESIGN.md): 0 every case as expected; 1 a comparison failed;
+// 2 bad usage, config or input file; 3 a plugin could not be loaded or crashed.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <headgrad/log.hpp>
+#include <headgrad/npy.hpp>
+#include <nlohmann/json.hpp>
+
+#include "runner/report.hpp"
+#include "runner/run.hpp"
+#include "runner/suite.hpp"
+
+#ifndef HEADGRAD_VERSION
+#define HEADGRAD_VERSION "unknown"
+#endif
+
+namespace fs = std::filesystem;
+using namespace headgrad;
+using namespace headgrad::runner;
+
+namespace {
+
+constexpr int kExitOk = 0, kExitFailed = 1, kExitUsage = 2, kExitPlugin = 3;
+
+struct CommonArgs {
+  std::vector<std::string> plugin_paths;
+  int verbose = 0;
+  bool quiet = false;
+};
+
+struct RunArgs : CommonArgs {
+  std::string suite, filter, json, junit, html;
+  std::optional<double> timeout;
+  bool no_isolation = false;
+};
+
+struct PluginsArgs : CommonArgs {
+  bool all = false, json = false;
+};
+
+struct ExportArgs : CommonArgs {
+  std::string suite, case_name, plugin, out;
+  std::optional<double> timeout;
+  bool no_isolation = false;
+};
+
+void add_common(CLI::App* cmd, CommonArgs& a, bool with_quiet = true) {
+  cmd->add_option("--plugin-path", a.plugin_paths,
+                  "a folder (searched recursively) or a plugin file; repeatable. Searched before "
+                  "HEADGRAD_PLUGIN_PATH (colon-separated) and the built or installed plugin folder")
+      ->type_name("DIR")
+      ->allow_extra_args(false);
+  CLI::Option* v = cmd->add_flag("-v,--verbose", a.verbose, "more detail (every tensor's figures); -vv: debug logs");
+  if (with_quiet) {
+    CLI::Option* q = cmd->add_flag("-q,--quiet", a.quiet, "only what did not go as expected, and the summary");
+    v->excludes(q);
+  }
+}
+
+// -v, -q and HEADGRAD_LOG_LEVEL (read by the core when a logger is first used)
+void apply_verbosity(const CommonArgs& a) {
+  if (a.quiet) logging::set_level(spdlog::level::err);
+  else if (a.verbose >= 2) logging::set_level(spdlog::level::debug);
+  else if (a.verbose == 1) logging::set_level(spdlog::level::info);
+  else logging::core();  // the environment's level, or warn
+}
+
+std::vector<fs::path> search_path(const CommonArgs& a) {
+  std::vector<fs::path> dirs(a.plugin_paths.begin(), a.plugin_paths.end());
+  return plugin_search_path(dirs);
+}
+
+bool stdout_colors() {
+  const char* term = std::getenv("TERM");
+  return ::isatty(STDOUT_FILENO) && !std::getenv("NO_COLOR") && !(term && std::string(term) == "dumb");
+}
+
+void error(const std::string& message) { std::cerr << "headgrad: error: " << message << "\n"; }
+
+// "[3/30] name" on stderr, on a terminal, once the suite has taken a moment.
+class Progress {
+ public:
+  explicit Progress(bool enabled) : enabled_(enabled), start_(std::chrono::steady_clock::now()) {}
+  void start(std::size_t index, std::size_t total, const std::string& name) {
+    line_ = "[" + std::to_string(index + 1) + "/" + std::to_string(total) + "] " + name;
+    tick();
+  }
+  // Shows the current case once the suite has run for a moment.
+  void tick() {
+    if (!enabled_ || shown_ || line_.empty()) return;
+    if (std::chrono::steady_clock::now() - start_ < std::chrono::milliseconds(500)) return;
+    std::cerr << "\r\033[K" << line_ << std::flush;
+    shown_ = true;
+  }
+  void clear() {
+    if (!shown_) return;
+    std::cerr << "\r\033[K" << std::flush;
+    shown_ = false;
+  }
+
+ private:
+  bool enabled_;
+  bool shown_ = false;
+  std::string line_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+// Plugins that the cases name but that did not load: said once, up front.
+void report_missing_plugins(const std::vector<const CaseSpec*>& cases, const PluginRegistry& registry) {
+  std::set<std::string> missing;
+  for (const CaseSpec* c : cases)
+    for (const auto& name : c->compare)
+      if (!registry.find(name)) missing.insert(name);
+  for (const auto& name : missing)
+    std::cerr << "headgrad: " << not_loaded_cause(name, registry) << "; the cases that use it fail (exit code 3)\n";
+}
+
+int cmd_run(const RunArgs& a) {
+  apply_verbosity(a);
+  const Suite suite = load_suite(a.suite);
+  const std::vector<const CaseSpec*> selected = select_cases(suite, a.filter);
+  if (selected.empty()) {
+    std::string names;
+    for (const auto& c : suite.cases) names += (names.empty() ? "" : ", ") + c.name;
+    error("no case of " + a.suite + " matches --filter '" + a.filter + "' (cases: " + names + ")");
+    return kExitUsage;
+  }
+  PluginRegistry registry;
+  registry.load_directories(search_path(a));
+  report_missing_plugins(selected, registry);
+  check_capabilities(selected, registry);
+  if (a.no_isolation && a.timeout)
+    logging::runner()->warn("--timeout has no effect with --no-isolation (plugins run in this process)");
+
+  const TerminalStyle style = terminal_style(selected, stdout_colors(), a.quiet, a.verbose > 0);
+  print_header(std::cout, suite, selected.size(), registry, style);
+  Progress progress(::isatty(STDERR_FILENO) && !a.quiet);
+  RunOptions options;
+  options.isolate = !a.no_isolation;
+  options.timeout_s = a.timeout;
+  options.filter = a.filter;
+  options.on_case_start = [&](std::size_t i, std::size_t n, const CaseSpec& c) { progress.start(i, n, c.name); };
+  options.on_wait = [&] { progress.tick(); };
+  options.on_case_done = [&](const CaseResult& r) {
+    progress.clear();
+    print_case(std::cout, r, style);
+    std::cout.flush();
+  };
+  const SuiteResult result = run_suite(suite, registry, options);
+  progress.clear();
+  print_summary(std::cout, result, style);
+
+  try {
+    if (!a.json.empty())
+      write_report(a.json, json_report(result).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+    if (!a.junit.empty()) write_report(a.junit, junit_report(result));
+    if (!a.html.empty()) write_report(a.html, html_report(result));
+  } catch (const std::exception& e) {
+    error(e.what());
+    return kExitUsage;
+  }
+  return result.exit_code();
+}
+
+int cmd_plugins(const PluginsArgs& a) {
+  apply_verbosity(a);
+  const std::vector<fs::path> dirs = search_path(a);
+  PluginRegistry registry;
+  registry.load_directories(dirs);
+  std::vector<const LoadedPlugin*> shown;
+  std::size_t hidden = 0;
+  for (const auto& p : registry.plugins()) {
+    if (p.info.mutant && !a.all) ++hidden;
+    else shown.push_back(&p);
+  }
+  const int code = registry.rejections().empty() ? kExitOk : kExitPlugin;
+
+  if (a.json) {
+    nlohmann::json j = {{"plugins", nlohmann::json::array()}, {"rejected", nlohmann::json::array()},
+                        {"search_path", nlohmann::json::array()}, {"abi_version", plugin_abi_version}};
+    for (const LoadedPlugin* p : shown) {
+      const Capabilities& c = p->info.capabilities;
+      j["plugins"].push_back({{"name", p->info.name},
+                              {"version", p->info.version},
+                              {"abi", p->abi_version},
+                              {"description", p->info.description},
+                              {"capabilities", capabilities_str(c)},
+                              {"mutant", p->info.mutant},
+                              {"file", p->file.string()}});
+    }
+    for (const auto& r : registry.rejections())
+      j["rejected"].push_back({{"file", r.file.string()}, {"reason", r.reason}});
+    for (const auto& d : dirs) j["search_path"].push_back(d.string());
+    std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    return code;
+  }
+
+  std::vector<std::vector<std::string>> rows = {{"NAME", "VERSION", "ABI", "CAPABILITIES", "FILE"}};
+  for (const LoadedPlugin* p : shown)
+    rows.push_back({p->info.name + (p->info.mutant ? " (mutant)" : ""), p->info.version,
+                    std::to_string(p->abi_version), capabilities_str(p->info.capabilities), p->file.string()});
+  std::vector<std::size_t> width(rows[0].size(), 0);
+  for (const auto& row : rows)
+    for (std::size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
+  for (const auto& row : rows) {
+    std::string line;
+    for (std::size_t i = 0; i < row.size(); ++i)
+      line += i + 1 < row.size() ? row[i] + std::string(width[i] - row[i].size() + 2, ' ') : row[i];
+    std::cout << line << "\n";
+  }
+  if (shown.empty()) std::cout << "(no plugins)\n";
+  for (const auto& r : registry.rejections())
+    std::cout << "rejected  " << r.file.string() << ": " << r.reason << "\n";
+  if (hidden) std::cout << "(" << hidden << " mutant plugin" << (hidden > 1 ? "s" : "") << " hidden; --all lists them)\n";
+  std::string searched;
+  for (const auto& d : dirs) searched += (searched.empty() ? "" : ", ") + d.string();
+  std::cout << "searched: " << searched << "\n";
+  return code;
+}
+
+// A YAML double-quoted string.
+std::string yaml_quoted(const std::string& s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+// suite.yaml beside the exported files: a suite that checks the plugin against them.
+std::string exported_suite(const CaseSpec& c, const LoadedPlugin& p, const std::string& suite_file) {
+  std::ostringstream y;
+  y.precision(17);
+  y << "# Written by headgrad export: plugin " << p.info.name << " " << p.info.version << ", case '" << c.name
+    << "' of " << suite_file << ".\n"
+    << "# Run it with: headgrad run <this folder>/suite.yaml\n"
+    << "suite: exported\ncases:\n"
+    << "  - name: " << yaml_quoted(c.name + " vs " + p.info.name) << "\n"
+    << "    compare: [" << p.info.name << "]\n"
+    << "    reference: .\n"
+    << "    level: " << level_name(c.level) << "\n"
+    << "    causal: " << (c.causal ? "true" : "false") << "\n";
+  if (c.level == Level::mha) y << "    shape: {H: " << c.dims.H << "}\n";
+  if (c.scale) y << "    scale: " << *c.scale << "\n";
+  y << "    atol: " << c.tolerance.atol << "\n    rtol: " << c.tolerance.rtol << "\n";
+  return y.str();
+}
+
+int cmd_export(const ExportArgs& a) {
+  apply_verbosity(a);
+  const Suite suite = load_suite(a.suite);
+  const CaseSpec* found = nullptr;
+  std::vector<std::string> names;
+  for (const auto& c : suite.cases) {
+    names.push_back(c.name);
+    if (c.name == a.case_name) found = &c;
+  }
+  if (!found) {
+    const std::string near = closest_match(a.case_name, names);
+    std::string all;
+    for (const auto& n : names) all += (all.empty() ? "" : ", ") + n;
+    error("no case named '" + a.case_name + "' in " + a.suite +
+          (near.empty() ? " (cases: " + all + ")" : " (did you mean '" + near + "'?)"));
+    return kExitUsage;
+  }
+  CaseSpec c = *found;
+  const std::string plugin_name = a.plugin.empty() ? c.compare.at(0) : a.plugin;
+  c.compare = {plugin_name};
+  if (!c.is_reference()) c.compare.push_back(plugin_name);  // keeps the spec well-formed
+
+  PluginRegistry registry;
+  registry.load_directories(search_path(a));
+  const LoadedPlugin* plugin = registry.find(plugin_name);
+  if (!plugin) {
+    report_missing_plugins({&c}, registry);
+    return kExitPlugin;
+  }
+  check_capabilities({&c}, registry);
+
+  check_case_files(c);
+  const CaseInputs inputs = make_inputs(c);
+  ExecOptions exec;
+  exec.isolate = !a.no_isolation;
+  exec.timeout_s = a.timeout.value_or(c.timeout_s);
+  const SideResult side = run_side(c, inputs, *plugin, exec);
+  if (side.status != SideStatus::ok && side.status != SideStatus::non_finite) {
+    error(side.cause);
+    return is_plugin_error(side.status) ? kExitPlugin : kExitFailed;
+  }
+
+  std::error_code ec;
+  fs::create_directories(a.out, ec);
+  if (ec) {
+    error("cannot create " + a.out + ": " + ec.message());
+    return kExitUsage;
+  }
+  std::vector<std::string> written;
+  try {
+    for (const TensorSet& set : {input_tensors(inputs), side.tensors})
+      for (const auto& [name, t] : set) {
+        if (!t.defined()) continue;
+        write_npy(fs::path(a.out) / (name + ".npy"), t);
+        written.push_back(name + ".npy");
+      }
+    write_report(fs::path(a.out) / "suite.yaml", exported_suite(c, *plugin, a.suite));
+  } catch (const std::exception& e) {
+    error(e.what());
+    return kExitUsage;
+  }
+  std::string files;
+  for (const auto& w : written) files += " " + w;
+  if (!a.quiet)
+    std::cout << "wrote " << a.out << ":" << files << " suite.yaml\n"
+              << "(" << plugin_name << " on " << describe_case(c) << "; check it with: headgrad run " << a.out
+              << "/suite.yaml)\n";
+  if (side.status == SideStatus::non_finite) {
+    error(side.cause);
+    return kExitFailed;
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"headgrad: cross-check attention implementations (plugins) on identical weights, for the output "
+               "and the gradients of X, Wq, Wk, Wv, Wo.",
+               "headgrad"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", HEADGRAD_VERSION);
+  app.footer(
+      "Exit codes: 0 every case as expected; 1 a comparison failed; 2 bad usage, config or input file;\n"
+      "3 a plugin could not be loaded or crashed.\n"
+      "Environment: HEADGRAD_PLUGIN_PATH (plugin folders, colon-separated), HEADGRAD_LOG_LEVEL (trace, debug,\n"
+      "info, warn, error, off), NO_COLOR.");
+
+  RunArgs run_args;
+  CLI::App* run = app.add_subcommand("run", "Run a YAML suite: each case compares two plugins, or one plugin "
+                                            "against a reference directory, on the output and every gradient.");
+  run->add_option("suite", run_args.suite, "the suite (YAML)")->required()->check(CLI::ExistingFile)->type_name("SUITE.yaml");
+  add_common(run, run_args);
+  run->add_option("--filter", run_args.filter,
+                  "only the cases whose name matches this glob (*, ?, [..]); a sweep's points also match "
+                  "by the case's own name")
+      ->type_name("GLOB");
+  run->add_option("--json", run_args.json, "write the JSON report here")->type_name("FILE");
+  run->add_option("--junit", run_args.junit, "write a JUnit XML report here (for CI)")->type_name("FILE");
+  run->add_option("--html", run_args.html, "write a self-contained HTML report here")->type_name("FILE");
+  run->add_option("--timeout", run_args.timeout,
+                  "time limit in seconds for each plugin run; overrides every case's 'timeout' (default 60)")
+      ->type_name("SEC")
+      ->check(CLI::PositiveNumber);
+  run->add_flag("--no-isolation", run_args.no_isolation,
+                "run plugins in this process instead of a forked child (for a debugger); a crash or hang then "
+                "takes the runner down and --timeout has no effect");
+
+  PluginsArgs plugins_args;
+  CLI::App* plugins = app.add_subcommand(
+      "plugins", "List the plugins found: name, version, ABI, capabilities, file; and each rejected library with "
+                 "its reason (exit code 3 if any was rejected).");
+  add_common(plugins, plugins_args);
+  plugins->add_flag("--all", plugins_args.all, "also list mutant plugins (deliberately wrong variants)");
+  plugins->add_flag("--json", plugins_args.json, "print JSON instead of a table");
+
+  ExportArgs export_args;
+  CLI::App* exp = app.add_subcommand(
+      "export", "Run one plugin on one case and write its inputs, output and gradients as a reference directory "
+                "(.npy files: x, wq, wk, wv, wo, r, out, dx, dwq, dwk, dwv, dwo; or q, k, v, mask, r, out, dq, dk, "
+                "dv), plus a suite.yaml that checks the plugin against it.");
+  exp->add_option("suite", export_args.suite, "the suite (YAML)")->required()->check(CLI::ExistingFile)->type_name("SUITE.yaml");
+  exp->add_option("--case", export_args.case_name, "the case's name as reports show it (a sweep point: name[B=2,T=5])")
+      ->required()
+      ->type_name("NAME");
+  exp->add_option("--plugin", export_args.plugin, "the plugin to run (default: the case's first)")->type_name("NAME");
+  exp->add_option("--out", export_args.out, "the folder to write (created if missing)")->required()->type_name("DIR");
+  exp->add_option("--timeout", export_args.timeout, "time limit in seconds (default: the case's)")
+      ->type_name("SEC")
+      ->check(CLI::PositiveNumber);
+  exp->add_flag("--no-isolation", export_args.no_isolation, "run the plugin in this process");
+  add_common(exp, export_args);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? kExitOk : kExitUsage;
+  }
+
+  try {
+    if (*run) return cmd_run(run_args);
+    if (*plugins) return cmd_plugins(plugins_args);
+    if (*exp) return cmd_export(export_args);
+  } catch (const ConfigError& e) {
+    error(e.what());
+    return kExitUsage;
+  } catch (const std::exception& e) {
+    error(e.what());
+    return kExitUsage;
+  }
+  return kExitUsage;
+}

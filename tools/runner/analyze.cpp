@@ -1,0 +1,383 @@
+#include "runner/analyze.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <sstream>
+
+#include <headgrad/log.hpp>
+
+#include "catalog.hpp"
+#include "hypotheses.hpp"
+
+namespace headgrad::runner {
+
+namespace {
+
+using diagnosis::Bug;
+using diagnosis::bug_catalog;
+using diagnosis::bug_info;
+
+std::string join(const std::vector<std::string>& parts, const std::string& sep) {
+  std::string s;
+  for (const auto& p : parts) s += (s.empty() ? "" : sep) + p;
+  return s;
+}
+
+std::string fmt_g(double v) {
+  std::ostringstream o;
+  o.precision(2);
+  o << v;
+  return o.str();
+}
+
+// ---------------------------------------------------------------- localization
+
+struct Variant {
+  std::string dim;     // the dim the variant probes: "B", "T", "H"
+  std::string change;  // "B = 1"
+  CaseSpec spec;
+};
+
+std::vector<Variant> variants_of(const CaseSpec& c) {
+  std::vector<Variant> out;
+  auto add = [&](std::string dim, std::string change, auto edit) {
+    CaseSpec v = c;
+    edit(v.dims);
+    v.name = c.name + " {" + change + "}";
+    v.expect_fail = false;
+    v.expect_diagnosis.clear();
+    out.push_back({std::move(dim), std::move(change), std::move(v)});
+  };
+  const Dims& d0 = c.dims;
+  if (c.level == Level::mha) {
+    const std::int64_t d = d0.D / std::max<std::int64_t>(d0.H, 1);
+    if (d0.B > 1) add("B", "B = 1", [](Dims& d) { d.B = 1; });
+    else add("B", "B = 2", [](Dims& d) { d.B = 2; });
+    if (d0.T > 1) add("T", "T = 1", [](Dims& d) { d.T = 1; });
+    else add("T", "T = 4", [](Dims& d) { d.T = 4; });
+    if (d0.H > 1) {
+      add("H", "H = 1 (d kept, D = " + std::to_string(d) + ")", [d](Dims& x) { x.H = 1; x.D = d; });
+      add("H@D", "H = 1 (D kept, d = " + std::to_string(d0.D) + ")", [](Dims& x) { x.H = 1; });
+    } else {
+      add("H", "H = 2 (d kept, D = " + std::to_string(2 * d) + ")", [d](Dims& x) { x.H = 2; x.D = 2 * d; });
+      if (d0.D % 2 == 0)
+        add("H@D", "H = 2 (D kept, d = " + std::to_string(d0.D / 2) + ")", [](Dims& x) { x.H = 2; });
+    }
+  } else {
+    if (d0.B > 1) add("B", "B = 1", [](Dims& d) { d.B = 1; });
+    else add("B", "B = 2", [](Dims& d) { d.B = 2; });
+    if (d0.Tq > 1 || d0.Tk > 1) add("T", "Tq = Tk = 1", [](Dims& d) { d.Tq = d.Tk = 1; });
+    else add("T", "Tq = Tk = 4", [](Dims& d) { d.Tq = d.Tk = 4; });
+    if (d0.H > 1) add("H", "H = 1", [](Dims& d) { d.H = 1; });
+    else add("H", "H = 2", [](Dims& d) { d.H = 2; });
+  }
+  return out;
+}
+
+// Max |a - b| per slot of one dim of a [.., n, ..] tensor (dim < 0: from the end),
+// or per block of `block` columns along the last dim when block > 0.
+std::vector<double> slot_max(const Tensor& a, const Tensor& b, std::int64_t dim, std::int64_t block) {
+  const Tensor da = a.contiguous(), db = b.contiguous();
+  const Shape& shape = da.shape();
+  const std::int64_t nd = da.dim();
+  const std::int64_t axis = dim < 0 ? dim + nd : dim;
+  const std::int64_t n = block > 0 ? shape[axis] / block : shape[axis];
+  std::vector<double> out(static_cast<std::size_t>(std::max<std::int64_t>(n, 0)), 0.0);
+  const auto va = da.to_vector(), vb = db.to_vector();
+  std::int64_t inner = 1;
+  for (std::int64_t i = axis + 1; i < nd; ++i) inner *= shape[i];
+  for (std::size_t i = 0; i < va.size(); ++i) {
+    const std::int64_t slot = (static_cast<std::int64_t>(i) / inner) % shape[axis];
+    const double e = std::abs(va[i] - vb[i]);
+    auto& m = out[static_cast<std::size_t>(block > 0 ? slot / block : slot)];
+    if (std::isnan(e) || e > m) m = std::isnan(e) ? INFINITY : e;
+  }
+  return out;
+}
+
+ErrorSpread spread_of(const std::string& name, const Tensor& a, const Tensor& b, const CaseSpec& c) {
+  ErrorSpread s;
+  s.tensor = name;
+  double bmax = 0;
+  for (double v : b.to_vector()) bmax = std::max(bmax, std::abs(v));
+  const Tolerance tol = c.tolerance_for(name);
+  s.tolerance = tol.atol + tol.rtol * bmax;
+  if (c.level == Level::mha) {
+    const std::int64_t heads = std::max<std::int64_t>(c.dims.H, 1);
+    const std::int64_t d = a.size(-1) / heads;
+    if (name == "out" || name == "dx") {  // [B, T, D]
+      s.per_batch = slot_max(a, b, 0, 0);
+      s.per_position = slot_max(a, b, 1, 0);
+      s.per_head = slot_max(a, b, 2, d);
+    } else if (name == "dwo") {  // [D, D]: head h owns columns [h*d, (h+1)*d)
+      s.per_head = slot_max(a, b, 1, d);
+    } else {  // dwq, dwk, dwv [D, D]: head h owns rows [h*d, (h+1)*d)
+      s.per_head = slot_max(a, b, 0, a.size(0) / heads);
+    }
+  } else if (a.dim() == 4) {  // [B, H, T, d]
+    s.per_batch = slot_max(a, b, 0, 0);
+    s.per_head = slot_max(a, b, 1, 0);
+    s.per_position = slot_max(a, b, 2, 0);
+  }
+  return s;
+}
+
+// "heads 0, 1 of 2" / "all 3 heads" / "no head"
+std::string slots_str(const std::vector<double>& v, double tol, const std::string& noun) {
+  std::vector<std::string> bad;
+  for (std::size_t i = 0; i < v.size(); ++i)
+    if (!(v[i] <= tol)) bad.push_back(std::to_string(i));
+  if (bad.empty()) return "no " + noun;
+  if (bad.size() == v.size())
+    return v.size() == 1 ? "its only " + noun : "all " + std::to_string(v.size()) + " " + noun + "s";
+  return noun + (bad.size() > 1 ? "s " : " ") + join(bad, ", ") + " of " + std::to_string(v.size());
+}
+
+std::string where_str(const std::vector<ErrorSpread>& spread) {
+  std::vector<std::string> parts;
+  for (const auto& s : spread) {
+    std::vector<std::string> bits;
+    if (!s.per_head.empty()) bits.push_back(slots_str(s.per_head, s.tolerance, "head"));
+    if (!s.per_position.empty()) bits.push_back(slots_str(s.per_position, s.tolerance, "position"));
+    if (!s.per_batch.empty()) bits.push_back(slots_str(s.per_batch, s.tolerance, "batch item"));
+    parts.push_back(s.tensor + ": " + join(bits, ", "));
+  }
+  return join(parts, "; ");
+}
+
+std::string dim_words(const std::string& dim) {
+  if (dim == "B") return "the batch size";
+  if (dim == "T") return "the sequence length";
+  return "the head count";
+}
+
+}  // namespace
+
+Localization localize(const CaseResult& failed, const PluginRegistry& registry,
+                      const RunOptions& options) {
+  Localization loc;
+  const CaseSpec& c = failed.spec;
+  for (const auto& t : failed.tensors) {
+    if (t.allclose || !t.problem.empty()) continue;
+    const Tensor* a = find_tensor(failed.lhs, t.name);
+    const Tensor* b = find_tensor(failed.rhs, t.name);
+    if (a && b && a->defined() && b->defined() && a->shape() == b->shape())
+      loc.spread.push_back(spread_of(t.name, *a, *b, c));
+  }
+  loc.where = where_str(loc.spread);
+
+  if (c.is_reference()) {
+    loc.sentence = "A reference case has one shape (its files): it cannot be re-run at others.";
+    return loc;
+  }
+  loc.rows.push_back({"as failed", describe_case(c), failed.status, failed.max_abs(), ""});
+  RunOptions quiet = options;
+  quiet.keep_tensors = false;
+  quiet.on_case_start = nullptr;
+  quiet.on_case_done = nullptr;
+  std::vector<std::string> depends, independent;
+  for (auto& v : variants_of(c)) {
+    CaseResult r;
+    try {
+      r = run_case(v.spec, registry, quiet);
+    } catch (const std::exception& e) {
+      loc.rows.push_back({v.change, describe_case(v.spec), CaseStatus::error, 0, e.what()});
+      continue;
+    }
+    loc.rows.push_back({v.change, describe_case(v.spec), r.status, r.max_abs(), r.cause});
+    if (v.dim == "H@D" || r.status == CaseStatus::error) continue;
+    const bool probes_one = v.change.find("= 1") != std::string::npos;
+    const bool passes = r.status == CaseStatus::pass;
+    if (probes_one && passes) depends.push_back(v.dim);
+    else if (!passes) independent.push_back(v.dim);
+  }
+  loc.depends_on = depends;
+  loc.independent_of = independent;
+
+  std::vector<std::string> need, keep;
+  for (const auto& d : depends) need.push_back(d + " = 1");
+  for (const auto& d : independent) keep.push_back(dim_words(d));
+  if (!depends.empty()) {
+    std::vector<std::string> words;
+    for (const auto& d : depends) words.push_back(dim_words(d));
+    loc.sentence = "The failure disappears at " + join(need, " and at ") + ": it needs " +
+                   join(words, " and ") + " above 1";
+    loc.sentence += keep.empty() ? "." : "; it does not depend on " + join(keep, ", ") + ".";
+  } else if (!keep.empty()) {
+    loc.sentence = "The failure shows at every shape tried: it does not depend on " +
+                   join(keep, ", ") + ".";
+  } else {
+    loc.sentence = "The variants could not be run; see the table.";
+  }
+  return loc;
+}
+
+// ---------------------------------------------------------------- diagnosis
+
+namespace {
+
+Tensor grad_or_zeros(const Variable& v) {
+  return v.grad().defined() ? v.grad() : Tensor::zeros(v.shape(), v.dtype());
+}
+
+// The tensors a side would produce if it had exactly `bug` (none: correct).
+TensorSet hypothesis_tensors(const CaseSpec& c, const CaseInputs& in, std::optional<Bug> bug) {
+  const AttentionSpec spec = attention_spec(c, in);
+  TensorSet out;
+  if (c.level == Level::mha) {
+    Variable x(in.x, true);
+    MhaWeights w{Variable(in.wq, true), Variable(in.wk, true), Variable(in.wv, true),
+                 Variable(in.wo, true)};
+    Variable y = diagnosis::hypothesis_mha(x, w, spec, bug);
+    sum(mul(y, Variable(in.r))).backward();
+    out = {{"out", y.data()},          {"dx", grad_or_zeros(x)},    {"dwq", grad_or_zeros(w.wq)},
+           {"dwk", grad_or_zeros(w.wk)}, {"dwv", grad_or_zeros(w.wv)}, {"dwo", grad_or_zeros(w.wo)}};
+  } else {
+    Variable q(in.q, true), k(in.k, true), v(in.v, true);
+    Variable y = diagnosis::hypothesis_core(q, k, v, spec, bug);
+    sum(mul(y, Variable(in.r))).backward();
+    out = {{"out", y.data()}, {"dq", grad_or_zeros(q)}, {"dk", grad_or_zeros(k)}, {"dv", grad_or_zeros(v)}};
+  }
+  return out;
+}
+
+// max over the checked tensors of |a - b| / (atol + rtol |b|), b the hypothesis;
+// infinity when a tensor is missing or shaped differently.
+std::pair<double, double> fit_ratio(const TensorSet& side, const TensorSet& hyp, const CaseSpec& c) {
+  double worst = 0, max_abs = 0;
+  for (const auto& name : c.check) {
+    const Tensor* a = find_tensor(side, name);
+    const Tensor* b = find_tensor(hyp, name);
+    if (!b || !b->defined()) continue;
+    // A gradient the side never produced (its input unused) is a zero gradient.
+    const Tensor av = a && a->defined() ? *a : Tensor::zeros(b->shape(), b->dtype());
+    if (av.shape() != b->shape()) return {INFINITY, INFINITY};
+    const Tolerance tol = c.tolerance_for(name);
+    const auto va = av.to_vector(), vb = b->to_vector();
+    for (std::size_t i = 0; i < va.size(); ++i) {
+      const double e = std::abs(va[i] - vb[i]);
+      if (std::isnan(e)) return {INFINITY, INFINITY};
+      max_abs = std::max(max_abs, e);
+      worst = std::max(worst, e / (tol.atol + tol.rtol * std::abs(vb[i])));
+    }
+  }
+  return {worst, max_abs};
+}
+
+}  // namespace
+
+Diagnosis diagnose(const CaseResult& failed) {
+  Diagnosis dx;
+  const CaseSpec& c = failed.spec;
+  struct Side {
+    std::string label;
+    const TensorSet* tensors;
+  };
+  std::vector<Side> sides;
+  if (!failed.lhs.empty()) sides.push_back({failed.lhs_label, &failed.lhs});
+  if (!c.is_reference() && !failed.rhs.empty()) sides.push_back({failed.rhs_label, &failed.rhs});
+  if (sides.empty()) {
+    dx.sentence = "No tensors to diagnose: " + (failed.cause.empty() ? "no side produced a result" : failed.cause);
+    return dx;
+  }
+
+  CaseInputs in;
+  try {
+    in = make_inputs(c);
+  } catch (const std::exception& e) {
+    dx.sentence = std::string("Diagnosis could not rebuild the case's inputs: ") + e.what();
+    return dx;
+  }
+
+  const TensorSet correct = hypothesis_tensors(c, in, std::nullopt);
+  for (const auto& s : sides)
+    if (fit_ratio(*s.tensors, correct, c).first <= 1.0) dx.correct_side = s.label;
+
+  std::optional<HypothesisFit> closest;
+  for (const auto& info : bug_catalog()) {
+    if (c.level == Level::core && info.visibility.mha_only) continue;
+    TensorSet hyp;
+    try {
+      hyp = hypothesis_tensors(c, in, info.bug);
+    } catch (const std::exception& e) {
+      logging::runner()->debug("hypothesis {} did not run: {}", info.name, e.what());
+      continue;
+    }
+    for (const auto& s : sides) {
+      if (s.label == dx.correct_side) continue;
+      const auto [ratio, max_abs] = fit_ratio(*s.tensors, hyp, c);
+      HypothesisFit fit{std::string(info.name), s.label, ratio, max_abs};
+      if (ratio <= 1.0) dx.fits.push_back(fit);
+      else if (!closest || ratio < closest->worst_ratio) closest = fit;
+    }
+  }
+  std::stable_sort(dx.fits.begin(), dx.fits.end(),
+                   [](const auto& a, const auto& b) { return a.worst_ratio < b.worst_ratio; });
+
+  if (dx.fits.empty()) {
+    dx.sentence = "No known bug reproduces this failure";
+    if (closest && std::isfinite(closest->worst_ratio))
+      dx.sentence += " (closest: " + closest->bug + " on " + closest->side + ", " +
+                     fmt_g(closest->worst_ratio) + "x outside the tolerance)";
+    dx.sentence += "; see where the error lives and the localization.";
+    return dx;
+  }
+  const HypothesisFit& best = dx.fits.front();
+  dx.judged_side = best.side;
+  const auto& info = bug_info(*diagnosis::bug_from_name(best.bug));
+  dx.sentence = best.side + " reproduces " + best.bug + " (every checked tensor within tolerance, max |Δ| " +
+                fmt_g(best.max_abs) + "): " + std::string(info.explanation) + ". Fix: " +
+                std::string(info.fix) + ".";
+  if (!dx.correct_side.empty()) dx.sentence += " " + dx.correct_side + " matches the correct attention.";
+  if (dx.fits.size() > 1) {
+    std::vector<std::string> others;
+    for (std::size_t i = 1; i < dx.fits.size(); ++i) others.push_back(dx.fits[i].bug);
+    dx.sentence += " Also consistent at this shape: " + join(others, ", ") + ".";
+  }
+  return dx;
+}
+
+// ---------------------------------------------------------------- weak suites
+
+std::vector<WeakSuiteWarning> weak_suite_warnings(const std::vector<const CaseSpec*>& cases) {
+  std::vector<WeakSuiteWarning> out;
+  if (cases.empty()) return out;
+  auto all = [&](auto pred) { return std::all_of(cases.begin(), cases.end(), [&](const CaseSpec* c) { return pred(*c); }); };
+  auto bugs_where = [](auto pred) {
+    std::vector<std::string> names;
+    for (const auto& b : bug_catalog())
+      if (pred(b.visibility)) names.emplace_back(b.name);
+    return names;
+  };
+  auto add = [&](std::string condition, std::vector<std::string> bugs) {
+    std::string msg = "weak suite: " + condition + ", so it cannot catch " + join(bugs, ", ");
+    out.push_back({std::move(condition), std::move(bugs), std::move(msg)});
+  };
+  auto seq_len = [](const CaseSpec& c) { return c.level == Level::mha ? c.dims.T : std::min(c.dims.Tq, c.dims.Tk); };
+
+  if (all([](const CaseSpec& c) { return c.dims.H <= 1; }))
+    add("every case has H = 1", bugs_where([](const auto& v) { return v.needs_heads; }));
+  if (all([&](const CaseSpec& c) { return seq_len(c) <= 1; }))
+    add("every case has T = 1", bugs_where([](const auto& v) { return v.needs_seq; }));
+  if (all([](const CaseSpec& c) { return c.dims.B <= 1; }))
+    add("every case has B = 1", bugs_where([](const auto& v) { return v.needs_batch; }));
+  if (all([](const CaseSpec& c) { return !c.causal; }))
+    add("no case is causal", bugs_where([](const auto& v) { return v.needs_causal; }));
+  if (all([](const CaseSpec& c) { return c.level != Level::mha || c.dims.H <= 1; }) &&
+      !all([](const CaseSpec& c) { return c.level != Level::mha; }))
+    add("the head dim equals the model dim in every mha case", bugs_where([](const auto& v) { return v.needs_d_lt_D; }));
+  if (all([](const CaseSpec& c) { return c.level == Level::core; }))
+    add("every case is at the core level", bugs_where([](const auto& v) { return v.mha_only; }));
+  if (all([](const CaseSpec& c) { return c.layout == InputLayout::contiguous && !c.is_reference(); }))
+    add("every input is contiguous",
+        {"kernels that ignore strides (a view read as if it were contiguous)"});
+  if (all([](const CaseSpec& c) {
+        return std::all_of(c.check.begin(), c.check.end(), [](const std::string& t) { return t == "out"; });
+      }))
+    add("no case checks a gradient",
+        {"backward bugs (a wrong hand-written backward, a weight its gradient never reaches)"});
+  return out;
+}
+
+}  // namespace headgrad::runner

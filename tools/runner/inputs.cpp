@@ -1,0 +1,368 @@
+#include "runner/inputs.hpp"
+
+#include <cmath>
+#include <limits>
+#include <set>
+
+#include <headgrad/log.hpp>
+#include <headgrad/npy.hpp>
+#include <headgrad/ops.hpp>
+
+namespace fs = std::filesystem;
+
+namespace headgrad::runner {
+
+const Tensor* find_tensor(const TensorSet& set, std::string_view name) {
+  for (const auto& nt : set)
+    if (nt.name == name) return &nt.tensor;
+  return nullptr;
+}
+
+Tensor with_layout(const Tensor& t, InputLayout layout) {
+  const std::int64_t n = t.dim();
+  if (layout == InputLayout::contiguous || n < 2) return t;
+  if (layout == InputLayout::transposed)
+    return t.transpose(n - 2, n - 1).contiguous().transpose(n - 2, n - 1);
+  // sliced: one spare row before, one after; two spare columns before, one after
+  Shape wide_shape = t.shape();
+  wide_shape[n - 2] += 2;
+  wide_shape[n - 1] += 3;
+  Tensor wide = Tensor::full(wide_shape, std::numeric_limits<double>::quiet_NaN(), t.dtype());
+  Tensor view = wide.narrow(n - 2, 1, t.size(n - 2)).narrow(n - 1, 2, t.size(n - 1));
+  view.copy_(t);
+  return view;
+}
+
+namespace {
+
+// A mask must broadcast to [B, H, Tq, Tk] without growing it.
+void check_mask_shape(const CaseSpec& c, const std::string& key, const Tensor& mask, const Shape& target,
+                      const std::string& what) {
+  bool fits = mask.dim() <= static_cast<std::int64_t>(target.size());
+  for (std::int64_t i = 1; fits && i <= mask.dim(); ++i) {
+    const std::int64_t m = mask.size(-i), want = target[target.size() - static_cast<std::size_t>(i)];
+    fits = m == want || m == 1;
+  }
+  if (!fits)
+    throw ConfigError(c.where(key), "case '" + c.name + "': " + what + " has shape " + shape_str(mask.shape()) +
+                                        ", which does not broadcast to [B, H, Tq, Tk] = " + shape_str(target));
+}
+
+struct ReferenceData {
+  TensorSet inputs;    // x, wq, ... | q, k, v, [mask], [r]
+  TensorSet expected;  // every expected file present
+  Dims dims;
+  DType dtype = DType::float64;
+};
+
+// Reads and checks a reference directory against the case's level and dims.
+class ReferenceReader {
+ public:
+  explicit ReferenceReader(const CaseSpec& c) : c_(c) {}
+
+  ReferenceData read() {
+    std::error_code ec;
+    if (!fs::is_directory(c_.reference, ec))
+      fail("reference directory " + c_.reference.string() + " does not exist");
+    warn_unknown_files();
+    return c_.level == Level::mha ? read_mha() : read_core();
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& problem) const {
+    throw ConfigError(c_.where("reference"), "case '" + c_.name + "': " + problem);
+  }
+  std::string dir() const { return c_.reference_text.empty() ? c_.reference.string() : c_.reference_text; }
+  fs::path path(const std::string& stem) const { return c_.reference / (stem + ".npy"); }
+  bool has(const std::string& stem) const {
+    std::error_code ec;
+    return fs::is_regular_file(path(stem), ec);
+  }
+
+  Tensor load(const std::string& stem, bool required, const std::string& needs) {
+    if (!has(stem)) {
+      if (required) fail("reference directory " + dir() + " has no " + stem + ".npy (" + needs + ")");
+      return {};
+    }
+    Tensor t;
+    try {
+      t = read_npy(path(stem));
+    } catch (const std::exception& e) {
+      fail(std::string("reference file ") + e.what());
+    }
+    if (stem == "mask") {
+      if (t.dtype() != DType::boolean)
+        fail(dir() + "/mask.npy must hold bools (True = attend), got " + std::string(dtype_name(t.dtype())));
+      return t;
+    }
+    if (t.dtype() == DType::boolean) fail(dir() + "/" + stem + ".npy holds bools; expected float32 or float64");
+    if (!dtype_set_) {
+      dtype_ = t.dtype();
+      dtype_from_ = stem;
+      dtype_set_ = true;
+    } else if (t.dtype() != dtype_) {
+      fail(dir() + "/" + stem + ".npy is " + std::string(dtype_name(t.dtype())) + " but " + dtype_from_ +
+           ".npy is " + std::string(dtype_name(dtype_)) + "; every file of a reference must share one dtype");
+    }
+    return t;
+  }
+
+  void expect_shape(const std::string& stem, const Tensor& t, const Shape& want, const std::string& why) {
+    if (t.defined() && t.shape() != want)
+      fail(dir() + "/" + stem + ".npy has shape " + shape_str(t.shape()) + ", expected " + shape_str(want) +
+           " (" + why + ")");
+  }
+
+  void expect_dim(const char* name, std::int64_t from_files, const std::string& source) const {
+    const std::int64_t given = c_.dims.get(name);
+    if (given > 0 && given != from_files)
+      fail(std::string("shape gives ") + name + "=" + std::to_string(given) + " but " + source + " has " +
+           name + "=" + std::to_string(from_files));
+  }
+
+  void warn_unknown_files() const {
+    std::set<std::string> known = {"r"};
+    for (const auto& n : tensor_names(c_.level)) known.insert(n);
+    if (c_.level == Level::mha) known.insert({"x", "wq", "wk", "wv", "wo"});
+    else known.insert({"q", "k", "v", "mask"});
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(c_.reference, ec)) {
+      const fs::path& p = entry.path();
+      if (p.extension() == ".npy" && !known.count(p.stem().string()))
+        logging::runner()->warn("{}: {} is not a reference file name at {} level; ignored", c_.where("reference").str(),
+                                p.filename().string(), level_name(c_.level));
+    }
+  }
+
+  ReferenceData read_mha() {
+    ReferenceData ref;
+    const std::string needs = "an mha-level reference needs x, wq, wk, wv, wo";
+    Tensor x = load("x", true, needs);
+    if (x.dim() != 3) fail(dir() + "/x.npy has shape " + shape_str(x.shape()) + ", expected [B, T, D]");
+    const std::int64_t b = x.size(0), t = x.size(1), dm = x.size(2), h = c_.dims.H;
+    const std::string from_x = "D=" + std::to_string(dm) + " from x.npy " + shape_str(x.shape());
+    if (dm % h != 0)
+      fail("x.npy has D=" + std::to_string(dm) + ", which is not divisible by H=" + std::to_string(h));
+    expect_dim("B", b, "x.npy");
+    expect_dim("T", t, "x.npy");
+    expect_dim("D", dm, "x.npy");
+    ref.inputs.push_back({"x", x});
+    for (const char* w : {"wq", "wk", "wv", "wo"}) {
+      Tensor wt = load(w, true, needs);
+      expect_shape(w, wt, {dm, dm}, from_x);
+      ref.inputs.push_back({w, wt});
+    }
+    const Shape act = {b, t, dm};
+    const std::string act_why = "x.npy is " + shape_str(x.shape());
+    Tensor r = load("r", false, "");
+    expect_shape("r", r, act, act_why);
+    if (r.defined()) ref.inputs.push_back({"r", r});
+    for (const auto& name : tensor_names(Level::mha)) {
+      Tensor e = load(name, false, "");
+      expect_shape(name, e, name == "out" || name == "dx" ? act : Shape{dm, dm},
+                   name == "out" || name == "dx" ? act_why : from_x);
+      if (e.defined()) ref.expected.push_back({name, e});
+    }
+    ref.dims.B = b;
+    ref.dims.T = t;
+    ref.dims.D = dm;
+    ref.dims.H = h;
+    ref.dtype = dtype_;
+    return ref;
+  }
+
+  ReferenceData read_core() {
+    ReferenceData ref;
+    const std::string needs = "a core-level reference needs q, k, v";
+    Tensor q = load("q", true, needs), k = load("k", true, needs), v = load("v", true, needs);
+    for (const auto& [stem, t] : {std::pair<const char*, Tensor&>{"q", q}, {"k", k}, {"v", v}})
+      if (t.dim() != 4)
+        fail(dir() + "/" + stem + ".npy has shape " + shape_str(t.shape()) + ", expected [B, H, T, d]");
+    const std::int64_t b = q.size(0), h = q.size(1), tq = q.size(2), d = q.size(3);
+    const std::int64_t tk = k.size(2), dv = v.size(3);
+    const std::string from_q = "q.npy is " + shape_str(q.shape());
+    expect_shape("k", k, {b, h, tk, d}, from_q + ", so k must be [B, H, Tk, d]");
+    expect_shape("v", v, {b, h, tk, dv}, "k.npy is " + shape_str(k.shape()) + ", so v must be [B, H, Tk, dv]");
+    expect_dim("B", b, "q.npy");
+    expect_dim("H", h, "q.npy");
+    expect_dim("Tq", tq, "q.npy");
+    expect_dim("Tk", tk, "k.npy");
+    expect_dim("d", d, "q.npy");
+    ref.inputs = {{"q", q}, {"k", k}, {"v", v}};
+    Tensor mask = load("mask", false, "");
+    if (mask.defined()) {
+      check_mask_shape(c_, "reference", mask, {b, h, tq, tk}, dir() + "/mask.npy");
+      ref.inputs.push_back({"mask", mask});
+    }
+    const Shape out_shape = {b, h, tq, dv};
+    Tensor r = load("r", false, "");
+    expect_shape("r", r, out_shape, "the output is [B, H, Tq, dv]");
+    if (r.defined()) ref.inputs.push_back({"r", r});
+    for (const auto& name : tensor_names(Level::core)) {
+      Tensor e = load(name, false, "");
+      if (name == "out") expect_shape(name, e, out_shape, "the output is [B, H, Tq, dv]");
+      else expect_shape(name, e, (name == "dq" ? q : name == "dk" ? k : v).shape(),
+                        "a gradient has its input's shape");
+      if (e.defined()) ref.expected.push_back({name, e});
+    }
+    ref.dims.B = b;
+    ref.dims.H = h;
+    ref.dims.Tq = tq;
+    ref.dims.Tk = tk;
+    ref.dims.d = d;
+    ref.dtype = dtype_;
+    return ref;
+  }
+
+  const CaseSpec& c_;
+  DType dtype_ = DType::float64;
+  std::string dtype_from_;
+  bool dtype_set_ = false;
+};
+
+Tensor read_mask_file(const CaseSpec& c) {
+  auto fail = [&](const std::string& problem) {
+    throw ConfigError(c.where("mask"), "case '" + c.name + "': " + problem);
+  };
+  std::error_code ec;
+  if (!fs::is_regular_file(c.mask_file, ec)) fail("mask file " + c.mask_file.string() + " does not exist");
+  Tensor mask;
+  try {
+    mask = read_npy(c.mask_file);
+  } catch (const std::exception& e) {
+    fail(std::string("mask file ") + e.what());
+  }
+  if (mask.dtype() != DType::boolean)
+    fail("mask file " + c.mask_file.string() + " must hold bools (True = attend), got " +
+         std::string(dtype_name(mask.dtype())));
+  return mask;
+}
+
+}  // namespace
+
+void check_case_files(CaseSpec& c) {
+  if (c.is_reference()) {
+    ReferenceReader reader(c);
+    const ReferenceData ref = reader.read();
+    c.dims = ref.dims;
+    c.dtype = ref.dtype;
+    if (find_tensor(ref.inputs, "mask")) {
+      const fs::path ref_mask = c.reference / "mask.npy";
+      if (!c.mask_file.empty() && c.mask_file != ref_mask)
+        throw ConfigError(c.where("mask"), "case '" + c.name + "': both 'mask' and " + c.reference_text +
+                                               "/mask.npy give a mask; keep one");
+      c.mask_file = ref_mask;
+    }
+    std::vector<std::string> present;
+    for (const auto& name : c.check) {
+      if (find_tensor(ref.expected, name)) present.push_back(name);
+      else if (c.check_strict)
+        throw ConfigError(c.where("check"), "case '" + c.name + "': 'check' lists " + name + " but " +
+                                                c.reference_text + " has no " + name + ".npy");
+    }
+    if (present.empty()) {
+      std::string wanted;
+      for (const auto& n : c.check) wanted += (wanted.empty() ? "" : ", ") + n + ".npy";
+      throw ConfigError(c.where("reference"), "case '" + c.name + "': reference directory " + c.reference_text +
+                                                  " holds none of the expected files " + wanted);
+    }
+    c.check = present;
+  }
+  if (!c.mask_file.empty()) {
+    const Tensor mask = read_mask_file(c);
+    check_mask_shape(c, c.key_source.count("mask") ? "mask" : "reference", mask,
+                     {c.dims.B, c.dims.H, c.dims.Tq, c.dims.Tk}, "mask file " + c.mask_file.string());
+  }
+}
+
+CaseInputs make_inputs(const CaseSpec& spec) {
+  CaseSpec c = spec;
+  check_case_files(c);
+  CaseInputs in;
+  in.level = c.level;
+  const DType dt = c.dtype;
+  if (c.is_reference()) {
+    ReferenceData ref = ReferenceReader(c).read();
+    auto get = [&](const char* name) {
+      const Tensor* t = find_tensor(ref.inputs, name);
+      return t ? *t : Tensor();
+    };
+    if (c.level == Level::mha) {
+      in.x = get("x");
+      in.wq = get("wq");
+      in.wk = get("wk");
+      in.wv = get("wv");
+      in.wo = get("wo");
+    } else {
+      in.q = get("q");
+      in.k = get("k");
+      in.v = get("v");
+      in.mask = get("mask");
+    }
+    in.r = get("r");
+    if (!in.r.defined()) {
+      Shape out_shape = c.level == Level::mha ? in.x.shape() : in.q.shape();
+      if (c.level == Level::core) out_shape.back() = in.v.size(-1);
+      in.r = Tensor::ones(out_shape, ref.dtype);
+    }
+    for (const auto& name : c.check) in.expected.push_back({name, *find_tensor(ref.expected, name)});
+  } else {
+    Generator gen(c.seed);
+    const Dims& d = c.dims;
+    if (c.level == Level::mha) {
+      const double w_std = 1.0 / std::sqrt(static_cast<double>(d.D));  // N(0, 1/D)
+      in.x = randn({d.B, d.T, d.D}, dt, gen);
+      in.wq = randn({d.D, d.D}, dt, gen, w_std);
+      in.wk = randn({d.D, d.D}, dt, gen, w_std);
+      in.wv = randn({d.D, d.D}, dt, gen, w_std);
+      in.wo = randn({d.D, d.D}, dt, gen, w_std);
+      in.r = randn({d.B, d.T, d.D}, dt, gen);
+    } else {
+      in.q = randn({d.B, d.H, d.Tq, d.d}, dt, gen);
+      in.k = randn({d.B, d.H, d.Tk, d.d}, dt, gen);
+      in.v = randn({d.B, d.H, d.Tk, d.d}, dt, gen);
+      in.r = randn({d.B, d.H, d.Tq, d.d}, dt, gen);
+      if (!c.mask_file.empty()) in.mask = read_mask_file(c);
+    }
+  }
+  if (in.mask.defined() == false && c.is_reference() && !c.mask_file.empty()) in.mask = read_mask_file(c);
+  if (c.level == Level::mha) {
+    in.x = with_layout(in.x, c.layout);
+  } else {
+    in.q = with_layout(in.q, c.layout);
+    in.k = with_layout(in.k, c.layout);
+    in.v = with_layout(in.v, c.layout);
+  }
+  return in;
+}
+
+AttentionSpec attention_spec(const CaseSpec& c, const CaseInputs& in) {
+  AttentionSpec s;
+  if (c.level == Level::mha) {
+    s.d_model = in.x.size(-1);
+    s.num_heads = c.dims.H;
+  } else {
+    s.num_heads = in.q.size(1);
+    s.d_model = in.q.size(1) * in.q.size(-1);
+  }
+  s.causal = c.causal;
+  s.scale = c.scale;
+  s.dropout_p = 0.0;
+  s.mask = in.mask;
+  return s;
+}
+
+TensorSet input_tensors(const CaseInputs& in) {
+  TensorSet out;
+  if (in.level == Level::mha) {
+    out = {{"x", in.x.clone()}, {"wq", in.wq.clone()}, {"wk", in.wk.clone()},
+           {"wv", in.wv.clone()}, {"wo", in.wo.clone()}};
+  } else {
+    out = {{"q", in.q.clone()}, {"k", in.k.clone()}, {"v", in.v.clone()}};
+    if (in.mask.defined()) out.push_back({"mask", in.mask.clone()});
+  }
+  out.push_back({"r", in.r.clone()});
+  return out;
+}
+
+}  // namespace headgrad::runner

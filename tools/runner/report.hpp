@@ -1,0 +1,65 @@
+// Reports of a suite's results: the terminal table, JSON, JUnit XML, HTML.
+//
+//   TerminalStyle style = terminal_style(cases, /*color=*/isatty(1), quiet, verbose);
+//   print_case(std::cout, result, style);     // as each case finishes
+//   print_summary(std::cout, suite_result, style);
+//   write_report("out.json", json_report(suite_result).dump(2));
+//
+// Terminal, one line per case, failures expanded below their line:
+//   OK     closed-book  MHA(B=2,T=3,D=8,H=2,causal)  per_head vs batched  max|Δ| 2.2e-16  (6 tensors, 3 ms)
+// and a summary whose first line is exactly "N passed, M failed".
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "runner/run.hpp"
+
+namespace headgrad::runner {
+
+struct TerminalStyle {
+  bool color = false;    // ANSI colors (a terminal, and NO_COLOR unset)
+  bool quiet = false;    // only cases that did not succeed, and the summary
+  bool verbose = false;  // every tensor of every case
+  std::size_t name_width = 0, shape_width = 0, pair_width = 0;  // column widths
+};
+// Column widths fitted to the cases about to run.
+TerminalStyle terminal_style(const std::vector<const CaseSpec*>& cases, bool color, bool quiet, bool verbose);
+
+// ---- shared formatting ----
+std::string format_figure(double x);    // "2.2e-16"; "nan", "inf"
+std::string format_value(double x);     // "0.123456789" (%.9g)
+std::string format_duration(double s);  // "3 ms", "1.20 s"
+std::string status_label(CaseStatus s); // "OK", "FAIL", "ERROR", "XFAIL", "XPASS"
+std::string pair_label(const CaseResult& r);  // "per_head vs batched"
+// The lines that expand one tensor's figures (no color), indented by `indent`.
+std::string tensor_details(const TensorComparison& t, const CaseResult& r, std::size_t indent);
+// Every differing tensor's details (all tensors with `all`), for failure texts.
+std::string case_details(const CaseResult& r, bool all, std::size_t indent);
+
+// ---- terminal ----
+void print_header(std::ostream& os, const Suite& suite, std::size_t selected, const PluginRegistry& registry,
+                  const TerminalStyle& style);
+void print_case(std::ostream& os, const CaseResult& r, const TerminalStyle& style);
+void print_summary(std::ostream& os, const SuiteResult& result, const TerminalStyle& style);
+
+// ---- files ----
+// Every case, every tensor's figures and verdicts, timings, causes. Numbers
+// that are not finite (NaN, Inf) are written as null.
+nlohmann::json json_report(const SuiteResult& result);
+// A <testcase> per case; <failure> (a mismatch, NaN, an unexpected pass) or
+// <error> (a plugin that could not run) with the figures.
+std::string junit_report(const SuiteResult& result);
+// One self-contained page (no network): the summary and a table per case.
+std::string html_report(const SuiteResult& result);
+
+std::string xml_escape(std::string_view text);  // also fit for HTML
+// Throws std::runtime_error naming the file when it cannot be written.
+void write_report(const std::filesystem::path& file, const std::string& text);
+
+}  // namespace headgrad::runner

@@ -1,0 +1,193 @@
+#include "runner/run.hpp"
+
+#include <fnmatch.h>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+#include <headgrad/log.hpp>
+
+namespace headgrad::runner {
+
+std::string_view case_status_name(CaseStatus s) {
+  switch (s) {
+    case CaseStatus::pass: return "pass";
+    case CaseStatus::fail: return "fail";
+    case CaseStatus::error: return "error";
+    case CaseStatus::xfail: return "xfail";
+    case CaseStatus::xpass: return "xpass";
+  }
+  return "?";
+}
+
+bool is_success(CaseStatus s) { return s == CaseStatus::pass || s == CaseStatus::xfail; }
+
+double CaseResult::max_abs() const {
+  double m = 0;
+  for (const auto& t : tensors) {
+    if (!t.problem.empty()) continue;
+    if (std::isnan(t.max_abs)) return t.max_abs;
+    m = std::max(m, t.max_abs);
+  }
+  return m;
+}
+
+std::size_t CaseResult::differing_tensors() const {
+  std::size_t n = 0;
+  for (const auto& t : tensors) n += t.allclose ? 0 : 1;
+  return n;
+}
+
+std::size_t SuiteResult::count(CaseStatus s) const {
+  std::size_t n = 0;
+  for (const auto& c : cases) n += c.status == s ? 1 : 0;
+  return n;
+}
+
+int SuiteResult::exit_code() const {
+  if (count(CaseStatus::error) > 0) return 3;
+  if (count(CaseStatus::fail) + count(CaseStatus::xpass) > 0) return 1;
+  return 0;
+}
+
+bool glob_match(std::string_view pattern, std::string_view text) {
+  return ::fnmatch(std::string(pattern).c_str(), std::string(text).c_str(), 0) == 0;
+}
+
+std::vector<const CaseSpec*> select_cases(const Suite& suite, const std::string& filter) {
+  std::vector<const CaseSpec*> out;
+  for (const auto& c : suite.cases)
+    if (filter.empty() || filter == c.name || glob_match(filter, c.name) || glob_match(filter, c.base_name))
+      out.push_back(&c);
+  return out;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+}  // namespace
+
+std::string not_loaded_cause(const std::string& name, const PluginRegistry& registry) {
+  std::vector<std::string> names;
+  std::string loaded;
+  std::size_t mutants = 0;
+  for (const auto& p : registry.plugins()) {
+    names.push_back(p.info.name);
+    if (p.info.mutant) ++mutants;
+    else loaded += (loaded.empty() ? "" : ", ") + p.info.name;
+  }
+  if (mutants) loaded += (loaded.empty() ? "" : ", ") + std::to_string(mutants) + " mutants";
+  const std::string near = closest_match(name, names);
+  std::string cause = "plugin " + name + " is not loaded" + (near.empty() ? "" : " (did you mean '" + near + "'?)") +
+                      "; loaded: " + (loaded.empty() ? "none" : loaded);
+  for (const auto& r : registry.rejections()) cause += "; rejected " + r.file.string() + ": " + r.reason;
+  return cause;
+}
+
+namespace {
+
+void join_cause(std::string& cause, const std::string& more) {
+  cause += (cause.empty() ? "" : "; ") + more;
+}
+
+}  // namespace
+
+CaseResult run_case(const CaseSpec& spec, const PluginRegistry& registry, const RunOptions& options) {
+  const auto t0 = Clock::now();
+  CaseResult res;
+  res.spec = spec;
+  res.lhs_label = spec.compare.at(0);
+  res.rhs_label = spec.is_reference() ? spec.reference_text : spec.compare.at(1);
+  auto finish = [&](CaseStatus status) {
+    res.status = status;
+    if (spec.expect_fail && status == CaseStatus::fail) res.status = CaseStatus::xfail;
+    if (spec.expect_fail && status == CaseStatus::pass) {
+      res.status = CaseStatus::xpass;
+      res.cause = "expected to fail (expect: {fail: true}), but every checked tensor matched";
+    }
+    if (res.status == CaseStatus::pass && !options.keep_tensors) {
+      res.lhs.clear();
+      res.rhs.clear();
+    }
+    res.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    logging::runner()->debug("case '{}': {} in {:.3f} s", res.spec.name, case_status_name(res.status), res.seconds);
+    return std::move(res);  // each caller returns right away
+  };
+
+  // A plugin the suite names but that is not loaded fails the case, not the suite.
+  for (const auto& name : spec.compare) {
+    if (registry.find(name)) continue;
+    SideResult side;
+    side.plugin = name;
+    side.status = SideStatus::not_loaded;
+    side.cause = not_loaded_cause(name, registry);
+    join_cause(res.cause, side.cause);
+    res.sides.push_back(side);
+  }
+  if (!res.sides.empty()) return finish(CaseStatus::error);
+
+  CaseInputs inputs;
+  try {
+    check_case_files(res.spec);  // fills a reference case's dims (load_suite did it too)
+    inputs = make_inputs(res.spec);
+  } catch (const std::exception& e) {
+    res.cause = e.what();
+    return finish(CaseStatus::error);
+  }
+
+  ExecOptions exec;
+  exec.isolate = options.isolate;
+  exec.timeout_s = options.timeout_s.value_or(spec.timeout_s);
+  exec.on_wait = options.on_wait;
+  for (const auto& name : spec.compare) res.sides.push_back(run_side(res.spec, inputs, registry.get(name), exec));
+
+  bool plugin_error = false, wrong_output = false;
+  for (const auto& s : res.sides) {
+    if (s.status == SideStatus::ok) continue;
+    join_cause(res.cause, s.cause);
+    (is_plugin_error(s.status) ? plugin_error : wrong_output) = true;
+  }
+  // Tensors to compare exist unless a side failed to produce any.
+  bool comparable = true;
+  for (const auto& s : res.sides)
+    comparable = comparable && (s.status == SideStatus::ok || s.status == SideStatus::non_finite);
+  if (comparable) {
+    res.lhs = std::move(res.sides[0].tensors);
+    res.rhs = spec.is_reference() ? std::move(inputs.expected) : std::move(res.sides[1].tensors);
+    res.tensors = compare_sets(res.lhs, res.rhs, res.spec, res.lhs_label, res.rhs_label);
+  }
+  for (auto& s : res.sides) s.tensors.clear();
+  const auto failed = [&](CaseStatus status) {
+    if (options.on_failure) options.on_failure(res, inputs);
+    return finish(status);
+  };
+  if (plugin_error) return failed(CaseStatus::error);
+  if (wrong_output) return failed(CaseStatus::fail);
+
+  std::string differing;
+  for (const auto& t : res.tensors)
+    if (!t.allclose) differing += (differing.empty() ? "" : ", ") + t.name;
+  if (differing.empty()) return finish(CaseStatus::pass);
+  res.cause = std::to_string(res.differing_tensors()) + " of " + std::to_string(res.tensors.size()) +
+              " tensors differ: " + differing;
+  return failed(CaseStatus::fail);
+}
+
+SuiteResult run_suite(const Suite& suite, const PluginRegistry& registry, const RunOptions& options) {
+  const auto t0 = Clock::now();
+  SuiteResult result;
+  result.name = suite.name;
+  result.file = suite.file;
+  const std::vector<const CaseSpec*> cases = select_cases(suite, options.filter);
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    if (options.on_case_start) options.on_case_start(i, cases.size(), *cases[i]);
+    result.cases.push_back(run_case(*cases[i], registry, options));
+    if (options.on_case_done) options.on_case_done(result.cases.back());
+  }
+  result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return result;
+}
+
+}  // namespace headgrad::runner

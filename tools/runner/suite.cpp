@@ -1,0 +1,661 @@
+#include "runner/suite.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <yaml-cpp/yaml.h>
+
+#include "runner/inputs.hpp"
+
+namespace fs = std::filesystem;
+
+namespace headgrad::runner {
+
+std::string SourceLoc::str() const {
+  if (line <= 0) return file;
+  return file + ":" + std::to_string(line) + ":" + std::to_string(column);
+}
+
+std::string_view level_name(Level level) { return level == Level::mha ? "mha" : "core"; }
+
+std::string_view layout_name(InputLayout layout) {
+  switch (layout) {
+    case InputLayout::contiguous: return "contiguous";
+    case InputLayout::transposed: return "transposed";
+    case InputLayout::sliced: return "sliced";
+  }
+  return "?";
+}
+
+std::int64_t* Dims::find(std::string_view name) {
+  if (name == "B") return &B;
+  if (name == "T") return &T;
+  if (name == "D") return &D;
+  if (name == "H") return &H;
+  if (name == "Tq") return &Tq;
+  if (name == "Tk") return &Tk;
+  if (name == "d") return &d;
+  return nullptr;
+}
+
+std::int64_t Dims::get(std::string_view name) const {
+  Dims copy = *this;  // find() hands out a pointer for writing; reading goes through a copy
+  const std::int64_t* p = copy.find(name);
+  return p ? *p : 0;
+}
+
+const std::vector<std::string>& dim_names(Level level) {
+  static const std::vector<std::string> mha = {"B", "T", "D", "H"};
+  static const std::vector<std::string> core = {"B", "H", "Tq", "Tk", "d"};
+  return level == Level::mha ? mha : core;
+}
+
+const std::vector<std::string>& tensor_names(Level level) {
+  static const std::vector<std::string> mha = {"out", "dx", "dwq", "dwk", "dwv", "dwo"};
+  static const std::vector<std::string> core = {"out", "dq", "dk", "dv"};
+  return level == Level::mha ? mha : core;
+}
+
+SourceLoc CaseSpec::where(const std::string& key) const {
+  auto it = key_source.find(key);
+  return it != key_source.end() ? it->second : source;
+}
+
+Tolerance CaseSpec::tolerance_for(const std::string& tensor) const {
+  auto it = tensor_tolerance.find(tensor);
+  return it != tensor_tolerance.end() ? it->second : tolerance;
+}
+
+std::string closest_match(std::string_view word, const std::vector<std::string>& candidates) {
+  auto lower = [](char c) { return static_cast<char>(std::tolower(static_cast<unsigned char>(c))); };
+  // Edit distance counting a swap of two neighbours as one edit (optimal
+  // string alignment): "fial" is one edit from "fail".
+  auto distance = [&](std::string_view a, std::string_view b) {
+    std::vector<std::vector<std::size_t>> m(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+    for (std::size_t i = 0; i <= a.size(); ++i) m[i][0] = i;
+    for (std::size_t j = 0; j <= b.size(); ++j) m[0][j] = j;
+    for (std::size_t i = 1; i <= a.size(); ++i)
+      for (std::size_t j = 1; j <= b.size(); ++j) {
+        const bool same = lower(a[i - 1]) == lower(b[j - 1]);
+        m[i][j] = std::min({m[i - 1][j] + 1, m[i][j - 1] + 1, m[i - 1][j - 1] + (same ? 0 : 1)});
+        if (i > 1 && j > 1 && lower(a[i - 1]) == lower(b[j - 2]) && lower(a[i - 2]) == lower(b[j - 1]))
+          m[i][j] = std::min(m[i][j], m[i - 2][j - 2] + 1);
+      }
+    return m[a.size()][b.size()];
+  };
+  const std::size_t limit = word.size() >= 5 ? 2 : 1;
+  std::string best;
+  std::size_t best_distance = limit + 1;
+  for (const auto& c : candidates) {
+    const std::size_t dist = distance(word, c);
+    if (dist < best_distance) {
+      best = c;
+      best_distance = dist;
+    }
+  }
+  return best;
+}
+
+std::string describe_case(const CaseSpec& c) {
+  std::string s = c.level == Level::mha ? "MHA(" : "CORE(";
+  bool first = true;
+  auto add = [&](const std::string& part) {
+    s += (first ? "" : ",") + part;
+    first = false;
+  };
+  for (const auto& dim : dim_names(c.level)) {
+    const std::int64_t v = c.dims.get(dim);
+    if (v > 0) add(dim + "=" + std::to_string(v));
+  }
+  if (c.causal) add("causal");
+  if (!c.mask_file.empty()) add("mask");
+  if (c.scale) {
+    std::ostringstream os;
+    os << "scale=" << *c.scale;
+    add(os.str());
+  }
+  if (c.layout != InputLayout::contiguous) add(std::string(layout_name(c.layout)));
+  if (c.dtype != DType::float64) add(std::string(dtype_name(c.dtype)));
+  return s + ")";
+}
+
+// ------------------------------------------------------------------ parsing
+
+namespace {
+
+const std::vector<std::string> kTopKeys = {"suite", "description", "defaults", "cases"};
+const std::vector<std::string> kCaseKeys = {
+    "name",  "description", "compare", "reference", "level",     "shape",     "sweep",
+    "dtype", "causal",      "scale",   "dropout_p", "mask",      "input_layout", "seed",
+    "atol",  "rtol",        "tolerance", "check",   "expect",    "timeout"};
+const std::vector<std::string> kExpectKeys = {"fail", "diagnosis"};
+const std::vector<std::string> kToleranceKeys = {"atol", "rtol"};
+// Keys whose map values merge (defaults first, the case's entries win).
+const std::set<std::string> kMergedKeys = {"shape", "sweep", "tolerance"};
+
+std::string join(const std::vector<std::string>& items, const char* sep = ", ") {
+  std::string s;
+  for (const auto& i : items) s += (s.empty() ? "" : sep) + i;
+  return s;
+}
+
+std::string kind_of(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Null: return "nothing";
+    case YAML::NodeType::Scalar: return "'" + n.Scalar() + "'";
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Map: return "a map";
+    default: return "an undefined value";
+  }
+}
+
+// One key of a case after defaults are applied: the case's value if it has
+// one, else the default; map-valued keys keep both to merge them.
+// !! yaml-cpp Nodes are handles: assigning to a copied Node rebinds the node
+// every copy shares (it would rewrite the defaults). Entries are only ever
+// constructed, never assigned. !!
+struct Entry {
+  YAML::Node key, value;                  // the effective key and value
+  YAML::Node default_value;               // the defaults' value, when has_default
+  bool has_default = false;
+  bool from_case = false;
+};
+
+// A dim of `shape` or `sweep`, parsed: one value (shape) or a list (sweep).
+struct DimValues {
+  std::string dim;
+  std::vector<std::int64_t> values;
+  SourceLoc where;
+};
+
+class Parser {
+ public:
+  explicit Parser(fs::path file) : file_(std::move(file)), dir_(file_.parent_path()) {}
+
+  Suite parse(std::string_view text);
+
+ private:
+  SourceLoc loc(const YAML::Node& n) const {
+    const YAML::Mark m = n.Mark();
+    if (m.is_null()) return {file_.string(), 0, 0};
+    return {file_.string(), m.line + 1, m.column + 1};
+  }
+  [[noreturn]] void fail(const YAML::Node& at, const std::string& problem) const {
+    throw ConfigError(loc(at), context_ + problem);
+  }
+  [[noreturn]] void fail(const SourceLoc& at, const std::string& problem) const {
+    throw ConfigError(at, context_ + problem);
+  }
+
+  // (key, value) pairs of a map in file order; rejects duplicate and unknown keys.
+  std::vector<std::pair<YAML::Node, YAML::Node>> entries(const YAML::Node& map,
+                                                         const std::vector<std::string>& valid,
+                                                         const std::string& what) const;
+  std::string string_value(const YAML::Node& v, const std::string& key) const;
+  bool bool_value(const YAML::Node& v, const std::string& key) const;
+  double number_value(const YAML::Node& v, const std::string& key) const;
+  std::int64_t int_value(const YAML::Node& v, const std::string& key) const;
+  std::string choice(const YAML::Node& v, const std::string& key,
+                     const std::vector<std::string>& options) const;
+  std::vector<std::string> string_list(const YAML::Node& v, const std::string& key) const;
+  // from_defaults: the other level's dims are skipped (one default shape may
+  // serve cases of both levels).
+  void read_dims(const YAML::Node& map, Level level, const std::string& key, bool from_defaults,
+                 std::vector<DimValues>& out) const;
+  void read_tolerance_map(const YAML::Node& map, CaseSpec& c) const;
+
+  std::vector<CaseSpec> parse_case(const YAML::Node& node, std::size_t index,
+                                   const std::map<std::string, Entry>& defaults);
+  std::vector<CaseSpec> expand(const CaseSpec& base, const std::vector<DimValues>& shape,
+                               const std::vector<DimValues>& sweep);
+  void finish_point(CaseSpec& c, const SourceLoc& at) const;
+
+  fs::path file_;
+  fs::path dir_;
+  std::string context_;  // "case 'x': " while a case is read
+};
+
+std::vector<std::pair<YAML::Node, YAML::Node>> Parser::entries(
+    const YAML::Node& map, const std::vector<std::string>& valid, const std::string& what) const {
+  if (!map.IsMap())
+    fail(map, what + " must be a map (key: value lines), got " + kind_of(map));
+  std::vector<std::pair<YAML::Node, YAML::Node>> out;
+  std::set<std::string> seen;
+  for (auto it = map.begin(); it != map.end(); ++it) {
+    const YAML::Node key = it->first;
+    if (!key.IsScalar()) fail(key, "a key in " + what + " must be a plain name, got " + kind_of(key));
+    const std::string name = key.Scalar();
+    if (std::find(valid.begin(), valid.end(), name) == valid.end()) {
+      const std::string near = closest_match(name, valid);
+      fail(key, "unknown key '" + name + "' in " + what +
+                    (near.empty() ? " (valid keys: " + join(valid) + ")"
+                                  : " (did you mean '" + near + "'?)"));
+    }
+    if (!seen.insert(name).second) fail(key, "duplicate key '" + name + "' in " + what);
+    out.emplace_back(key, it->second);
+  }
+  return out;
+}
+
+std::string Parser::string_value(const YAML::Node& v, const std::string& key) const {
+  if (!v.IsScalar()) fail(v, "'" + key + "' must be a string, got " + kind_of(v));
+  return v.Scalar();
+}
+
+bool Parser::bool_value(const YAML::Node& v, const std::string& key) const {
+  bool b = false;
+  if (!v.IsScalar() || !YAML::convert<bool>::decode(v, b))
+    fail(v, "'" + key + "' must be true or false, got " + kind_of(v));
+  return b;
+}
+
+double Parser::number_value(const YAML::Node& v, const std::string& key) const {
+  if (v.IsScalar()) {
+    std::string s = v.Scalar();
+    if (!s.empty() && s[0] == '+') s.erase(0, 1);
+    double x = 0;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), x);
+    if (ec == std::errc() && end == s.data() + s.size() && std::isfinite(x)) return x;
+  }
+  fail(v, "'" + key + "' must be a finite number, got " + kind_of(v));
+}
+
+std::int64_t Parser::int_value(const YAML::Node& v, const std::string& key) const {
+  if (v.IsScalar()) {
+    std::string s = v.Scalar();
+    if (!s.empty() && s[0] == '+') s.erase(0, 1);
+    std::int64_t x = 0;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), x);
+    if (ec == std::errc() && end == s.data() + s.size()) return x;
+  }
+  fail(v, "'" + key + "' must be an integer, got " + kind_of(v));
+}
+
+std::string Parser::choice(const YAML::Node& v, const std::string& key,
+                           const std::vector<std::string>& options) const {
+  const std::string s = string_value(v, key);
+  if (std::find(options.begin(), options.end(), s) != options.end()) return s;
+  const std::string near = closest_match(s, options);
+  fail(v, "'" + key + "' must be " + join(options, " | ") + ", got '" + s + "'" +
+              (near.empty() ? "" : " (did you mean '" + near + "'?)"));
+}
+
+std::vector<std::string> Parser::string_list(const YAML::Node& v, const std::string& key) const {
+  if (!v.IsSequence()) fail(v, "'" + key + "' must be a list like [a, b], got " + kind_of(v));
+  std::vector<std::string> out;
+  for (const auto& item : v) out.push_back(string_value(item, key + " entry"));
+  return out;
+}
+
+void Parser::read_dims(const YAML::Node& map, Level level, const std::string& key, bool from_defaults,
+                       std::vector<DimValues>& out) const {
+  const std::vector<std::string>& valid = dim_names(level);
+  if (!map.IsMap())
+    fail(map, "'" + key + "' must be a map of dims like {" + join(valid, ": .., ") +
+                  ": ..}, got " + kind_of(map));
+  const Level other_level = level == Level::mha ? Level::core : Level::mha;
+  for (auto it = map.begin(); it != map.end(); ++it) {
+    const YAML::Node k = it->first;
+    const std::string name = k.IsScalar() ? k.Scalar() : "";
+    if (std::find(valid.begin(), valid.end(), name) == valid.end()) {
+      const auto& other = dim_names(other_level);
+      const bool other_level_dim = std::find(other.begin(), other.end(), name) != other.end();
+      if (other_level_dim && from_defaults) continue;
+      if (other_level_dim)
+        fail(k, "'" + name + "' is a " + std::string(level_name(other_level)) + "-level dim; this case is level " +
+                    std::string(level_name(level)) + ", whose dims are " + join(valid));
+      const std::string near = closest_match(name, valid);
+      fail(k, "unknown dim '" + name + "' in '" + key + "'" +
+                  (near.empty() ? " (" + std::string(level_name(level)) + " level dims: " + join(valid) + ")"
+                                : " (did you mean '" + near + "'?)"));
+    }
+    const YAML::Node v = it->second;
+    auto positive = [&](const YAML::Node& n) {
+      const std::int64_t x = int_value(n, name);
+      if (x < 1) fail(n, "'" + name + "' must be a positive integer, got " + std::to_string(x));
+      return x;
+    };
+    DimValues dv{name, {}, loc(v)};
+    if (v.IsSequence()) {
+      if (key != "sweep") fail(v, "'" + key + ": " + name + "' takes one value; lists go under 'sweep'");
+      if (v.size() == 0) fail(v, "sweep '" + name + "' is an empty list");
+      for (const auto& item : v) dv.values.push_back(positive(item));
+    } else {
+      dv.values.push_back(positive(v));
+    }
+    auto found = std::find_if(out.begin(), out.end(), [&](const DimValues& d) { return d.dim == name; });
+    if (found != out.end()) *found = std::move(dv);  // the case's value replaces the default's
+    else out.push_back(std::move(dv));
+  }
+}
+
+void Parser::read_tolerance_map(const YAML::Node& map, CaseSpec& c) const {
+  std::vector<std::string> names = tensor_names(Level::mha);
+  for (const auto& n : tensor_names(Level::core))
+    if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
+  for (const auto& [tkey, tval] : entries(map, names, "'tolerance'")) {
+    Tolerance t = c.tolerance;  // a missing atol or rtol falls back to the case's
+    const auto it = c.tensor_tolerance.find(tkey.Scalar());
+    if (it != c.tensor_tolerance.end()) t = it->second;
+    for (const auto& [k, v] : entries(tval, kToleranceKeys, "'tolerance: " + tkey.Scalar() + "'")) {
+      const double x = number_value(v, k.Scalar());
+      if (x < 0) fail(v, "'" + k.Scalar() + "' must be >= 0");
+      (k.Scalar() == "atol" ? t.atol : t.rtol) = x;
+    }
+    c.tensor_tolerance[tkey.Scalar()] = t;
+  }
+}
+
+Suite Parser::parse(std::string_view text) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(text));
+  } catch (const YAML::Exception& e) {
+    const SourceLoc where = e.mark.is_null() ? SourceLoc{file_.string(), 0, 0}
+                                             : SourceLoc{file_.string(), e.mark.line + 1, e.mark.column + 1};
+    throw ConfigError(where, "malformed YAML: " + e.msg);
+  }
+  if (root.IsNull()) throw ConfigError({file_.string(), 1, 1}, "the suite is empty; it needs at least 'cases:'");
+
+  Suite suite;
+  suite.file = file_;
+  suite.name = file_.stem().string();
+  // (a default-constructed YAML::Node is a valid null node: presence is tracked apart)
+  YAML::Node defaults_node, cases_node;
+  bool has_defaults = false, has_cases = false;
+  for (const auto& [k, v] : entries(root, kTopKeys, "the suite")) {
+    const std::string key = k.Scalar();
+    if (key == "suite") suite.name = string_value(v, key);
+    else if (key == "description") suite.description = string_value(v, key);
+    else if (key == "defaults") has_defaults = (defaults_node = v, true);
+    else has_cases = (cases_node = v, true);
+  }
+
+  std::map<std::string, Entry> defaults;
+  if (has_defaults && !defaults_node.IsNull()) {
+    std::vector<std::string> valid = kCaseKeys;
+    valid.erase(std::find(valid.begin(), valid.end(), "name"));
+    for (const auto& [k, v] : entries(defaults_node, valid, "'defaults'"))
+      defaults.emplace(k.Scalar(), Entry{k, v, v, true, false});
+  }
+
+  if (!has_cases) throw ConfigError({file_.string(), 1, 1}, "the suite has no 'cases:' list");
+  if (!cases_node.IsSequence() || cases_node.size() == 0)
+    fail(cases_node, "'cases' must be a non-empty list of cases (each starting with '- name: ...')");
+  std::set<std::string> names;
+  std::size_t index = 0;
+  for (const auto& node : cases_node) {
+    for (CaseSpec& c : parse_case(node, index++, defaults)) {
+      if (!names.insert(c.name).second)
+        throw ConfigError(c.source, "two cases are named '" + c.name + "'; names must be unique");
+      suite.cases.push_back(std::move(c));
+    }
+  }
+  return suite;
+}
+
+std::vector<CaseSpec> Parser::parse_case(const YAML::Node& node, std::size_t index,
+                                         const std::map<std::string, Entry>& defaults) {
+  context_.clear();
+  if (!node.IsMap()) fail(node, "case #" + std::to_string(index + 1) + " must be a map with 'name:' and 'compare:'");
+  // Name the case in errors from the start when it has a readable name.
+  if (const YAML::Node n = node["name"]; n && n.IsScalar() && !n.Scalar().empty())
+    context_ = "case '" + n.Scalar() + "': ";
+  std::map<std::string, Entry> keys = defaults;
+  for (const auto& [k, v] : entries(node, kCaseKeys, context_.empty() ? "case #" + std::to_string(index + 1) : "the case")) {
+    const auto d = defaults.find(k.Scalar());
+    Entry e = d != defaults.end() ? Entry{k, v, d->second.default_value, true, true} : Entry{k, v, {}, false, true};
+    keys.erase(k.Scalar());
+    keys.emplace(k.Scalar(), e);
+  }
+
+  CaseSpec c;
+  c.source = loc(node);
+  if (!keys.count("name")) fail(node, "case #" + std::to_string(index + 1) + " has no 'name'");
+  c.name = c.base_name = string_value(keys["name"].value, "name");
+  if (c.name.empty()) fail(keys["name"].value, "'name' is empty");
+  context_ = "case '" + c.name + "': ";
+  for (const auto& [name, e] : keys) {
+    // a key with nothing after it: its value's mark points past it, so name the key
+    if (e.value.IsNull() && name != "scale") fail(e.key, "'" + name + "' has no value");
+    c.key_source[name] = loc(e.value);
+  }
+
+  auto has = [&](const char* key) { return keys.count(key) > 0; };
+  auto val = [&](const char* key) -> const YAML::Node& { return keys.at(key).value; };
+
+  if (has("level")) c.level = choice(val("level"), "level", {"mha", "core"}) == "mha" ? Level::mha : Level::core;
+  if (has("dtype"))
+    c.dtype = choice(val("dtype"), "dtype", {"float64", "float32"}) == "float64" ? DType::float64 : DType::float32;
+  if (c.dtype == DType::float32) c.tolerance = {1e-5, 1e-4};  // float32 defaults, unless set below
+
+  if (!has("compare")) fail(node, "no 'compare' list (one plugin with 'reference', or two plugins)");
+  c.compare = string_list(val("compare"), "compare");
+  if (has("reference")) {
+    const std::string ref = string_value(val("reference"), "reference");
+    if (ref.empty()) fail(val("reference"), "'reference' is empty");
+    c.reference_text = ref;
+    c.reference = fs::path(ref).is_absolute() ? fs::path(ref) : dir_ / ref;
+  }
+  if (c.is_reference() && c.compare.size() != 1)
+    fail(val("compare"), "a case with 'reference' compares exactly one plugin against it, got " +
+                             std::to_string(c.compare.size()) + " names");
+  if (!c.is_reference() && c.compare.size() != 2)
+    fail(val("compare"), "'compare' needs two plugins, or one plugin and a 'reference' directory; got " +
+                             std::to_string(c.compare.size()) + (c.compare.size() == 1 ? " name" : " names"));
+  for (std::size_t i = 0; i < c.compare.size(); ++i)
+    if (c.compare[i].empty()) fail(val("compare"), "'compare' has an empty plugin name");
+
+  if (has("causal")) c.causal = bool_value(val("causal"), "causal");
+  if (has("scale") && !val("scale").IsNull()) {
+    const double s = number_value(val("scale"), "scale");
+    if (s <= 0) fail(val("scale"), "'scale' must be > 0, got " + val("scale").Scalar());
+    c.scale = s;
+  }
+  if (has("dropout_p")) {
+    const double p = number_value(val("dropout_p"), "dropout_p");
+    if (p != 0)
+      fail(val("dropout_p"),
+           "dropout_p must be 0 in a comparison, got " + val("dropout_p").Scalar() +
+               ": dropout zeroes a random subset of attention weights, so the two sides draw "
+               "different masks and cannot agree; and a module's eval() does not turn it off in a "
+               "functional call (F.scaled_dot_product_attention applies dropout_p as passed)");
+  }
+  if (has("mask")) {
+    const YAML::Node& m = val("mask");
+    const std::string s = string_value(m, "mask");
+    if (s == "causal") {
+      if (has("causal") && keys["causal"].from_case == keys["mask"].from_case && !c.causal)
+        fail(m, "'mask: causal' contradicts 'causal: false'");
+      c.causal = true;
+    } else if (s != "none") {
+      if (c.level != Level::core)
+        fail(m, "a mask file needs 'level: core' (at mha level the only masks are none and causal; "
+                "use causal: true)");
+      if (fs::path(s).extension() != ".npy")
+        fail(m, "'mask' must be none, causal or a .npy file of bools, got '" + s + "'");
+      c.mask_file = fs::path(s).is_absolute() ? fs::path(s) : dir_ / s;
+    }
+  }
+  if (has("input_layout")) {
+    const std::string s = choice(val("input_layout"), "input_layout", {"contiguous", "transposed", "sliced"});
+    c.layout = s == "contiguous" ? InputLayout::contiguous
+               : s == "transposed" ? InputLayout::transposed : InputLayout::sliced;
+  }
+  if (has("seed")) {
+    const std::int64_t s = int_value(val("seed"), "seed");
+    if (s < 0) fail(val("seed"), "'seed' must be >= 0, got " + std::to_string(s));
+    c.seed = static_cast<std::uint64_t>(s);
+  }
+  for (const char* key : {"atol", "rtol"}) {
+    if (!has(key)) continue;
+    const double x = number_value(val(key), key);
+    if (x < 0) fail(val(key), std::string("'") + key + "' must be >= 0");
+    (std::string(key) == "atol" ? c.tolerance.atol : c.tolerance.rtol) = x;
+  }
+  if (has("tolerance")) {
+    const Entry& e = keys["tolerance"];
+    if (e.has_default && e.from_case) read_tolerance_map(e.default_value, c);
+    read_tolerance_map(e.value, c);
+  }
+  if (has("timeout")) {
+    const double t = number_value(val("timeout"), "timeout");
+    if (t <= 0) fail(val("timeout"), "'timeout' must be > 0 seconds");
+    c.timeout_s = t;
+  }
+  if (has("expect")) {
+    for (const auto& [k, v] : entries(val("expect"), kExpectKeys, "'expect'")) {
+      if (k.Scalar() == "fail") c.expect_fail = bool_value(v, "fail");
+      else c.expect_diagnosis = string_value(v, "diagnosis");
+    }
+  }
+
+  // check: the case's own list is taken as written; a list from the defaults
+  // keeps the names this level has (so one default serves both levels).
+  const auto& level_tensors = tensor_names(c.level);
+  if (has("check")) {
+    const Entry& e = keys["check"];
+    const std::vector<std::string> wanted = string_list(e.value, "check");
+    if (wanted.empty()) fail(e.value, "'check' is empty; list the tensors to compare");
+    std::vector<std::string> all = tensor_names(Level::mha);
+    all.insert(all.end(), tensor_names(Level::core).begin() + 1, tensor_names(Level::core).end());
+    std::set<std::string> chosen;
+    for (const auto& t : wanted) {
+      const bool here = std::find(level_tensors.begin(), level_tensors.end(), t) != level_tensors.end();
+      if (!here && (e.from_case || std::find(all.begin(), all.end(), t) == all.end())) {
+        const std::string near = closest_match(t, level_tensors);
+        fail(e.value, "'" + t + "' is not a " + std::string(level_name(c.level)) + "-level tensor (" +
+                          join(level_tensors) + ")" + (near.empty() ? "" : "; did you mean '" + near + "'?"));
+      }
+      if (here) chosen.insert(t);
+    }
+    // A defaults list written for the other level (its gradients, maybe out)
+    // does not narrow this level's checks.
+    const bool other_grads = std::any_of(wanted.begin(), wanted.end(), [&](const std::string& t) {
+      return t != "out" && std::find(level_tensors.begin(), level_tensors.end(), t) == level_tensors.end();
+    });
+    const bool own_grads = std::any_of(chosen.begin(), chosen.end(), [](const std::string& t) { return t != "out"; });
+    if (!e.from_case && other_grads && !own_grads) chosen.insert(level_tensors.begin(), level_tensors.end());
+    for (const auto& t : level_tensors)
+      if (chosen.count(t)) c.check.push_back(t);
+    c.check_strict = e.from_case;
+  }
+  if (c.check.empty()) c.check = level_tensors;
+
+  std::vector<DimValues> shape, sweep;
+  for (const char* key : {"shape", "sweep"}) {
+    if (!has(key)) continue;
+    const Entry& e = keys[key];
+    auto& out = std::string(key) == "shape" ? shape : sweep;
+    if (e.has_default && e.from_case) read_dims(e.default_value, c.level, key, true, out);
+    read_dims(e.value, c.level, key, !e.from_case, out);
+  }
+  if (c.is_reference() && !sweep.empty())
+    fail(val("sweep"), "a reference case cannot sweep: its shapes come from the reference files");
+  return expand(c, shape, sweep);
+}
+
+std::vector<CaseSpec> Parser::expand(const CaseSpec& base, const std::vector<DimValues>& shape,
+                                     const std::vector<DimValues>& sweep) {
+  CaseSpec c = base;
+  for (const auto& d : shape) *c.dims.find(d.dim) = d.values.front();
+  // Where a sweep point's problems are reported: the sweep, else the shape, else the case.
+  const SourceLoc at = !sweep.empty() ? sweep.front().where : !shape.empty() ? shape.front().where : c.source;
+
+  std::vector<CaseSpec> out;
+  std::vector<std::size_t> pos(sweep.size(), 0);
+  while (true) {
+    CaseSpec p = c;
+    std::string label;
+    for (std::size_t i = 0; i < sweep.size(); ++i) {
+      const std::int64_t value = sweep[i].values[pos[i]];
+      *p.dims.find(sweep[i].dim) = value;
+      p.sweep_point.emplace_back(sweep[i].dim, value);
+      if (sweep[i].values.size() > 1)
+        label += (label.empty() ? "" : ",") + sweep[i].dim + "=" + std::to_string(value);
+    }
+    if (!label.empty()) p.name = c.base_name + "[" + label + "]";
+    const std::string saved = context_;
+    context_ = "case '" + p.name + "': ";
+    finish_point(p, at);
+    context_ = saved;
+    out.push_back(std::move(p));
+    // odometer: the last dim varies fastest
+    std::size_t i = sweep.size();
+    while (i > 0 && ++pos[i - 1] == sweep[i - 1].values.size()) pos[--i] = 0;
+    if (i == 0) break;
+  }
+  return out;
+}
+
+void Parser::finish_point(CaseSpec& c, const SourceLoc& at) const {
+  const Dims& d = c.dims;
+  if (c.is_reference()) {
+    if (c.level == Level::mha && d.H == 0)
+      fail(at, "a reference case at mha level needs the head count: shape: {H: ..} (B, T and D come "
+               "from the files)");
+  } else {
+    std::vector<std::string> missing;
+    for (const auto& dim : dim_names(c.level))
+      if (c.dims.get(dim) == 0) missing.push_back(dim);
+    if (!missing.empty())
+      fail(at, "missing shape dim" + std::string(missing.size() > 1 ? "s " : " ") + join(missing) +
+                   " (" + std::string(level_name(c.level)) + " level needs " +
+                   join(dim_names(c.level)) + " in 'shape' or 'sweep')");
+  }
+  if (c.level == Level::mha && d.D > 0 && d.H > 0 && d.D % d.H != 0)
+    fail(at, "D=" + std::to_string(d.D) + " is not divisible by H=" + std::to_string(d.H) +
+                 " (each head takes d = D / H channels)");
+}
+
+}  // namespace
+
+Suite parse_suite(std::string_view yaml_text, const fs::path& file) {
+  return Parser(file).parse(yaml_text);
+}
+
+Suite load_suite(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw ConfigError({file.string(), 0, 0}, "cannot read the suite file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  Suite suite = parse_suite(ss.str(), file);
+  for (CaseSpec& c : suite.cases) check_case_files(c);
+  return suite;
+}
+
+std::vector<std::pair<std::string, std::string>> missing_capabilities(const CaseSpec& c,
+                                                                      const Capabilities& caps) {
+  std::vector<std::pair<std::string, std::string>> out;
+  if (c.level == Level::mha && !caps.mha) out.emplace_back("mha", "the case is at mha level");
+  if (c.level == Level::core && !caps.core) out.emplace_back("core", "the case is at core level");
+  if (c.causal && !caps.causal) out.emplace_back("causal", "the case is causal");
+  if (!c.mask_file.empty() && !caps.bool_mask)
+    out.emplace_back("mask", "the case has a boolean mask (" + c.mask_file.filename().string() + ")");
+  if (c.level == Level::core && c.dims.Tq != c.dims.Tk && !caps.cross_lengths)
+    out.emplace_back("Tq!=Tk", "Tq=" + std::to_string(c.dims.Tq) + ", Tk=" + std::to_string(c.dims.Tk));
+  if (c.dtype == DType::float32 && !caps.float32) out.emplace_back("float32", "dtype: float32");
+  if (c.dtype == DType::float64 && !caps.float64) out.emplace_back("float64", "dtype: float64");
+  return out;
+}
+
+void check_capabilities(const std::vector<const CaseSpec*>& cases, const PluginRegistry& registry) {
+  for (const CaseSpec* c : cases) {
+    for (const auto& name : c->compare) {
+      const LoadedPlugin* p = registry.find(name);
+      if (!p) continue;
+      const auto missing = missing_capabilities(*c, p->info.capabilities);
+      if (missing.empty()) continue;
+      const auto& [cap, why] = missing.front();
+      throw ConfigError(c->where("compare"),
+                        "case '" + c->name + "': plugin '" + name + "' lacks the capability '" + cap +
+                            "' (" + why + "); it declares: " + capabilities_str(p->info.capabilities));
+    }
+  }
+}
+
+}  // namespace headgrad::runner

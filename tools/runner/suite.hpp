@@ -1,0 +1,131 @@
+// Suites: the YAML file a user writes, parsed and validated into cases.
+//
+//   Suite s = load_suite("configs/default.yaml");  // throws ConfigError (exit 2)
+//   check_capabilities(s, registry);               // once plugins are loaded
+//   for (const CaseSpec& c : s.cases) ...          // defaults applied, sweeps expanded
+//
+// Every ConfigError message starts with FILE:LINE:COL: (1-based, from
+// yaml-cpp's marks) and says what was expected. The keys are the contract of
+// DESIGN.md; `timeout` (seconds per plugin run) and `description` are extras.
+//
+// Shape legend: B batch, T sequence, D model width, H heads, d = D / H head
+// width; at core level Tq/Tk query/key lengths and d the head width.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <headgrad/loader.hpp>
+#include <headgrad/tensor.hpp>
+
+namespace headgrad::runner {
+
+struct SourceLoc {
+  std::string file;
+  int line = 0;  // 1-based; 0 = unknown
+  int column = 0;
+  std::string str() const;  // "suite.yaml:3:5" (or "suite.yaml" when unknown)
+};
+
+// Bad suite, bad input file, bad capability: the user's to fix (exit 2).
+class ConfigError : public std::invalid_argument {
+ public:
+  ConfigError(const SourceLoc& where, const std::string& problem)
+      : std::invalid_argument(where.str() + ": " + problem) {}
+};
+
+enum class Level { mha, core };
+enum class InputLayout { contiguous, transposed, sliced };
+
+std::string_view level_name(Level level);           // "mha", "core"
+std::string_view layout_name(InputLayout layout);   // "contiguous", ...
+
+// allclose: |a - b| <= atol + rtol * |b|, b being the reference side.
+struct Tolerance {
+  double atol = 1e-8;
+  double rtol = 1e-6;
+};
+
+// The sizes of one case. mha: B, T, D, H (d = D / H). core: B, H, Tq, Tk, d.
+// 0 = not given: a reference case takes it from its files.
+struct Dims {
+  std::int64_t B = 0, T = 0, D = 0, H = 0, Tq = 0, Tk = 0, d = 0;
+
+  std::int64_t* find(std::string_view name);  // nullptr for an unknown name
+  std::int64_t get(std::string_view name) const;
+  std::int64_t head_dim() const { return d > 0 ? d : (H > 0 ? D / H : 0); }
+};
+// The dims a level's `shape:` takes, in display order.
+const std::vector<std::string>& dim_names(Level level);
+
+struct CaseSpec {
+  std::string name;       // "layouts[B=2,T=5,H=4]" for a point of a sweep
+  std::string base_name;  // "layouts"
+  std::vector<std::pair<std::string, std::int64_t>> sweep_point;  // empty outside sweeps
+  SourceLoc source;                             // the case's entry under `cases:`
+  std::map<std::string, SourceLoc> key_source;  // where each key's value was written
+
+  std::vector<std::string> compare;    // one plugin (with `reference`) or two
+  std::filesystem::path reference;     // resolved against the suite's folder; empty: none
+  std::string reference_text;          // as written in the suite, for reports
+  Level level = Level::mha;
+  Dims dims;
+  DType dtype = DType::float64;
+  bool causal = false;
+  std::optional<double> scale;         // default 1/sqrt(d)
+  std::filesystem::path mask_file;     // core level bool mask (.npy); empty: none
+  InputLayout layout = InputLayout::contiguous;
+  std::uint64_t seed = 0;
+  Tolerance tolerance;
+  std::map<std::string, Tolerance> tensor_tolerance;  // per tensor overrides
+  std::vector<std::string> check;      // tensors compared, in tensor_names() order
+  bool check_strict = false;           // set on the case itself: a reference dir must hold each
+  bool expect_fail = false;
+  std::string expect_diagnosis;        // a bug's name; read, checked by the diagnosis stage
+  double timeout_s = 60;               // per plugin run
+
+  bool is_reference() const { return !reference.empty(); }
+  SourceLoc where(const std::string& key) const;  // that key's location, else the case's
+  Tolerance tolerance_for(const std::string& tensor) const;
+};
+
+struct Suite {
+  std::string name;
+  std::filesystem::path file;
+  std::string description;
+  std::vector<CaseSpec> cases;
+};
+
+// The tensors a level produces, in report order:
+// mha: out, dx, dwq, dwk, dwv, dwo; core: out, dq, dk, dv.
+const std::vector<std::string>& tensor_names(Level level);
+
+// The YAML alone: no file other than the suite is read.
+Suite parse_suite(std::string_view yaml_text, const std::filesystem::path& file);
+// Reads the file, parses it, then reads the files its cases name (mask files,
+// reference directories): their shapes are checked and a reference case's
+// dims are filled in from them.
+Suite load_suite(const std::filesystem::path& file);
+
+// What `plugin` lacks for `c`: {capability, why the case needs it}.
+std::vector<std::pair<std::string, std::string>> missing_capabilities(const CaseSpec& c,
+                                                                      const Capabilities& caps);
+// Throws ConfigError for the first loaded plugin that lacks a capability one of
+// `cases` needs (plugins that are not loaded are the runner's business).
+void check_capabilities(const std::vector<const CaseSpec*>& cases, const PluginRegistry& registry);
+
+// "MHA(B=2,T=3,D=8,H=2,causal)", "CORE(B=2,H=3,Tq=5,Tk=7,d=4,mask,float32)"
+std::string describe_case(const CaseSpec& c);
+
+// The candidate nearest to `word` by edit distance when it is close enough to
+// be a likely typo; empty otherwise.
+std::string closest_match(std::string_view word, const std::vector<std::string>& candidates);
+
+}  // namespace headgrad::runner

@@ -1,0 +1,368 @@
+#include "template/template.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <stdexcept>
+#include <system_error>
+
+#include <boost/dll/runtime_symbol_info.hpp>
+
+namespace fs = std::filesystem;
+
+namespace headgrad::templates {
+
+namespace {
+
+constexpr int kExitOk = 0, kExitUsage = 2;
+
+// ---------------------------------------------------------------- the files
+// Placeholders: @NAME@ the plugin's name, @CLASS@ its class name.
+
+constexpr std::string_view kMesonBuild = R"tmpl(# @NAME@: a headgrad attention plugin, built against an installed headgrad.
+#   meson setup build && ninja -C build
+# If Meson cannot find headgrad, point pkg-config at the installation:
+#   PKG_CONFIG_PATH=<prefix>/lib/<triplet>/pkgconfig meson setup build
+project('@NAME@', 'cpp',
+  version : '0.1.0',
+  default_options : ['cpp_std=c++20', 'buildtype=release', 'warning_level=2'])
+
+headgrad_dep = dependency('headgrad')  # headgrad.pc: the plugin SDK headers and libheadgrad
+boost_dep = dependency('boost')        # Boost.DLL's headers (header-only), used by HEADGRAD_PLUGIN
+
+shared_module('@NAME@', '@NAME@.cpp',
+  dependencies : [headgrad_dep, boost_dep],
+  gnu_symbol_visibility : 'hidden',  # only the two symbols HEADGRAD_PLUGIN exports are public
+  name_prefix : '',                  # @NAME@.so, not lib@NAME@.so
+  # `meson install` puts it beside headgrad's own plugins, where headgrad
+  # finds it without --plugin-path.
+  install : true,
+  install_dir : headgrad_dep.get_variable(pkgconfig : 'plugindir'))
+)tmpl";
+
+constexpr std::string_view kSource = R"tmpl(// @NAME@: multi-head attention as a headgrad plugin, built from headgrad's
+// ops: project, split heads, attention core, merge heads, project. Every op
+// records its own backward, so the gradients of x, Wq, Wk, Wv and Wo come for
+// free (a fused kernel would use custom_op() with a hand-written backward).
+//
+// It starts correct: the same computation as headgrad's `batched` plugin.
+// Change it where it says CHANGE HERE, then rebuild and run the suite:
+//   ninja -C build && headgrad run suite.yaml --plugin-path build
+//
+// Shape legend: B batch, T sequence (Tq/Tk query/key lengths at the core
+// level), D model width, H heads, d = D / H head width.
+// Conventions (PyTorch's): W is [out, in] and y = x W^T; head h owns rows
+// [h*d, (h+1)*d) of Wq, Wk, Wv and columns [h*d, (h+1)*d) of Wo.
+#include <cmath>
+
+#include <headgrad/plugin.hpp>
+
+namespace {
+
+using namespace headgrad;
+
+class @CLASS@ final : public Attention {
+ public:
+  PluginInfo info() const override {
+    PluginInfo i;
+    i.name = "@NAME@";  // what suites write in `compare:`; unique among loaded plugins
+    i.version = "0.1.0";
+    i.description = "my attention, started from headgrad new-plugin";
+    // Declare only what you implement: the runner checks a case's needs
+    // against these before calling you, and names what is missing.
+    Capabilities& c = i.capabilities;
+    c.mha = true;            // mha_forward below
+    c.core = true;           // core_forward below
+    c.causal = true;         // spec.causal
+    c.bool_mask = true;      // spec.mask (core level)
+    c.cross_lengths = true;  // Tq != Tk (core level)
+    c.float32 = c.float64 = true;
+    return i;
+  }
+
+  // x [..., T, D] -> [..., T, D]
+  Variable mha_forward(const Variable& x, const MhaWeights& w,
+                       const AttentionSpec& spec) const override {
+    if (spec.kv_heads() != spec.num_heads)
+      throw UnsupportedError("@NAME@ does not implement grouped KV heads");
+    const std::int64_t t = x.size(-2), dm = x.size(-1);
+    const std::int64_t h = spec.num_heads, d = dm / h;
+    const Variable x3 = reshape(x, {-1, t, dm});  // [B, T, D]; x may be a strided view
+    const std::int64_t b = x3.size(0);
+
+    // Projections, y = x W^T.  CHANGE HERE (e.g. one fused [3D, D] projection).
+    const Variable q = linear(x3, w.wq);  // [B, T, D]
+    const Variable k = linear(x3, w.wk);
+    const Variable v = linear(x3, w.wv);
+
+    // Split: [B, T, D] -> view [B, T, H, d] -> transpose -> [B, H, T, d].
+    // !! Viewing [B, T, D] straight as [B, H, T, d] keeps every size and mixes
+    // tokens with heads. !!
+    const Variable qh = transpose(view(q, {b, t, h, d}), 1, 2);
+    const Variable kh = transpose(view(k, {b, t, h, d}), 1, 2);
+    const Variable vh = transpose(view(v, {b, t, h, d}), 1, 2);
+
+    const Variable o = core_forward(qh, kh, vh, spec);  // [B, H, T, d]
+
+    // Merge, the exact reverse of the split: transpose back to [B, T, H, d]
+    // first, then reshape to [B, T, D] (reshape copies: the transpose is not
+    // contiguous). CHANGE HERE with care.
+    // !! reshape(o, {b, t, dm}) alone keeps every size and silently mixes tokens
+    // with heads: the suite catches it. !!
+    const Variable merged = reshape(transpose(o, 1, 2), {b, t, dm});
+
+    // Output projection, then x's own leading dims.
+    return reshape(linear(merged, w.wo), x.shape());
+  }
+
+  // q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv] -> [..., Tq, dv]
+  Variable core_forward(const Variable& q, const Variable& k, const Variable& v,
+                        const AttentionSpec& spec) const override {
+    // Scores, scaled by 1/sqrt(d) unless the spec gives a scale.  CHANGE HERE
+    // (your kernel: wrap it in custom_op() with its own backward).
+    const Variable scores = scale(matmul(q, transpose(k, -2, -1)), spec.scale_for(q.size(-1)));  // [..., Tq, Tk]
+    // The mask the spec asks for (True = attend): causal (query i sees keys
+    // j <= i, top-left aligned when Tq != Tk), spec.mask, or both.
+    Variable masked = scores;
+    if (const Tensor attend = attention_mask(spec, q.size(-2), k.size(-2)); attend.defined())
+      masked = masked_fill(scores, logical_not(attend), -INFINITY);
+    // Softmax over the keys (the last dim); a row with every key masked gives
+    // zeros, not NaN.
+    return matmul(softmax(masked, -1), v);  // [..., Tq, dv]
+  }
+};
+
+}  // namespace
+
+// Exports the ABI version (a plain C function the loader checks before any C++
+// call) and the factory (a Boost.DLL alias).
+HEADGRAD_PLUGIN(@CLASS@)
+)tmpl";
+
+constexpr std::string_view kSuite = R"tmpl(# @NAME@ against per_head, headgrad's slow and obvious oracle (a loop over
+# heads with sliced weights), on identical weights: the output and the
+# gradients of x, Wq, Wk, Wv, Wo. The shapes are where attention bugs cannot
+# hide: H > 1, T > 1, B > 1, head width != model width, non-contiguous x.
+#   headgrad run suite.yaml --plugin-path build
+suite: @NAME@-vs-per_head
+defaults:
+  compare: [@NAME@, per_head]
+  dtype: float64
+  causal: true
+  dropout_p: 0.0
+  atol: 1.0e-8
+  rtol: 1.0e-6
+  seed: 0
+cases:
+  - name: closed-book
+    shape: {B: 2, T: 3, D: 8, H: 2}
+  - name: heads, lengths, batches
+    sweep: {B: [1, 2], T: [1, 5, 17], H: [1, 2, 4], D: [24]}
+  - name: not causal
+    causal: false
+    sweep: {B: [2], T: [4, 9], H: [1, 3], D: [12]}
+  - name: non-contiguous input
+    input_layout: transposed
+    sweep: {B: [2], T: [5, 17], H: [2, 4], D: [24]}
+  - name: sliced input
+    input_layout: sliced
+    shape: {B: 2, T: 7, D: 16, H: 4}
+  - name: float32
+    dtype: float32
+    atol: 1.0e-5
+    rtol: 1.0e-4
+    shape: {B: 2, T: 9, D: 16, H: 4}
+  - name: core level, Tq != Tk
+    level: core
+    causal: true
+    shape: {B: 2, H: 3, Tq: 5, Tk: 7, d: 4}
+)tmpl";
+
+constexpr std::string_view kReadme = R"tmpl(# @NAME@
+
+An attention plugin for headgrad, started from `headgrad new-plugin`. It
+begins as a correct batched multi-head attention built from headgrad's ops;
+change `@NAME@.cpp` where it says CHANGE HERE.
+
+## Build
+
+    meson setup build        # finds headgrad through pkg-config (headgrad.pc)
+    ninja -C build           # -> build/@NAME@.so
+
+If headgrad is installed under a prefix pkg-config does not search, add
+`PKG_CONFIG_PATH=<prefix>/lib/<triplet>/pkgconfig` in front of `meson setup`.
+A plain compiler works too:
+
+    c++ -std=c++20 -O2 -shared -fPIC -fvisibility=hidden @NAME@.cpp -o @NAME@.so \
+        $(pkg-config --cflags --libs headgrad)
+
+## Check
+
+    headgrad run suite.yaml --plugin-path build
+
+compares @NAME@ with `per_head` (the oracle) on the output and on the
+gradients of x, Wq, Wk, Wv, Wo, over several heads, sequence lengths, batch
+sizes and non-contiguous inputs. Exit code 0: every case agrees; 1: a
+comparison failed (the report says which tensor, batch, head and position).
+`headgrad plugins --plugin-path build` shows what headgrad sees of the plugin.
+
+## Good to know
+
+- `mha_forward` gets x `[..., T, D]` and weights in PyTorch's layout (`[out, in]`,
+  y = x W^T); `core_forward` gets q, k, v `[..., T, d]` already split.
+- Declare in `info()` only the capabilities you implement.
+- The plugin is built against headgrad's plugin ABI: after upgrading
+  headgrad, rebuild it (a mismatch is reported and the plugin skipped).
+- `meson install -C build` copies it beside headgrad's own plugins, where
+  headgrad finds it without `--plugin-path`.
+)tmpl";
+
+constexpr std::string_view kKeywords[] = {
+    "alignas",   "alignof",      "and",          "and_eq",    "asm",          "auto",
+    "bitand",    "bitor",        "bool",         "break",     "case",         "catch",
+    "char",      "char8_t",      "char16_t",     "char32_t",  "class",        "compl",
+    "concept",   "const",        "consteval",    "constexpr", "constinit",    "const_cast",
+    "continue",  "co_await",     "co_return",    "co_yield",  "decltype",     "default",
+    "delete",    "do",           "double",       "dynamic_cast", "else",      "enum",
+    "explicit",  "export",       "extern",       "false",     "float",        "for",
+    "friend",    "goto",         "if",           "inline",    "int",          "long",
+    "mutable",   "namespace",    "new",          "noexcept",  "not",          "not_eq",
+    "nullptr",   "operator",     "or",           "or_eq",     "private",      "protected",
+    "public",    "register",     "reinterpret_cast", "requires", "restrict",  "return",
+    "short",     "signed",       "sizeof",       "static",    "static_assert", "static_cast",
+    "struct",    "switch",       "template",     "this",      "thread_local", "throw",
+    "true",      "try",          "typedef",      "typeid",    "typename",     "union",
+    "unsigned",  "using",        "virtual",      "void",      "volatile",     "wchar_t",
+    "while",     "xor",          "xor_eq",       "_Bool",     "_Complex",
+};
+
+// The plugins headgrad ships: a project with one of these names would clash
+// with it (the loader keeps the first and skips the other).
+constexpr std::array<std::string_view, 3> kBuiltinPlugins = {"per_head", "batched", "fused_sdpa"};
+
+std::string replace_all(std::string_view text, std::string_view from, const std::string& to) {
+  std::string out;
+  std::size_t pos = 0;
+  for (std::size_t hit; (hit = text.find(from, pos)) != std::string_view::npos; pos = hit + from.size()) {
+    out.append(text.substr(pos, hit - pos));
+    out.append(to);
+  }
+  out.append(text.substr(pos));
+  return out;
+}
+
+std::string fill(std::string_view text, const std::string& name) {
+  return replace_all(replace_all(text, "@NAME@", name), "@CLASS@", class_name_for(name));
+}
+
+// Where the running headgrad's headgrad.pc is, when it runs from an
+// installation (bin/headgrad -> <libdir>/pkgconfig/headgrad.pc); empty otherwise.
+fs::path installed_pkgconfig_dir() {
+#ifdef HEADGRAD_BIN_TO_PKGCONFIG
+  boost::system::error_code bec;
+  const fs::path exe = boost::dll::program_location(bec).string();
+  if (bec || exe.empty()) return {};
+  std::error_code ec;
+  const fs::path dir = fs::weakly_canonical(exe.parent_path() / HEADGRAD_BIN_TO_PKGCONFIG, ec);
+  if (!ec && fs::is_regular_file(dir / "headgrad.pc", ec)) return dir;
+#endif
+  return {};
+}
+
+}  // namespace
+
+bool is_c_identifier(std::string_view name) {
+  if (name.empty() || !(std::isalpha(static_cast<unsigned char>(name[0])) || name[0] == '_')) return false;
+  if (!std::all_of(name.begin(), name.end(),
+                   [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }))
+    return false;
+  return std::find(std::begin(kKeywords), std::end(kKeywords), name) == std::end(kKeywords);
+}
+
+std::string class_name_for(std::string_view name) {
+  std::string out;
+  bool upper = true;
+  for (char c : name) {
+    if (c == '_') {
+      upper = true;
+      continue;
+    }
+    out += upper ? static_cast<char>(std::toupper(static_cast<unsigned char>(c))) : c;
+    upper = false;
+  }
+  if (out.empty() || std::isdigit(static_cast<unsigned char>(out[0]))) out = "Plugin" + out;
+  return out + "Attention";
+}
+
+std::vector<fs::path> write_plugin_project(const std::string& name, const fs::path& dir) {
+  if (!is_c_identifier(name))
+    throw std::invalid_argument("NAME '" + name +
+                                "' is not a valid C identifier (letters, digits and _, not starting with a "
+                                "digit, not a C or C++ keyword): it names the plugin, its library and its source");
+  if (std::find(kBuiltinPlugins.begin(), kBuiltinPlugins.end(), name) != kBuiltinPlugins.end())
+    throw std::invalid_argument("NAME '" + name + "' is the name of a plugin headgrad ships; choose another");
+  std::error_code ec;
+  if (fs::exists(dir, ec)) {
+    if (!fs::is_directory(dir, ec))
+      throw std::invalid_argument("DIR " + dir.string() + " exists and is not a folder");
+    if (!fs::is_empty(dir, ec))
+      throw std::invalid_argument("DIR " + dir.string() +
+                                  " is not empty; give a new or empty folder (nothing is overwritten)");
+  }
+  fs::create_directories(dir, ec);
+  if (ec) throw std::runtime_error("cannot create " + dir.string() + ": " + ec.message());
+
+  const std::vector<std::pair<std::string, std::string_view>> files = {
+      {"meson.build", kMesonBuild}, {name + ".cpp", kSource}, {"suite.yaml", kSuite}, {"README.md", kReadme}};
+  std::vector<fs::path> written;
+  for (const auto& [file, text] : files) {
+    const fs::path path = dir / file;
+    std::ofstream os(path, std::ios::binary);
+    os << fill(text, name);
+    os.close();
+    if (!os) throw std::runtime_error("cannot write " + path.string());
+    written.push_back(path);
+  }
+  return written;
+}
+
+int run_new_plugin(const std::string& name, const fs::path& dir, std::ostream& out, std::ostream& err) {
+  std::vector<fs::path> written;
+  try {
+    written = write_plugin_project(name, dir);
+  } catch (const std::exception& e) {
+    err << "headgrad: error: " << e.what() << "\n";
+    return kExitUsage;
+  }
+  out << "wrote " << dir.string() << ":";
+  for (const auto& f : written) out << " " << f.filename().string();
+  out << "\nnext:\n  cd " << dir.string() << "\n";
+  if (const fs::path pc = installed_pkgconfig_dir(); !pc.empty())
+    out << "  export PKG_CONFIG_PATH=" << pc.string() << "${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}\n";
+  out << "  meson setup build && ninja -C build\n"
+      << "  headgrad run suite.yaml --plugin-path build\n"
+      << "then change " << name << ".cpp where it says CHANGE HERE.\n";
+  return kExitOk;
+}
+
+void add_new_plugin_command(CLI::App& app, int& exit_code) {
+  struct Args {
+    std::string name, dir;
+  };
+  auto args = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand(
+      "new-plugin",
+      "Write a ready-to-build plugin project in DIR: meson.build (dependency('headgrad')), NAME.cpp (a correct "
+      "batched attention from core ops, the places to change marked), suite.yaml (NAME against per_head) and "
+      "README.md.");
+  cmd->add_option("name", args->name, "the plugin's name: a C identifier (also its library and source name)")
+      ->required()
+      ->type_name("NAME");
+  cmd->add_option("dir", args->dir, "the project folder to create (new, or empty)")->required()->type_name("DIR");
+  cmd->callback([args, &exit_code] { exit_code = run_new_plugin(args->name, args->dir, std::cout, std::cerr); });
+}
+
+}  // namespace headgrad::templates

@@ -1,0 +1,49 @@
+// `headgrad new-plugin NAME DIR`: writes a ready-to-build plugin project
+// outside headgrad's tree: meson.build (dependency('headgrad')), NAME.cpp (a
+// correct batched attention built from core ops, the places to change marked),
+// suite.yaml (NAME against per_head across heads, lengths, batch sizes and
+// non-contiguous inputs) and README.md. The text lives here, not in data files,
+// so an installed headgrad needs nothing else.
+//
+//   CLI::App app;  int exit_code = 0;
+//   add_new_plugin_command(app, exit_code);   // the subcommand's callback sets exit_code
+//   app.parse(argc, argv);
+//   if (app.got_subcommand("new-plugin")) return exit_code;
+#pragma once
+
+#include <filesystem>
+#include <iosfwd>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+namespace headgrad::templates {
+
+// [A-Za-z_][A-Za-z0-9_]* and not a C or C++ keyword.
+bool is_c_identifier(std::string_view name);
+
+// my_attn -> MyAttn (the plugin's class name).
+std::string class_name_for(std::string_view name);
+
+// Checks NAME and DIR (throws std::invalid_argument saying what is wrong: NAME
+// not a C identifier or the name of a built-in plugin; DIR a file or a
+// non-empty folder), then writes the project. Returns the files written.
+// Throws std::runtime_error when a file cannot be written.
+std::vector<std::filesystem::path> write_plugin_project(const std::string& name,
+                                                        const std::filesystem::path& dir);
+
+// The subcommand's work: 0 on success (files and next steps on `out`); 2 with
+// "headgrad: error: ..." on `err` for a bad NAME or DIR or a failed write.
+int run_new_plugin(const std::string& name, const std::filesystem::path& dir, std::ostream& out,
+                   std::ostream& err);
+
+// Adds `new-plugin NAME DIR` to `app`; its callback stores run_new_plugin's
+// result in exit_code, which must outlive app.parse().
+void add_new_plugin_command(CLI::App& app, int& exit_code);
+
+}  // namespace headgrad::templates
+
+// The name the issue gives it, at global scope for main.cpp.
+using headgrad::templates::add_new_plugin_command;
