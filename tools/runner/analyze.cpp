@@ -171,7 +171,7 @@ Localization localize(const CaseResult& failed, const PluginRegistry& registry,
     loc.sentence = "A reference case has one shape (its files): it cannot be re-run at others.";
     return loc;
   }
-  loc.rows.push_back({"as failed", describe_case(c), failed.status, failed.max_abs(), ""});
+  loc.rows.push_back({"as failed", describe_case(c), CaseStatus::fail, failed.max_abs(), ""});
   RunOptions quiet = options;
   quiet.keep_tensors = false;
   quiet.on_case_start = nullptr;

@@ -41,6 +41,9 @@ std::string pair_label(const CaseResult& r);  // "per_head vs batched"
 std::string tensor_details(const TensorComparison& t, const CaseResult& r, std::size_t indent);
 // Every differing tensor's details (all tensors with `all`), for failure texts.
 std::string case_details(const CaseResult& r, bool all, std::size_t indent);
+// The diagnosis, where the error lives and the localization table, as lines
+// (empty when the case was not analyzed).
+std::string analysis_details(const CaseResult& r, std::size_t indent);
 
 // ---- terminal ----
 void print_header(std::ostream& os, const Suite& suite, std::size_t selected, const PluginRegistry& registry,

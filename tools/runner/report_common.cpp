@@ -5,6 +5,8 @@
 #include <cstring>
 #include <fstream>
 
+#include <algorithm>
+
 #include "runner/report.hpp"
 
 namespace headgrad::runner {
@@ -62,6 +64,32 @@ std::string case_details(const CaseResult& r, bool all, std::size_t indent) {
   std::string s;
   for (const auto& t : r.tensors)
     if (all || !t.allclose) s += tensor_details(t, r, indent);
+  return s;
+}
+
+std::string analysis_details(const CaseResult& r, std::size_t indent) {
+  const std::string pad(indent, ' ');
+  std::string s;
+  if (r.diagnosis) s += pad + "diagnosis: " + r.diagnosis->sentence + "\n";
+  if (!r.localization) return s;
+  const Localization& loc = *r.localization;
+  if (!loc.where.empty()) s += pad + "where: " + loc.where + "\n";
+  if (!loc.rows.empty()) {
+    std::size_t w0 = 0, w1 = 0;
+    for (const auto& row : loc.rows) {
+      w0 = std::max(w0, row.change.size());
+      w1 = std::max(w1, row.shape.size());
+    }
+    s += pad + "localization (the same pair, the same seed, one dim changed):\n";
+    for (const auto& row : loc.rows) {
+      const bool ok = row.status == CaseStatus::pass;
+      std::string verdict = ok ? "passes" : row.status == CaseStatus::error ? "error " : "fails ";
+      s += pad + "  " + row.change + std::string(w0 - row.change.size(), ' ') + "  " + row.shape +
+           std::string(w1 - row.shape.size(), ' ') + "  " + verdict + "  max|Δ| " + format_figure(row.max_abs) +
+           (row.status == CaseStatus::error ? "  " + row.cause : "") + "\n";
+    }
+  }
+  if (!loc.sentence.empty()) s += pad + loc.sentence + "\n";
   return s;
 }
 

@@ -37,6 +37,37 @@ json tensor_json(const TensorComparison& t) {
   return j;
 }
 
+json diagnosis_json(const Diagnosis& d) {
+  json fits = json::array();
+  for (const auto& f : d.fits)
+    fits.push_back({{"bug", f.bug}, {"side", f.side}, {"worst_ratio", number(f.worst_ratio)},
+                    {"max_abs", number(f.max_abs)}});
+  return {{"best", d.best().empty() ? json(nullptr) : json(d.best())},
+          {"fits", fits},
+          {"judged_side", d.judged_side.empty() ? json(nullptr) : json(d.judged_side)},
+          {"correct_side", d.correct_side.empty() ? json(nullptr) : json(d.correct_side)},
+          {"sentence", d.sentence}};
+}
+
+json localization_json(const Localization& loc) {
+  json rows = json::array();
+  for (const auto& row : loc.rows)
+    rows.push_back({{"change", row.change}, {"shape", row.shape}, {"status", case_status_name(row.status)},
+                    {"max_abs", number(row.max_abs)}, {"cause", row.cause}});
+  json spread = json::array();
+  auto numbers = [](const std::vector<double>& v) {
+    json a = json::array();
+    for (double x : v) a.push_back(number(x));
+    return a;
+  };
+  for (const auto& s : loc.spread)
+    spread.push_back({{"tensor", s.tensor}, {"per_head", numbers(s.per_head)},
+                      {"per_position", numbers(s.per_position)}, {"per_batch", numbers(s.per_batch)},
+                      {"tolerance", number(s.tolerance)}});
+  return {{"rows", rows},           {"depends_on", loc.depends_on}, {"independent_of", loc.independent_of},
+          {"sentence", loc.sentence}, {"where", loc.where},           {"spread", spread}};
+}
+
 json case_json(const CaseResult& r) {
   const CaseSpec& c = r.spec;
   json dims = json::object();
@@ -82,7 +113,21 @@ json case_json(const CaseResult& r) {
           {"max_abs", number(r.max_abs())},
           {"seconds", r.seconds},
           {"sides", sides},
-          {"tensors", tensors}};
+          {"tensors", tensors},
+          {"mutant", r.mutant.empty() ? json(nullptr) : json(r.mutant)},
+          {"diagnosis", r.diagnosis ? diagnosis_json(*r.diagnosis) : json(nullptr)},
+          {"localization", r.localization ? localization_json(*r.localization) : json(nullptr)}};
+}
+
+json mutation_json(const MutationScore& m) {
+  if (m.mutants == 0) return nullptr;
+  return {{"mutants", m.mutants}, {"caught", m.caught}, {"named", m.named}};
+}
+
+json warnings_json(const std::vector<WeakSuiteWarning>& warnings) {
+  json a = json::array();
+  for (const auto& w : warnings) a.push_back({{"condition", w.condition}, {"bugs", w.bugs}, {"message", w.message}});
+  return a;
 }
 
 }  // namespace
@@ -103,6 +148,8 @@ nlohmann::json json_report(const SuiteResult& result) {
             {"counts", counts},
             {"seconds", result.seconds},
             {"exit_code", result.exit_code()}}},
+          {"mutation_score", mutation_json(result.mutation_score())},
+          {"warnings", warnings_json(result.warnings)},
           {"cases", cases}};
 }
 

@@ -31,6 +31,7 @@ std::string failure_text(const CaseResult& r) {
   std::string s = describe_case(r.spec) + "  " + pair_label(r) + "\n";
   if (!r.cause.empty()) s += r.cause + "\n";
   s += case_details(r, /*all=*/true, 2);
+  s += analysis_details(r, 2);
   return s;
 }
 

@@ -87,9 +87,14 @@ void print_case(std::ostream& os, const CaseResult& r, const TerminalStyle& styl
   os << "  " << (style.color ? color_of(r.status) + label + "\033[0m" : label) << "  "
      << padded(r.spec.name, style.name_width) << "  " << padded(describe_case(r.spec), style.shape_width) << "  "
      << padded(pair_label(r), style.pair_width) << "  " << figures(r) << "\n";
+  if (r.status == CaseStatus::xfail && r.diagnosis && !r.diagnosis->fits.empty()) {
+    os << std::string(kDetailIndent, ' ') << "named: " << r.diagnosis->best() << " (" << r.diagnosis->judged_side
+       << ")\n";
+  }
   const bool expand = style.verbose || r.status == CaseStatus::fail || r.status == CaseStatus::xpass;
   if (!expand) return;
   os << case_details(r, style.verbose, kDetailIndent);
+  os << analysis_details(r, kDetailIndent);
 }
 
 void print_summary(std::ostream& os, const SuiteResult& result, const TerminalStyle& style) {
@@ -109,6 +114,13 @@ void print_summary(std::ostream& os, const SuiteResult& result, const TerminalSt
                      format_duration(result.seconds);
   for (const auto& n : notes) line += "; " + n;
   os << line << "\n";
+  if (const MutationScore m = result.mutation_score(); m.mutants > 0) {
+    auto pct = [&](std::size_t n) { return std::to_string(100 * n / m.mutants) + "%"; };
+    os << "mutation score: " << m.caught << "/" << m.mutants << " mutants caught (" << pct(m.caught) << "), "
+       << m.named << "/" << m.mutants << " named correctly (" << pct(m.named) << ")\n";
+  }
+  for (const auto& w : result.warnings)
+    os << (style.color ? "\033[33mwarning:\033[0m " : "warning: ") << w.message << "\n";
   if (result.failed() > 0) {
     std::string names;
     for (const auto& c : result.cases)

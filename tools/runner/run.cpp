@@ -1,5 +1,7 @@
 #include "runner/run.hpp"
 
+#include "runner/analyze.hpp"
+
 #include <fnmatch.h>
 
 #include <chrono>
@@ -49,6 +51,21 @@ int SuiteResult::exit_code() const {
   if (count(CaseStatus::error) > 0) return 3;
   if (count(CaseStatus::fail) + count(CaseStatus::xpass) > 0) return 1;
   return 0;
+}
+
+MutationScore SuiteResult::mutation_score() const {
+  MutationScore score;
+  for (const auto& c : cases) {
+    if (c.mutant.empty()) continue;
+    ++score.mutants;
+    const bool caught = c.status == CaseStatus::xfail || (c.status == CaseStatus::fail && c.differing_tensors() > 0);
+    if (!caught) continue;
+    ++score.caught;
+    const std::string own = c.mutant.rfind("mutant_", 0) == 0 ? c.mutant.substr(7) : c.mutant;
+    const std::string expected = c.spec.expect_diagnosis.empty() ? own : c.spec.expect_diagnosis;
+    if (c.diagnosis && c.diagnosis->best() == expected) ++score.named;
+  }
+  return score;
 }
 
 bool glob_match(std::string_view pattern, std::string_view text) {
@@ -102,7 +119,15 @@ CaseResult run_case(const CaseSpec& spec, const PluginRegistry& registry, const 
   res.rhs_label = spec.is_reference() ? spec.reference_text : spec.compare.at(1);
   auto finish = [&](CaseStatus status) {
     res.status = status;
-    if (spec.expect_fail && status == CaseStatus::fail) res.status = CaseStatus::xfail;
+    if (spec.expect_fail && status == CaseStatus::fail) {
+      res.status = CaseStatus::xfail;
+      const std::string named = res.diagnosis ? res.diagnosis->best() : "";
+      if (!spec.expect_diagnosis.empty() && named != spec.expect_diagnosis) {
+        res.status = CaseStatus::fail;
+        join_cause(res.cause, "expected the diagnosis " + spec.expect_diagnosis + ", got " +
+                                  (named.empty() ? "none" : named));
+      }
+    }
     if (spec.expect_fail && status == CaseStatus::pass) {
       res.status = CaseStatus::xpass;
       res.cause = "expected to fail (expect: {fail: true}), but every checked tensor matched";
@@ -127,6 +152,8 @@ CaseResult run_case(const CaseSpec& spec, const PluginRegistry& registry, const 
     res.sides.push_back(side);
   }
   if (!res.sides.empty()) return finish(CaseStatus::error);
+  for (const auto& name : spec.compare)
+    if (registry.get(name).info.mutant) res.mutant = name;
 
   CaseInputs inputs;
   try {
@@ -160,6 +187,12 @@ CaseResult run_case(const CaseSpec& spec, const PluginRegistry& registry, const 
   }
   for (auto& s : res.sides) s.tensors.clear();
   const auto failed = [&](CaseStatus status) {
+    if (options.analyze && status == CaseStatus::fail && !res.tensors.empty()) {
+      RunOptions variant_options = options;
+      variant_options.analyze = false;  // the variants are not analyzed in turn
+      res.diagnosis = diagnose(res);
+      res.localization = localize(res, registry, variant_options);
+    }
     if (options.on_failure) options.on_failure(res, inputs);
     return finish(status);
   };
@@ -181,6 +214,7 @@ SuiteResult run_suite(const Suite& suite, const PluginRegistry& registry, const 
   result.name = suite.name;
   result.file = suite.file;
   const std::vector<const CaseSpec*> cases = select_cases(suite, options.filter);
+  result.warnings = weak_suite_warnings(cases);
   for (std::size_t i = 0; i < cases.size(); ++i) {
     if (options.on_case_start) options.on_case_start(i, cases.size(), *cases[i]);
     result.cases.push_back(run_case(*cases[i], registry, options));

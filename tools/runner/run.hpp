@@ -22,6 +22,7 @@
 
 #include "runner/compare.hpp"
 #include "runner/execute.hpp"
+#include "runner/findings.hpp"
 #include "runner/inputs.hpp"
 #include "runner/suite.hpp"
 
@@ -46,6 +47,10 @@ struct CaseResult {
   std::vector<TensorComparison> tensors;  // one per checked tensor
   TensorSet lhs, rhs;  // both sides' tensors, kept for cases that did not pass (or keep_tensors)
   double seconds = 0;
+  std::string mutant;  // the compared plugin that is a deliberate mutant, if any
+  // Filled when the case failed on a comparison and analysis is on.
+  std::optional<Localization> localization;
+  std::optional<Diagnosis> diagnosis;
 
   double max_abs() const;                // over every compared tensor (NaN if any is NaN)
   std::size_t differing_tensors() const; // tensors that are not allclose
@@ -62,6 +67,15 @@ struct RunOptions {
   // A case that did not pass, before it is returned, with the inputs both
   // sides got: where localization and diagnosis hook in.
   std::function<void(CaseResult&, const CaseInputs&)> on_failure;
+  // Localize and diagnose each case that fails a comparison (analyze.hpp);
+  // an `expect: {diagnosis: NAME}` is checked against the diagnosis.
+  bool analyze = true;
+};
+
+// Mutants caught (their case failed) and named (the diagnosis named the
+// expected bug: expect.diagnosis, else the mutant's own bug).
+struct MutationScore {
+  std::size_t mutants = 0, caught = 0, named = 0;
 };
 
 struct SuiteResult {
@@ -69,6 +83,9 @@ struct SuiteResult {
   std::filesystem::path file;
   std::vector<CaseResult> cases;
   double seconds = 0;
+  std::vector<WeakSuiteWarning> warnings;  // bug classes the selected cases cannot expose
+
+  MutationScore mutation_score() const;
 
   std::size_t count(CaseStatus s) const;
   std::size_t passed() const { return count(CaseStatus::pass) + count(CaseStatus::xfail); }
