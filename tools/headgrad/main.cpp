@@ -23,9 +23,11 @@
 #include <headgrad/npy.hpp>
 #include <nlohmann/json.hpp>
 
+#include "bench.hpp"
 #include "runner/report.hpp"
 #include "runner/run.hpp"
 #include "runner/suite.hpp"
+#include "template/template.hpp"
 
 #ifndef HEADGRAD_VERSION
 #define HEADGRAD_VERSION "unknown"
@@ -397,6 +399,11 @@ int main(int argc, char** argv) {
   exp->add_flag("--no-isolation", export_args.no_isolation, "run the plugin in this process");
   add_common(exp, export_args);
 
+  // Subcommands that live in their own modules: their callbacks set the code.
+  int module_exit = kExitUsage;
+  headgrad::bench::add_bench_command(app, module_exit);
+  headgrad::templates::add_new_plugin_command(app, module_exit);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -408,6 +415,7 @@ int main(int argc, char** argv) {
     if (*run) return cmd_run(run_args);
     if (*plugins) return cmd_plugins(plugins_args);
     if (*exp) return cmd_export(export_args);
+    return module_exit;
   } catch (const ConfigError& e) {
     error(e.what());
     return kExitUsage;
