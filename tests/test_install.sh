@@ -148,8 +148,9 @@ EOF
 code=0
 "$headgrad" run "$tmp/calibrate.yaml" >"$tmp/calibrate.log" 2>&1 || code=$?
 [[ $code == 1 ]] || { cat "$tmp/calibrate.log"; fail "the installed mutant's case exited $code, expected 1"; }
-if sed 's/mutant_merge_without_transpose//g' "$tmp/calibrate.log" | grep merge_without_transpose >/dev/null; then
-  grep -q merge_without_transpose "$tmp/run_bad.log" ||
+# A diagnosis line names the bug ("diagnosis: ... merge_without_transpose ...").
+if sed 's/mutant_merge_without_transpose//g' "$tmp/calibrate.log" | grep -i 'diagnos.*merge_without_transpose' >/dev/null; then
+  grep -qi 'diagnos.*merge_without_transpose' "$tmp/run_bad.log" ||
     { cat "$tmp/run_bad.log"; fail "the runner names merge_without_transpose for the mutant but not for myattn"; }
   echo "the failure is diagnosed as merge_without_transpose"
 else
