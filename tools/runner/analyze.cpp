@@ -176,6 +176,8 @@ Localization localize(const CaseResult& failed, const PluginRegistry& registry,
   quiet.keep_tensors = false;
   quiet.on_case_start = nullptr;
   quiet.on_case_done = nullptr;
+  quiet.on_failure = nullptr;  // the hook is the caller's, for the case it asked for
+  quiet.analyze = false;       // variants are not analyzed in turn
   std::vector<std::string> depends, independent;
   for (auto& v : variants_of(c)) {
     CaseResult r;

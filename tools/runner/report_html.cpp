@@ -1,8 +1,22 @@
-// The HTML report: one self-contained file (inline CSS, no script, no
-// network) with the summary and a table per case. The diagnosis stage adds a
-// section per failing case (heatmaps, localization) through html_case_section.
+// The HTML report: one self-contained file (inline CSS, inline SVG made here,
+// no script, no font or image from anywhere else) with
+//   - the suite's summary: counts per status, the mutation score, the
+//     weak-suite warnings, and a row per case;
+//   - a section per case: its figures, tensor by tensor, and for a case that
+//     did not pass (FAIL, XFAIL, XPASS with both sides' tensors kept) the
+//     diagnosis, the localization table and heatmaps of |lhs - rhs|:
+//       mha out, dx [B, T, D]: per batch item, positions x (heads x channels)
+//       dwq, dwk, dwv [D, D]: output features (head h owns rows h*d..) x inputs
+//       dwo [D, D]: outputs x input features (head h owns columns h*d..)
+//       core [B, H, T, d]: per batch item, positions x (heads x channels)
+//     white = 0, dark red = the max of that tensor; head blocks separated by
+//     blue lines and labelled; big tensors are downsampled (max over blocks).
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
 
+#include "catalog.hpp"
 #include "runner/report.hpp"
 
 namespace headgrad::runner {
@@ -13,11 +27,270 @@ std::string esc(std::string_view s) { return xml_escape(s); }
 
 const char* status_class(CaseStatus s) { return is_success(s) ? "ok" : "bad"; }
 
+std::string fmt(double x, const char* f = "%.1f") {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, f, x);
+  return buf;
+}
+
+// ---- heatmaps ----
+
+constexpr std::int64_t kMaxRows = 48;   // grid cells, after downsampling
+constexpr std::int64_t kMaxCols = 72;
+constexpr std::int64_t kMaxBatch = 4;   // batch items drawn per tensor
+constexpr double kLeft = 34, kTop = 18; // room for the labels
+
+// One 2D map of |lhs - rhs| in the original units.
+struct Map {
+  std::string title;                // "b=0"
+  std::int64_t rows = 0, cols = 0;
+  std::vector<double> v;            // row-major, NaN where a side is not finite
+  std::int64_t row_block = 0;       // head block height (0: none)
+  std::int64_t col_block = 0;       // head block width (0: none)
+  bool position_rows = false;       // label the rows t0, t1, ...
+};
+
+// White -> red -> dark red.
+std::string color(double t) {
+  if (std::isnan(t)) return "#2f5fd0";  // not finite on a side
+  t = std::clamp(t, 0.0, 1.0);
+  double r, g, b;
+  if (t < 0.5) {
+    const double u = t / 0.5;
+    r = 255 + (239 - 255) * u, g = 255 + (59 - 255) * u, b = 255 + (44 - 255) * u;
+  } else {
+    const double u = (t - 0.5) / 0.5;
+    r = 239 + (103 - 239) * u, g = 59 + (0 - 59) * u, b = 44 + (13 - 44) * u;
+  }
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "#%02x%02x%02x", static_cast<int>(std::lround(r)), static_cast<int>(std::lround(g)),
+                static_cast<int>(std::lround(b)));
+  return buf;
+}
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// Labels every `step`-th block so that they do not overlap.
+std::int64_t label_step(double block_px, double min_px) {
+  return std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(min_px / std::max(block_px, 1e-9))));
+}
+
+std::string svg_map(const Map& m, double vmax) {
+  const std::int64_t fr = ceil_div(m.rows, kMaxRows), fc = ceil_div(m.cols, kMaxCols);
+  const std::int64_t gr = ceil_div(m.rows, fr), gc = ceil_div(m.cols, fc);
+  const double cell = (gr <= 24 && gc <= 24) ? 14 : 11;
+  const double W = kLeft + gc * cell + 4, Hh = kTop + gr * cell + 4;
+  const bool tips = gr * gc <= 1024;
+  std::string s = "<svg width=\"" + fmt(W, "%.0f") + "\" height=\"" +
+                  fmt(Hh, "%.0f") + "\" viewBox=\"0 0 " + fmt(W, "%.0f") + " " + fmt(Hh, "%.0f") +
+                  "\" font-family=\"monospace\" font-size=\"10\">\n";
+  for (std::int64_t i = 0; i < gr; ++i)
+    for (std::int64_t j = 0; j < gc; ++j) {
+      double x = 0;
+      bool any_nan = false;
+      for (std::int64_t a = i * fr; a < std::min(m.rows, (i + 1) * fr); ++a)
+        for (std::int64_t b = j * fc; b < std::min(m.cols, (j + 1) * fc); ++b) {
+          const double e = m.v[a * m.cols + b];
+          if (std::isnan(e)) any_nan = true;
+          else x = std::max(x, e);
+        }
+      const double t = any_nan ? NAN : (vmax > 0 ? x / vmax : 0);
+      s += "<rect x=\"" + fmt(kLeft + j * cell, "%.0f") + "\" y=\"" + fmt(kTop + i * cell, "%.0f") + "\" width=\"" +
+           fmt(cell, "%.0f") + "\" height=\"" + fmt(cell, "%.0f") + "\" fill=\"" + color(t) + "\"";
+      if (tips)
+        s += "><title>" + std::string(m.position_rows ? "t" : "row ") + std::to_string(i * fr) + ", col " +
+             std::to_string(j * fc) + ": " + (any_nan ? "not finite" : format_figure(x)) + "</title></rect>\n";
+      else
+        s += "/>\n";
+    }
+  // Frame, head separators and labels.
+  const double gw = gc * cell, gh = gr * cell;
+  s += "<rect x=\"" + fmt(kLeft) + "\" y=\"" + fmt(kTop) + "\" width=\"" + fmt(gw) + "\" height=\"" + fmt(gh) +
+       "\" fill=\"none\" stroke=\"#999\" stroke-width=\"1\"/>\n";
+  if (m.col_block > 0 && m.col_block < m.cols) {
+    const std::int64_t heads = m.cols / m.col_block;
+    const double bpx = static_cast<double>(m.col_block) * cell / fc;
+    for (std::int64_t h = 1; h < heads; ++h) {
+      const double x = kLeft + h * bpx;
+      s += "<line class=\"sep\" x1=\"" + fmt(x) + "\" y1=\"" + fmt(kTop - 4) + "\" x2=\"" + fmt(x) + "\" y2=\"" +
+           fmt(kTop + gh) + "\"/>\n";
+    }
+    const std::int64_t step = label_step(bpx, 22);
+    for (std::int64_t h = 0; h < heads; h += step)
+      s += "<text x=\"" + fmt(kLeft + (h + 0.5) * bpx) + "\" y=\"" + fmt(kTop - 5) +
+           "\" text-anchor=\"middle\" fill=\"#1f3f8f\">h" + std::to_string(h) + "</text>\n";
+  }
+  if (m.row_block > 0 && m.row_block < m.rows) {
+    const std::int64_t heads = m.rows / m.row_block;
+    const double bpx = static_cast<double>(m.row_block) * cell / fr;
+    for (std::int64_t h = 1; h < heads; ++h) {
+      const double y = kTop + h * bpx;
+      s += "<line class=\"sep\" x1=\"" + fmt(kLeft - 4) + "\" y1=\"" + fmt(y) + "\" x2=\"" + fmt(kLeft + gw) +
+           "\" y2=\"" + fmt(y) + "\"/>\n";
+    }
+    const std::int64_t step = label_step(bpx, 12);
+    for (std::int64_t h = 0; h < heads; h += step)
+      s += "<text x=\"" + fmt(kLeft - 6) + "\" y=\"" + fmt(kTop + (h + 0.5) * bpx + 3.5) +
+           "\" text-anchor=\"end\" fill=\"#1f3f8f\">h" + std::to_string(h) + "</text>\n";
+  } else if (m.position_rows) {
+    const std::int64_t step = label_step(cell, 12);
+    for (std::int64_t i = 0; i < gr; i += step)
+      s += "<text x=\"" + fmt(kLeft - 4) + "\" y=\"" + fmt(kTop + (i + 0.5) * cell + 3.5) +
+           "\" text-anchor=\"end\" fill=\"#555\">t" + std::to_string(i * fr) + "</text>\n";
+  }
+  s += "</svg>";
+  return s;
+}
+
+// |a - b| row-major; NaN where either side is not finite.
+std::vector<double> abs_diff(const Tensor& a, const Tensor& b) {
+  std::vector<double> v(static_cast<std::size_t>(a.numel()));
+  for (std::int64_t i = 0; i < a.numel(); ++i) {
+    const double x = a.flat(i), y = b.flat(i);
+    v[i] = (std::isfinite(x) && std::isfinite(y)) ? std::abs(x - y) : NAN;
+  }
+  return v;
+}
+
+// The maps of one tensor, cut as its level and name say; `axes` describes them.
+std::vector<Map> tensor_maps(const CaseSpec& spec, const std::string& name, const Shape& shape,
+                             const std::vector<double>& diff, std::string& axes, std::int64_t& batches) {
+  std::vector<Map> maps;
+  batches = 0;
+  if (spec.level == Level::mha && shape.size() == 3) {  // out, dx [B, T, D]
+    const std::int64_t B = shape[0], T = shape[1], D = shape[2], H = spec.dims.H;
+    const std::int64_t d = (H > 1 && D % H == 0) ? D / H : 0;
+    batches = B;
+    axes = "rows: positions t; columns: heads &times; channels (d = " + std::to_string(d > 0 ? d : D) + ")";
+    for (std::int64_t b = 0; b < std::min(B, kMaxBatch); ++b) {
+      Map m{"b=" + std::to_string(b), T, D, {}, 0, d, true};
+      m.v.assign(diff.begin() + b * T * D, diff.begin() + (b + 1) * T * D);
+      maps.push_back(std::move(m));
+    }
+  } else if (spec.level == Level::mha && shape.size() == 2) {  // dW [D, D]
+    const std::int64_t R = shape[0], C = shape[1], H = spec.dims.H;
+    const bool cols = name == "dwo";
+    const std::int64_t n = cols ? C : R;
+    const std::int64_t d = (H > 1 && n % H == 0) ? n / H : 0;
+    axes = cols ? "rows: output features; columns: input features, head h owns columns [h&middot;d, (h+1)&middot;d)"
+                : "rows: output features, head h owns rows [h&middot;d, (h+1)&middot;d); columns: input features";
+    maps.push_back(Map{"", R, C, diff, cols ? 0 : d, cols ? d : 0, false});
+  } else if (spec.level == Level::core && shape.size() == 4) {  // [B, H, T, c]
+    const std::int64_t B = shape[0], H = shape[1], T = shape[2], c = shape[3];
+    batches = B;
+    axes = std::string("rows: ") + (name == "dk" || name == "dv" ? "key positions" : "query positions") +
+           "; columns: heads side by side, channels within each";
+    for (std::int64_t b = 0; b < std::min(B, kMaxBatch); ++b) {
+      Map m{"b=" + std::to_string(b), T, H * c, {}, 0, H > 1 ? c : 0, true};
+      m.v.resize(static_cast<std::size_t>(T * H * c));
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t t = 0; t < T; ++t)
+          for (std::int64_t ch = 0; ch < c; ++ch)
+            m.v[t * H * c + h * c + ch] = diff[((b * H + h) * T + t) * c + ch];
+      maps.push_back(std::move(m));
+    }
+  } else if (!shape.empty()) {  // anything else: all leading dims as rows
+    const std::int64_t C = shape.back();
+    const std::int64_t R = C > 0 ? static_cast<std::int64_t>(diff.size()) / C : 0;
+    axes = "rows: leading dims flattened; columns: last dim";
+    maps.push_back(Map{"", R, C, diff, 0, 0, false});
+  }
+  return maps;
+}
+
+std::string heatmaps(const CaseResult& r) {
+  std::string h;
+  for (const auto& t : r.tensors) {
+    if (!t.problem.empty()) continue;
+    const Tensor* a = find_tensor(r.lhs, t.name);
+    const Tensor* b = find_tensor(r.rhs, t.name);
+    if (!a || !b || !a->defined() || !b->defined() || a->shape() != b->shape() || a->numel() == 0) continue;
+    const std::vector<double> diff = abs_diff(*a, *b);
+    double vmax = 0;
+    bool non_finite = false;
+    for (double x : diff) {
+      if (std::isnan(x)) non_finite = true;
+      else vmax = std::max(vmax, x);
+    }
+    std::string axes;
+    std::int64_t batches = 0;
+    const std::vector<Map> maps = tensor_maps(r.spec, t.name, a->shape(), diff, axes, batches);
+    if (maps.empty()) continue;
+    h += "<figure class=\"tensor\"><figcaption><b>" + esc(t.name) + "</b> " + esc(shape_str(a->shape())) +
+         " &middot; |" + esc(r.lhs_label) + " &minus; " + esc(r.rhs_label) + "| &middot; <span class=\"scale\">" +
+         "0 <span class=\"bar\"></span> " + format_figure(vmax) + "</span> max |&Delta;| = <b>" + format_figure(vmax) +
+         "</b>" + (t.allclose ? " (within tolerance)" : "") +
+         (non_finite ? " &middot; <span style=\"color:#2f5fd0\">blue: not finite</span>" : "") + "<br><small>" + axes;
+    const std::int64_t fr = ceil_div(maps[0].rows, kMaxRows), fc = ceil_div(maps[0].cols, kMaxCols);
+    if (fr > 1 || fc > 1)
+      h += "; downsampled: each cell is the max over " + std::to_string(fr) + "&times;" + std::to_string(fc) +
+           " elements";
+    if (batches > kMaxBatch)
+      h += "; the first " + std::to_string(kMaxBatch) + " of " + std::to_string(batches) + " batch items";
+    h += "</small></figcaption>\n<div class=\"maps\">";
+    for (const Map& m : maps) {
+      h += "<div class=\"map\">";
+      if (!m.title.empty()) h += "<div class=\"mt\">" + esc(m.title) + "</div>";
+      h += svg_map(m, vmax) + "</div>\n";
+    }
+    h += "</div></figure>\n";
+  }
+  return h.empty() ? h : "<h3>Heatmaps of the absolute error</h3>\n<div class=\"heat\">\n" + h + "</div>\n";
+}
+
+// ---- analysis ----
+
+std::string analysis_html(const CaseResult& r) {
+  std::string h;
+  if (!r.spec.expect_diagnosis.empty())
+    h += "<p>expected diagnosis: <code>" + esc(r.spec.expect_diagnosis) + "</code></p>\n";
+  if (r.diagnosis) {
+    const Diagnosis& d = *r.diagnosis;
+    h += "<h3>Diagnosis</h3>\n";
+    if (!d.fits.empty()) h += "<p>best fit: <b class=\"diag-best\">" + esc(d.best()) + "</b></p>\n";
+    h += "<p class=\"diagnosis\">" + esc(d.sentence) + "</p>\n";
+    if (!d.fits.empty()) {
+      h += "<table>\n<tr><th>bug</th><th>reproduces</th><th>worst |&Delta;| / tolerance</th><th>max |&Delta;|</th>"
+           "<th>what it is</th><th>fix</th></tr>\n";
+      for (const auto& f : d.fits) {
+        std::string expl, fix;
+        if (auto bug = diagnosis::bug_from_name(f.bug)) {
+          expl = std::string(diagnosis::bug_info(*bug).explanation);
+          fix = std::string(diagnosis::bug_info(*bug).fix);
+        }
+        h += "<tr><td class=\"bug\">" + esc(f.bug) + "</td><td>" + esc(f.side) + "</td><td>" +
+             format_figure(f.worst_ratio) + "</td><td>" + format_figure(f.max_abs) + "</td><td class=\"txt\">" +
+             esc(expl) + "</td><td class=\"txt\">" + esc(fix) + "</td></tr>\n";
+      }
+      h += "</table>\n";
+    }
+  }
+  if (r.localization) {
+    const Localization& loc = *r.localization;
+    h += "<h3>Localization</h3>\n";
+    if (!loc.rows.empty()) {
+      h += "<table>\n<tr><th>change</th><th>shape</th><th>result</th><th>max |&Delta;|</th></tr>\n";
+      for (const auto& row : loc.rows) {
+        const bool pass = row.status == CaseStatus::pass, err = row.status == CaseStatus::error;
+        h += "<tr class=\"" + std::string(pass ? "ok" : "bad") + "\"><td>" + esc(row.change) + "</td><td>" +
+             esc(row.shape) + "</td><td>" + (pass ? "passes" : err ? "error" : "fails") + "</td><td>" +
+             format_figure(row.max_abs) + (err && !row.cause.empty() ? " " + esc(row.cause) : "") + "</td></tr>\n";
+      }
+      h += "</table>\n";
+    }
+    if (!loc.sentence.empty()) h += "<p class=\"loc\">" + esc(loc.sentence) + "</p>\n";
+    if (!loc.where.empty()) h += "<p class=\"where\">where: " + esc(loc.where) + "</p>\n";
+  }
+  return h;
+}
+
 std::string html_case_section(const CaseResult& r, std::size_t index) {
   std::string h = "<section id=\"case-" + std::to_string(index) + "\">\n<h2><span class=\"" +
                   status_class(r.status) + "\">" + status_label(r.status) + "</span> " + esc(r.spec.name) +
                   "</h2>\n<p><code>" + esc(describe_case(r.spec)) + "</code> &middot; " + esc(pair_label(r)) +
                   " &middot; " + esc(format_duration(r.seconds)) + " &middot; " + esc(r.spec.source.str()) + "</p>\n";
+  if (!r.mutant.empty())
+    h += "<p class=\"mutant\">" + esc(r.mutant) + " is a deliberate mutant (wrong on purpose)</p>\n";
   if (!r.cause.empty()) h += "<p class=\"cause\">" + esc(r.cause) + "</p>\n";
   if (!r.tensors.empty()) {
     h += "<table>\n<tr><th>tensor</th><th>shape</th><th>allclose</th><th>max |&Delta;|</th><th>max rel</th>"
@@ -42,7 +315,15 @@ std::string html_case_section(const CaseResult& r, std::size_t index) {
     }
     h += "</table>\n";
   }
+  if (r.status != CaseStatus::pass) {
+    h += analysis_html(r);
+    h += heatmaps(r);
+  }
   return h + "</section>\n";
+}
+
+std::string percent(std::size_t a, std::size_t n) {
+  return n == 0 ? std::string("-") : fmt(100.0 * static_cast<double>(a) / static_cast<double>(n), "%.0f") + "%";
 }
 
 }  // namespace
@@ -55,24 +336,54 @@ std::string html_report(const SuiteResult& result) {
       "code,td{font-family:ui-monospace,monospace}\n"
       "table{border-collapse:collapse;margin:.5em 0 1.5em}\n"
       "th,td{border:1px solid #ccc;padding:2px 8px;text-align:left}\n"
+      "td.txt{font-family:system-ui,sans-serif}\n"
       "th{background:#f3f3f3}\n"
       ".ok{color:#17752b}.bad{color:#b00020;font-weight:bold}\n"
       "tr.bad td{background:#fff0f0}\n"
-      ".cause{color:#b00020}\n"
+      ".cause{color:#b00020}.mutant{color:#8a5a00}\n"
+      ".warn li{color:#8a5a00}\n"
+      "section{border-top:2px solid #ddd;margin-top:2em}\n"
+      ".heat figure{margin:0 0 1.2em}\n"
+      ".maps{display:flex;flex-wrap:wrap;gap:18px;align-items:flex-start}\n"
+      ".mt{font:12px ui-monospace,monospace;color:#555}\n"
+      ".bar{display:inline-block;width:80px;height:10px;vertical-align:middle;border:1px solid #999;"
+      "background:linear-gradient(to right,#ffffff,#ef3b2c,#67000d)}\n"
+      ".scale{font-size:12px;color:#555;margin-right:.6em}\n"
+      "line.sep{stroke:#1f3f8f;stroke-width:1.5}\n"
       "</style>\n</head>\n<body>\n";
   h += "<h1>headgrad &middot; suite " + esc(result.name) + "</h1>\n";
   h += "<p><b>" + std::to_string(result.passed()) + " passed, " + std::to_string(result.failed()) + " failed</b> &middot; " +
        std::to_string(result.cases.size()) + " cases in " + esc(format_duration(result.seconds)) + " &middot; " +
        esc(result.file.string()) + " &middot; exit code " + std::to_string(result.exit_code()) + "</p>\n";
+  h += "<p class=\"counts\">";
+  bool first = true;
+  for (CaseStatus s : {CaseStatus::pass, CaseStatus::fail, CaseStatus::error, CaseStatus::xfail, CaseStatus::xpass}) {
+    if (!first) h += " &middot; ";
+    first = false;
+    h += std::string(case_status_name(s)) + ": " + std::to_string(result.count(s));
+  }
+  h += "</p>\n";
+  const MutationScore ms = result.mutation_score();
+  if (ms.mutants > 0)
+    h += "<p class=\"score\"><b>mutation score</b>: " + std::to_string(ms.caught) + "/" + std::to_string(ms.mutants) +
+         " mutants caught (" + percent(ms.caught, ms.mutants) + "), " + std::to_string(ms.named) + "/" +
+         std::to_string(ms.mutants) + " named correctly (" + percent(ms.named, ms.mutants) + ")</p>\n";
+  if (!result.warnings.empty()) {
+    h += "<p><b>weak suite</b>: bug classes these cases cannot expose</p>\n<ul class=\"warn\">\n";
+    for (const auto& w : result.warnings) h += "<li>" + esc(w.message) + "</li>\n";
+    h += "</ul>\n";
+  }
   h += "<table>\n<tr><th>status</th><th>case</th><th>shape</th><th>compared</th><th>max |&Delta;|</th>"
-       "<th>time</th></tr>\n";
+       "<th>diagnosis</th><th>time</th></tr>\n";
   for (std::size_t i = 0; i < result.cases.size(); ++i) {
     const CaseResult& r = result.cases[i];
     h += "<tr><td class=\"" + std::string(status_class(r.status)) + "\">" + status_label(r.status) +
          "</td><td><a href=\"#case-" + std::to_string(i) + "\">" + esc(r.spec.name) + "</a></td><td>" +
          esc(describe_case(r.spec)) + "</td><td>" + esc(pair_label(r)) + "</td><td>" +
-         (r.tensors.empty() ? "" : format_figure(r.max_abs())) + "</td><td>" + esc(format_duration(r.seconds)) +
-         "</td></tr>\n";
+         (r.tensors.empty() ? "" : format_figure(r.max_abs())) + "</td><td>" +
+         (r.diagnosis ? esc(r.diagnosis->fits.empty() ? std::string("no known bug fits") : r.diagnosis->best())
+                      : std::string()) +
+         "</td><td>" + esc(format_duration(r.seconds)) + "</td></tr>\n";
   }
   h += "</table>\n";
   for (std::size_t i = 0; i < result.cases.size(); ++i) h += html_case_section(result.cases[i], i);
