@@ -24,18 +24,8 @@ class Batched final : public Attention {
   // x [..., T, D] -> [..., T, D]
   Variable mha_forward(const Variable& x, const MhaWeights& w,
                        const AttentionSpec& spec) const override {
-    const std::int64_t t = x.size(-2), dm = x.size(-1);
-    const std::int64_t h = spec.num_heads, hkv = spec.kv_heads();
-    const Variable x3 = reshape(x, {-1, t, dm});               // [B, T, D]
-    const Variable q = split_heads(linear(x3, w.wq), h);       // [B, H, T, d]
-    Variable k = split_heads(linear(x3, w.wk), hkv);           // [B, Hkv, T, d]
-    Variable v = split_heads(linear(x3, w.wv), hkv);
-    if (hkv != h) {  // grouped KV heads: query head i reads key/value head i / (H / Hkv)
-      k = repeat_interleave(k, h / hkv, 1);
-      v = repeat_interleave(v, h / hkv, 1);
-    }
-    const Variable o = merge_heads(core_forward(q, k, v, spec));  // [B, T, D]
-    return reshape(linear(o, w.wo), x.shape());
+    return batched_mha(x, w, spec, [this](const Variable& q, const Variable& k, const Variable& v,
+                                          const AttentionSpec& s) { return core_forward(q, k, v, s); });
   }
 
   Variable core_forward(const Variable& q, const Variable& k, const Variable& v,

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 
@@ -60,6 +61,16 @@ Variable split_heads(const Variable& x, std::int64_t heads);
 // !! The transpose comes first: reshaping [B, H, T, d] straight to [B, T, D]
 // keeps every size and silently mixes tokens with heads. !!
 Variable merge_heads(const Variable& x);
+
+// An attention core: q [B, H, Tq, d], k [B, H, Tk, d], v [B, H, Tk, dv] -> [B, H, Tq, dv].
+using AttentionCore = std::function<Variable(const Variable& q, const Variable& k, const Variable& v,
+                                             const AttentionSpec& spec)>;
+
+// The batched multi-head layer around any core: x [..., T, D] -> project ->
+// split_heads -> (grouped KV heads widened to H) -> core -> merge_heads ->
+// project -> [..., T, D]. Leading dims are folded into one batch.
+Variable batched_mha(const Variable& x, const MhaWeights& w, const AttentionSpec& spec,
+                     const AttentionCore& core);
 
 // Scaled dot-product attention composed from ops (its backward comes from
 // autodiff): softmax(q k^T * scale, masked) v over the last two dims.

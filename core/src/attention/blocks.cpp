@@ -38,6 +38,22 @@ Variable merge_heads(const Variable& x) {
   return reshape(transpose(x, 1, 2), {b, t, h * d});  // [B, T, H, d] first, then [B, T, D]
 }
 
+Variable batched_mha(const Variable& x, const MhaWeights& w, const AttentionSpec& spec,
+                     const AttentionCore& core) {
+  const std::int64_t t = x.size(-2), dm = x.size(-1);
+  const std::int64_t h = spec.num_heads, hkv = spec.kv_heads();
+  const Variable x3 = reshape(x, {-1, t, dm});          // [B, T, D]
+  const Variable q = split_heads(linear(x3, w.wq), h);  // [B, H, T, d]
+  Variable k = split_heads(linear(x3, w.wk), hkv);      // [B, Hkv, T, d]
+  Variable v = split_heads(linear(x3, w.wv), hkv);
+  if (hkv != h) {  // grouped KV heads: query head i reads key/value head i / (H / Hkv)
+    k = repeat_interleave(k, h / hkv, 1);
+    v = repeat_interleave(v, h / hkv, 1);
+  }
+  const Variable o = merge_heads(core(q, k, v, spec));  // [B, T, D]
+  return reshape(linear(o, w.wo), x.shape());
+}
+
 Variable attention_core(const Variable& q, const Variable& k, const Variable& v,
                         const AttentionSpec& spec) {
   if (q.dim() < 2 || k.dim() != q.dim() || v.dim() != q.dim() || q.size(-1) != k.size(-1) ||
