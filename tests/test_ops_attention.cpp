@@ -17,81 +17,19 @@
 
 #include "headgrad/gradcheck.hpp"
 #include "headgrad/ops.hpp"
+#include "op_test_util.hpp"
 
 namespace {
 
 using namespace headgrad;
+using namespace headgrad::test;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // ---------------------------------------------------------------- helpers
 
-enum class Layout { contiguous, transposed, narrowed };
-const char* layout_name(Layout l) {
-  switch (l) {
-    case Layout::contiguous: return "contiguous";
-    case Layout::transposed: return "transposed";
-    case Layout::narrowed: return "narrowed";
-  }
-  return "?";
-}
-
-// Fresh normal float64 values of `shape` laid out as asked. Transposed: a
-// [.., n, m] tensor seen as [.., m, n]; narrowed: a slice of a wider last dim
-// (1-D: every other element).
-Tensor make(const Shape& shape, Layout layout, std::uint64_t seed) {
-  Generator gen(seed);
-  auto fill = [&](const Shape& s) { return randn(s, DType::float64, gen); };
-  if (shape.empty() || layout == Layout::contiguous) return fill(shape);
-  if (layout == Layout::transposed && shape.size() >= 2) {
-    Shape base = shape;
-    std::swap(base[base.size() - 1], base[base.size() - 2]);
-    return fill(base).transpose(-2, -1);
-  }
-  if (shape.size() >= 2) {
-    Shape base = shape;
-    base.back() += 3;
-    return fill(base).narrow(-1, 1, shape.back());
-  }
-  Shape base = shape;
-  base.push_back(2);
-  return fill(base).narrow(-1, 1, 1).squeeze(-1);
-}
-
 Tensor bools(const std::vector<double>& v, const Shape& shape) {
   return Tensor::from_values(v, shape, DType::boolean);
-}
-
-void expect_gradcheck(const GradcheckFn& f, const std::vector<Tensor>& in) {
-  const GradcheckResult r = gradcheck(f, in);
-  EXPECT_TRUE(r.ok) << r.message;
-  std::int64_t n = 0;
-  for (const auto& t : in) n += t.numel();
-  EXPECT_EQ(r.elements_checked, n);
-}
-
-void expect_values(const Tensor& got, const Shape& shape, const std::vector<double>& want,
-                   double tol = 1e-12) {
-  ASSERT_EQ(got.shape(), shape);
-  const std::vector<double> g = got.to_vector();
-  ASSERT_EQ(g.size(), want.size());
-  for (std::size_t i = 0; i < g.size(); ++i) {
-    if (std::isinf(want[i])) {
-      EXPECT_EQ(g[i], want[i]) << "element " << i;
-    } else {
-      EXPECT_NEAR(g[i], want[i], tol * (1.0 + std::abs(want[i]))) << "element " << i;
-    }
-  }
-}
-
-void expect_invalid(const std::function<void()>& f, std::initializer_list<std::string> pieces) {
-  try {
-    f();
-    ADD_FAILURE() << "expected std::invalid_argument";
-  } catch (const std::invalid_argument& e) {
-    const std::string msg = e.what();
-    for (const auto& p : pieces) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-  }
 }
 
 // ---------------------------------------------------------------- softmax

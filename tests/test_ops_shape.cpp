@@ -16,67 +16,14 @@
 
 #include "headgrad/gradcheck.hpp"
 #include "headgrad/ops.hpp"
+#include "op_test_util.hpp"
 
 namespace {
 
 using namespace headgrad;
+using namespace headgrad::test;
 
 // ---------------------------------------------------------------- helpers
-
-enum class Layout { contiguous, transposed, narrowed };
-const char* layout_name(Layout l) {
-  switch (l) {
-    case Layout::contiguous: return "contiguous";
-    case Layout::transposed: return "transposed";
-    case Layout::narrowed: return "narrowed";
-  }
-  return "?";
-}
-
-// Fresh normal float64 values of `shape` laid out as asked. Transposed: a
-// [.., n, m] tensor seen as [.., m, n]; narrowed: a slice of a wider last dim
-// (1-D: every other element).
-Tensor make(const Shape& shape, Layout layout, std::uint64_t seed) {
-  Generator gen(seed);
-  auto fill = [&](const Shape& s) { return randn(s, DType::float64, gen); };
-  if (shape.empty() || layout == Layout::contiguous) return fill(shape);
-  if (layout == Layout::transposed && shape.size() >= 2) {
-    Shape base = shape;
-    std::swap(base[base.size() - 1], base[base.size() - 2]);
-    return fill(base).transpose(-2, -1);
-  }
-  if (shape.size() >= 2) {
-    Shape base = shape;
-    base.back() += 3;
-    return fill(base).narrow(-1, 1, shape.back());
-  }
-  Shape base = shape;
-  base.push_back(2);
-  return fill(base).narrow(-1, 1, 1).squeeze(-1);
-}
-
-void expect_gradcheck(const GradcheckFn& f, const std::vector<Tensor>& in) {
-  const GradcheckResult r = gradcheck(f, in);
-  EXPECT_TRUE(r.ok) << r.message;
-  std::int64_t n = 0;
-  for (const auto& t : in) n += t.numel();
-  EXPECT_EQ(r.elements_checked, n);
-}
-
-void expect_values(const Tensor& got, const Shape& shape, const std::vector<double>& want) {
-  ASSERT_EQ(got.shape(), shape);
-  EXPECT_EQ(got.to_vector(), want);  // shape ops move values, they never round them
-}
-
-void expect_invalid(const std::function<void()>& f, std::initializer_list<std::string> pieces) {
-  try {
-    f();
-    ADD_FAILURE() << "expected std::invalid_argument";
-  } catch (const std::invalid_argument& e) {
-    const std::string msg = e.what();
-    for (const auto& p : pieces) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-  }
-}
 
 std::size_t ravel(const Shape& idx, const Shape& shape) {
   std::int64_t off = 0;
@@ -289,7 +236,7 @@ TEST_P(ShapeOpTest, ForwardMatchesIndexLoop) {
     vals.push_back(t.to_vector());
   }
   const Variable out = scase().op(vars);
-  expect_values(out.data(), scase().out, scase().ref(vals));
+  expect_exact_values(out.data(), scase().out, scase().ref(vals));
 }
 
 TEST_P(ShapeOpTest, Gradcheck) { expect_gradcheck(scase().op, inputs()); }
@@ -330,7 +277,7 @@ TEST_P(ShapeOpTest, GradientRoutesEachElementBack) {
   for (const auto& v : vars) {
     const Values sub(want.begin() + static_cast<std::ptrdiff_t>(at),
                      want.begin() + static_cast<std::ptrdiff_t>(at + static_cast<std::size_t>(v.numel())));
-    expect_values(v.grad(), v.shape(), sub);
+    expect_exact_values(v.grad(), v.shape(), sub);
     at += static_cast<std::size_t>(v.numel());
   }
 }
@@ -374,7 +321,7 @@ TEST(ShapeOps, ViewOfViewableNonContiguousGradchecks) {
   ASSERT_FALSE(n.is_contiguous());
   const Variable v = view(Variable(n), {6, 4});
   EXPECT_TRUE(v.data().shares_storage(n));
-  expect_values(v.data(), {6, 4}, n.to_vector());
+  expect_exact_values(v.data(), {6, 4}, n.to_vector());
   expect_gradcheck([](const std::vector<Variable>& in) { return view(in[0], {6, 4}); }, {n});
   expect_gradcheck([](const std::vector<Variable>& in) { return mul(view(in[0], {6, 4}), view(exp(in[0]), {6, 4})); },
                    {n});
@@ -389,16 +336,16 @@ TEST(ShapeOps, ViewThatStridesForbidThrowsAndReshapeCopies) {
 TEST(ShapeOps, HandWorkedValues) {
   // x = [[1, 2, 3], [4, 5, 6]]
   const Variable x(Tensor::from_values(std::vector<double>{1, 2, 3, 4, 5, 6}, {2, 3}, DType::float64));
-  expect_values(transpose(x, 0, 1).data(), {3, 2}, {1, 4, 2, 5, 3, 6});
-  expect_values(narrow(x, 1, 1, 2).data(), {2, 2}, {2, 3, 5, 6});
-  expect_values(cat({x, x}, 0).data(), {4, 3}, {1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6});
-  expect_values(cat({x, x}, 1).data(), {2, 6}, {1, 2, 3, 1, 2, 3, 4, 5, 6, 4, 5, 6});
-  expect_values(stack({x, x}, 0).data(), {2, 2, 3}, {1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6});
-  expect_values(stack({x, x}, 2).data(), {2, 3, 2}, {1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6});
-  expect_values(repeat_interleave(x, 2, 0).data(), {4, 3}, {1, 2, 3, 1, 2, 3, 4, 5, 6, 4, 5, 6});
-  expect_values(repeat_interleave(x, 2, 1).data(), {2, 6}, {1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6});
-  expect_values(expand(narrow(x, 0, 1, 1), {2, 3}).data(), {2, 3}, {4, 5, 6, 4, 5, 6});
-  expect_values(reshape(transpose(x, 0, 1), {2, 3}).data(), {2, 3}, {1, 4, 2, 5, 3, 6});
+  expect_exact_values(transpose(x, 0, 1).data(), {3, 2}, {1, 4, 2, 5, 3, 6});
+  expect_exact_values(narrow(x, 1, 1, 2).data(), {2, 2}, {2, 3, 5, 6});
+  expect_exact_values(cat({x, x}, 0).data(), {4, 3}, {1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6});
+  expect_exact_values(cat({x, x}, 1).data(), {2, 6}, {1, 2, 3, 1, 2, 3, 4, 5, 6, 4, 5, 6});
+  expect_exact_values(stack({x, x}, 0).data(), {2, 2, 3}, {1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6});
+  expect_exact_values(stack({x, x}, 2).data(), {2, 3, 2}, {1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6});
+  expect_exact_values(repeat_interleave(x, 2, 0).data(), {4, 3}, {1, 2, 3, 1, 2, 3, 4, 5, 6, 4, 5, 6});
+  expect_exact_values(repeat_interleave(x, 2, 1).data(), {2, 6}, {1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6});
+  expect_exact_values(expand(narrow(x, 0, 1, 1), {2, 3}).data(), {2, 3}, {4, 5, 6, 4, 5, 6});
+  expect_exact_values(reshape(transpose(x, 0, 1), {2, 3}).data(), {2, 3}, {1, 4, 2, 5, 3, 6});
 }
 
 TEST(ShapeOps, RepeatInterleaveWidensKvHeads) {
@@ -406,10 +353,10 @@ TEST(ShapeOps, RepeatInterleaveWidensKvHeads) {
   // and each KV head's gradient sums over the query heads it serves.
   Variable kv(Tensor::from_values(std::vector<double>{10, 20}, {1, 2, 1, 1}, DType::float64), true);
   const Variable wide = repeat_interleave(kv, 2, 1);
-  expect_values(wide.data(), {1, 4, 1, 1}, {10, 10, 20, 20});
+  expect_exact_values(wide.data(), {1, 4, 1, 1}, {10, 10, 20, 20});
   const Variable w(Tensor::from_values(std::vector<double>{1, 2, 3, 4}, {1, 4, 1, 1}, DType::float64));
   sum(mul(wide, w)).backward();
-  expect_values(kv.grad(), {1, 2, 1, 1}, {3, 7});
+  expect_exact_values(kv.grad(), {1, 2, 1, 1}, {3, 7});
 }
 
 TEST(ShapeOps, Errors) {
