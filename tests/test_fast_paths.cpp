@@ -43,7 +43,9 @@ TEST(CachingAllocator, LiveBytesKeepTheirMeaningAndCachedBytesAreSeparate) {
   }
   const MemoryStats after = memory_stats();
   EXPECT_EQ(after.current_bytes, before.current_bytes);
-  if (allocator_name() == "caching") EXPECT_GE(after.cached_bytes, bytes);
+  if (allocator_name() == "caching") {
+    EXPECT_GE(after.cached_bytes, bytes);
+  }
   empty_cache();
   EXPECT_EQ(memory_stats().cached_bytes, 0u);
 }
