@@ -84,7 +84,7 @@ TEST_F(BenchTiny, OneRowPerPluginAndShapeWithEveryField) {
     ASSERT_FALSE(r.contains("skipped"));
     for (const char* key : {"plugin", "shape", "dtype", "threads", "fwd_ms", "fwdbwd_ms",
                             "fwd_min_ms", "fwdbwd_min_ms", "gflops_fwdbwd", "peak_bytes", "flops",
-                            "gemm_gflops", "gemm_fraction_fwdbwd"})
+                            "gemm_gflops", "gemm_fraction_fwdbwd", "gemm_gflops_adjacent"})
       EXPECT_TRUE(r.contains(key)) << key;
     for (const char* dim : {"B", "T", "D", "H"}) EXPECT_TRUE(r["shape"].contains(dim)) << dim;
     EXPECT_EQ(r["dtype"], "float64");
@@ -115,6 +115,7 @@ TEST_F(BenchTiny, FiguresArePositiveAndConsistent) {
     EXPECT_NEAR(r["gemm_fraction_fwdbwd"].get<double>(),
                 r["gflops_fwdbwd"].get<double>() / result_["gemm_gflops"].get<double>(), 1e-12);
     EXPECT_LE(r["flops"]["fwd_causal"].get<double>(), r["flops"]["fwd_dense"].get<double>());
+    EXPECT_GT(r["gemm_gflops_adjacent"].get<double>(), 0.0);
   }
 }
 

@@ -9,7 +9,9 @@
 // sum(out * R), R seeded), reported as median and minimum; GFLOP/s from the
 // stated FLOP count; the engine's peak extra memory (memory_stats()); and each
 // GFLOP/s figure as a fraction of a 2048^3 sgemm/dgemm timed with the same
-// dtype and threads.
+// dtype and threads: once per dtype and thread count (the run's gemm_gflops),
+// and again right before and after each row (gemm_gflops_adjacent), since the
+// load of a shared machine may change during a run.
 //
 // FLOP counts (mha level, causal or not; a multiply-add is 2 FLOPs):
 //   projections 4 x 2*B*T*D^2; core dense 2 x 2*B*T^2*D (scores and P V);
