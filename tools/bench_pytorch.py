@@ -1,6 +1,10 @@
 #!/usr/bin/python3
 """headgrad beside PyTorch: the same causal MHA shapes, the same threads, one run.
 
+Same threads means both pools on both sides: headgrad bench --threads N sets
+OpenBLAS's and headgrad's; here torch.set_num_threads(N) and
+OPENBLAS_NUM_THREADS=N (Debian's PyTorch calls OpenBLAS, which ignores the former).
+
 A developer tool (issue 6), never needed to build or test headgrad. It needs
 Debian's python3-torch, so run it with the system Python:
 
@@ -120,6 +124,11 @@ def main():
     dtypes = args.dtype or ["float32"]
     args.plugin = args.plugin or ["batched", "per_head", "fused_sdpa"]
 
+    # torch.set_num_threads sizes PyTorch's OpenMP pool only: Debian's PyTorch
+    # multiplies matrices through OpenBLAS, whose own pthread pool would still
+    # use every core. OpenBLAS reads its count once, at load: set it first.
+    os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
     import torch  # Debian's python3-torch: /usr/bin/python3
     torch.set_num_threads(args.threads)
     print(f"PyTorch {torch.__version__}, {args.threads} thread(s); headgrad: {args.bench}",
