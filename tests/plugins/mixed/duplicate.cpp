@@ -1,18 +1,19 @@
-// dup_a: one of two libraries whose plugins share the name "duplicate".
-// dup_a.so sorts first, so it wins; dup_b.so must be skipped, naming both files.
+// duplicate: built twice (dup_a.so, dup_b.so, HEADGRAD_DUP_COPY = "a" / "b"),
+// two libraries whose plugins share the name "duplicate". dup_a.so sorts
+// first, so it wins; dup_b.so must be skipped, naming both files.
 #include <headgrad/plugin.hpp>
 
 namespace {
 
 using namespace headgrad;
 
-class DuplicateA final : public Attention {
+class Duplicate final : public Attention {
  public:
   PluginInfo info() const override {
     PluginInfo i;
     i.name = "duplicate";
     i.version = "0.0.1";
-    i.description = "test plugin: the name clash, copy a";
+    i.description = std::string("test plugin: the name clash, copy ") + HEADGRAD_DUP_COPY;
     i.capabilities.core = true;
     return i;
   }
@@ -25,4 +26,4 @@ class DuplicateA final : public Attention {
 
 }  // namespace
 
-HEADGRAD_PLUGIN(DuplicateA)
+HEADGRAD_PLUGIN(Duplicate)
