@@ -1,6 +1,7 @@
 // The engine's fast paths (issue 6): the caching allocator and its figures,
-// the thread pool, and the fused masked softmax, which must give exactly what
-// the ops it replaces give.
+// the thread pool, the BLAS layer, and the fused masked softmax, which must
+// give exactly what the ops it replaces give.
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <stdexcept>
@@ -8,6 +9,7 @@
 
 #include <gtest/gtest.h>
 #include <headgrad/attention.hpp>
+#include <headgrad/blas.hpp>
 #include <headgrad/gradcheck.hpp>
 #include <headgrad/kernels.hpp>
 #include <headgrad/ops.hpp>
@@ -102,6 +104,72 @@ TEST(Parallel, ExceptionsReachTheCaller) {
   set_num_threads(1);
   EXPECT_EQ(num_threads(), 1);
   set_num_threads(0);  // back to the default
+}
+
+// ---------------------------------------------------------------- BLAS layer
+
+// blas::gemm against a plain triple loop: both transpositions, alpha and beta,
+// leading dims wider than the rows, sizes on both sides of the threading
+// threshold, with 1 and 2 threads.
+struct GemmCase {
+  bool ta, tb;
+  std::int64_t m, n, k;
+  int threads;
+};
+
+class Gemm : public ::testing::TestWithParam<GemmCase> {};
+
+template <class T>
+void check_gemm(const GemmCase& c, double tol) {
+  const std::int64_t pad = 3;  // every leading dim is wider than its rows
+  const std::int64_t a_rows = c.ta ? c.k : c.m, a_cols = c.ta ? c.m : c.k;
+  const std::int64_t b_rows = c.tb ? c.n : c.k, b_cols = c.tb ? c.k : c.n;
+  const std::int64_t lda = a_cols + pad, ldb = b_cols + pad, ldc = c.n + pad;
+  std::vector<T> a(static_cast<std::size_t>(a_rows * lda)), b(static_cast<std::size_t>(b_rows * ldb)),
+      out(static_cast<std::size_t>(c.m * ldc));
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<T>(std::sin(0.37 * double(i)));
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<T>(std::cos(0.91 * double(i)));
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<T>(0.5 + 0.01 * double(i % 17));
+  const std::vector<T> before = out;
+  const T alpha = T(0.75), beta = T(-0.5);
+  set_num_threads(c.threads);
+  blas::gemm(c.ta, c.tb, c.m, c.n, c.k, alpha, a.data(), lda, b.data(), ldb, beta, out.data(), ldc);
+  set_num_threads(0);
+  double worst = 0;
+  for (std::int64_t i = 0; i < c.m; ++i)
+    for (std::int64_t j = 0; j < ldc; ++j) {
+      const std::size_t at = static_cast<std::size_t>(i * ldc + j);
+      if (j >= c.n) {  // the padding between rows is never written
+        ASSERT_EQ(out[at], before[at]) << "row " << i << " pad col " << j;
+        continue;
+      }
+      double acc = 0;
+      for (std::int64_t p = 0; p < c.k; ++p) {
+        const double x = c.ta ? a[static_cast<std::size_t>(p * lda + i)] : a[static_cast<std::size_t>(i * lda + p)];
+        const double y = c.tb ? b[static_cast<std::size_t>(j * ldb + p)] : b[static_cast<std::size_t>(p * ldb + j)];
+        acc += x * y;
+      }
+      const double want = double(alpha) * acc + double(beta) * double(before[at]);
+      worst = std::max(worst, std::abs(double(out[at]) - want) / (1.0 + std::abs(want)));
+    }
+  EXPECT_LT(worst, tol) << "through " << blas::info().library;
+}
+
+TEST_P(Gemm, MatchesAPlainLoopFloat64) { check_gemm<double>(GetParam(), 1e-12); }
+TEST_P(Gemm, MatchesAPlainLoopFloat32) { check_gemm<float>(GetParam(), 1e-4); }
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, Gemm,
+    ::testing::Values(GemmCase{false, false, 3, 5, 4, 1}, GemmCase{true, false, 3, 5, 4, 1},
+                      GemmCase{false, true, 3, 5, 4, 2}, GemmCase{true, true, 1, 7, 2, 2},
+                      // above the threading threshold (2^21 multiply-adds)
+                      GemmCase{false, false, 160, 150, 140, 2}, GemmCase{true, true, 160, 150, 140, 2},
+                      GemmCase{false, true, 130, 170, 128, 1}, GemmCase{true, false, 130, 170, 128, 2}));
+
+TEST(BlasInfo, NamesTheLibraryAndItsKernels) {
+  const auto& i = blas::info();
+  EXPECT_TRUE(i.library == "BLIS" || i.library == "OpenBLAS") << i.library;
+  EXPECT_FALSE(i.kernel.empty());
 }
 
 // ---------------------------------------------------------------- masked softmax

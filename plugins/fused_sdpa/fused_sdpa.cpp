@@ -36,7 +36,6 @@
 // shared between key blocks, so each worker adds into its own dQ buffer and the
 // buffers are summed at the end (O(T) memory per worker). Inside the loops BLAS
 // runs single-threaded (SerialBlasScope): one kind of thread at a time.
-#include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
@@ -48,6 +47,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <headgrad/blas.hpp>
 #include <headgrad/kernels.hpp>
 #include <headgrad/parallel.hpp>
 #include <headgrad/plugin.hpp>
@@ -60,23 +60,7 @@ constexpr std::int64_t kTile = 128;  // Br = Bc
 
 // ---------------------------------------------------------------- helpers
 
-// C [m, n] = alpha * op(A) op(B) + beta * C, row-major; op(X) = X^T when tX.
-template <class T>
-void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
-          const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
-          std::int64_t ldc) {
-  const auto opa = ta ? CblasTrans : CblasNoTrans;
-  const auto opb = tb ? CblasTrans : CblasNoTrans;
-  if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, opa, opb, static_cast<int>(m), static_cast<int>(n),
-                static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
-                beta, c, static_cast<int>(ldc));
-  } else {
-    cblas_dgemm(CblasRowMajor, opa, opb, static_cast<int>(m), static_cast<int>(n),
-                static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
-                beta, c, static_cast<int>(ldc));
-  }
-}
+using blas::gemm;
 
 // x[c] := exp(x[c] - shift) over a row; returns the row's sum. float32 uses a
 // branch-free Cephes-style expf (within 2 ulp of std::exp, exactly 0 for -inf)
@@ -236,7 +220,7 @@ struct Sdpa {
   // Forward and backward both call this, so they see bit-identical scores.
   void scores(std::int64_t nn, std::int64_t i0, std::int64_t br, std::int64_t j0,
               std::int64_t bc, T* s) const {
-    gemm<T>(false, true, br, bc, d, scale, q.slice(nn) + i0 * q.ld, q.ld, k.slice(nn) + j0 * k.ld,
+    gemm(false, true, br, bc, d, scale, q.slice(nn) + i0 * q.ld, q.ld, k.slice(nn) + j0 * k.ld,
             k.ld, T(0), s, bc);
     const bool diagonal = causal && j0 + bc - 1 > i0;  // some key j > query i in this tile
     if (!diagonal && !mask.on) return;
@@ -361,7 +345,7 @@ void sdpa_forward_block(const Sdpa<T>& a, std::int64_t nn, std::int64_t i0, T* o
       any = true;
     }
     if (any)  // acc += P V[j0:j0+bc]
-      gemm<T>(false, false, br, a.dv, bc, T(1), s, bc, vn + j0 * a.v.ld, a.v.ld, T(1), acc,
+      gemm(false, false, br, a.dv, bc, T(1), s, bc, vn + j0 * a.v.ld, a.v.ld, T(1), acc,
               a.dv);
   }
   for (std::int64_t r = 0; r < br; ++r) {
@@ -424,7 +408,7 @@ void sdpa_backward_block(const Sdpa<T>& a, const Rows<T>& dout, const T* lse, co
     const T* dob = don + i0 * dout.ld;  // dO[i0:i0+br]
     // in the forward pass this was: O += dropout(P) V, so dP = dO V^T
     if (need_ds)
-      gemm<T>(false, true, br, bc, a.dv, T(1), dob, dout.ld, vn + j0 * a.v.ld, a.v.ld, T(0), ds,
+      gemm(false, true, br, bc, a.dv, T(1), dob, dout.ld, vn + j0 * a.v.ld, a.v.ld, T(0), ds,
               bc);
     if (a.dropout.on) {  // p := dropout(P) for dV; ds := P * (dropout'(dP) - D)
       for (std::int64_t r = 0; r < br; ++r) {
@@ -446,13 +430,13 @@ void sdpa_backward_block(const Sdpa<T>& a, const Rows<T>& dout, const T* lse, co
       }
     }
     if (dvv)  // dV[j0:j0+bc] += P^T dO
-      gemm<T>(true, false, bc, a.dv, br, T(1), p, bc, dob, dout.ld, T(1),
+      gemm(true, false, bc, a.dv, br, T(1), p, bc, dob, dout.ld, T(1),
               dvv + (nn * a.tk + j0) * a.dv, a.dv);
     if (dq)  // dQ[i0:i0+br] += dS K * scale
-      gemm<T>(false, false, br, a.d, bc, a.scale, ds, bc, kn + j0 * a.k.ld, a.k.ld, T(1),
+      gemm(false, false, br, a.d, bc, a.scale, ds, bc, kn + j0 * a.k.ld, a.k.ld, T(1),
               dq + (nn * a.tq + i0) * a.d, a.d);
     if (dk)  // dK[j0:j0+bc] += dS^T Q * scale
-      gemm<T>(true, false, bc, a.d, br, a.scale, ds, bc, qn + i0 * a.q.ld, a.q.ld, T(1),
+      gemm(true, false, bc, a.d, br, a.scale, ds, bc, qn + i0 * a.q.ld, a.q.ld, T(1),
               dk + (nn * a.tk + j0) * a.d, a.d);
   }
 }

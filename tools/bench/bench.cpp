@@ -3,7 +3,6 @@
 // Shape legend: B batch, T sequence, D model width, H heads, d = D / H.
 #include "bench.hpp"
 
-#include <cblas.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +21,7 @@
 #include <type_traits>
 
 #include <CLI/CLI.hpp>
+#include <headgrad/blas.hpp>
 #include <headgrad/loader.hpp>
 #include <headgrad/parallel.hpp>
 #include <yaml-cpp/yaml.h>
@@ -106,7 +106,7 @@ Variable run_forward(const Attention& a, const CaseInputs& in, const AttentionSp
 
 // ---------------------------------------------------------------- GEMM
 
-// Median GFLOP/s of C = A B, all [n, n], through the same CBLAS the engine uses.
+// Median GFLOP/s of C = A B, all [n, n], through the same BLAS the engine uses.
 json time_gemm(DType dtype, std::int64_t n, int threads) {
   const Shape shape{n, n};
   Tensor a = Tensor::empty(shape, dtype), b = Tensor::empty(shape, dtype), c = Tensor::empty(shape, dtype);
@@ -118,15 +118,7 @@ json time_gemm(DType dtype, std::int64_t n, int threads) {
       pa[i] = static_cast<T>((i % 7) * 0.125 - 0.375);
       pb[i] = static_cast<T>((i % 5) * 0.25 - 0.5);
     }
-    const int ni = static_cast<int>(n);
-    auto once = [&] {
-      if constexpr (std::is_same_v<T, float>)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ni, ni, ni, 1.0f, pa, ni, pb, ni,
-                    0.0f, c.data<T>(), ni);
-      else
-        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ni, ni, ni, 1.0, pa, ni, pb, ni,
-                    0.0, c.data<T>(), ni);
-    };
+    auto once = [&] { blas::gemm(false, false, n, n, n, T{1}, pa, n, pb, n, T{0}, c.data<T>(), n); };
     once();  // warm-up: pages touched, BLAS buffers made
     for (int rep = 0; rep < 3; ++rep) {
       const auto t0 = Clock::now();
@@ -264,8 +256,9 @@ json environment() {
               {"cores", static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN))},
               {"host", host},
               {"date", date},
-              {"openblas_config", openblas_get_config()},
-              {"openblas_core", openblas_get_corename()},
+              {"blas_library", blas::info().library},
+              {"blas_version", blas::info().version},
+              {"blas_kernel", blas::info().kernel},
               {"OPENBLAS_CORETYPE", env_or_null("OPENBLAS_CORETYPE")},
               {"allocator", std::string(allocator_name())},
               {"HEADGRAD_ALLOCATOR", env_or_null("HEADGRAD_ALLOCATOR")},
@@ -537,7 +530,9 @@ void print_table(std::ostream& out, const json& result) {
         << g["threads"].get<int>() << " thread(s): " << fmt("%.2f", g["gflops"].get<double>())
         << " GFLOP/s (" << fmt("%.1f", g["ms"].get<double>()) << " ms)\n";
   const auto& env = result["environment"];
-  out << "OpenBLAS core " << env["openblas_core"].get<std::string>() << ", allocator "
+  out << "BLAS " << env["blas_library"].get<std::string>() << " "
+      << env["blas_version"].get<std::string>() << " (kernels " << env["blas_kernel"].get<std::string>()
+      << "), allocator "
       << env["allocator"].get<std::string>() << "\n";
   out << "FLOPs: projections 4 x 2BTD^2, core 2 x 2BT^2D dense (causal: T(T+1)/2 of T^2);"
          " backward = 2 x forward. 'of gemm' = GFLOP/s / the run's GEMM GFLOP/s\n"
@@ -625,7 +620,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--dtype", args->dtypes, "float32 or float64; repeatable (default float32)")
       ->type_name("DTYPE")->allow_extra_args(false);
   cmd->add_option("--threads", args->threads,
-                  "threads for OpenBLAS and headgrad's workers; repeatable (default 1)")
+                  "threads for the BLAS and headgrad's workers; repeatable (default 1)")
       ->type_name("N")->allow_extra_args(false);
   cmd->add_option("--level", args->level, "mha (projections + core, default) or core (q, k, v -> out)")
       ->type_name("mha|core");

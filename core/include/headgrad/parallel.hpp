@@ -1,6 +1,6 @@
 // Threads: how many workers headgrad uses, and the loops that use them.
 //
-//   headgrad::set_num_threads(2);          // headgrad's workers AND OpenBLAS's
+//   headgrad::set_num_threads(2);          // headgrad's workers AND the BLAS's
 //   headgrad::parallel_for(rows, [&](std::int64_t r0, std::int64_t r1, int worker) {
 //     for (std::int64_t r = r0; r < r1; ++r) ...;   // disjoint output rows: no locks
 //   });
@@ -15,7 +15,7 @@
 
 namespace headgrad {
 
-// n >= 1 (0 means the default). Sets OpenBLAS's thread count to the same n, so
+// n >= 1 (0 means the default). Sets the BLAS's thread count to the same n, so
 // that one call sizes both kinds of parallelism. Call between ops, not in one.
 void set_num_threads(int n);
 int num_threads();

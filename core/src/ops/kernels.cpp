@@ -1,12 +1,11 @@
 #include "headgrad/kernels.hpp"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
 
+#include "headgrad/blas.hpp"
 #include "headgrad/ops.hpp"
 #include "headgrad/parallel.hpp"
 #include "tensor/strided.hpp"
@@ -207,17 +206,7 @@ GemmOperand gemm_operand(std::int64_t rows, std::int64_t cols, std::int64_t s_ro
 template <class T>
 void gemm(const GemmOperand& a, const GemmOperand& b, std::int64_t m, std::int64_t n,
           std::int64_t k, const T* pa, const T* pb, T* pc) {
-  const auto ta = a.trans ? CblasTrans : CblasNoTrans;
-  const auto tb = b.trans ? CblasTrans : CblasNoTrans;
-  if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(n),
-                static_cast<int>(k), 1.0f, pa, static_cast<int>(a.ld), pb, static_cast<int>(b.ld),
-                0.0f, pc, static_cast<int>(n));
-  } else {
-    cblas_dgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(n),
-                static_cast<int>(k), 1.0, pa, static_cast<int>(a.ld), pb, static_cast<int>(b.ld),
-                0.0, pc, static_cast<int>(n));
-  }
+  blas::gemm(a.trans, b.trans, m, n, k, T{1}, pa, a.ld, pb, b.ld, T{0}, pc, n);
 }
 
 // Makes the last two dims of t GEMM-readable, copying only when they are not.

@@ -1,6 +1,7 @@
 #include "headgrad/parallel.hpp"
 
-#include <cblas.h>
+#include "headgrad/blas.hpp"
+
 
 #include <algorithm>
 #include <atomic>
@@ -139,7 +140,7 @@ std::atomic<int> g_threads{0};  // 0: not yet set
 void set_num_threads(int n) {
   if (n <= 0) n = default_threads();
   g_threads.store(n);
-  openblas_set_num_threads(n);
+  blas::set_num_threads(n);
   pool().resize(n);
 }
 
@@ -148,11 +149,11 @@ int num_threads() {
   return n > 0 ? n : pool().size();
 }
 
-SerialBlasScope::SerialBlasScope() : previous_(openblas_get_num_threads()) {
-  if (previous_ != 1) openblas_set_num_threads(1);
+SerialBlasScope::SerialBlasScope() : previous_(blas::num_threads()) {
+  if (previous_ != 1) blas::set_num_threads(1);
 }
 SerialBlasScope::~SerialBlasScope() {
-  if (previous_ != 1) openblas_set_num_threads(previous_);
+  if (previous_ != 1) blas::set_num_threads(previous_);
 }
 
 void parallel_for(std::int64_t n, const std::function<void(std::int64_t, std::int64_t, int)>& body,

@@ -1,0 +1,32 @@
+// The matrix product under every op, through the BLAS headgrad was built with
+// (BLIS or OpenBLAS, chosen at configure time: meson option `blas`). Fused
+// plugins call blas::gemm on raw tiles and so need no BLAS of their own.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace headgrad::blas {
+
+// C [m, n] = alpha * op(A) op(B) + beta * C, all row-major, op(X) = X^T when
+// trans_X. lda/ldb/ldc are the row strides of A, B, C as stored.
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+          const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+          std::int64_t ldc);
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,
+          const double* a, std::int64_t lda, const double* b, std::int64_t ldb, double beta,
+          double* c, std::int64_t ldc);
+
+// Threads one large product may use. headgrad::set_num_threads sets it along
+// with headgrad's own workers; SerialBlasScope lowers it to 1 for a while.
+void set_num_threads(int n);
+int num_threads();
+
+struct Info {
+  std::string library;  // "BLIS" or "OpenBLAS"
+  std::string version;  // e.g. "0.9.0", or OpenBLAS's build configuration
+  std::string kernel;   // the kernel set picked for this CPU, e.g. "haswell"
+};
+const Info& info();
+
+}  // namespace headgrad::blas

@@ -1,0 +1,110 @@
+// The one file that knows which BLAS is linked (HEADGRAD_BLAS_BLIS or
+// HEADGRAD_BLAS_OPENBLAS, set by meson from the `blas` option).
+#include "headgrad/blas.hpp"
+
+#include <atomic>
+
+#include "headgrad/parallel.hpp"
+
+#if defined(HEADGRAD_BLAS_BLIS)
+#include <blis.h>
+#elif defined(HEADGRAD_BLAS_OPENBLAS)
+#include <cblas.h>
+#else
+#error "define HEADGRAD_BLAS_BLIS or HEADGRAD_BLAS_OPENBLAS (meson does)"
+#endif
+
+namespace headgrad::blas {
+
+namespace {
+
+#if defined(HEADGRAD_BLAS_BLIS)
+
+// BLIS takes a thread count per call (its runtime object), so the count lives
+// here rather than in BLIS's global state; 0 = not yet set: headgrad's default.
+std::atomic<int> g_threads{0};
+
+// Below this many multiply-adds a product runs on one thread: BLIS 0.9 starts
+// its pthreads per call, which costs more than a small product saves.
+constexpr std::int64_t kThreadedMinMacs = std::int64_t{1} << 21;
+
+int threads_for(std::int64_t m, std::int64_t n, std::int64_t k) {
+  if (m * n * k < kThreadedMinMacs) return 1;
+  const int t = g_threads.load(std::memory_order_relaxed);
+  return t > 0 ? t : headgrad::num_threads();
+}
+
+template <class T>
+void gemm_impl(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
+               const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
+               std::int64_t ldc) {
+  rntm_t rntm = BLIS_RNTM_INITIALIZER;
+  bli_rntm_set_num_threads(threads_for(m, n, k), &rntm);
+  const trans_t opa = ta ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE;
+  const trans_t opb = tb ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE;
+  // BLIS's typed API takes general strides and non-const pointers; it does not
+  // write through a or b.
+  if constexpr (std::is_same_v<T, float>)
+    bli_sgemm_ex(opa, opb, m, n, k, &alpha, const_cast<T*>(a), lda, 1, const_cast<T*>(b), ldb, 1,
+                 &beta, c, ldc, 1, nullptr, &rntm);
+  else
+    bli_dgemm_ex(opa, opb, m, n, k, &alpha, const_cast<T*>(a), lda, 1, const_cast<T*>(b), ldb, 1,
+                 &beta, c, ldc, 1, nullptr, &rntm);
+}
+
+Info make_info() {
+  return {"BLIS", bli_info_get_version_str(), bli_arch_string(bli_arch_query_id())};
+}
+
+#else  // OpenBLAS
+
+template <class T>
+void gemm_impl(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
+               const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
+               std::int64_t ldc) {
+  const auto opa = ta ? CblasTrans : CblasNoTrans;
+  const auto opb = tb ? CblasTrans : CblasNoTrans;
+  const auto i = [](std::int64_t v) { return static_cast<blasint>(v); };
+  if constexpr (std::is_same_v<T, float>)
+    cblas_sgemm(CblasRowMajor, opa, opb, i(m), i(n), i(k), alpha, a, i(lda), b, i(ldb), beta, c,
+                i(ldc));
+  else
+    cblas_dgemm(CblasRowMajor, opa, opb, i(m), i(n), i(k), alpha, a, i(lda), b, i(ldb), beta, c,
+                i(ldc));
+}
+
+Info make_info() { return {"OpenBLAS", openblas_get_config(), openblas_get_corename()}; }
+
+#endif
+
+}  // namespace
+
+void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+          const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+          std::int64_t ldc) {
+  gemm_impl(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,
+          const double* a, std::int64_t lda, const double* b, std::int64_t ldb, double beta,
+          double* c, std::int64_t ldc) {
+  gemm_impl(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+#if defined(HEADGRAD_BLAS_BLIS)
+void set_num_threads(int n) { g_threads.store(n > 0 ? n : 0); }
+int num_threads() {
+  const int t = g_threads.load();
+  return t > 0 ? t : headgrad::num_threads();
+}
+#else
+void set_num_threads(int n) { openblas_set_num_threads(n > 0 ? n : headgrad::num_threads()); }
+int num_threads() { return openblas_get_num_threads(); }
+#endif
+
+const Info& info() {
+  static const Info i = make_info();
+  return i;
+}
+
+}  // namespace headgrad::blas
