@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <vector>
 
@@ -109,8 +110,8 @@ TEST(Parallel, ExceptionsReachTheCaller) {
 // ---------------------------------------------------------------- BLAS layer
 
 // blas::gemm against a plain triple loop: both transpositions, alpha and beta,
-// leading dims wider than the rows, sizes on both sides of the threading
-// threshold, with 1 and 2 threads.
+// leading dims wider than the rows, sizes on both sides of the tiny-product
+// loop (512 multiply-adds) and of the threading threshold, with 1 and 2 threads.
 struct GemmCase {
   bool ta, tb;
   std::int64_t m, n, k;
@@ -162,6 +163,9 @@ INSTANTIATE_TEST_SUITE_P(
     Shapes, Gemm,
     ::testing::Values(GemmCase{false, false, 3, 5, 4, 1}, GemmCase{true, false, 3, 5, 4, 1},
                       GemmCase{false, true, 3, 5, 4, 2}, GemmCase{true, true, 1, 7, 2, 2},
+                      // above the tiny-product loop
+                      GemmCase{false, false, 9, 8, 8, 1}, GemmCase{true, false, 8, 9, 8, 1},
+                      GemmCase{false, true, 8, 8, 9, 1}, GemmCase{true, true, 17, 3, 11, 2},
                       // above the threading threshold (2^21 multiply-adds)
                       GemmCase{false, false, 160, 150, 140, 2}, GemmCase{true, true, 160, 150, 140, 2},
                       GemmCase{false, true, 130, 170, 128, 1}, GemmCase{true, false, 130, 170, 128, 2}));
@@ -170,6 +174,42 @@ TEST(BlasInfo, NamesTheLibraryAndItsKernels) {
   const auto& i = blas::info();
   EXPECT_TRUE(i.library == "BLIS" || i.library == "OpenBLAS") << i.library;
   EXPECT_FALSE(i.kernel.empty());
+}
+
+// ---------------------------------------------------------------- exp of a row
+
+TEST(ExpShiftRow, Float32WithinTwoUlpOfStdExpAndZeroForMinusInfinity) {
+  std::vector<float> x;
+  for (float v = -95.0f; v < 80.0f; v += 0.0137f) x.push_back(v);  // the sum stays finite
+  x.push_back(-std::numeric_limits<float>::infinity());
+  std::vector<float> y = x;
+  const float shift = 0.25f;
+  const float sum = kernels::exp_shift_row(y.data(), static_cast<std::int64_t>(y.size()), shift);
+  double worst_ulps = 0, total = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const float v = x[i] - shift;
+    total += y[i];
+    if (v < -87.0f) {  // below expf's normal range: flushed to exactly 0
+      EXPECT_EQ(y[i], 0.0f) << "exp(" << v << ")";
+      continue;
+    }
+    const float want = std::exp(v);
+    const float ulp = std::nextafter(want, std::numeric_limits<float>::infinity()) - want;
+    worst_ulps = std::max(worst_ulps, std::abs(double(y[i]) - double(want)) / double(ulp));
+  }
+  EXPECT_LE(worst_ulps, 2.0);
+  EXPECT_NEAR(sum, total, 1e-6 * total);
+}
+
+TEST(ExpShiftRow, Float64IsStdExpAndTrailingZerosKeepTheSum) {
+  const std::vector<double> orig = {0.5, -1.25, 3.0, -7.5, 2.25, 0.0, -0.125, 1.5, 4.0, -2.0, 0.75};
+  std::vector<double> a = orig, b = orig;
+  b.resize(a.size() + 13, -std::numeric_limits<double>::infinity());  // a masked tail
+  const double sa = kernels::exp_shift_row(a.data(), static_cast<std::int64_t>(a.size()), 1.0);
+  const double sb = kernels::exp_shift_row(b.data(), static_cast<std::int64_t>(b.size()), 1.0);
+  EXPECT_EQ(sa, sb);  // bit for bit
+  for (std::size_t i = 0; i < orig.size(); ++i) EXPECT_EQ(a[i], std::exp(orig[i] - 1.0));
+  for (std::size_t i = orig.size(); i < b.size(); ++i) EXPECT_EQ(b[i], 0.0);
 }
 
 // ---------------------------------------------------------------- masked softmax

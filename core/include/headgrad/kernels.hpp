@@ -27,6 +27,14 @@ Tensor sum_all(const Tensor& x);  // -> []
 // a [..., M, K] @ b [..., K, N] -> [..., M, N] through sgemm/dgemm.
 Tensor matmul(const Tensor& a, const Tensor& b);
 
+// x[j] := exp(x[j] - shift) for j < n; returns their sum: the exponential of
+// every softmax kernel (and of fused plugins, so that they agree with them).
+// float32 runs a vectorized polynomial within 2 ulp of std::exp that gives
+// exactly 0 below -87 (so for -inf); float64 runs std::exp. The sum is taken
+// in 8 lanes (j mod 8), so trailing zeros never change it.
+float exp_shift_row(float* x, std::int64_t n, float shift);
+double exp_shift_row(double* x, std::int64_t n, double shift);
+
 // Stable softmax over dim, and its backward: dx = y * (dy - sum(dy * y, dim)).
 // A row that is all -inf (every key masked) gives zeros rather than NaN.
 Tensor softmax(const Tensor& x, std::int64_t dim);

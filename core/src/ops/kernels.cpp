@@ -343,9 +343,8 @@ Tensor softmax(const Tensor& x, std::int64_t dim) {
         std::fill(orow, orow + n, T(0));
         continue;
       }
-      T s = 0;
-      for (std::int64_t j = 0; j < n; ++j) s += (orow[j] = std::exp(row[j] - mx));
-      const T inv = T(1) / s;
+      std::copy(row, row + n, orow);
+      const T inv = T(1) / exp_shift_row(orow, n, mx);
       for (std::int64_t j = 0; j < n; ++j) orow[j] *= inv;
     }
   });
@@ -473,9 +472,7 @@ Tensor masked_softmax(const Tensor& x_in, double scale, const Tensor& attend, bo
           std::fill(orow, orow + end, T(0));
           continue;
         }
-        T s = 0;
-        for (std::int64_t j = 0; j < end; ++j) s += (orow[j] = std::exp(orow[j] - mx));
-        const T inv = T(1) / s;
+        const T inv = T(1) / exp_shift_row(orow, end, mx);
         for (std::int64_t j = 0; j < end; ++j) orow[j] *= inv;
       }
     }, 16);
