@@ -107,6 +107,48 @@ TEST(Parallel, ExceptionsReachTheCaller) {
   set_num_threads(0);  // back to the default
 }
 
+// Elementwise kernels split their rows over the workers, 32K elements or more each.
+// With two threads every element must be what a direct read of the inputs
+// gives: transposed and broadcast inputs (the odometer started mid-tensor),
+// contiguous ones (the flat split), and rows that cannot split evenly.
+TEST(Parallel, ElementwiseKernelsOnTwoThreadsMatchElementReads) {
+  set_num_threads(2);
+  Generator gen(7);
+  const Tensor a = randn({16, 129, 65}, DType::float64, gen).transpose(1, 2);  // [16, 65, 129]: 134K elements, 1040 rows
+  const Tensor b = randn({1, 65, 1}, DType::float64, gen);
+  const Tensor c = randn({16, 65, 129}, DType::float64, gen);
+  const Tensor mask = randn({16, 1, 129}, DType::float64, gen);
+  Tensor attend = Tensor::empty({16, 1, 129}, DType::boolean);
+  for (std::int64_t i = 0; i < 16; ++i)
+    for (std::int64_t k = 0; k < 129; ++k) attend.set({i, 0, k}, mask.at({i, 0, k}) > 0 ? 1.0 : 0.0);
+  const Tensor sum_ab = kernels::binary(kernels::BinaryOp::add, a, b);
+  const Tensor prod_ac = kernels::binary(kernels::BinaryOp::mul, a, c);
+  const Tensor scaled = kernels::scale(a, -1.5);
+  const Tensor filled = kernels::masked_fill(a, attend, 9.0);
+  const Tensor copied = a.contiguous();
+  const Tensor soft = kernels::softmax(c, -1);
+  set_num_threads(0);
+  const Tensor soft_serial = [&] {
+    set_num_threads(1);
+    Tensor t = kernels::softmax(c, -1);
+    set_num_threads(0);
+    return t;
+  }();
+  std::int64_t wrong = 0;
+  for (std::int64_t i = 0; i < 16; ++i)
+    for (std::int64_t j = 0; j < 65; ++j)
+      for (std::int64_t k = 0; k < 129; ++k) {
+        const double x = a.at({i, j, k});
+        wrong += sum_ab.at({i, j, k}) != x + b.at({0, j, 0});
+        wrong += prod_ac.at({i, j, k}) != x * c.at({i, j, k});
+        wrong += scaled.at({i, j, k}) != x * -1.5;
+        wrong += filled.at({i, j, k}) != (mask.at({i, 0, k}) > 0 ? 9.0 : x);
+        wrong += copied.at({i, j, k}) != x;
+        wrong += soft.at({i, j, k}) != soft_serial.at({i, j, k});
+      }
+  EXPECT_EQ(wrong, 0);
+}
+
 // ---------------------------------------------------------------- BLAS layer
 
 // blas::gemm against a plain triple loop: both transpositions, alpha and beta,

@@ -52,11 +52,10 @@ void zip_into(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
     o += out.offset();
     pa += a.offset();
     pb += b.offset();
-    const std::int64_t n = out.numel();
-    for (std::int64_t i = 0; i < n; ++i) o[i] = f(pa[i], pb[i]);
+    detail::parallel_elements(out.numel(), [&](std::int64_t i) { o[i] = f(pa[i], pb[i]); });
     return;
   }
-  detail::for_each_offsets<3>(out.shape(), {out.strides(), a.strides(), b.strides()},
+  detail::parallel_for_each_offsets<3>(out.shape(), {out.strides(), a.strides(), b.strides()},
                               {out.offset(), a.offset(), b.offset()},
                               [&](const std::array<std::int64_t, 3>& off) {
                                 o[off[0]] = f(pa[off[1]], pb[off[2]]);
@@ -70,15 +69,20 @@ void map_into(const Tensor& out, const Tensor& x, F f) {
   if (x.is_contiguous()) {
     o += out.offset();
     px += x.offset();
-    const std::int64_t n = out.numel();
-    for (std::int64_t i = 0; i < n; ++i) o[i] = f(px[i]);
+    detail::parallel_elements(out.numel(), [&](std::int64_t i) { o[i] = f(px[i]); });
     return;
   }
-  detail::for_each_offsets<2>(out.shape(), {out.strides(), x.strides()},
+  detail::parallel_for_each_offsets<2>(out.shape(), {out.strides(), x.strides()},
                               {out.offset(), x.offset()},
                               [&](const std::array<std::int64_t, 2>& off) {
                                 o[off[0]] = f(px[off[1]]);
                               });
+}
+
+// Softmax rows a worker should get at least: waking a worker costs a few
+// microseconds, about 4K exponentials.
+std::int64_t rows_per_worker(std::int64_t row_length) {
+  return std::max<std::int64_t>(16, 4096 / std::max<std::int64_t>(row_length, 1));
 }
 
 }  // namespace
@@ -332,21 +336,23 @@ Tensor softmax(const Tensor& x, std::int64_t dim) {
     const std::int64_t r = n == 0 ? 0 : rows.numel() / n;
     const T* in = rows.template data<T>();
     T* o = out.template data<T>();
-    for (std::int64_t i = 0; i < r; ++i) {
-      const T* row = in + i * n;
-      T* orow = o + i * n;
-      T mx = -std::numeric_limits<T>::infinity();
-      for (std::int64_t j = 0; j < n; ++j) mx = std::max(mx, row[j]);
-      if (mx == -std::numeric_limits<T>::infinity()) {
-        // Every entry masked out: zeros, not NaN (PyTorch gives NaN here). The
-        // backward then gives zeros too, since dx = y * (...).
-        std::fill(orow, orow + n, T(0));
-        continue;
+    parallel_for(r, [&](std::int64_t r0, std::int64_t r1, int) {
+      for (std::int64_t i = r0; i < r1; ++i) {
+        const T* row = in + i * n;
+        T* orow = o + i * n;
+        T mx = -std::numeric_limits<T>::infinity();
+        for (std::int64_t j = 0; j < n; ++j) mx = std::max(mx, row[j]);
+        if (mx == -std::numeric_limits<T>::infinity()) {
+          // Every entry masked out: zeros, not NaN (PyTorch gives NaN here). The
+          // backward then gives zeros too, since dx = y * (...).
+          std::fill(orow, orow + n, T(0));
+          continue;
+        }
+        std::copy(row, row + n, orow);
+        const T inv = T(1) / exp_shift_row(orow, n, mx);
+        for (std::int64_t j = 0; j < n; ++j) orow[j] *= inv;
       }
-      std::copy(row, row + n, orow);
-      const T inv = T(1) / exp_shift_row(orow, n, mx);
-      for (std::int64_t j = 0; j < n; ++j) orow[j] *= inv;
-    }
+    }, rows_per_worker(n));
   });
   return dim_back(out, d, x.dim());
 }
@@ -361,13 +367,15 @@ Tensor softmax_backward(const Tensor& y_in, const Tensor& dy_in, std::int64_t di
     const T* py = y.template data<T>();
     const T* pdy = dy.template data<T>();
     T* pdx = dx.template data<T>();
-    for (std::int64_t i = 0; i < r; ++i) {
-      const T* yr = py + i * n;
-      const T* gr = pdy + i * n;
-      T dot = 0;
-      for (std::int64_t j = 0; j < n; ++j) dot += yr[j] * gr[j];
-      for (std::int64_t j = 0; j < n; ++j) pdx[i * n + j] = yr[j] * (gr[j] - dot);
-    }
+    parallel_for(r, [&](std::int64_t r0, std::int64_t r1, int) {
+      for (std::int64_t i = r0; i < r1; ++i) {
+        const T* yr = py + i * n;
+        const T* gr = pdy + i * n;
+        T dot = 0;
+        for (std::int64_t j = 0; j < n; ++j) dot += yr[j] * gr[j];
+        for (std::int64_t j = 0; j < n; ++j) pdx[i * n + j] = yr[j] * (gr[j] - dot);
+      }
+    }, rows_per_worker(n));
   });
   return dim_back(dx, d, y_in.dim());
 }
@@ -387,7 +395,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
     const T* px = base_ptr<T>(x);
     const bool* pm = static_cast<const bool*>(m.storage()->data());
     const T v = static_cast<T>(value);
-    detail::for_each_offsets<3>(shape, {out.strides(), x.strides(), m.strides()},
+    detail::parallel_for_each_offsets<3>(shape, {out.strides(), x.strides(), m.strides()},
                                 {out.offset(), x.offset(), m.offset()},
                                 [&](const std::array<std::int64_t, 3>& off) {
                                   o[off[0]] = pm[off[2]] ? v : px[off[1]];
@@ -475,7 +483,7 @@ Tensor masked_softmax(const Tensor& x_in, double scale, const Tensor& attend, bo
         const T inv = T(1) / exp_shift_row(orow, end, mx);
         for (std::int64_t j = 0; j < end; ++j) orow[j] *= inv;
       }
-    }, 16);
+    }, rows_per_worker(n));
   });
   return out;
 }
@@ -508,7 +516,7 @@ Tensor masked_softmax_backward(const Tensor& y_in, const Tensor& dy_in, double s
         for (std::int64_t j = 0; j < end; ++j) dr[j] = yr[j] * (gr[j] - dot) * f;
         std::fill(dr + end, dr + n, T(0));
       }
-    }, 16);
+    }, rows_per_worker(n));
   });
   return dx;
 }

@@ -327,11 +327,10 @@ void copy_typed(const Tensor& dst, const Tensor& src) {
   if (dst.is_contiguous() && src.is_contiguous()) {
     Dst* dp = d + dst.offset();
     const Src* sp = s + src.offset();
-    const std::int64_t n = dst.numel();
-    for (std::int64_t i = 0; i < n; ++i) dp[i] = static_cast<Dst>(sp[i]);
+    detail::parallel_elements(dst.numel(), [&](std::int64_t i) { dp[i] = static_cast<Dst>(sp[i]); });
     return;
   }
-  detail::for_each_offsets<2>(dst.shape(), {dst.strides(), src.strides()},
+  detail::parallel_for_each_offsets<2>(dst.shape(), {dst.strides(), src.strides()},
                               {dst.offset(), src.offset()},
                               [&](const std::array<std::int64_t, 2>& o) {
                                 d[o[0]] = static_cast<Dst>(s[o[1]]);
