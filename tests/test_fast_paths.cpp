@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -216,6 +218,21 @@ TEST(BlasInfo, NamesTheLibraryAndItsKernels) {
   const auto& i = blas::info();
   EXPECT_TRUE(i.library == "BLIS" || i.library == "OpenBLAS") << i.library;
   EXPECT_FALSE(i.kernel.empty());
+}
+
+// BLIS 0.9 would take its AVX2 kernels on a virtual machine's AVX-512 CPU;
+// headgrad points it at its AVX-512 ones (BLIS_ARCH_TYPE = 0, BLIS's id of skx).
+TEST(BlasInfo, BlisRunsItsAvx512KernelsOnAnAvx512Cpu) {
+  if (blas::info().library != "BLIS") GTEST_SKIP() << "built with " << blas::info().library;
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512dq") ||
+      !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl"))
+    GTEST_SKIP() << "no AVX-512 here";
+#endif
+  const char* chosen = std::getenv("BLIS_ARCH_TYPE");
+  ASSERT_NE(chosen, nullptr);
+  if (std::string(chosen) != "0") GTEST_SKIP() << "BLIS_ARCH_TYPE=" << chosen << " set outside";
+  EXPECT_EQ(blas::info().kernel, "skx");
 }
 
 // ---------------------------------------------------------------- exp of a row

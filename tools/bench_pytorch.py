@@ -2,8 +2,10 @@
 """headgrad beside PyTorch: the same causal MHA shapes, the same threads, one run.
 
 Same threads means both pools on both sides: headgrad bench --threads N sets
-OpenBLAS's and headgrad's; here torch.set_num_threads(N) and
+its BLAS's and its own workers'; here torch.set_num_threads(N) and
 OPENBLAS_NUM_THREADS=N (Debian's PyTorch calls OpenBLAS, which ignores the former).
+Each side's own GEMM rate (gemm_size^3) is printed too: headgrad links BLIS by
+default, Debian's PyTorch links OpenBLAS through libblas.so.3.
 
 A developer tool (issue 6), never needed to build or test headgrad. It needs
 Debian's python3-torch, so run it with the system Python:
@@ -91,6 +93,21 @@ def time_torch(torch, shape, dtype_name, repeats, warmup, seed):
             "fwdbwd_ms": statistics.median(fb), "fwdbwd_min_ms": min(fb)}
 
 
+def torch_gemm_gflops(torch, n, dtype_name):
+    """PyTorch's own matrix product rate, n^3, median of 3: headgrad and PyTorch
+    may link different BLAS libraries, so each side's GEMM is stated."""
+    dtype = {"float32": torch.float32, "float64": torch.float64}[dtype_name]
+    a = torch.randn(n, n, dtype=dtype)
+    b = torch.randn(n, n, dtype=dtype)
+    torch.mm(a, b)  # warm-up
+    ms = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        ms.append((time.perf_counter() - t0) * 1e3)
+    return 2.0 * n ** 3 / (statistics.median(ms) * 1e-3) / 1e9
+
+
 def run_headgrad(args, shape, dtype_name):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "bench.json")
@@ -136,7 +153,9 @@ def main():
 
     rows = []
     gemm = {}
+    torch_gemm = {}
     for dtype_name in dtypes:
+        torch_gemm[dtype_name] = torch_gemm_gflops(torch, args.gemm_size, dtype_name)
         for shape in shapes:
             print(f"  {shape} {dtype_name}: PyTorch ...", end="", flush=True, file=sys.stderr)
             tt = time_torch(torch, shape, dtype_name, args.repeats, args.warmup, args.seed)
@@ -165,12 +184,13 @@ def main():
     for line in [head] + lines:
         print("  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))).rstrip())
     print(f"\nratio = headgrad time / PyTorch time (below 1: headgrad faster); {args.threads} thread(s); "
-          f"PyTorch {torch.__version__}; headgrad's same-run GEMM GFLOP/s: "
-          + ", ".join(f"{k} {v:.1f}" for k, v in gemm.items()))
+          f"PyTorch {torch.__version__}\nsame-run {args.gemm_size}^3 GEMM GFLOP/s: headgrad "
+          + ", ".join(f"{k} {v:.1f}" for k, v in gemm.items()) + "; PyTorch "
+          + ", ".join(f"{k} {v:.1f}" for k, v in torch_gemm.items()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"torch_version": torch.__version__, "threads": args.threads, "rows": rows,
-                       "gemm_gflops": gemm}, f, indent=2)
+                       "gemm_gflops": gemm, "torch_gemm_gflops": torch_gemm}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,5 @@
 #include "headgrad/parallel.hpp"
 
-#include "headgrad/blas.hpp"
-
-
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -12,6 +9,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "headgrad/blas.hpp"
 
 namespace headgrad {
 
