@@ -39,12 +39,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <exception>
 #include <limits>
 #include <memory>
 #include <stdexcept>
-#include <type_traits>
 #include <vector>
 
 #include <headgrad/blas.hpp>

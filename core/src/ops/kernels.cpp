@@ -56,10 +56,10 @@ void zip_into(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
     return;
   }
   detail::parallel_for_each_offsets<3>(out.shape(), {out.strides(), a.strides(), b.strides()},
-                              {out.offset(), a.offset(), b.offset()},
-                              [&](const std::array<std::int64_t, 3>& off) {
-                                o[off[0]] = f(pa[off[1]], pb[off[2]]);
-                              });
+                                       {out.offset(), a.offset(), b.offset()},
+                                       [&](const std::array<std::int64_t, 3>& off) {
+                                         o[off[0]] = f(pa[off[1]], pb[off[2]]);
+                                       });
 }
 
 template <class T, class F>
@@ -73,10 +73,10 @@ void map_into(const Tensor& out, const Tensor& x, F f) {
     return;
   }
   detail::parallel_for_each_offsets<2>(out.shape(), {out.strides(), x.strides()},
-                              {out.offset(), x.offset()},
-                              [&](const std::array<std::int64_t, 2>& off) {
-                                o[off[0]] = f(px[off[1]]);
-                              });
+                                       {out.offset(), x.offset()},
+                                       [&](const std::array<std::int64_t, 2>& off) {
+                                         o[off[0]] = f(px[off[1]]);
+                                       });
 }
 
 // Softmax rows a worker should get at least: waking a worker costs a few
@@ -396,10 +396,10 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
     const bool* pm = static_cast<const bool*>(m.storage()->data());
     const T v = static_cast<T>(value);
     detail::parallel_for_each_offsets<3>(shape, {out.strides(), x.strides(), m.strides()},
-                                {out.offset(), x.offset(), m.offset()},
-                                [&](const std::array<std::int64_t, 3>& off) {
-                                  o[off[0]] = pm[off[2]] ? v : px[off[1]];
-                                });
+                                         {out.offset(), x.offset(), m.offset()},
+                                         [&](const std::array<std::int64_t, 3>& off) {
+                                           o[off[0]] = pm[off[2]] ? v : px[off[1]];
+                                         });
   });
   return out;
 }

@@ -331,10 +331,10 @@ void copy_typed(const Tensor& dst, const Tensor& src) {
     return;
   }
   detail::parallel_for_each_offsets<2>(dst.shape(), {dst.strides(), src.strides()},
-                              {dst.offset(), src.offset()},
-                              [&](const std::array<std::int64_t, 2>& o) {
-                                d[o[0]] = static_cast<Dst>(s[o[1]]);
-                              });
+                                       {dst.offset(), src.offset()},
+                                       [&](const std::array<std::int64_t, 2>& o) {
+                                         d[o[0]] = static_cast<Dst>(s[o[1]]);
+                                       });
 }
 
 template <class F>
