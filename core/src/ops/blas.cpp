@@ -50,7 +50,9 @@ void tiny_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
 // one FMA unit skx does the same FLOPs per cycle as haswell. BLIS reads the
 // variable at its first call; this runs when libheadgrad is loaded, before any.
 const bool g_kernels_chosen = [] {
-#if defined(__x86_64__) && defined(__GNUC__)
+  // BLIS_CONFIG_SKX: this BLIS was built with the skx kernels (naming an arch
+  // it lacks would make it abort).
+#if defined(__x86_64__) && defined(__GNUC__) && defined(BLIS_CONFIG_SKX)
   if (!std::getenv("BLIS_ARCH_TYPE") && __builtin_cpu_supports("avx512f") &&
       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl"))
