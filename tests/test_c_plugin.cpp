@@ -13,7 +13,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -23,10 +22,12 @@
 #include "headgrad/loader.hpp"
 #include "headgrad/ops.hpp"
 #include "headgrad/plugin.hpp"
+#include "tensor_checks.hpp"
 
 namespace {
 
 using namespace headgrad;
+using headgrad::test::all_close;
 namespace fs = std::filesystem;
 
 const fs::path kCPluginDir = C_PLUGIN_DIR;                 // build/tests/c_plugin
@@ -43,28 +44,6 @@ constexpr double kRtol32 = 1e-4;
 ::testing::AssertionResult contains(const std::string& text, const std::string& part) {
   if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "\"" << part << "\" not found in:\n  " << text;
-}
-
-// |a - b| <= atol + rtol * |b| elementwise; NaN never passes.
-::testing::AssertionResult all_close(const std::string& what, const Tensor& a, const Tensor& b,
-                                     double atol, double rtol) {
-  if (!a.defined() || !b.defined())
-    return ::testing::AssertionFailure() << what << ": undefined on the " << (a.defined() ? "right" : "left")
-                                         << " side";
-  if (a.shape() != b.shape())
-    return ::testing::AssertionFailure() << what << ": shapes " << shape_str(a.shape()) << " vs "
-                                         << shape_str(b.shape());
-  const std::vector<double> va = a.to_vector(), vb = b.to_vector();
-  for (std::size_t i = 0; i < va.size(); ++i) {
-    const double diff = std::abs(va[i] - vb[i]);
-    if (!(diff <= atol + rtol * std::abs(vb[i]))) {
-      std::ostringstream os;
-      os.precision(17);
-      os << what << " " << shape_str(a.shape()) << ": flat index " << i << ": " << va[i] << " vs " << vb[i];
-      return ::testing::AssertionFailure() << os.str();
-    }
-  }
-  return ::testing::AssertionSuccess();
 }
 
 // The plugins, loaded once for the whole program: naive_c, failing_c and

@@ -18,9 +18,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <iostream>
-#include <limits>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -29,10 +27,13 @@
 #include "headgrad/loader.hpp"
 #include "headgrad/ops.hpp"
 #include "headgrad/plugin.hpp"
+#include "tensor_checks.hpp"
 
 namespace {
 
 using namespace headgrad;
+using headgrad::test::all_close;
+using headgrad::test::all_finite;
 
 constexpr double kAtol64 = 1e-8;  // DESIGN.md's float64 checking tolerances
 constexpr double kRtol64 = 1e-6;
@@ -40,41 +41,6 @@ constexpr double kAtol32 = 2e-5;  // float32: a few ulps of O(1) values, summed 
 constexpr double kRtol32 = 1e-4;
 
 // ---------------------------------------------------------------- helpers
-
-// |a - b| <= atol + rtol * |b| elementwise; NaN never passes.
-::testing::AssertionResult all_close(const std::string& what, const Tensor& a, const Tensor& b,
-                                     double atol, double rtol) {
-  if (!a.defined() || !b.defined())
-    return ::testing::AssertionFailure() << what << ": undefined on the "
-                                         << (a.defined() ? "right" : "left") << " side";
-  if (a.shape() != b.shape())
-    return ::testing::AssertionFailure() << what << ": shapes " << shape_str(a.shape()) << " vs "
-                                         << shape_str(b.shape());
-  const std::vector<double> va = a.to_vector(), vb = b.to_vector();
-  std::int64_t bad = 0, worst = -1;
-  double worst_diff = 0.0;
-  for (std::size_t i = 0; i < va.size(); ++i) {
-    const double diff = std::abs(va[i] - vb[i]);
-    if (diff <= atol + rtol * std::abs(vb[i])) continue;
-    ++bad;
-    if (worst < 0 || !(diff <= worst_diff)) {
-      worst = static_cast<std::int64_t>(i);
-      worst_diff = diff;
-    }
-  }
-  if (bad == 0) return ::testing::AssertionSuccess();
-  std::ostringstream os;
-  os.precision(17);
-  os << what << " " << shape_str(a.shape()) << ": " << bad << " of " << va.size()
-     << " elements beyond tolerance; worst at flat index " << worst << ": " << va[worst]
-     << " vs " << vb[worst];
-  return ::testing::AssertionFailure() << os.str();
-}
-
-bool all_finite(const Tensor& t) {
-  const std::vector<double> v = t.to_vector();
-  return std::all_of(v.begin(), v.end(), [](double x) { return std::isfinite(x); });
-}
 
 Shape with_last2(Shape lead, std::int64_t r, std::int64_t c) {
   lead.push_back(r);
@@ -326,10 +292,10 @@ TEST_F(FusedSdpaTest, FullyMaskedRowGivesZerosAndFiniteGradients) {
       }
     for (std::int64_t n = 0; n < 2; ++n)
       for (std::int64_t c = 0; c < 3; ++c) EXPECT_EQ(f.dq.at({n, 1, c}), 0.0);
-    EXPECT_TRUE(all_finite(f.out));
-    EXPECT_TRUE(all_finite(f.dq));
-    EXPECT_TRUE(all_finite(f.dk));
-    EXPECT_TRUE(all_finite(f.dv));
+    EXPECT_TRUE(all_finite("out", f.out));
+    EXPECT_TRUE(all_finite("dq", f.dq));
+    EXPECT_TRUE(all_finite("dk", f.dk));
+    EXPECT_TRUE(all_finite("dv", f.dv));
     EXPECT_NE(f.out.at({0, 2, 0}), 0.0);  // the other rows are untouched
     // core's softmax has the same zeros rule: both sides agree everywhere
     const CoreResult b = run_core(batched(), q, k, v, spec);
@@ -541,7 +507,7 @@ MemoryRun measure_core(const Attention& a, std::int64_t t) {
     const Variable vq(q, true), vk(k, true), vv(v, true);
     const Variable out = a.core_forward(vq, vk, vv, AttentionSpec{});
     sum(mul(out, Variable(r))).backward();
-    EXPECT_TRUE(all_finite(vq.grad().narrow(1, 0, 4)));
+    EXPECT_TRUE(all_finite("dq of the attended rows", vq.grad().narrow(1, 0, 4)));
   }
   const std::size_t peak = memory_stats().peak_bytes;
   const double secs =

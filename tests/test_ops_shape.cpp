@@ -30,14 +30,6 @@ std::size_t ravel(const Shape& idx, const Shape& shape) {
   for (std::size_t d = 0; d < shape.size(); ++d) off = off * shape[d] + idx[d];
   return static_cast<std::size_t>(off);
 }
-Shape unravel(std::int64_t flat, const Shape& shape) {
-  Shape idx(shape.size());
-  for (std::size_t d = shape.size(); d-- > 0;) {
-    idx[d] = flat % shape[d];
-    flat /= shape[d];
-  }
-  return idx;
-}
 std::int64_t norm(std::int64_t d, std::size_t rank) { return d < 0 ? d + static_cast<std::int64_t>(rank) : d; }
 
 // ---------------------------------------------------------------- references
@@ -48,7 +40,7 @@ using Values = std::vector<double>;
 Values permute_ref(const Values& x, const Shape& s, const Shape& perm, const Shape& out) {
   Values y;
   for (std::int64_t f = 0; f < shape_numel(out); ++f) {
-    const Shape o = unravel(f, out);
+    const Shape o = unravel_index(f, out);
     Shape i(s.size());
     for (std::size_t k = 0; k < perm.size(); ++k) i[static_cast<std::size_t>(norm(perm[k], s.size()))] = o[k];
     y.push_back(x[ravel(i, s)]);
@@ -60,7 +52,7 @@ Values narrow_ref(const Values& x, const Shape& s, std::int64_t dim, std::int64_
   Values y;
   const auto d = static_cast<std::size_t>(norm(dim, s.size()));
   for (std::int64_t f = 0; f < shape_numel(out); ++f) {
-    Shape i = unravel(f, out);
+    Shape i = unravel_index(f, out);
     i[d] += start;
     y.push_back(x[ravel(i, s)]);
   }
@@ -71,7 +63,7 @@ Values cat_ref(const std::vector<Values>& xs, const std::vector<Shape>& ss, std:
   Values y;
   const auto d = static_cast<std::size_t>(norm(dim, out.size()));
   for (std::int64_t f = 0; f < shape_numel(out); ++f) {
-    Shape i = unravel(f, out);
+    Shape i = unravel_index(f, out);
     std::size_t t = 0;
     while (i[d] >= ss[t][d]) i[d] -= ss[t++][d];  // which input, and where in it
     y.push_back(xs[t][ravel(i, ss[t])]);
@@ -83,7 +75,7 @@ Values stack_ref(const std::vector<Values>& xs, const Shape& s, std::int64_t dim
   Values y;
   const auto d = static_cast<std::size_t>(norm(dim, out.size()));
   for (std::int64_t f = 0; f < shape_numel(out); ++f) {
-    Shape i = unravel(f, out);
+    Shape i = unravel_index(f, out);
     const auto t = static_cast<std::size_t>(i[d]);
     i.erase(i.begin() + static_cast<std::ptrdiff_t>(d));
     y.push_back(xs[t][ravel(i, s)]);
@@ -94,7 +86,7 @@ Values stack_ref(const std::vector<Values>& xs, const Shape& s, std::int64_t dim
 Values expand_ref(const Values& x, const Shape& s, const Shape& out) {
   Values y;
   for (std::int64_t f = 0; f < shape_numel(out); ++f) {
-    const Shape o = unravel(f, out);
+    const Shape o = unravel_index(f, out);
     Shape i(s.size());
     for (std::size_t k = 0; k < s.size(); ++k) {
       const std::size_t od = out.size() - s.size() + k;
@@ -109,7 +101,7 @@ Values repeat_ref(const Values& x, const Shape& s, std::int64_t repeats, std::in
   Values y;
   const auto d = static_cast<std::size_t>(norm(dim, s.size()));
   for (std::int64_t f = 0; f < shape_numel(out); ++f) {
-    Shape i = unravel(f, out);
+    Shape i = unravel_index(f, out);
     i[d] /= repeats;  // [a, b] -> [a, a, b, b]
     y.push_back(x[ravel(i, s)]);
   }

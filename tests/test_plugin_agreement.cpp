@@ -19,10 +19,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
-#include <limits>
 #include <memory>
 #include <ostream>
-#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -32,68 +30,17 @@
 #include "headgrad/loader.hpp"
 #include "headgrad/ops.hpp"
 #include "headgrad/plugin.hpp"
+#include "tensor_checks.hpp"
 
 namespace {
 
 using namespace headgrad;
+using headgrad::test::all_close;
+using headgrad::test::all_finite;
 
-constexpr double kAtol = 1e-8;  // DESIGN.md's float64 checking tolerances
-constexpr double kRtol = 1e-6;
+// Tolerances: all_close's defaults, DESIGN.md's float64 checking ones (1e-8, 1e-6).
 
 // ---------------------------------------------------------------- helpers
-
-std::string index_str(const Shape& shape, std::int64_t flat) {
-  Shape idx(shape.size());
-  for (std::size_t d = shape.size(); d-- > 0;) {
-    idx[d] = flat % shape[d];
-    flat /= shape[d];
-  }
-  return shape_str(idx);
-}
-
-// |a - b| <= atol + rtol * |b| elementwise; NaN never passes.
-::testing::AssertionResult all_close(const std::string& what, const Tensor& a, const Tensor& b,
-                                     double atol = kAtol, double rtol = kRtol) {
-  if (!a.defined() || !b.defined())
-    return ::testing::AssertionFailure() << what << ": undefined on the "
-                                         << (a.defined() ? "right" : "left") << " side";
-  if (a.shape() != b.shape())
-    return ::testing::AssertionFailure() << what << ": shapes " << shape_str(a.shape()) << " vs "
-                                         << shape_str(b.shape());
-  const std::vector<double> va = a.to_vector(), vb = b.to_vector();
-  std::int64_t bad = 0, worst = -1;
-  double worst_excess = 0.0;
-  for (std::size_t i = 0; i < va.size(); ++i) {
-    const double diff = std::abs(va[i] - vb[i]);
-    const double tol = atol + rtol * std::abs(vb[i]);
-    if (diff <= tol) continue;
-    ++bad;
-    const double excess = std::isnan(diff) ? std::numeric_limits<double>::infinity() : diff - tol;
-    if (worst < 0 || excess > worst_excess) {
-      worst = static_cast<std::int64_t>(i);
-      worst_excess = excess;
-    }
-  }
-  if (bad == 0) return ::testing::AssertionSuccess();
-  std::ostringstream os;
-  os << what << " " << shape_str(a.shape()) << ": " << bad << " of " << va.size()
-     << " elements beyond atol " << atol << " + rtol " << rtol << " * |b|; worst at "
-     << index_str(a.shape(), worst) << ": ";
-  os.precision(17);
-  os << va[static_cast<std::size_t>(worst)] << " vs "
-     << vb[static_cast<std::size_t>(worst)];
-  return ::testing::AssertionFailure() << os.str();
-}
-
-::testing::AssertionResult all_finite(const std::string& what, const Tensor& t) {
-  if (!t.defined()) return ::testing::AssertionFailure() << what << ": undefined";
-  const std::vector<double> v = t.to_vector();
-  for (std::size_t i = 0; i < v.size(); ++i)
-    if (!std::isfinite(v[i]))
-      return ::testing::AssertionFailure() << what << " " << index_str(t.shape(), static_cast<std::int64_t>(i))
-                                           << " is " << v[i];
-  return ::testing::AssertionSuccess();
-}
 
 // A bool mask of `shape` [..., Tq, Tk], True = attend, random, in which every
 // row keeps at least one key j <= i (so it keeps one under causal too).

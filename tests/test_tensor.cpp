@@ -70,6 +70,10 @@ TEST(TensorGeometry, ShapeHelpers) {
   EXPECT_EQ(headgrad::shape_numel(Shape{2, 3, 4}), 24);
   EXPECT_EQ(headgrad::shape_numel(Shape{}), 1);
   EXPECT_EQ(headgrad::contiguous_strides(Shape{5, 1, 3}), (Shape{3, 3, 1}));
+  EXPECT_EQ(headgrad::unravel_index(5, Shape{2, 3}), (Shape{1, 2}));
+  EXPECT_EQ(headgrad::unravel_index(0, Shape{2, 3, 4}), (Shape{0, 0, 0}));
+  EXPECT_EQ(headgrad::unravel_index(17, Shape{2, 3, 4}), (Shape{1, 1, 1}));  // 12 + 4 + 1
+  EXPECT_EQ(headgrad::unravel_index(0, Shape{}), Shape{});
   const Tensor s = Tensor::scalar(2.5, DType::float32);
   EXPECT_EQ(s.dim(), 0);
   EXPECT_EQ(s.numel(), 1);

@@ -7,15 +7,6 @@ namespace headgrad::runner {
 
 namespace {
 
-Shape unravel(std::int64_t flat, const Shape& shape) {
-  Shape index(shape.size(), 0);
-  for (std::size_t i = shape.size(); i-- > 0;) {
-    index[i] = flat % shape[i];
-    flat /= shape[i];
-  }
-  return index;
-}
-
 std::string kv(const char* key, std::int64_t value) { return std::string(key) + "=" + std::to_string(value); }
 
 }  // namespace
@@ -103,7 +94,7 @@ TensorComparison compare_tensor(const std::string& name, const Tensor& lhs, cons
   cmp.allclose = cmp.mismatched == 0;
   if (worst_at >= 0) {
     ElementRef e;
-    e.index = unravel(worst_at, cmp.shape);
+    e.index = unravel_index(worst_at, cmp.shape);
     e.where = describe_index(level, name, cmp.shape, e.index, heads);
     e.lhs = a[static_cast<std::size_t>(worst_at)];
     e.rhs = b[static_cast<std::size_t>(worst_at)];
@@ -139,7 +130,7 @@ std::optional<ElementRef> first_non_finite(const Tensor& t, Level level, std::st
   for (std::size_t i = 0; i < v.size(); ++i) {
     if (std::isfinite(v[i])) continue;
     ElementRef e;
-    e.index = unravel(static_cast<std::int64_t>(i), t.shape());
+    e.index = unravel_index(static_cast<std::int64_t>(i), t.shape());
     e.where = describe_index(level, name, t.shape(), e.index, heads);
     e.lhs = v[i];
     return e;

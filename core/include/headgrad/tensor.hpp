@@ -30,6 +30,8 @@ DType dtype_from_name(std::string_view name);  // throws std::invalid_argument
 using Shape = std::vector<std::int64_t>;
 std::string shape_str(std::span<const std::int64_t> shape);  // "[2, 3, 4]"
 std::int64_t shape_numel(std::span<const std::int64_t> shape);
+// The index of row-major element `flat` of `shape`: 5 of [2, 3] is [1, 2].
+Shape unravel_index(std::int64_t flat, std::span<const std::int64_t> shape);
 Shape contiguous_strides(std::span<const std::int64_t> shape);
 
 // Bytes owned by one or more tensors. Every allocation is counted so that the

@@ -16,15 +16,6 @@ double weighted_sum(const Tensor& out, const Tensor& r) {
   return s;
 }
 
-Shape unravel(std::int64_t flat, const Shape& shape) {
-  Shape idx(shape.size());
-  for (std::size_t d = shape.size(); d-- > 0;) {
-    idx[d] = flat % shape[d];
-    flat /= shape[d];
-  }
-  return idx;
-}
-
 bool has_overlap(const Tensor& t) {
   for (std::int64_t d = 0; d < t.dim(); ++d)
     if (t.size(d) > 1 && t.stride(d) == 0) return true;
@@ -82,7 +73,7 @@ GradcheckResult gradcheck(const GradcheckFn& f, const std::vector<Tensor>& input
       if (excess > worst_excess || std::isnan(err)) {
         worst_excess = std::isnan(err) ? INFINITY : excess;
         res.worst_input = i;
-        res.worst_index = unravel(e, x.shape());
+        res.worst_index = unravel_index(e, x.shape());
         res.analytic = analytic;
         res.numeric = numeric;
       }

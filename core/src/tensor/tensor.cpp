@@ -65,6 +65,15 @@ std::int64_t shape_numel(std::span<const std::int64_t> shape) {
   return n;
 }
 
+Shape unravel_index(std::int64_t flat, std::span<const std::int64_t> shape) {
+  Shape index(shape.size());
+  for (std::size_t d = shape.size(); d-- > 0;) {
+    index[d] = flat % shape[d];
+    flat /= shape[d];
+  }
+  return index;
+}
+
 Shape contiguous_strides(std::span<const std::int64_t> shape) {
   Shape strides(shape.size());
   std::int64_t s = 1;

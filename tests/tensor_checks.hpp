@@ -1,0 +1,65 @@
+// Checks on whole tensors shared by the plugin tests: all_close (DESIGN.md's
+// float64 tolerances by default) and all_finite, each naming the tensor and
+// the worst element's index when it fails.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "headgrad/tensor.hpp"
+
+namespace headgrad::test {
+
+// |a - b| <= atol + rtol * |b| elementwise; NaN never passes. On failure: how
+// many elements fail, and the one furthest beyond its tolerance.
+inline ::testing::AssertionResult all_close(const std::string& what, const Tensor& a, const Tensor& b,
+                                            double atol = 1e-8, double rtol = 1e-6) {
+  if (!a.defined() || !b.defined())
+    return ::testing::AssertionFailure() << what << ": undefined on the "
+                                         << (a.defined() ? "right" : "left") << " side";
+  if (a.shape() != b.shape())
+    return ::testing::AssertionFailure() << what << ": shapes " << shape_str(a.shape()) << " vs "
+                                         << shape_str(b.shape());
+  const std::vector<double> va = a.to_vector(), vb = b.to_vector();
+  std::int64_t bad = 0, worst = -1;
+  double worst_excess = 0.0;
+  for (std::size_t i = 0; i < va.size(); ++i) {
+    const double diff = std::abs(va[i] - vb[i]);
+    const double tol = atol + rtol * std::abs(vb[i]);
+    if (diff <= tol) continue;
+    ++bad;
+    const double excess = std::isnan(diff) ? std::numeric_limits<double>::infinity() : diff - tol;
+    if (worst < 0 || excess > worst_excess) {
+      worst = static_cast<std::int64_t>(i);
+      worst_excess = excess;
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  std::ostringstream os;
+  os << what << " " << shape_str(a.shape()) << ": " << bad << " of " << va.size()
+     << " elements beyond atol " << atol << " + rtol " << rtol << " * |b|; worst at "
+     << shape_str(unravel_index(worst, a.shape())) << ": ";
+  os.precision(17);
+  os << va[static_cast<std::size_t>(worst)] << " vs " << vb[static_cast<std::size_t>(worst)];
+  return ::testing::AssertionFailure() << os.str();
+}
+
+// Every element finite; names the first that is not.
+inline ::testing::AssertionResult all_finite(const std::string& what, const Tensor& t) {
+  if (!t.defined()) return ::testing::AssertionFailure() << what << ": undefined";
+  const std::vector<double> v = t.to_vector();
+  for (std::size_t i = 0; i < v.size(); ++i)
+    if (!std::isfinite(v[i]))
+      return ::testing::AssertionFailure()
+             << what << " " << shape_str(unravel_index(static_cast<std::int64_t>(i), t.shape()))
+             << " is " << v[i];
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace headgrad::test
