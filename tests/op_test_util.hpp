@@ -1,7 +1,7 @@
 // Shared helpers for the op tests (tests/test_ops_*.cpp): the input layouts
 // (Layout, layout_name), shape_name for parameter names, make() for fresh
 // float64 inputs in a given layout, and the checks expect_gradcheck,
-// expect_values, expect_exact_values and expect_invalid.
+// expect_values and expect_exact_values (expect_invalid: checks.hpp).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "checks.hpp"
 #include "headgrad/gradcheck.hpp"
 #include "headgrad/ops.hpp"
 
@@ -97,17 +98,6 @@ inline void expect_values(const Tensor& got, const Shape& shape, const std::vect
 inline void expect_exact_values(const Tensor& got, const Shape& shape, const std::vector<double>& want) {
   ASSERT_EQ(got.shape(), shape);
   EXPECT_EQ(got.to_vector(), want);
-}
-
-// f throws std::invalid_argument whose message holds every one of `pieces`.
-inline void expect_invalid(const std::function<void()>& f, std::initializer_list<std::string> pieces) {
-  try {
-    f();
-    ADD_FAILURE() << "expected std::invalid_argument";
-  } catch (const std::invalid_argument& e) {
-    const std::string msg = e.what();
-    for (const auto& p : pieces) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-  }
 }
 
 }  // namespace headgrad::test

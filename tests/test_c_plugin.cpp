@@ -22,12 +22,13 @@
 #include "headgrad/loader.hpp"
 #include "headgrad/ops.hpp"
 #include "headgrad/plugin.hpp"
-#include "tensor_checks.hpp"
+#include "checks.hpp"
 
 namespace {
 
 using namespace headgrad;
 using headgrad::test::all_close;
+using headgrad::test::contains;
 namespace fs = std::filesystem;
 
 const fs::path kCPluginDir = C_PLUGIN_DIR;                 // build/tests/c_plugin
@@ -40,11 +41,6 @@ constexpr double kAtol64 = 1e-8;  // DESIGN.md's float64 checking tolerances
 constexpr double kRtol64 = 1e-6;
 constexpr double kAtol32 = 2e-5;
 constexpr double kRtol32 = 1e-4;
-
-::testing::AssertionResult contains(const std::string& text, const std::string& part) {
-  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "\"" << part << "\" not found in:\n  " << text;
-}
 
 // The plugins, loaded once for the whole program: naive_c, failing_c and
 // fused_sdpa, each from its own file.

@@ -27,7 +27,7 @@
 #include "headgrad/loader.hpp"
 #include "headgrad/ops.hpp"
 #include "headgrad/plugin.hpp"
-#include "tensor_checks.hpp"
+#include "checks.hpp"
 
 namespace {
 

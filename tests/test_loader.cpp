@@ -24,10 +24,12 @@
 
 #include <spdlog/sinks/ostream_sink.h>
 
+#include "checks.hpp"
 #include "headgrad/log.hpp"
 
 namespace hg = headgrad;
 namespace fs = std::filesystem;
+using headgrad::test::contains;
 
 namespace {
 
@@ -47,12 +49,6 @@ class ScratchCleanup : public ::testing::Environment {
   }
 };
 [[maybe_unused]] const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new ScratchCleanup);
-
-// EXPECT_TRUE(contains(text, part)) prints both when `part` is missing.
-::testing::AssertionResult contains(const std::string& text, const std::string& part) {
-  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "\"" << part << "\" not found in:\n  " << text;
-}
 
 // A fresh scratch folder holding a copy of each named test plugin.
 fs::path copy_test_plugins(const std::string& folder, const std::vector<std::string>& names) {

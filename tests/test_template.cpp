@@ -13,15 +13,13 @@
 #include <string>
 #include <vector>
 
+#include "checks.hpp"
+
 namespace fs = std::filesystem;
 using namespace headgrad::templates;
+using headgrad::test::contains;
 
 namespace {
-
-::testing::AssertionResult contains(const std::string& text, const std::string& part) {
-  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "\"" << part << "\" not found in:\n  " << text;
-}
 
 std::string read(const fs::path& p) {
   std::ifstream is(p);

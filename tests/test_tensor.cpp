@@ -6,6 +6,8 @@
 // 12 i + 4 j + k and every expected value can be worked out by hand.
 #include "headgrad/tensor.hpp"
 
+#include "checks.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,23 +25,13 @@ using headgrad::DType;
 using headgrad::Generator;
 using headgrad::Shape;
 using headgrad::Tensor;
+using headgrad::test::expect_invalid;
 
 // [2, 3, 4] holding 0..23.
 Tensor iota(const Shape& shape, DType dtype = DType::float64) {
   std::vector<double> v(static_cast<std::size_t>(headgrad::shape_numel(shape)));
   std::iota(v.begin(), v.end(), 0.0);
   return Tensor::from_values(v, shape, dtype);
-}
-
-// Runs f, expects std::invalid_argument, and checks the message holds every piece.
-void expect_invalid(const std::function<void()>& f, std::initializer_list<std::string> pieces) {
-  try {
-    f();
-    ADD_FAILURE() << "expected std::invalid_argument";
-  } catch (const std::invalid_argument& e) {
-    const std::string msg = e.what();
-    for (const auto& p : pieces) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-  }
 }
 
 // ---------------------------------------------------------------- geometry

@@ -1,14 +1,18 @@
-// Checks on whole tensors shared by the plugin tests: all_close (DESIGN.md's
-// float64 tolerances by default) and all_finite, each naming the tensor and
-// the worst element's index when it fails.
+// Checks shared by the tests: all_close (DESIGN.md's float64 tolerances by
+// default) and all_finite on whole tensors, each naming the tensor and the
+// worst element's index when it fails; contains on text; expect_invalid on
+// an error message.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <initializer_list>
 #include <limits>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -60,6 +64,23 @@ inline ::testing::AssertionResult all_finite(const std::string& what, const Tens
              << what << " " << shape_str(unravel_index(static_cast<std::int64_t>(i), t.shape()))
              << " is " << v[i];
   return ::testing::AssertionSuccess();
+}
+
+// `part` occurs in `text`; on failure shows the whole text.
+inline ::testing::AssertionResult contains(const std::string& text, const std::string& part) {
+  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "\"" << part << "\" not found in:\n  " << text;
+}
+
+// f throws std::invalid_argument whose message holds every one of `pieces`.
+inline void expect_invalid(const std::function<void()>& f, std::initializer_list<std::string> pieces) {
+  try {
+    f();
+    ADD_FAILURE() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    const std::string msg = e.what();
+    for (const auto& p : pieces) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+  }
 }
 
 }  // namespace headgrad::test
