@@ -79,6 +79,29 @@ void map_into(const Tensor& out, const Tensor& x, F f) {
                                        });
 }
 
+// The softmax row kernels, shared by softmax and masked_softmax so that the
+// two give the same bits. softmax_row: row[0..n) holds the (scaled, masked)
+// scores and mx their max; it becomes the weights. A row with no attended key
+// (mx = -inf) gives zeros, not NaN (PyTorch gives NaN), so the backward gives
+// zeros too, since dx = y * (...).
+template <class T>
+void softmax_row(T* row, std::int64_t n, T mx) {
+  if (mx == -std::numeric_limits<T>::infinity()) {
+    std::fill(row, row + n, T(0));
+    return;
+  }
+  const T inv = T(1) / exp_shift_row(row, n, mx);
+  for (std::int64_t j = 0; j < n; ++j) row[j] *= inv;
+}
+
+// dx[j] = y[j] * (dy[j] - sum(dy * y)) * f for j < n.
+template <class T>
+void softmax_backward_row(const T* y, const T* dy, T* dx, std::int64_t n, T f) {
+  T dot = 0;
+  for (std::int64_t j = 0; j < n; ++j) dot += y[j] * dy[j];
+  for (std::int64_t j = 0; j < n; ++j) dx[j] = y[j] * (dy[j] - dot) * f;
+}
+
 // Softmax rows a worker should get at least: waking a worker costs a few
 // microseconds, about 4K exponentials.
 std::int64_t rows_per_worker(std::int64_t row_length) {
@@ -342,15 +365,8 @@ Tensor softmax(const Tensor& x, std::int64_t dim) {
         T* orow = o + i * n;
         T mx = -std::numeric_limits<T>::infinity();
         for (std::int64_t j = 0; j < n; ++j) mx = std::max(mx, row[j]);
-        if (mx == -std::numeric_limits<T>::infinity()) {
-          // Every entry masked out: zeros, not NaN (PyTorch gives NaN here). The
-          // backward then gives zeros too, since dx = y * (...).
-          std::fill(orow, orow + n, T(0));
-          continue;
-        }
         std::copy(row, row + n, orow);
-        const T inv = T(1) / exp_shift_row(orow, n, mx);
-        for (std::int64_t j = 0; j < n; ++j) orow[j] *= inv;
+        softmax_row(orow, n, mx);
       }
     }, rows_per_worker(n));
   });
@@ -368,13 +384,8 @@ Tensor softmax_backward(const Tensor& y_in, const Tensor& dy_in, std::int64_t di
     const T* pdy = dy.template data<T>();
     T* pdx = dx.template data<T>();
     parallel_for(r, [&](std::int64_t r0, std::int64_t r1, int) {
-      for (std::int64_t i = r0; i < r1; ++i) {
-        const T* yr = py + i * n;
-        const T* gr = pdy + i * n;
-        T dot = 0;
-        for (std::int64_t j = 0; j < n; ++j) dot += yr[j] * gr[j];
-        for (std::int64_t j = 0; j < n; ++j) pdx[i * n + j] = yr[j] * (gr[j] - dot);
-      }
+      for (std::int64_t i = r0; i < r1; ++i)
+        softmax_backward_row(py + i * n, pdy + i * n, pdx + i * n, n, T(1));
     }, rows_per_worker(n));
   });
   return dim_back(dx, d, y_in.dim());
@@ -476,12 +487,7 @@ Tensor masked_softmax(const Tensor& x_in, double scale, const Tensor& attend, bo
           }
         }
         std::fill(orow + end, orow + n, T(0));
-        if (mx == neg_inf) {  // no key attended: zeros, not NaN (core's softmax rule)
-          std::fill(orow, orow + end, T(0));
-          continue;
-        }
-        const T inv = T(1) / exp_shift_row(orow, end, mx);
-        for (std::int64_t j = 0; j < end; ++j) orow[j] *= inv;
+        softmax_row(orow, end, mx);
       }
     }, rows_per_worker(n));
   });
@@ -506,14 +512,10 @@ Tensor masked_softmax_backward(const Tensor& y_in, const Tensor& dy_in, double s
     T* pdx = dx.template data<T>();
     parallel_for(rows, [&](std::int64_t r0, std::int64_t r1, int) {
       for (std::int64_t r = r0; r < r1; ++r) {
-        const T* yr = py + r * n;
-        const T* gr = pdy + r * n;
+        // y = softmax(x * scale) with masked y = 0: dx = scale * softmax's dx
         T* dr = pdx + r * n;
         const std::int64_t end = causal ? std::min(n, r % tq + 1) : n;
-        // in the forward pass this was: y = softmax(x * scale) with masked y = 0
-        T dot = 0;
-        for (std::int64_t j = 0; j < end; ++j) dot += yr[j] * gr[j];
-        for (std::int64_t j = 0; j < end; ++j) dr[j] = yr[j] * (gr[j] - dot) * f;
+        softmax_backward_row(py + r * n, pdy + r * n, dr, end, f);
         std::fill(dr + end, dr + n, T(0));
       }
     }, rows_per_worker(n));
