@@ -54,6 +54,16 @@ inline ::testing::AssertionResult all_close(const std::string& what, const Tenso
   return ::testing::AssertionFailure() << os.str();
 }
 
+// The attention core's output and gradients (any result with out, dq, dk,
+// dv) agree, each within atol + rtol * |b|.
+template <class CoreResult>
+void expect_core_close(const CoreResult& a, const CoreResult& b, double atol = 1e-8, double rtol = 1e-6) {
+  EXPECT_TRUE(all_close("out", a.out, b.out, atol, rtol));
+  EXPECT_TRUE(all_close("dq", a.dq, b.dq, atol, rtol));
+  EXPECT_TRUE(all_close("dk", a.dk, b.dk, atol, rtol));
+  EXPECT_TRUE(all_close("dv", a.dv, b.dv, atol, rtol));
+}
+
 // Every element finite; names the first that is not.
 inline ::testing::AssertionResult all_finite(const std::string& what, const Tensor& t) {
   if (!t.defined()) return ::testing::AssertionFailure() << what << ": undefined";

@@ -28,6 +28,7 @@ namespace {
 
 using namespace headgrad;
 using headgrad::test::all_close;
+using headgrad::test::expect_core_close;
 using headgrad::test::contains;
 namespace fs = std::filesystem;
 
@@ -133,10 +134,7 @@ TEST_P(CPluginAgreement, MatchesFusedSdpaInFloat64) {
   const Inputs in = make_inputs(GetParam(), DType::float64, 11);
   const CoreResult c = run_core(plugin("naive_c"), in.q, in.k, in.v, in.spec, 3);
   const CoreResult f = run_core(plugin("fused_sdpa"), in.q, in.k, in.v, in.spec, 3);
-  EXPECT_TRUE(all_close("out", c.out, f.out, kAtol64, kRtol64));
-  EXPECT_TRUE(all_close("dq", c.dq, f.dq, kAtol64, kRtol64));
-  EXPECT_TRUE(all_close("dk", c.dk, f.dk, kAtol64, kRtol64));
-  EXPECT_TRUE(all_close("dv", c.dv, f.dv, kAtol64, kRtol64));
+  expect_core_close(c, f, kAtol64, kRtol64);
 }
 
 TEST_P(CPluginAgreement, MatchesFusedSdpaInFloat32) {
@@ -144,10 +142,7 @@ TEST_P(CPluginAgreement, MatchesFusedSdpaInFloat32) {
   const CoreResult c = run_core(plugin("naive_c"), in.q, in.k, in.v, in.spec, 4);
   const CoreResult f = run_core(plugin("fused_sdpa"), in.q, in.k, in.v, in.spec, 4);
   EXPECT_EQ(c.out.dtype(), DType::float32);
-  EXPECT_TRUE(all_close("out", c.out, f.out, kAtol32, kRtol32));
-  EXPECT_TRUE(all_close("dq", c.dq, f.dq, kAtol32, kRtol32));
-  EXPECT_TRUE(all_close("dk", c.dk, f.dk, kAtol32, kRtol32));
-  EXPECT_TRUE(all_close("dv", c.dv, f.dv, kAtol32, kRtol32));
+  expect_core_close(c, f, kAtol32, kRtol32);
 }
 
 TEST_P(CPluginAgreement, PassesGradcheck) {

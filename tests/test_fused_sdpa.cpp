@@ -33,6 +33,7 @@ namespace {
 
 using namespace headgrad;
 using headgrad::test::all_close;
+using headgrad::test::expect_core_close;
 using headgrad::test::all_finite;
 
 constexpr double kAtol64 = 1e-8;  // DESIGN.md's float64 checking tolerances
@@ -213,10 +214,7 @@ TEST_P(FusedCoreAgreement, Float64MatchesBatched) {
   const CoreInputs in = make_inputs(c, DType::float64, 11);
   const CoreResult f = run_core(fused(), in.q, in.k, in.v, in.spec);
   const CoreResult b = run_core(batched(), in.q, in.k, in.v, in.spec);
-  EXPECT_TRUE(all_close("out", f.out, b.out, kAtol64, kRtol64));
-  EXPECT_TRUE(all_close("dq", f.dq, b.dq, kAtol64, kRtol64));
-  EXPECT_TRUE(all_close("dk", f.dk, b.dk, kAtol64, kRtol64));
-  EXPECT_TRUE(all_close("dv", f.dv, b.dv, kAtol64, kRtol64));
+  expect_core_close(f, b, kAtol64, kRtol64);
 }
 
 TEST_P(FusedCoreAgreement, Float32MatchesBatched) {
@@ -226,10 +224,7 @@ TEST_P(FusedCoreAgreement, Float32MatchesBatched) {
   const CoreResult b = run_core(batched(), in.q, in.k, in.v, in.spec);
   ASSERT_EQ(f.out.dtype(), DType::float32);
   ASSERT_EQ(f.dq.dtype(), DType::float32);
-  EXPECT_TRUE(all_close("out", f.out, b.out, kAtol32, kRtol32));
-  EXPECT_TRUE(all_close("dq", f.dq, b.dq, kAtol32, kRtol32));
-  EXPECT_TRUE(all_close("dk", f.dk, b.dk, kAtol32, kRtol32));
-  EXPECT_TRUE(all_close("dv", f.dv, b.dv, kAtol32, kRtol32));
+  expect_core_close(f, b, kAtol32, kRtol32);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -260,10 +255,7 @@ TEST_F(FusedSdpaTest, BroadcastLeadingDimsMatchBatched) {
   spec.causal = true;
   const CoreResult f = run_core(fused(), q, k, v, spec);
   const CoreResult b = run_core(batched(), q, k, v, spec);
-  EXPECT_TRUE(all_close("out", f.out, b.out, kAtol64, kRtol64));
-  EXPECT_TRUE(all_close("dq", f.dq, b.dq, kAtol64, kRtol64));
-  EXPECT_TRUE(all_close("dk", f.dk, b.dk, kAtol64, kRtol64));
-  EXPECT_TRUE(all_close("dv", f.dv, b.dv, kAtol64, kRtol64));
+  expect_core_close(f, b, kAtol64, kRtol64);
 }
 
 // ---------------------------------------------------------------- fully masked rows
@@ -299,10 +291,7 @@ TEST_F(FusedSdpaTest, FullyMaskedRowGivesZerosAndFiniteGradients) {
     EXPECT_NE(f.out.at({0, 2, 0}), 0.0);  // the other rows are untouched
     // core's softmax has the same zeros rule: both sides agree everywhere
     const CoreResult b = run_core(batched(), q, k, v, spec);
-    EXPECT_TRUE(all_close("out", f.out, b.out, kAtol64, kRtol64));
-    EXPECT_TRUE(all_close("dq", f.dq, b.dq, kAtol64, kRtol64));
-    EXPECT_TRUE(all_close("dk", f.dk, b.dk, kAtol64, kRtol64));
-    EXPECT_TRUE(all_close("dv", f.dv, b.dv, kAtol64, kRtol64));
+    expect_core_close(f, b, kAtol64, kRtol64);
   }
   // and the hand-written backward is right around the masked rows
   spec.causal = true;

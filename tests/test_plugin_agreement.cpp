@@ -36,6 +36,7 @@ namespace {
 
 using namespace headgrad;
 using headgrad::test::all_close;
+using headgrad::test::expect_core_close;
 using headgrad::test::all_finite;
 
 // Tolerances: all_close's defaults, DESIGN.md's float64 checking ones (1e-8, 1e-6).
@@ -392,10 +393,7 @@ TEST_P(CoreAgreement, OutAndGradients) {
   const CoreResult a = run_core(plugin(pair.first), in, spec);
   const CoreResult b = run_core(plugin(pair.second), in, spec);
   EXPECT_EQ(a.out.shape(), (Shape{s.b, s.h, s.tq, s.dv}));
-  EXPECT_TRUE(all_close("out", a.out, b.out));
-  EXPECT_TRUE(all_close("dq", a.dq, b.dq));
-  EXPECT_TRUE(all_close("dk", a.dk, b.dk));
-  EXPECT_TRUE(all_close("dv", a.dv, b.dv));
+  expect_core_close(a, b);
 }
 
 INSTANTIATE_TEST_SUITE_P(
