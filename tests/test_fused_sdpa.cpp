@@ -28,6 +28,7 @@
 #include "headgrad/ops.hpp"
 #include "headgrad/plugin.hpp"
 #include "checks.hpp"
+#include "real_plugins.hpp"
 
 namespace {
 
@@ -80,15 +81,12 @@ class FusedSdpaTest : public ::testing::Test {
   // Variable a test makes.
   static void SetUpTestSuite() {
     registry_ = std::make_unique<PluginRegistry>();
-    const std::filesystem::path dir = HEADGRAD_BUILD_PLUGIN_DIR;
-    for (const char* name : {"fused_sdpa", "batched"})
-      registry_->load_file(dir / name / (std::string(name) + ".so"));
+    load_problems_ = test::load_real_plugins(*registry_);
   }
   static void TearDownTestSuite() { registry_.reset(); }
 
   void SetUp() override {
-    for (const auto& r : registry_->rejections())
-      ADD_FAILURE() << "plugin rejected: " << r.file << ": " << r.reason;
+    ASSERT_EQ(load_problems_, "") << "the real plugins did not all load";
     ASSERT_NE(registry_->find("fused_sdpa"), nullptr);
     ASSERT_NE(registry_->find("batched"), nullptr);
   }
@@ -97,6 +95,7 @@ class FusedSdpaTest : public ::testing::Test {
   static const Attention& batched() { return *registry_->get("batched").attention; }
 
   static inline std::unique_ptr<PluginRegistry> registry_;
+  static inline std::string load_problems_;
 };
 
 TEST_F(FusedSdpaTest, AdvertisesItsCapabilities) {

@@ -2,9 +2,10 @@
 # End to end, as a user would: install headgrad, write a plugin outside the
 # tree from the template, build it against the installed SDK, check it with the
 # installed headgrad; then break it (a merge without the transpose) and check
-# that the suite fails (and names the bug, once the runner prints diagnoses).
+# that the suite fails and names the bug. Every step is required: a missing
+# subcommand, plugin or diagnosis fails the test.
 #
-#   test_install.sh BUILD_ROOT PREFIX BINDIR LIBDIR NEW_PLUGIN_DRIVER
+#   test_install.sh BUILD_ROOT PREFIX BINDIR LIBDIR
 #
 # The installation is relocatable, so no second build is configured: the
 # build is installed with DESTDIR into a scratch folder, moved elsewhere, and
@@ -13,7 +14,7 @@
 # from wherever it lies (${pcfiledir}), is part of what is tested.
 set -euo pipefail
 
-build_root=$1 prefix=$2 bindir=$3 libdir=$4 driver=$5
+build_root=$1 prefix=$2 bindir=$3 libdir=$4
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/headgrad_install.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 unset HEADGRAD_PLUGIN_PATH
@@ -96,20 +97,14 @@ run "$tmp/sdk.log" c++ -std=c++20 -shared -fPIC "$tmp/sdk.cpp" -o "$tmp/sdk.so" 
 printf '#include <headgrad/c_plugin.h>\nint main(void) { return HEADGRAD_C_ABI_VERSION == 1 ? 0 : 1; }\n' >"$tmp/c.c"
 run "$tmp/c.log" cc -std=c99 -pedantic-errors -Wall -Werror -c "$tmp/c.c" -o "$tmp/c.o" $cflags
 
-step "new-plugin myattn"
-if "$headgrad" --help 2>&1 | grep "new-plugin" >/dev/null; then
-  new_plugin=("$headgrad" new-plugin)
-else
-  echo "NOTE: the installed headgrad has no new-plugin subcommand yet (main.cpp does not call"
-  echo "      add_new_plugin_command); using the template module's test driver instead"
-  new_plugin=("$driver" new-plugin)
-fi
-run "$tmp/new.log" "${new_plugin[@]}" myattn "$tmp/myattn"
+step "new-plugin myattn (the installed program's own subcommand)"
+"$headgrad" --help >"$tmp/help.log" 2>&1 || { cat "$tmp/help.log"; fail "headgrad --help failed"; }
+grep -q "new-plugin" "$tmp/help.log" || { cat "$tmp/help.log"; fail "the installed headgrad has no new-plugin subcommand"; }
+run "$tmp/new.log" "$headgrad" new-plugin myattn "$tmp/myattn"
 cat "$tmp/new.log"
-if [[ ${new_plugin[0]} == "$headgrad" ]]; then  # the installed program knows its headgrad.pc
-  grep -qF "PKG_CONFIG_PATH=$(readlink -f "$pcdir")" "$tmp/new.log" ||
-    fail "new-plugin does not print the installation's PKG_CONFIG_PATH ($pcdir)"
-fi
+# the installed program knows its headgrad.pc
+grep -qF "PKG_CONFIG_PATH=$(readlink -f "$pcdir")" "$tmp/new.log" ||
+  fail "new-plugin does not print the installation's PKG_CONFIG_PATH ($pcdir)"
 
 step "build it against the installed SDK (meson, dependency('headgrad'))"
 cd "$tmp/myattn"
@@ -135,9 +130,9 @@ code=0
 tail -n 5 "$tmp/run_bad.log"
 [[ $code == 1 ]] || { cat "$tmp/run_bad.log"; fail "the broken plugin's suite exited $code, expected 1"; }
 
-step "and names the bug, if the runner names bugs"
-# Calibrate on the installed mutant of the same bug: if the runner names it
-# there, it must name it for myattn too.
+step "and names the bug"
+# The installed mutant of the same bug must be named first (a runner that stops
+# naming bugs fails here), then myattn must be named the same way.
 cat >"$tmp/calibrate.yaml" <<'EOF'
 suite: calibrate
 cases:
@@ -148,13 +143,11 @@ EOF
 code=0
 "$headgrad" run "$tmp/calibrate.yaml" >"$tmp/calibrate.log" 2>&1 || code=$?
 [[ $code == 1 ]] || { cat "$tmp/calibrate.log"; fail "the installed mutant's case exited $code, expected 1"; }
-# A diagnosis line names the bug ("diagnosis: ... merge_without_transpose ...").
-if sed 's/mutant_merge_without_transpose//g' "$tmp/calibrate.log" | grep -i 'diagnos.*merge_without_transpose' >/dev/null; then
-  grep -qi 'diagnos.*merge_without_transpose' "$tmp/run_bad.log" ||
-    { cat "$tmp/run_bad.log"; fail "the runner names merge_without_transpose for the mutant but not for myattn"; }
-  echo "the failure is diagnosed as merge_without_transpose"
-else
-  echo "NOTE: the runner prints no diagnosis yet; the check that names merge_without_transpose is inactive"
-fi
+# A diagnosis line names the bug ("diagnosis: ... reproduces merge_without_transpose ...").
+sed 's/mutant_merge_without_transpose//g' "$tmp/calibrate.log" | grep -i 'diagnos.*merge_without_transpose' >/dev/null ||
+  { cat "$tmp/calibrate.log"; fail "the runner does not name merge_without_transpose for its own mutant"; }
+grep -qi 'diagnos.*merge_without_transpose' "$tmp/run_bad.log" ||
+  { cat "$tmp/run_bad.log"; fail "the runner names merge_without_transpose for the mutant but not for myattn"; }
+echo "the failure is diagnosed as merge_without_transpose"
 
 step "done: PASS in $((SECONDS - start))s"

@@ -6,8 +6,9 @@
 // side wraps them in its own fresh leaf Variables, builds its own graph and runs
 // its own backward of loss = sum(out * R).
 //
-// fused_sdpa is written separately: until its library is built, its tests skip
-// with a message (a library that exists but is rejected is a failure).
+// The plugins are the files the build lists (real_plugins.hpp): one that is
+// missing or rejected fails every test that needs it, and the suite's first
+// test names it.
 //
 // Shape legend: B batch, [...] leading dims, T sequence, Tq/Tk query/key lengths,
 // D model width, H query heads, Hkv key/value heads, d = D / H head width,
@@ -31,6 +32,7 @@
 #include "headgrad/ops.hpp"
 #include "headgrad/plugin.hpp"
 #include "checks.hpp"
+#include "real_plugins.hpp"
 
 namespace {
 
@@ -171,7 +173,7 @@ class PluginTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     registry_ = std::make_unique<PluginRegistry>();
-    registry_->load_directories({HEADGRAD_BUILD_PLUGIN_DIR});
+    load_problems_ = test::load_real_plugins(*registry_);
   }
   static void TearDownTestSuite() { registry_.reset(); }
 
@@ -179,26 +181,14 @@ class PluginTest : public ::testing::Test {
     return *registry_->get(name).attention;
   }
 
-  // Skips the test when a plugin still being written is not built yet; fails it
-  // when any other plugin is missing, or when a library was built but rejected.
+  // Fails the test when a plugin it needs did not load, with the loader's reason.
   static void require_plugins(const std::vector<std::string>& names) {
-    for (const auto& name : names) {
-      if (registry_->find(name)) continue;
-      const bool rejected = std::any_of(
-          registry_->rejections().begin(), registry_->rejections().end(),
-          [&](const PluginRejection& r) { return r.file.stem() == name; });
-      if (name == "fused_sdpa" && !rejected)
-        GTEST_SKIP() << "plugin '" << name << "' is not built yet (no " << name << ".so under "
-                     << HEADGRAD_BUILD_PLUGIN_DIR << ")";
-      try {
-        registry_->get(name);
-      } catch (const std::exception& e) {
-        FAIL() << e.what();
-      }
-    }
+    for (const auto& name : names)
+      if (!registry_->find(name)) FAIL() << "plugin '" << name << "' is not loaded:\n" << load_problems_;
   }
 
   static inline std::unique_ptr<PluginRegistry> registry_;
+  static inline std::string load_problems_;
 };
 
 const std::vector<std::string> kPlugins = {"per_head", "batched", "fused_sdpa"};
@@ -210,9 +200,11 @@ const std::vector<PluginPair> kPairs = {
 std::string pair_name(const PluginPair& p) { return p.first + "_vs_" + p.second; }
 
 TEST_F(PluginTest, TheRealVariantsLoad) {
-  for (const std::string name : {"per_head", "batched"}) {
+  EXPECT_EQ(load_problems_, "");
+  ASSERT_EQ(test::real_plugin_files().size(), kPlugins.size());
+  for (const std::string& name : kPlugins) {
     const LoadedPlugin* p = registry_->find(name);
-    ASSERT_NE(p, nullptr) << name << " not loaded from " << HEADGRAD_BUILD_PLUGIN_DIR;
+    ASSERT_NE(p, nullptr) << name << " not loaded:\n" << load_problems_;
     EXPECT_EQ(p->abi_version, plugin_abi_version);
     const Capabilities& c = p->info.capabilities;
     EXPECT_TRUE(c.mha && c.core && c.causal && c.bool_mask && c.cross_lengths && c.grouped_kv)
