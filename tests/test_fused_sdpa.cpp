@@ -3,13 +3,17 @@
 // autodiff's backward), fully masked rows, dropout, and peak memory at long
 // sequences against the batched core's [T, T] buffers.
 //
-// Both plugins are loaded through the loader from the build's plugin folder,
-// once per test suite. Comparisons hand the SAME q, k, v, R tensors to both
-// sides; each side wraps them in its own leaf Variables.
+// The plugins are loaded through the loader from the files the build lists,
+// once per test suite. The kernel is also linked directly (kernel.hpp), so
+// that tests choose its tiles: the plugin's default tile is 128 x 128, and a
+// few rows with tiles of 2 or 3 cross several tiles in each direction (the
+// online softmax's rescaling, dQ added from several key blocks, dropout's
+// counters). Comparisons hand the SAME q, k, v, R tensors to both sides; each
+// side wraps them in its own leaf Variables.
 //
 // Shape legend: [...] leading dims (batch x heads), Tq/Tk query/key lengths,
-// d query/key width, dv value width, B batch, T sequence, D model width,
-// H query heads, Hkv key/value heads. The fused kernel's tile is 64.
+// d query/key width, dv value width, Br x Bc one kernel tile (query rows x
+// keys), B batch, T sequence, D model width, H query heads, Hkv key/value heads.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -26,8 +30,10 @@
 #include "headgrad/gradcheck.hpp"
 #include "headgrad/loader.hpp"
 #include "headgrad/ops.hpp"
+#include "headgrad/parallel.hpp"
 #include "headgrad/plugin.hpp"
 #include "checks.hpp"
+#include "kernel.hpp"
 #include "real_plugins.hpp"
 
 namespace {
@@ -37,7 +43,7 @@ using headgrad::test::all_close;
 using headgrad::test::expect_core_close;
 using headgrad::test::all_finite;
 
-constexpr double kAtol64 = 1e-8;  // DESIGN.md's float64 checking tolerances
+constexpr double kAtol64 = 1e-8;  // the float64 checking tolerances (docs/design.md)
 constexpr double kRtol64 = 1e-6;
 constexpr double kAtol32 = 2e-5;  // float32: a few ulps of O(1) values, summed over T
 constexpr double kRtol32 = 1e-4;
@@ -199,10 +205,145 @@ INSTANTIATE_TEST_SUITE_P(
         CoreCase{"bool_mask", {2, 2}, 4, 5, 3, 2, false, MaskKind::per_slice},
         CoreCase{"bool_mask_causal", {2}, 4, 5, 3, 2, true, MaskKind::shared},
         CoreCase{"transposed_q", {2}, 4, 5, 3, 2, true, MaskKind::none, QLayout::transposed},
-        CoreCase{"narrowed_q", {2}, 4, 5, 3, 2, false, MaskKind::none, QLayout::narrowed},
-        CoreCase{"tiles_causal_67x70", {1}, 67, 70, 2, 3, true},
-        CoreCase{"tiles_mask_70x66", {1}, 70, 66, 2, 2, false, MaskKind::shared}),
+        CoreCase{"narrowed_q", {2}, 4, 5, 3, 2, false, MaskKind::none, QLayout::narrowed}),
     case_name);
+
+// -------- the kernel with small tiles: every case crosses >= 3 tiles each way
+
+struct TiledCase {
+  std::string name;
+  std::int64_t br, bc;  // the kernel's tile
+  std::int64_t tq, tk;
+  bool causal;
+  double dropout_p;
+  MaskKind mask = MaskKind::none;
+};
+
+void PrintTo(const TiledCase& c, std::ostream* os) { *os << c.name; }
+
+std::int64_t tiles_over(std::int64_t n, std::int64_t tile) { return (n + tile - 1) / tile; }
+
+CoreInputs make_tiled_inputs(const TiledCase& c, DType dtype, std::uint64_t seed) {
+  CoreInputs in = make_inputs(CoreCase{c.name, {2}, c.tq, c.tk, 3, 2, c.causal, c.mask}, dtype, seed);
+  in.spec.dropout_p = c.dropout_p;
+  in.spec.dropout_seed = 4242;
+  return in;
+}
+
+class FusedTiles : public ::testing::TestWithParam<TiledCase> {};
+
+TEST_P(FusedTiles, GradcheckAcrossTiles) {
+  const TiledCase& c = GetParam();
+  ASSERT_GE(tiles_over(c.tq, c.br), 3) << "query tiles";
+  ASSERT_GE(tiles_over(c.tk, c.bc), 3) << "key tiles";
+  const CoreInputs in = make_tiled_inputs(c, DType::float64, 17);
+  const fused_sdpa::Tiles tiles{c.br, c.bc};
+  const GradcheckResult r = gradcheck(
+      [&](const std::vector<Variable>& x) { return fused_sdpa::sdpa(x[0], x[1], x[2], in.spec, tiles); },
+      {in.q, in.k, in.v});
+  EXPECT_TRUE(r.ok) << r.message;
+  EXPECT_EQ(r.elements_checked, in.q.numel() + in.k.numel() + in.v.numel());
+}
+
+// The tiling is an implementation detail: small tiles, one tile per row and
+// the default tile give the same output and gradients (dropout included: its
+// mask is a function of (seed, n, i, j), not of the tile).
+TEST_P(FusedTiles, TilingDoesNotChangeTheResult) {
+  const TiledCase& c = GetParam();
+  const CoreInputs in = make_tiled_inputs(c, DType::float64, 19);
+  const auto run = [&](fused_sdpa::Tiles tiles) {
+    const Variable q(in.q, true), k(in.k, true), v(in.v, true);
+    const Variable out = fused_sdpa::sdpa(q, k, v, in.spec, tiles);
+    Generator gen(5);
+    sum(mul(out, Variable(randn(out.shape(), out.dtype(), gen)))).backward();
+    return CoreResult{out.data(), q.grad(), k.grad(), v.grad()};
+  };
+  const CoreResult small = run({c.br, c.bc});
+  for (const fused_sdpa::Tiles other : {fused_sdpa::Tiles{1, 1}, fused_sdpa::Tiles{}}) {
+    SCOPED_TRACE("tiles " + std::to_string(other.rows) + " x " + std::to_string(other.keys));
+    expect_core_close(small, run(other), 1e-12, 1e-12);
+  }
+}
+
+// Without dropout the kernel with small tiles is the batched core.
+TEST_P(FusedTiles, MatchesTheComposedCore) {
+  const TiledCase& c = GetParam();
+  if (c.dropout_p > 0.0) return;  // the composed core has no dropout; the dropout cases are gradchecked above
+  const CoreInputs in = make_tiled_inputs(c, DType::float64, 23);
+  const Variable q(in.q, true), k(in.k, true), v(in.v, true);
+  const Variable out = fused_sdpa::sdpa(q, k, v, in.spec, {c.br, c.bc});
+  Generator gen(99);  // run_core's R
+  sum(mul(out, Variable(randn(out.shape(), out.dtype(), gen)))).backward();
+  const Variable bq(in.q, true), bk(in.k, true), bv(in.v, true);
+  const Variable bout = attention_core(bq, bk, bv, in.spec);
+  Generator bgen(99);
+  sum(mul(bout, Variable(randn(bout.shape(), bout.dtype(), bgen)))).backward();
+  expect_core_close(CoreResult{out.data(), q.grad(), k.grad(), v.grad()},
+                    CoreResult{bout.data(), bq.grad(), bk.grad(), bv.grad()}, 1e-12, 1e-10);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Tiles, FusedTiles,
+    ::testing::Values(
+        TiledCase{"tq11_tk8_br3_bc2", 3, 2, 11, 8, false, 0.0},
+        TiledCase{"tq11_tk8_br3_bc2_causal", 3, 2, 11, 8, true, 0.0},
+        TiledCase{"tq7_tk10_br2_bc3", 2, 3, 7, 10, false, 0.0},
+        TiledCase{"tq7_tk10_br2_bc3_causal", 2, 3, 7, 10, true, 0.0},
+        TiledCase{"tq11_tk8_br3_bc2_dropout", 3, 2, 11, 8, false, 0.3},
+        TiledCase{"tq11_tk8_br3_bc2_causal_dropout", 3, 2, 11, 8, true, 0.3},
+        TiledCase{"tq7_tk10_br2_bc3_dropout", 2, 3, 7, 10, false, 0.3},
+        TiledCase{"tq7_tk10_br2_bc3_causal_dropout", 2, 3, 7, 10, true, 0.3},
+        TiledCase{"tq9_tk10_br3_bc3_mask_causal", 3, 3, 9, 10, true, 0.0, MaskKind::per_slice},
+        TiledCase{"tq5_tk4_br1_bc1_dropout", 1, 1, 5, 4, false, 0.5}),
+    [](const ::testing::TestParamInfo<TiledCase>& info) { return info.param.name; });
+
+// dQ is added from several key blocks under per-block locks: many workers on
+// many key blocks give one worker's result to rounding.
+TEST(FusedKernel, DqFromManyWorkersMatchesOneWorker) {
+  Generator gen(29);
+  const Tensor q = randn({3, 40, 5}, DType::float64, gen);
+  const Tensor k = randn({3, 48, 5}, DType::float64, gen);
+  const Tensor v = randn({3, 48, 4}, DType::float64, gen);
+  AttentionSpec spec;
+  spec.causal = true;
+  const auto run = [&](int threads) {
+    const int before = num_threads();
+    set_num_threads(threads);
+    const Variable vq(q, true), vk(k, true), vv(v, true);
+    const Variable out = fused_sdpa::sdpa(vq, vk, vv, spec, {4, 2});  // 10 x 24 tiles per slice
+    Generator r(7);
+    sum(mul(out, Variable(randn(out.shape(), out.dtype(), r)))).backward();
+    set_num_threads(before);
+    return CoreResult{out.data(), vq.grad(), vk.grad(), vv.grad()};
+  };
+  const CoreResult one = run(1), many = run(8);
+  EXPECT_EQ(one.out.to_vector(), many.out.to_vector());  // owned rows: bit for bit
+  EXPECT_EQ(one.dk.to_vector(), many.dk.to_vector());
+  EXPECT_EQ(one.dv.to_vector(), many.dv.to_vector());
+  EXPECT_TRUE(all_close("dq", many.dq, one.dq, 1e-13, 1e-12));
+}
+
+TEST(FusedKernel, RejectsTilesBelowOne) {
+  const Variable q(Tensor::zeros({2, 3}, DType::float64));
+  try {
+    fused_sdpa::sdpa(q, q, q, AttentionSpec{}, {0, 4});
+    ADD_FAILURE() << "a tile of 0 rows accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("fused_sdpa: tiles 0 x 4"), std::string::npos) << e.what();
+  }
+}
+
+// The plugin runs this kernel with the default tiles.
+TEST_F(FusedSdpaTest, PluginIsTheKernelWithDefaultTiles) {
+  Generator gen(31);
+  const Tensor q = randn({2, 150, 4}, DType::float64, gen);
+  const Tensor k = randn({2, 140, 4}, DType::float64, gen);
+  const Tensor v = randn({2, 140, 3}, DType::float64, gen);
+  AttentionSpec spec;
+  spec.causal = true;
+  EXPECT_EQ(fused().core_forward(Variable(q), Variable(k), Variable(v), spec).data().to_vector(),
+            fused_sdpa::sdpa(Variable(q), Variable(k), Variable(v), spec).data().to_vector());
+}
 
 // -------- agreement with the batched core
 

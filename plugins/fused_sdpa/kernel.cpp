@@ -1,0 +1,534 @@
+// fused_sdpa's kernel: the attention core as ONE custom op with a hand-written
+// forward and backward, in the manner of FlashAttention-2.
+//
+// Shape legend: N leading index (batch x heads, flattened), Tq/Tk query/key
+// lengths, d query/key width, dv value width, Br x Bc one tile (query rows x
+// keys, Tiles in kernel.hpp).
+//
+// Forward, per leading index and block of Br query rows: walk the key tiles
+// with an online softmax (running max m, running sum l, accumulator rescaled by
+// exp(m_old - m_new) whenever the max grows). Only O [N, Tq, dv] and one
+// log-sum-exp L = m + log(l) per query row [N, Tq] are kept for the backward,
+// which recomputes P = exp(S - L) tile by tile:
+//   D = rowsum(dO * O);  dV += P^T dO;  dP = dO V^T;  dS = P * (dP - D);
+//   dQ += dS K * scale;  dK += dS^T Q * scale.
+// Extra memory grows with T, never with Tq * Tk: O, L, D, the gradients, and
+// per worker a few tiles of scratch. A bool mask is read through a strided view
+// of the user's mask (never densified); causal is decided from indices, and
+// causal tiles that lie entirely above the diagonal are skipped, not computed.
+//
+// Fully masked rows: a query row whose keys are all masked has l = 0 and
+// L = -inf. Its output is zeros and it sends zero (finite) gradients to q, k
+// and v, where a naive softmax gives NaN (the same rule as core's softmax).
+//
+// Dropout (dropout_p > 0), on the attention weights as in PyTorch: key j of
+// query i in leading index n is kept when a counter-based SplitMix64 hash of
+// (dropout_seed, n, i, j) is >= p, and kept weights are scaled by 1/(1-p). The
+// backward regenerates the same mask from the same hash, so none is stored.
+// With dropout_p = 0 no dropout code runs and the op is exact.
+//
+// Threads (headgrad::num_threads(), the persistent pool of <headgrad/parallel.hpp>):
+// the work is split WITHIN a slice too, so that B*H = 1 still uses every core.
+// The forward hands out (leading index, query block) items, costliest first
+// (causal blocks near the end see the most keys); each owns disjoint rows of
+// O and L. The backward hands out (leading index, key block) items: each owns
+// its rows of dK and dV and walks the query blocks that see it. dQ rows are
+// shared between key blocks: an item computes its [Br, d] part of a dQ block
+// in scratch and adds it under that block's lock (FlashAttention-2 adds
+// atomically), so no worker holds a copy of dQ. The order of those additions
+// follows the threads: with more than one thread dQ is reproducible to
+// rounding, not bit for bit (O, L, dK and dV are). Inside the loops BLAS runs
+// single-threaded (SerialBlasScope): one kind of thread at a time.
+
+#include <algorithm>
+#include <cmath>
+#include <exception>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <vector>
+
+#include <headgrad/blas.hpp>
+#include <headgrad/kernels.hpp>
+#include <headgrad/parallel.hpp>
+
+#include "kernel.hpp"
+
+namespace headgrad::fused_sdpa {
+namespace {
+
+// ---------------------------------------------------------------- helpers
+
+using blas::gemm;
+
+using kernels::exp_shift_row;
+
+constexpr std::uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
+std::uint64_t mix64(std::uint64_t z) {
+  z += kGolden;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// The dropout mask as a pure function of (seed, n, i, j): forward and backward
+// draw the same bits whatever the tiling or the thread that asks.
+struct Dropout {
+  bool on = false;
+  double p = 0.0;
+  std::uint64_t seed = 0;
+
+  std::uint64_t row_key(std::int64_t n, std::int64_t i) const {
+    return mix64(mix64(mix64(seed) + static_cast<std::uint64_t>(n)) +
+                 static_cast<std::uint64_t>(i));
+  }
+  bool keep(std::uint64_t row_key, std::int64_t j) const {
+    const std::uint64_t h = mix64(row_key + static_cast<std::uint64_t>(j) * kGolden);
+    return static_cast<double>(h >> 11) * 0x1.0p-53 >= p;  // uniform in [0, 1)
+  }
+};
+
+// Storage offsets (from the first element) of the slices of t's first `lead`
+// dims, in row-major order of the leading index.
+std::vector<std::int64_t> slice_offsets(const Tensor& t, std::size_t lead) {
+  std::int64_t count = 1;
+  for (std::size_t d = 0; d < lead; ++d) count *= t.size(static_cast<std::int64_t>(d));
+  std::vector<std::int64_t> out(static_cast<std::size_t>(count));
+  std::vector<std::int64_t> idx(lead, 0);
+  std::int64_t off = 0;
+  for (std::int64_t n = 0; n < count; ++n) {
+    out[static_cast<std::size_t>(n)] = off;
+    for (std::size_t d = lead; d-- > 0;) {
+      const auto dd = static_cast<std::int64_t>(d);
+      off += t.stride(dd);
+      if (++idx[d] < t.size(dd)) break;
+      off -= t.stride(dd) * t.size(dd);
+      idx[d] = 0;
+    }
+  }
+  return out;
+}
+
+// A [..., R, C] tensor seen as one row-major matrix per leading index: row r
+// of slice n starts at slice(n) + r * ld and its C columns are contiguous,
+// which is what CBLAS reads. Strided views that already are so are not copied.
+template <class T>
+struct Rows {
+  Tensor tensor;  // keeps the storage alive
+  const T* base = nullptr;
+  std::vector<std::int64_t> offsets;
+  std::int64_t ld = 1;
+  const T* slice(std::int64_t n) const { return base + offsets[static_cast<std::size_t>(n)]; }
+};
+
+bool rows_readable(const Tensor& t) {
+  const std::int64_t r = t.size(-2), c = t.size(-1);
+  return (c <= 1 || t.stride(-1) == 1) && (r <= 1 || t.stride(-2) >= std::max<std::int64_t>(c, 1));
+}
+
+template <class T>
+Rows<T> as_rows(const Tensor& x, const Shape& lead) {
+  Shape full = lead;
+  full.push_back(x.size(-2));
+  full.push_back(x.size(-1));
+  const Tensor t = (rows_readable(x) ? x : x.contiguous()).expand(full);
+  Rows<T> rows;
+  rows.tensor = t;
+  rows.base = t.data<T>();
+  rows.offsets = slice_offsets(t, lead.size());
+  rows.ld = t.size(-2) <= 1 ? std::max<std::int64_t>(t.size(-1), 1) : t.stride(-2);
+  return rows;
+}
+
+// The bool mask (True = attend) as a strided [N, Tq, Tk] view: element (n, i, j)
+// at slice(n)[i * si + j * sj]. Broadcast dims have stride 0; nothing is copied.
+struct MaskRows {
+  bool on = false;
+  Tensor tensor;
+  const bool* base = nullptr;
+  std::vector<std::int64_t> offsets;
+  std::int64_t si = 0, sj = 0;
+  const bool* slice(std::int64_t n) const { return base + offsets[static_cast<std::size_t>(n)]; }
+};
+
+// ---------------------------------------------------------------- the problem
+
+// Everything forward and backward share: operands, mask, scale, dropout.
+template <class T>
+struct Sdpa {
+  Shape lead;  // leading dims of the output
+  std::int64_t n = 1, tq = 0, tk = 0, d = 0, dv = 0;
+  std::int64_t br = 0, bc = 0;  // the tile: query rows x keys
+  T scale = 1;
+  bool causal = false;
+  Rows<T> q, k, v;  // [N, Tq, d], [N, Tk, d], [N, Tk, dv]
+  MaskRows mask;
+  Dropout dropout;
+
+  // Keys a block of query rows [i0, i0 + br) can see: causal blocks stop at the
+  // diagonal, so the tiles above it are never computed.
+  std::int64_t key_end(std::int64_t i0, std::int64_t br) const {
+    return causal ? std::min(tk, i0 + br) : tk;
+  }
+
+  // s [br, bc] = scale * q[i0:i0+br] k[j0:j0+bc]^T, masked entries -inf.
+  // Forward and backward both call this, so they see bit-identical scores.
+  void scores(std::int64_t nn, std::int64_t i0, std::int64_t br, std::int64_t j0,
+              std::int64_t bc, T* s) const {
+    gemm(false, true, br, bc, d, scale, q.slice(nn) + i0 * q.ld, q.ld, k.slice(nn) + j0 * k.ld,
+            k.ld, T(0), s, bc);
+    const bool diagonal = causal && j0 + bc - 1 > i0;  // some key j > query i in this tile
+    if (!diagonal && !mask.on) return;
+    constexpr T neg_inf = -std::numeric_limits<T>::infinity();
+    const bool* m = mask.on ? mask.slice(nn) : nullptr;
+    for (std::int64_t r = 0; r < br; ++r) {
+      const std::int64_t i = i0 + r;
+      T* sr = s + r * bc;
+      for (std::int64_t c = 0; c < bc; ++c) {
+        const std::int64_t j = j0 + c;
+        if ((diagonal && j > i) || (m && !m[i * mask.si + j * mask.sj])) sr[c] = neg_inf;
+      }
+    }
+  }
+};
+
+template <class T>
+Sdpa<T> make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionSpec& spec,
+                     Tiles tiles) {
+  const auto shapes = [&] {
+    return "q " + shape_str(q.shape()) + ", k " + shape_str(k.shape()) + ", v " +
+           shape_str(v.shape());
+  };
+  if (q.dim() < 2 || k.dim() < 2 || v.dim() < 2 || q.size(-1) != k.size(-1) ||
+      k.size(-2) != v.size(-2))
+    throw std::invalid_argument("fused_sdpa: " + shapes() +
+                                " are not [..., Tq, d], [..., Tk, d], [..., Tk, dv]");
+  if (k.dtype() != q.dtype() || v.dtype() != q.dtype())
+    throw std::invalid_argument("fused_sdpa: q, k, v dtypes differ (" +
+                                std::string(dtype_name(q.dtype())) + ", " +
+                                std::string(dtype_name(k.dtype())) + ", " +
+                                std::string(dtype_name(v.dtype())) + ")");
+  if (!(spec.dropout_p >= 0.0 && spec.dropout_p < 1.0))
+    throw std::invalid_argument("fused_sdpa: dropout_p " + std::to_string(spec.dropout_p) +
+                                " is not in [0, 1)");
+  if (tiles.rows < 1 || tiles.keys < 1)
+    throw std::invalid_argument("fused_sdpa: tiles " + std::to_string(tiles.rows) + " x " +
+                                std::to_string(tiles.keys) + " (query rows x keys) must be >= 1");
+  Sdpa<T> a;
+  a.br = tiles.rows;
+  a.bc = tiles.keys;
+  const auto lead_of = [](const Tensor& t) {
+    return Shape(t.shape().begin(), t.shape().end() - 2);
+  };
+  a.lead = broadcast_shapes(broadcast_shapes(lead_of(q), lead_of(k), "fused_sdpa"), lead_of(v),
+                            "fused_sdpa");
+  a.n = shape_numel(a.lead);
+  a.tq = q.size(-2);
+  a.tk = k.size(-2);
+  a.d = q.size(-1);
+  a.dv = v.size(-1);
+  a.scale = static_cast<T>(spec.scale_for(a.d));
+  a.causal = spec.causal;
+  a.q = as_rows<T>(q, a.lead);
+  a.k = as_rows<T>(k, a.lead);
+  a.v = as_rows<T>(v, a.lead);
+
+  // The spec's bool mask alone (attention_mask checks its dtype); causal is
+  // applied from indices so that it costs no [Tq, Tk] tensor.
+  AttentionSpec mask_only = spec;
+  mask_only.causal = false;
+  if (const Tensor m = attention_mask(mask_only, a.tq, a.tk); m.defined()) {
+    Shape full = a.lead;
+    full.push_back(a.tq);
+    full.push_back(a.tk);
+    if (broadcast_shapes(m.shape(), full, "fused_sdpa mask") != full)
+      throw std::invalid_argument("fused_sdpa: mask " + shape_str(m.shape()) +
+                                  " does not broadcast to [..., Tq, Tk] = " + shape_str(full));
+    const Tensor expanded = m.expand(full);  // a view: broadcast dims get stride 0
+    a.mask.on = true;
+    a.mask.tensor = expanded;
+    a.mask.base = expanded.data<bool>();
+    a.mask.offsets = slice_offsets(expanded, a.lead.size());
+    a.mask.si = expanded.stride(-2);
+    a.mask.sj = expanded.stride(-1);
+  }
+  a.dropout.on = spec.dropout_p > 0.0;
+  a.dropout.p = spec.dropout_p;
+  a.dropout.seed = spec.dropout_seed;
+  return a;
+}
+
+// ---------------------------------------------------------------- forward
+
+// o [N, Tq, dv] and lse [N, Tq] (contiguous): rows [i0, i0 + br) of slice nn,
+// one block of query rows. scratch: s [Br, Bc], acc [Br, dv], m [Br], l [Br].
+template <class T>
+void sdpa_forward_block(const Sdpa<T>& a, std::int64_t nn, std::int64_t i0, T* o, T* lse,
+                        T* scratch) {
+  constexpr T neg_inf = -std::numeric_limits<T>::infinity();
+  const T keep_scale = static_cast<T>(1.0 / (1.0 - a.dropout.p));
+  T* s = scratch;
+  T* acc = s + a.br * a.bc;
+  T* m = acc + a.br * a.dv;
+  T* l = m + a.br;
+  const T* vn = a.v.slice(nn);
+  T* on = o + nn * a.tq * a.dv;
+  T* ln = lse + nn * a.tq;
+  const std::int64_t br = std::min(a.br, a.tq - i0);
+  std::fill(m, m + br, neg_inf);
+  std::fill(l, l + br, T(0));
+  std::fill(acc, acc + br * a.dv, T(0));
+  const std::int64_t j_end = a.key_end(i0, br);
+  for (std::int64_t j0 = 0; j0 < j_end; j0 += a.bc) {
+    const std::int64_t bc = std::min(a.bc, j_end - j0);
+    a.scores(nn, i0, br, j0, bc, s);
+    bool any = false;  // a tile whose weights are all zero adds nothing to acc
+    for (std::int64_t r = 0; r < br; ++r) {
+      T* sr = s + r * bc;
+      T tile_max = neg_inf;
+      for (std::int64_t c = 0; c < bc; ++c) tile_max = std::max(tile_max, sr[c]);
+      const T m_new = std::max(m[r], tile_max);
+      if (m_new == neg_inf) {  // no key attended so far: weights 0, nothing to rescale
+        std::fill(sr, sr + bc, T(0));
+        continue;
+      }
+      const T alpha = std::exp(m[r] - m_new);  // 0 when m[r] was -inf
+      const T row_sum = exp_shift_row(sr, bc, m_new);
+      l[r] = l[r] * alpha + row_sum;
+      m[r] = m_new;
+      if (alpha != T(1))
+        for (T* x = acc + r * a.dv; x != acc + (r + 1) * a.dv; ++x) *x *= alpha;
+      if (a.dropout.on) {  // l keeps the undropped sum: dropout acts after softmax
+        const std::uint64_t key = a.dropout.row_key(nn, i0 + r);
+        for (std::int64_t c = 0; c < bc; ++c)
+          sr[c] = a.dropout.keep(key, j0 + c) ? sr[c] * keep_scale : T(0);
+      }
+      any = true;
+    }
+    if (any)  // acc += P V[j0:j0+bc]
+      gemm(false, false, br, a.dv, bc, T(1), s, bc, vn + j0 * a.v.ld, a.v.ld, T(1), acc,
+              a.dv);
+  }
+  for (std::int64_t r = 0; r < br; ++r) {
+    T* orow = on + (i0 + r) * a.dv;
+    const T* arow = acc + r * a.dv;
+    if (l[r] == T(0)) {  // every key masked: zeros, and L = -inf marks the row
+      std::fill(orow, orow + a.dv, T(0));
+      ln[i0 + r] = neg_inf;
+      continue;
+    }
+    const T inv = T(1) / l[r];
+    for (std::int64_t c = 0; c < a.dv; ++c) orow[c] = arow[c] * inv;
+    ln[i0 + r] = m[r] + std::log(l[r]);
+  }
+}
+
+// ---------------------------------------------------------------- backward
+
+struct Needs {
+  bool q = false, k = false, v = false;
+};
+
+// dQ [N, Tq, d], shared by every key block: one lock per (slice, query block).
+template <class T>
+struct SharedDq {
+  T* data = nullptr;                 // null: dQ not needed
+  bool exclusive = false;            // one key block: each item owns its dQ rows
+  std::int64_t q_blocks = 1;
+  std::vector<std::mutex>* locks = nullptr;  // [N * q_blocks]
+
+  // dQ[nn, i0:i0+br] += tile [br, d]
+  void add(std::int64_t nn, std::int64_t i0, std::int64_t br, std::int64_t d, std::int64_t tq,
+           std::int64_t block_rows, const T* tile) const {
+    T* dst = data + (nn * tq + i0) * d;
+    const std::lock_guard<std::mutex> hold((*locks)[static_cast<std::size_t>(nn * q_blocks + i0 / block_rows)]);
+    for (std::int64_t e = 0; e < br * d; ++e) dst[e] += tile[e];
+  }
+};
+
+// The gradients that key block [j0, j0 + bc) of slice nn receives from every
+// query block that sees it: its rows of dk [N, Tk, d] and dv [N, Tk, dv]
+// (contiguous, zeroed, owned by this call) and additions to dQ. Null pointers:
+// not needed. drow [N, Tq] holds D = rowsum(dO * O). scratch: p [Br, Bc],
+// ds [Br, Bc], dq_tile [Br, d].
+template <class T>
+void sdpa_backward_block(const Sdpa<T>& a, const Rows<T>& dout, const T* lse, const T* drow,
+                         std::int64_t nn, std::int64_t j0, const SharedDq<T>& dq, T* dk, T* dvv,
+                         T* scratch) {
+  constexpr T neg_inf = -std::numeric_limits<T>::infinity();
+  const T keep_scale = static_cast<T>(1.0 / (1.0 - a.dropout.p));
+  T* p = scratch;
+  T* ds = p + a.br * a.bc;
+  T* dq_tile = ds + a.br * a.bc;
+  const bool need_ds = dq.data != nullptr || dk != nullptr;
+  const T* qn = a.q.slice(nn);
+  const T* kn = a.k.slice(nn);
+  const T* vn = a.v.slice(nn);
+  const T* don = dout.slice(nn);
+  const T* ln = lse + nn * a.tq;
+  const T* dn = drow + nn * a.tq;
+  const std::int64_t bc = std::min(a.bc, a.tk - j0);
+  for (std::int64_t i0 = 0; i0 < a.tq; i0 += a.br) {
+    const std::int64_t br = std::min(a.br, a.tq - i0);
+    if (j0 >= a.key_end(i0, br)) continue;  // causal: this query block sees no key here
+    // in the forward pass this was: P = softmax(S) over all key tiles
+    a.scores(nn, i0, br, j0, bc, p);
+    bool any = false;
+    for (std::int64_t r = 0; r < br; ++r) {
+      T* pr = p + r * bc;
+      const T lr = ln[i0 + r];
+      if (lr == neg_inf) {  // fully masked row: no weights, no gradient
+        std::fill(pr, pr + bc, T(0));
+        continue;
+      }
+      exp_shift_row(pr, bc, lr);
+      any = true;
+    }
+    if (!any) continue;
+    const T* dob = don + i0 * dout.ld;  // dO[i0:i0+br]
+    // in the forward pass this was: O += dropout(P) V, so dP = dO V^T
+    if (need_ds)
+      gemm(false, true, br, bc, a.dv, T(1), dob, dout.ld, vn + j0 * a.v.ld, a.v.ld, T(0), ds,
+              bc);
+    if (a.dropout.on) {  // p := dropout(P) for dV; ds := P * (dropout'(dP) - D)
+      for (std::int64_t r = 0; r < br; ++r) {
+        const std::uint64_t key = a.dropout.row_key(nn, i0 + r);
+        T* pr = p + r * bc;
+        T* dsr = ds + r * bc;
+        for (std::int64_t c = 0; c < bc; ++c) {
+          const T z = a.dropout.keep(key, j0 + c) ? keep_scale : T(0);
+          if (need_ds) dsr[c] = pr[c] * (dsr[c] * z - dn[i0 + r]);
+          pr[c] *= z;
+        }
+      }
+    } else if (need_ds) {  // ds := P * (dP - D)
+      for (std::int64_t r = 0; r < br; ++r) {
+        const T* pr = p + r * bc;
+        T* dsr = ds + r * bc;
+        const T dr = dn[i0 + r];
+        for (std::int64_t c = 0; c < bc; ++c) dsr[c] = pr[c] * (dsr[c] - dr);
+      }
+    }
+    if (dvv)  // dV[j0:j0+bc] += P^T dO
+      gemm(true, false, bc, a.dv, br, T(1), p, bc, dob, dout.ld, T(1),
+              dvv + (nn * a.tk + j0) * a.dv, a.dv);
+    if (dq.data && dq.exclusive)  // dQ[i0:i0+br] += dS K * scale, rows this item owns
+      gemm(false, false, br, a.d, bc, a.scale, ds, bc, kn + j0 * a.k.ld, a.k.ld, T(1),
+              dq.data + (nn * a.tq + i0) * a.d, a.d);
+    else if (dq.data) {  // the same product in scratch, added under the block's lock
+      gemm(false, false, br, a.d, bc, a.scale, ds, bc, kn + j0 * a.k.ld, a.k.ld, T(0), dq_tile,
+              a.d);
+      dq.add(nn, i0, br, a.d, a.tq, a.br, dq_tile);
+    }
+    if (dk)  // dK[j0:j0+bc] += dS^T Q * scale
+      gemm(true, false, bc, a.d, br, a.scale, ds, bc, qn + i0 * a.q.ld, a.q.ld, T(1),
+              dk + (nn * a.tk + j0) * a.d, a.d);
+  }
+}
+
+// ---------------------------------------------------------------- the op
+
+Shape with_last2(const Shape& lead, std::int64_t r, std::int64_t c) {
+  Shape s = lead;
+  s.push_back(r);
+  s.push_back(c);
+  return s;
+}
+
+template <class T>
+Variable fused_core(const Variable& q, const Variable& k, const Variable& v,
+                    const AttentionSpec& spec, Tiles tiles) {
+  const auto a = std::make_shared<const Sdpa<T>>(
+      make_problem<T>(q.data(), k.data(), v.data(), spec, tiles));
+  const Shape q_shape = q.shape(), k_shape = k.shape(), v_shape = v.shape();
+
+  auto forward = [a](CustomOpContext& ctx, const std::vector<Tensor>&) {
+    Tensor o = Tensor::empty(with_last2(a->lead, a->tq, a->dv), dtype_of<T>());  // [..., Tq, dv]
+    Shape lse_shape = a->lead;
+    lse_shape.push_back(a->tq);
+    Tensor lse = Tensor::empty(lse_shape, dtype_of<T>());  // [..., Tq]
+    const std::int64_t q_blocks = (a->tq + a->br - 1) / a->br;
+    const std::int64_t items = a->n * q_blocks;
+    const std::int64_t workers = std::clamp<std::int64_t>(num_threads(), 1, std::max<std::int64_t>(items, 1));
+    const std::int64_t per = a->br * a->bc + a->br * a->dv + 2 * a->br;
+    Tensor scratch = Tensor::empty({workers, per}, dtype_of<T>());
+    T* po = o.data<T>();
+    T* pl = lse.data<T>();
+    T* ps = scratch.data<T>();
+    const SerialBlasScope serial_blas;
+    // Item -> (slice, query block), the last query block first: it sees the most keys.
+    parallel_items(items, [&](std::int64_t item, int w) {
+      const std::int64_t nn = item / q_blocks, qb = q_blocks - 1 - item % q_blocks;
+      sdpa_forward_block(*a, nn, qb * a->br, po, pl, ps + w * per);
+    });
+    ctx.saved = {o, lse};
+    return o;
+  };
+
+  auto backward = [a, q_shape, k_shape, v_shape](const CustomOpContext& ctx, const Tensor& g) {
+    const Tensor& o = ctx.saved[0];
+    const Tensor& lse = ctx.saved[1];
+    const Needs need{ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]};
+    if (!need.q && !need.k && !need.v) return std::vector<Tensor>(3);
+    const Rows<T> dout = as_rows<T>(g, a->lead);
+    Tensor dq, dk, dv;
+    if (need.q) dq = Tensor::zeros(with_last2(a->lead, a->tq, a->d), dtype_of<T>());
+    if (need.k) dk = Tensor::zeros(with_last2(a->lead, a->tk, a->d), dtype_of<T>());
+    if (need.v) dv = Tensor::zeros(with_last2(a->lead, a->tk, a->dv), dtype_of<T>());
+    const std::int64_t q_blocks = (a->tq + a->br - 1) / a->br;
+    const std::int64_t k_blocks = (a->tk + a->bc - 1) / a->bc;
+    const std::int64_t items = a->n * k_blocks;
+    const std::int64_t workers = std::clamp<std::int64_t>(num_threads(), 1, std::max<std::int64_t>(items, 1));
+    const std::int64_t per = 2 * a->br * a->bc + a->br * a->d;
+    Tensor scratch = Tensor::empty({workers, per}, dtype_of<T>());
+    // D = rowsum(dO * O) [N, Tq], once for every key block that needs it.
+    Tensor drow = Tensor::empty({a->n, a->tq}, dtype_of<T>());
+    const T* po = o.data<T>();
+    T* pd = drow.data<T>();
+    parallel_for(a->n * a->tq, [&](std::int64_t r0, std::int64_t r1, int) {
+      for (std::int64_t row = r0; row < r1; ++row) {
+        const std::int64_t nn = row / a->tq, i = row % a->tq;
+        const T* gr = dout.slice(nn) + i * dout.ld;
+        const T* orow = po + row * a->dv;
+        T acc = 0;
+        for (std::int64_t c = 0; c < a->dv; ++c) acc += gr[c] * orow[c];
+        pd[row] = acc;
+      }
+    }, 64);
+    std::vector<std::mutex> dq_locks(need.q && k_blocks > 1 ? static_cast<std::size_t>(a->n * q_blocks) : 0);
+    SharedDq<T> shared_dq;
+    shared_dq.data = need.q ? dq.data<T>() : nullptr;
+    shared_dq.exclusive = k_blocks == 1;
+    shared_dq.q_blocks = q_blocks;
+    shared_dq.locks = &dq_locks;
+    T* pdk = need.k ? dk.data<T>() : nullptr;
+    T* pdv = need.v ? dv.data<T>() : nullptr;
+    const T* pl = lse.data<T>();
+    T* ps = scratch.data<T>();
+    {
+      const SerialBlasScope serial_blas;
+      // Item -> (slice, key block), the first key block first: every causal query block sees it.
+      parallel_items(items, [&](std::int64_t item, int w) {
+        const std::int64_t nn = item / k_blocks, kb = item % k_blocks;
+        sdpa_backward_block(*a, dout, pl, pd, nn, kb * a->bc, shared_dq, pdk, pdv, ps + w * per);
+      });
+    }
+    // Leading dims that were broadcast are summed back to each input's shape.
+    return std::vector<Tensor>{need.q ? kernels::sum_to(dq, q_shape) : Tensor(),
+                               need.k ? kernels::sum_to(dk, k_shape) : Tensor(),
+                               need.v ? kernels::sum_to(dv, v_shape) : Tensor()};
+  };
+
+  return custom_op("fused_sdpa", {q, k, v}, std::move(forward), std::move(backward));
+}
+
+}  // namespace
+
+Variable sdpa(const Variable& q, const Variable& k, const Variable& v, const AttentionSpec& spec,
+              Tiles tiles) {
+  return dispatch_float(q.dtype(), "fused_sdpa",
+                        [&]<class T>() { return fused_core<T>(q, k, v, spec, tiles); });
+}
+
+}  // namespace headgrad::fused_sdpa

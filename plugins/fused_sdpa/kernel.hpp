@@ -1,0 +1,27 @@
+// fused_sdpa's kernel: the attention core as one custom op with a hand-written
+// forward and backward (kernel.cpp says how). The plugin (fused_sdpa.cpp) calls
+// it with the default tiles; tests link it directly and choose small tiles, so
+// that a few dozen rows already cross several tiles in each direction.
+//
+// Shape legend: [...] leading dims, Tq/Tk query/key lengths, d query/key width,
+// dv value width; Br x Bc one tile (query rows x keys).
+#pragma once
+
+#include <cstdint>
+
+#include <headgrad/attention.hpp>
+
+namespace headgrad::fused_sdpa {
+
+struct Tiles {
+  std::int64_t rows = 128;  // Br: query rows per tile
+  std::int64_t keys = 128;  // Bc: keys per tile
+};
+
+// q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv] -> [..., Tq, dv], float32 or
+// float64; leading dims broadcast. Throws invalid_argument for bad shapes,
+// dtypes, dropout_p outside [0, 1) or tiles below 1.
+Variable sdpa(const Variable& q, const Variable& k, const Variable& v, const AttentionSpec& spec,
+              Tiles tiles = {});
+
+}  // namespace headgrad::fused_sdpa
