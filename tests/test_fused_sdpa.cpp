@@ -21,9 +21,11 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "headgrad/attention.hpp"
@@ -398,6 +400,167 @@ TEST_F(FusedSdpaTest, BroadcastLeadingDimsMatchBatched) {
   expect_core_close(f, b, kAtol64, kRtol64);
 }
 
+// ---------------------------------------------------------------- grouped KV heads
+
+// k, v [B, Hkv, Tk, .] with q [B, H, Tq, d], G = H / Hkv = 3, Hkv = 2: query
+// head h reads kv head h / G inside the kernel. The independent computation is
+// the same core on k, v with each head repeated G times in place, whose dK, dV
+// summed over each group of G heads are the grouped dK, dV.
+struct GqaCase {
+  std::string name;
+  fused_sdpa::Tiles tiles;
+  std::int64_t tq, tk;
+  bool causal;
+  double dropout_p;
+};
+
+void PrintTo(const GqaCase& c, std::ostream* os) { *os << c.name; }
+
+constexpr std::int64_t kGqaBatch = 2, kGqaHeads = 6, kGqaKvHeads = 2, kGqaGroup = 3;
+
+// x [B, Hkv, T, c] -> [B, H, T, c], head j of the result = head j / G of x.
+Tensor repeat_heads(const Tensor& x, std::int64_t group) {
+  const Shape s = x.shape();
+  Tensor out = Tensor::empty({s[0], s[1] * group, s[2], s[3]}, x.dtype());
+  for (std::int64_t b = 0; b < s[0]; ++b)
+    for (std::int64_t h = 0; h < s[1] * group; ++h)
+      for (std::int64_t t = 0; t < s[2]; ++t)
+        for (std::int64_t c = 0; c < s[3]; ++c) out.set({b, h, t, c}, x.at({b, h / group, t, c}));
+  return out;
+}
+
+// g [B, H, T, c] -> [B, H / G, T, c]: the sum over each group of G heads.
+Tensor group_sums(const Tensor& g, std::int64_t group) {
+  const Shape s = g.shape();
+  Tensor out = Tensor::zeros({s[0], s[1] / group, s[2], s[3]}, g.dtype());
+  for (std::int64_t b = 0; b < s[0]; ++b)
+    for (std::int64_t h = 0; h < s[1]; ++h)
+      for (std::int64_t t = 0; t < s[2]; ++t)
+        for (std::int64_t c = 0; c < s[3]; ++c)
+          out.set({b, h / group, t, c}, out.at({b, h / group, t, c}) + g.at({b, h, t, c}));
+  return out;
+}
+
+CoreResult run_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionSpec& spec,
+                      fused_sdpa::Tiles tiles) {
+  const Variable vq(q, true), vk(k, true), vv(v, true);
+  const Variable out = fused_sdpa::sdpa(vq, vk, vv, spec, tiles);
+  Generator gen(99);  // run_core's R
+  sum(mul(out, Variable(randn(out.shape(), out.dtype(), gen)))).backward();
+  return {out.data(), vq.grad(), vk.grad(), vv.grad()};
+}
+
+class FusedGqa : public FusedSdpaTest, public ::testing::WithParamInterface<GqaCase> {
+ protected:
+  CoreInputs inputs(std::uint64_t seed) const {
+    const GqaCase& c = GetParam();
+    Generator gen(seed);
+    CoreInputs in;
+    in.q = randn({kGqaBatch, kGqaHeads, c.tq, 4}, DType::float64, gen);
+    in.k = randn({kGqaBatch, kGqaKvHeads, c.tk, 4}, DType::float64, gen);
+    in.v = randn({kGqaBatch, kGqaKvHeads, c.tk, 3}, DType::float64, gen);
+    in.spec.causal = c.causal;
+    in.spec.dropout_p = c.dropout_p;
+    in.spec.dropout_seed = 555;
+    return in;
+  }
+};
+
+TEST_P(FusedGqa, EqualsTheCoreOnRepeatedHeads) {
+  const GqaCase& c = GetParam();
+  const CoreInputs in = inputs(71);
+  const CoreResult grouped = run_kernel(in.q, in.k, in.v, in.spec, c.tiles);
+  const Tensor k_rep = repeat_heads(in.k, kGqaGroup), v_rep = repeat_heads(in.v, kGqaGroup);
+  const CoreResult repeated = run_kernel(in.q, k_rep, v_rep, in.spec, c.tiles);
+  ASSERT_EQ(grouped.dk.shape(), in.k.shape());
+  ASSERT_EQ(grouped.dv.shape(), in.v.shape());
+  EXPECT_TRUE(all_close("out", grouped.out, repeated.out, 1e-12, 0.0));
+  EXPECT_TRUE(all_close("dq", grouped.dq, repeated.dq, 1e-12, 0.0));
+  EXPECT_TRUE(all_close("dk = group sums", grouped.dk, group_sums(repeated.dk, kGqaGroup), 1e-12, 0.0));
+  EXPECT_TRUE(all_close("dv = group sums", grouped.dv, group_sums(repeated.dv, kGqaGroup), 1e-12, 0.0));
+  if (c.dropout_p > 0.0) return;  // the composed core has no dropout
+  // and the composed core (ops and autodiff) on the repeated heads, through the plugin
+  const CoreResult composed = run_core(batched(), in.q, k_rep, v_rep, in.spec);
+  EXPECT_TRUE(all_close("out vs batched", grouped.out, composed.out, 1e-12, 0.0));
+  EXPECT_TRUE(all_close("dq vs batched", grouped.dq, composed.dq, 1e-12, 0.0));
+  EXPECT_TRUE(all_close("dk vs batched group sums", grouped.dk, group_sums(composed.dk, kGqaGroup), 1e-12, 0.0));
+  EXPECT_TRUE(all_close("dv vs batched group sums", grouped.dv, group_sums(composed.dv, kGqaGroup), 1e-12, 0.0));
+}
+
+TEST_P(FusedGqa, Gradcheck) {
+  const GqaCase& c = GetParam();
+  const CoreInputs in = inputs(73);
+  const GradcheckResult r = gradcheck(
+      [&](const std::vector<Variable>& x) { return fused_sdpa::sdpa(x[0], x[1], x[2], in.spec, c.tiles); },
+      {in.q, in.k, in.v});
+  EXPECT_TRUE(r.ok) << r.message;
+  EXPECT_EQ(r.elements_checked, in.q.numel() + in.k.numel() + in.v.numel());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Groups, FusedGqa,
+    ::testing::Values(GqaCase{"tq7_tk9_tiles_2x3", {2, 3}, 7, 9, false, 0.0},
+                      GqaCase{"tq7_tk9_tiles_2x3_causal", {2, 3}, 7, 9, true, 0.0},
+                      GqaCase{"tq9_tk7_tiles_3x2_causal_dropout", {3, 2}, 9, 7, true, 0.3},
+                      GqaCase{"tq5_tk6_default_tiles", {}, 5, 6, false, 0.0},
+                      GqaCase{"tq5_tk6_default_tiles_causal", {}, 5, 6, true, 0.0}),
+    [](const ::testing::TestParamInfo<GqaCase>& info) { return info.param.name; });
+
+TEST_F(FusedSdpaTest, GqaHeadsThatDoNotDivideAreRejected) {
+  Generator gen(75);
+  const Variable q(randn({1, 6, 3, 4}, DType::float64, gen));
+  const Variable kv(randn({1, 4, 3, 4}, DType::float64, gen));
+  try {
+    fused().core_forward(q, kv, kv, AttentionSpec{});
+    ADD_FAILURE() << "H = 6 with Hkv = 4 accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("H to be a multiple of Hkv"), std::string::npos) << e.what();
+  }
+}
+
+// Through mha_forward the plugin hands the kernel the Hkv projected heads: its
+// peak memory is below the same kernel behind batched_mha's repeat_interleave by
+// at least the repeated K and V it never makes ([B, H - Hkv, T, d] each).
+TEST_F(FusedSdpaTest, GqaMhaDoesNotRepeatKeysAndValues) {
+  const std::int64_t b = 1, t = 256, h = 8, hkv = 2, d = 32, dm = h * d;
+  Generator gen(77);
+  const Tensor x = randn({b, t, dm}, DType::float32, gen);
+  const double s = 1.0 / std::sqrt(static_cast<double>(dm));
+  const Tensor wq = randn({dm, dm}, DType::float32, gen, s), wo = randn({dm, dm}, DType::float32, gen, s);
+  const Tensor wk = randn({hkv * d, dm}, DType::float32, gen, s), wv = randn({hkv * d, dm}, DType::float32, gen, s);
+  AttentionSpec spec;
+  spec.d_model = dm;
+  spec.num_heads = h;
+  spec.num_kv_heads = hkv;
+  spec.causal = true;
+  const auto peak = [&](const std::function<Variable(const Variable&, const MhaWeights&)>& mha) {
+    reset_peak_memory();
+    const std::size_t base = memory_stats().current_bytes;
+    Tensor out;
+    {
+      const Variable vx(x, true);
+      const MhaWeights w{Variable(wq, true), Variable(wk, true), Variable(wv, true), Variable(wo, true)};
+      const Variable o = mha(vx, w);
+      sum(o).backward();
+      out = o.data();
+    }
+    return std::pair{memory_stats().peak_bytes - base, out};
+  };
+  const auto [grouped, out_grouped] = peak([&](const Variable& vx, const MhaWeights& w) {
+    return fused().mha_forward(vx, w, spec);
+  });
+  const auto [repeated, out_repeated] = peak([&](const Variable& vx, const MhaWeights& w) {
+    return batched_mha(vx, w, spec, [](const Variable& q, const Variable& k, const Variable& v,
+                                       const AttentionSpec& sp) { return fused_sdpa::sdpa(q, k, v, sp); });
+  });
+  const std::size_t repeated_kv = 2 * static_cast<std::size_t>(b * (h - hkv) * t * d) * sizeof(float);
+  std::cout << "GQA mha peak extra memory, float32, B 1, T 256, H 8, Hkv 2, d 32: kernel reads Hkv heads "
+            << grouped / 1024 << " KiB, behind repeat_interleave " << repeated / 1024
+            << " KiB; the repeated K and V are " << repeated_kv / 1024 << " KiB\n";
+  EXPECT_TRUE(all_close("out", out_grouped, out_repeated, 1e-6, 1e-5));
+  EXPECT_LE(grouped + repeated_kv, repeated);
+}
+
 // ---------------------------------------------------------------- fully masked rows
 
 TEST_F(FusedSdpaTest, FullyMaskedRowGivesZerosAndFiniteGradients) {
@@ -610,7 +773,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(MhaCase{"closed_book_causal", 2, 3, 8, 2, 2, true, false},
                       MhaCase{"b2_t5_d12_h3", 2, 5, 12, 3, 3, false, false},
                       MhaCase{"transposed_x_causal", 2, 5, 12, 3, 3, true, true},
-                      MhaCase{"grouped_kv", 2, 4, 8, 4, 2, true, false}),
+                      MhaCase{"grouped_kv", 2, 4, 8, 4, 2, true, false},
+                      MhaCase{"grouped_kv_g3_hkv2", 2, 5, 12, 6, 2, true, false},
+                      MhaCase{"grouped_kv_g3_hkv2_full", 2, 5, 12, 6, 2, false, true}),
     [](const ::testing::TestParamInfo<MhaCase>& info) { return info.param.name; });
 
 // ---------------------------------------------------------------- memory

@@ -1,6 +1,7 @@
 // fused_sdpa: the attention core as one custom op with a hand-written forward
 // and backward (FlashAttention-2 style, kernel.cpp), run with the default
-// tiles, inside the batched split and merge of heads.
+// tiles, inside the batched split and merge of heads. Grouped KV heads reach
+// the kernel unexpanded: its K/V memory is Hkv/H of the expanded one.
 //
 // Shape legend: B, T, D, H, Hkv as in plugin.hpp; [...] leading dims.
 #include <headgrad/plugin.hpp>
@@ -26,14 +27,20 @@ class FusedSdpa final : public Attention {
     return i;
   }
 
-  // x [..., T, D] -> [..., T, D]: the batched split and merge around the fused core.
+  // x [..., T, D] -> [..., T, D]: the batched split and merge around the fused
+  // core, which reads grouped KV heads [B, Hkv, T, d] as they are.
   Variable mha_forward(const Variable& x, const MhaWeights& w,
                        const AttentionSpec& spec) const override {
-    return batched_mha(x, w, spec, [this](const Variable& q, const Variable& k, const Variable& v,
-                                          const AttentionSpec& s) { return core_forward(q, k, v, s); });
+    return batched_mha(
+        x, w, spec,
+        [this](const Variable& q, const Variable& k, const Variable& v, const AttentionSpec& s) {
+          return core_forward(q, k, v, s);
+        },
+        KvHeads::grouped);
   }
 
-  // q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv] -> [..., Tq, dv]
+  // q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv] -> [..., Tq, dv]; k, v
+  // may have Hkv heads (dim -3) where q has H.
   Variable core_forward(const Variable& q, const Variable& k, const Variable& v,
                         const AttentionSpec& spec) const override {
     return fused_sdpa::sdpa(q, k, v, spec);

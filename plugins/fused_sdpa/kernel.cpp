@@ -3,7 +3,13 @@
 //
 // Shape legend: N leading index (batch x heads, flattened), Tq/Tk query/key
 // lengths, d query/key width, dv value width, Br x Bc one tile (query rows x
-// keys, Tiles in kernel.hpp).
+// keys, Tiles in kernel.hpp), H query heads, Hkv key/value heads, G = H / Hkv,
+// Nkv = N / G leading index of k and v.
+//
+// Grouped KV heads (GQA/MQA): when k and v have Hkv heads (dim -3) where q has
+// H, H % Hkv == 0, query head h reads kv head h / G in place: query slice n
+// reads kv slice n / G, and nothing is repeated. The backward sums dK and dV
+// over the G query heads of a group itself, so they come out [..., Hkv, Tk, .].
 //
 // Forward, per leading index and block of Br query rows: walk the key tiles
 // with an online softmax (running max m, running sum l, accumulator rescaled by
@@ -31,8 +37,9 @@
 // the work is split WITHIN a slice too, so that B*H = 1 still uses every core.
 // The forward hands out (leading index, query block) items, costliest first
 // (causal blocks near the end see the most keys); each owns disjoint rows of
-// O and L. The backward hands out (leading index, key block) items: each owns
-// its rows of dK and dV and walks the query blocks that see it. dQ rows are
+// O and L. The backward hands out (kv leading index, key block) items: each
+// owns its rows of dK and dV and walks the query blocks (of the G query heads
+// of its group) that see it. dQ rows are
 // shared between key blocks: an item computes its [Br, d] part of a dQ block
 // in scratch and adds it under that block's lock (FlashAttention-2 adds
 // atomically), so no worker holds a copy of dQ. The order of those additions
@@ -157,12 +164,14 @@ struct MaskRows {
 // Everything forward and backward share: operands, mask, scale, dropout.
 template <class T>
 struct Sdpa {
-  Shape lead;  // leading dims of the output
+  Shape lead;     // leading dims of q and the output; N = numel(lead)
+  Shape kv_lead;  // of k and v: lead with Hkv in place of H; Nkv = N / group
   std::int64_t n = 1, tq = 0, tk = 0, d = 0, dv = 0;
+  std::int64_t group = 1;  // G: query slice n reads kv slice n / G
   std::int64_t br = 0, bc = 0;  // the tile: query rows x keys
   T scale = 1;
   bool causal = false;
-  Rows<T> q, k, v;  // [N, Tq, d], [N, Tk, d], [N, Tk, dv]
+  Rows<T> q, k, v;  // [N, Tq, d], [Nkv, Tk, d], [Nkv, Tk, dv]
   MaskRows mask;
   Dropout dropout;
 
@@ -176,7 +185,7 @@ struct Sdpa {
   // Forward and backward both call this, so they see bit-identical scores.
   void scores(std::int64_t nn, std::int64_t i0, std::int64_t br, std::int64_t j0,
               std::int64_t bc, T* s) const {
-    gemm(false, true, br, bc, d, scale, q.slice(nn) + i0 * q.ld, q.ld, k.slice(nn) + j0 * k.ld,
+    gemm(false, true, br, bc, d, scale, q.slice(nn) + i0 * q.ld, q.ld, k.slice(nn / group) + j0 * k.ld,
             k.ld, T(0), s, bc);
     const bool diagonal = causal && j0 + bc - 1 > i0;  // some key j > query i in this tile
     if (!diagonal && !mask.on) return;
@@ -221,9 +230,25 @@ Sdpa<T> make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const At
   const auto lead_of = [](const Tensor& t) {
     return Shape(t.shape().begin(), t.shape().end() - 2);
   };
-  a.lead = broadcast_shapes(broadcast_shapes(lead_of(q), lead_of(k), "fused_sdpa"), lead_of(v),
+  // Grouped KV heads: k and v agree on Hkv heads at dim -3, q has a multiple of
+  // them. The lead is then broadcast with Hkv read as H.
+  Shape lead_k = lead_of(k), lead_v = lead_of(v);
+  if (q.dim() >= 3 && k.dim() >= 3 && v.dim() >= 3 && k.size(-3) == v.size(-3) &&
+      k.size(-3) != q.size(-3)) {
+    const std::int64_t h = q.size(-3), hkv = k.size(-3);
+    if (h % hkv != 0)
+      throw std::invalid_argument("fused_sdpa: " + shapes() + ": q has H = " + std::to_string(h) +
+                                  " heads (dim -3) and k, v have Hkv = " + std::to_string(hkv) +
+                                  "; grouped KV heads need H to be a multiple of Hkv");
+    a.group = h / hkv;
+    lead_k.back() = h;
+    lead_v.back() = h;
+  }
+  a.lead = broadcast_shapes(broadcast_shapes(lead_of(q), lead_k, "fused_sdpa"), lead_v,
                             "fused_sdpa");
   a.n = shape_numel(a.lead);
+  a.kv_lead = a.lead;
+  if (a.group > 1) a.kv_lead.back() /= a.group;
   a.tq = q.size(-2);
   a.tk = k.size(-2);
   a.d = q.size(-1);
@@ -231,8 +256,8 @@ Sdpa<T> make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const At
   a.scale = static_cast<T>(spec.scale_for(a.d));
   a.causal = spec.causal;
   a.q = as_rows<T>(q, a.lead);
-  a.k = as_rows<T>(k, a.lead);
-  a.v = as_rows<T>(v, a.lead);
+  a.k = as_rows<T>(k, a.kv_lead);
+  a.v = as_rows<T>(v, a.kv_lead);
 
   // The spec's bool mask alone (attention_mask checks its dtype); causal is
   // applied from indices so that it costs no [Tq, Tk] tensor.
@@ -272,7 +297,7 @@ void sdpa_forward_block(const Sdpa<T>& a, std::int64_t nn, std::int64_t i0, T* o
   T* acc = s + a.br * a.bc;
   T* m = acc + a.br * a.dv;
   T* l = m + a.br;
-  const T* vn = a.v.slice(nn);
+  const T* vn = a.v.slice(nn / a.group);
   T* on = o + nn * a.tq * a.dv;
   T* ln = lse + nn * a.tq;
   const std::int64_t br = std::min(a.br, a.tq - i0);
@@ -347,9 +372,10 @@ struct SharedDq {
   }
 };
 
-// The gradients that key block [j0, j0 + bc) of slice nn receives from every
-// query block that sees it: its rows of dk [N, Tk, d] and dv [N, Tk, dv]
-// (contiguous, zeroed, owned by this call) and additions to dQ. Null pointers:
+// The gradients that key block [j0, j0 + bc) of kv slice nn / G receives from
+// every query block of query slice nn that sees it: additions to its rows of
+// dk [Nkv, Tk, d] and dv [Nkv, Tk, dv] (contiguous, owned by the caller's
+// item) and to dQ. Null pointers:
 // not needed. drow [N, Tq] holds D = rowsum(dO * O). scratch: p [Br, Bc],
 // ds [Br, Bc], dq_tile [Br, d].
 template <class T>
@@ -363,8 +389,9 @@ void sdpa_backward_block(const Sdpa<T>& a, const Rows<T>& dout, const T* lse, co
   T* dq_tile = ds + a.br * a.bc;
   const bool need_ds = dq.data != nullptr || dk != nullptr;
   const T* qn = a.q.slice(nn);
-  const T* kn = a.k.slice(nn);
-  const T* vn = a.v.slice(nn);
+  const std::int64_t nkv = nn / a.group;
+  const T* kn = a.k.slice(nkv);
+  const T* vn = a.v.slice(nkv);
   const T* don = dout.slice(nn);
   const T* ln = lse + nn * a.tq;
   const T* dn = drow + nn * a.tq;
@@ -412,7 +439,7 @@ void sdpa_backward_block(const Sdpa<T>& a, const Rows<T>& dout, const T* lse, co
     }
     if (dvv)  // dV[j0:j0+bc] += P^T dO
       gemm(true, false, bc, a.dv, br, T(1), p, bc, dob, dout.ld, T(1),
-              dvv + (nn * a.tk + j0) * a.dv, a.dv);
+              dvv + (nkv * a.tk + j0) * a.dv, a.dv);
     if (dq.data && dq.exclusive)  // dQ[i0:i0+br] += dS K * scale, rows this item owns
       gemm(false, false, br, a.d, bc, a.scale, ds, bc, kn + j0 * a.k.ld, a.k.ld, T(1),
               dq.data + (nn * a.tq + i0) * a.d, a.d);
@@ -423,7 +450,7 @@ void sdpa_backward_block(const Sdpa<T>& a, const Rows<T>& dout, const T* lse, co
     }
     if (dk)  // dK[j0:j0+bc] += dS^T Q * scale
       gemm(true, false, bc, a.d, br, a.scale, ds, bc, qn + i0 * a.q.ld, a.q.ld, T(1),
-              dk + (nn * a.tk + j0) * a.d, a.d);
+              dk + (nkv * a.tk + j0) * a.d, a.d);
   }
 }
 
@@ -474,11 +501,11 @@ Variable fused_core(const Variable& q, const Variable& k, const Variable& v,
     const Rows<T> dout = as_rows<T>(g, a->lead);
     Tensor dq, dk, dv;
     if (need.q) dq = Tensor::zeros(with_last2(a->lead, a->tq, a->d), dtype_of<T>());
-    if (need.k) dk = Tensor::zeros(with_last2(a->lead, a->tk, a->d), dtype_of<T>());
-    if (need.v) dv = Tensor::zeros(with_last2(a->lead, a->tk, a->dv), dtype_of<T>());
+    if (need.k) dk = Tensor::zeros(with_last2(a->kv_lead, a->tk, a->d), dtype_of<T>());
+    if (need.v) dv = Tensor::zeros(with_last2(a->kv_lead, a->tk, a->dv), dtype_of<T>());
     const std::int64_t q_blocks = (a->tq + a->br - 1) / a->br;
     const std::int64_t k_blocks = (a->tk + a->bc - 1) / a->bc;
-    const std::int64_t items = a->n * k_blocks;
+    const std::int64_t items = a->n / a->group * k_blocks;
     const std::int64_t workers = std::clamp<std::int64_t>(num_threads(), 1, std::max<std::int64_t>(items, 1));
     const std::int64_t per = 2 * a->br * a->bc + a->br * a->d;
     Tensor scratch = Tensor::empty({workers, per}, dtype_of<T>());
@@ -508,13 +535,17 @@ Variable fused_core(const Variable& q, const Variable& k, const Variable& v,
     T* ps = scratch.data<T>();
     {
       const SerialBlasScope serial_blas;
-      // Item -> (slice, key block), the first key block first: every causal query block sees it.
+      // Item -> (kv slice, key block), the first key block first: every causal
+      // query block sees it. The item walks the G query slices of its group,
+      // so its dK and dV rows get the group's sum from one worker.
       parallel_items(items, [&](std::int64_t item, int w) {
-        const std::int64_t nn = item / k_blocks, kb = item % k_blocks;
-        sdpa_backward_block(*a, dout, pl, pd, nn, kb * a->bc, shared_dq, pdk, pdv, ps + w * per);
+        const std::int64_t nkv = item / k_blocks, kb = item % k_blocks;
+        for (std::int64_t nn = nkv * a->group; nn < (nkv + 1) * a->group; ++nn)
+          sdpa_backward_block(*a, dout, pl, pd, nn, kb * a->bc, shared_dq, pdk, pdv, ps + w * per);
       });
     }
-    // Leading dims that were broadcast are summed back to each input's shape.
+    // Leading dims that were broadcast are summed back to each input's shape
+    // (the kv groups are summed already).
     return std::vector<Tensor>{need.q ? kernels::sum_to(dq, q_shape) : Tensor(),
                                need.k ? kernels::sum_to(dk, k_shape) : Tensor(),
                                need.v ? kernels::sum_to(dv, v_shape) : Tensor()};

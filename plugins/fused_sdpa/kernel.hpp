@@ -4,7 +4,8 @@
 // that a few dozen rows already cross several tiles in each direction.
 //
 // Shape legend: [...] leading dims, Tq/Tk query/key lengths, d query/key width,
-// dv value width; Br x Bc one tile (query rows x keys).
+// dv value width; Br x Bc one tile (query rows x keys); H query heads, Hkv
+// key/value heads.
 #pragma once
 
 #include <cstdint>
@@ -19,8 +20,11 @@ struct Tiles {
 };
 
 // q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv] -> [..., Tq, dv], float32 or
-// float64; leading dims broadcast. Throws invalid_argument for bad shapes,
-// dtypes, dropout_p outside [0, 1) or tiles below 1.
+// float64; leading dims broadcast. Grouped KV heads: q [..., H, Tq, d] with
+// k [..., Hkv, Tk, d], v [..., Hkv, Tk, dv], H % Hkv == 0; query head h reads kv
+// head h / (H / Hkv), without repeating k and v. Throws invalid_argument for bad
+// shapes (H not a multiple of Hkv), dtypes, dropout_p outside [0, 1) or tiles
+// below 1.
 Variable sdpa(const Variable& q, const Variable& k, const Variable& v, const AttentionSpec& spec,
               Tiles tiles = {});
 

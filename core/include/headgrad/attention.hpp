@@ -62,15 +62,23 @@ Variable split_heads(const Variable& x, std::int64_t heads);
 // keeps every size and silently mixes tokens with heads. !!
 Variable merge_heads(const Variable& x);
 
-// An attention core: q [B, H, Tq, d], k [B, H, Tk, d], v [B, H, Tk, dv] -> [B, H, Tq, dv].
+// An attention core: q [B, H, Tq, d], k [B, H, Tk, d], v [B, H, Tk, dv] -> [B, H, Tq, dv]
+// (k, v [B, Hkv, Tk, .] for a core that batched_mha calls with KvHeads::grouped).
 using AttentionCore = std::function<Variable(const Variable& q, const Variable& k, const Variable& v,
                                              const AttentionSpec& spec)>;
 
+// How batched_mha hands grouped KV heads (Hkv < H) to its core.
+enum class KvHeads {
+  repeat,   // widened to H with repeat_interleave: any core works
+  grouped,  // as projected, [B, Hkv, T, d]: the core maps query head h to kv head h / (H / Hkv)
+};
+
 // The batched multi-head layer around any core: x [..., T, D] -> project ->
-// split_heads -> (grouped KV heads widened to H) -> core -> merge_heads ->
-// project -> [..., T, D]. Leading dims are folded into one batch.
+// split_heads -> (grouped KV heads widened to H, unless KvHeads::grouped) ->
+// core -> merge_heads -> project -> [..., T, D]. Leading dims are folded into
+// one batch.
 Variable batched_mha(const Variable& x, const MhaWeights& w, const AttentionSpec& spec,
-                     const AttentionCore& core);
+                     const AttentionCore& core, KvHeads kv_heads = KvHeads::repeat);
 
 // Scaled dot-product attention composed from ops (its backward comes from
 // autodiff): softmax(q k^T * scale, masked) v over the last two dims.

@@ -39,14 +39,14 @@ Variable merge_heads(const Variable& x) {
 }
 
 Variable batched_mha(const Variable& x, const MhaWeights& w, const AttentionSpec& spec,
-                     const AttentionCore& core) {
+                     const AttentionCore& core, KvHeads kv_heads) {
   const std::int64_t t = x.size(-2), dm = x.size(-1);
   const std::int64_t h = spec.num_heads, hkv = spec.kv_heads();
   const Variable x3 = reshape(x, {-1, t, dm});          // [B, T, D]
   const Variable q = split_heads(linear(x3, w.wq), h);  // [B, H, T, d]
   Variable k = split_heads(linear(x3, w.wk), hkv);      // [B, Hkv, T, d]
   Variable v = split_heads(linear(x3, w.wv), hkv);
-  if (hkv != h) {  // grouped KV heads: query head i reads key/value head i / (H / Hkv)
+  if (hkv != h && kv_heads == KvHeads::repeat) {  // query head i reads kv head i / (H / Hkv)
     k = repeat_interleave(k, h / hkv, 1);
     v = repeat_interleave(v, h / hkv, 1);
   }
