@@ -25,11 +25,12 @@ std::shared_ptr<spdlog::logger> get(const char* name) {
   static std::once_flag once;
   std::call_once(once, [] {
     auto level = spdlog::level::warn;
+    std::string bad_level;  // why HEADGRAD_LOG_LEVEL was ignored, if it was
     if (const char* env = std::getenv("HEADGRAD_LOG_LEVEL")) {
       try {
         level = parse_level(env);
-      } catch (const std::invalid_argument&) {
-        // keep the default; the message below says why
+      } catch (const std::invalid_argument& e) {
+        bad_level = e.what();  // keep the default, and say so once the loggers exist
       }
     }
     for (const char* n : kNames) {
@@ -37,6 +38,8 @@ std::shared_ptr<spdlog::logger> get(const char* name) {
       logger->set_pattern("[%n] %^%l%$: %v");
       logger->set_level(level);
     }
+    if (!bad_level.empty())
+      spdlog::get("headgrad.core")->warn("HEADGRAD_LOG_LEVEL ignored: {}; logging at warn", bad_level);
   });
   return spdlog::get(std::string("headgrad.") + name);
 }
