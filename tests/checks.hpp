@@ -1,4 +1,4 @@
-// Checks shared by the tests: all_close (DESIGN.md's float64 tolerances by
+// Checks shared by the tests: all_close (docs/design.md's float64 tolerances by
 // default) and all_finite on whole tensors, each naming the tensor and the
 // worst element's index when it fails; contains on text; expect_invalid on
 // an error message.

@@ -38,7 +38,7 @@ const fs::path kBuiltPluginDir = HEADGRAD_BUILD_PLUGIN_DIR;  // build/plugins
 const fs::path kSuite = C_VS_FUSED_SUITE;                  // tests/c_plugin/c_vs_fused.yaml
 const fs::path kHeadgrad = HEADGRAD_EXE;                   // build/tools/headgrad/headgrad
 
-constexpr double kAtol64 = 1e-8;  // DESIGN.md's float64 checking tolerances
+constexpr double kAtol64 = 1e-8;  // the float64 checking tolerances (docs/design.md)
 constexpr double kRtol64 = 1e-6;
 constexpr double kAtol32 = 2e-5;
 constexpr double kRtol32 = 1e-4;

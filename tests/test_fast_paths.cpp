@@ -1,4 +1,4 @@
-// The engine's fast paths (issue 6): the caching allocator and its figures,
+// The engine's fast paths: the caching allocator and its figures,
 // the thread pool, the BLAS layer, and the fused masked softmax, which must
 // give exactly what the ops it replaces give.
 #include <algorithm>

@@ -1,5 +1,5 @@
 #!/bin/sh
-# The HTML report (issue 5): run the headgrad program on configs/mutants.yaml
+# The HTML report: run the headgrad program on configs/mutants.yaml
 # with --html and check the page is self-contained (no http(s):// reference,
 # no <script src=), draws heatmaps (an <svg) in each case's section, and names
 # every expected diagnosis as the best fit. If Debian's chromium is installed,

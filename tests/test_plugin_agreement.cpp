@@ -41,7 +41,7 @@ using headgrad::test::all_close;
 using headgrad::test::expect_core_close;
 using headgrad::test::all_finite;
 
-// Tolerances: all_close's defaults, DESIGN.md's float64 checking ones (1e-8, 1e-6).
+// Tolerances: all_close's defaults, the float64 checking ones of docs/design.md (1e-8, 1e-6).
 
 // ---------------------------------------------------------------- helpers
 

@@ -152,7 +152,7 @@ TEST_F(Cli, MissingPluginExitsThreeAndTheOtherCasesRun) {
   EXPECT_NE(r.err.find("plugin ghost_plugin is not loaded"), std::string::npos) << r.err;
 }
 
-// Each malformed input of issue 4 item 7: exit 2, FILE:LINE:COL and the reason.
+// Each malformed input: exit 2, FILE:LINE:COL and the reason.
 struct BadInput {
   const char* file;
   const char* message;

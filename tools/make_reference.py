@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Write PyTorch reference directories for headgrad (a developer tool).
 
-Each directory holds plain .npy files, the format of DESIGN.md:
+Each directory holds plain .npy files, the format of docs/design.md:
   MHA level:  inputs x, wq, wk, wv, wo, r;   expected out, dx, dwq, dwk, dwv, dwo
   core level: inputs q, k, v, mask, r;       expected out, dq, dk, dv
 The loss is sum(out * r), so the gradients are those of that scalar.

@@ -5,7 +5,7 @@
 //   headgrad plugins [--plugin-path DIR]... [--all] [--json]
 //   headgrad export SUITE.yaml --case NAME [--plugin NAME] --out DIR
 //
-// Exit codes (DESIGN.md): 0 every case as expected; 1 a comparison failed;
+// Exit codes (docs/design.md): 0 every case as expected; 1 a comparison failed;
 // 2 bad usage, config or input file; 3 a plugin could not be loaded or crashed.
 #include <unistd.h>
 

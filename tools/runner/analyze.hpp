@@ -7,7 +7,7 @@
 //   Diagnosis dx = diagnose(r);                             // bug hypotheses on the same inputs
 //   for (auto& w : weak_suite_warnings(suite)) std::cout << w.message;
 //
-// Signatures used (shared/DESIGN.md, the bug catalog in tools/diagnosis): a
+// Signatures used (docs/design.md, the bug catalog in tools/diagnosis): a
 // head-layout bug is invisible at H = 1 and at T = 1; a wrong scale at T = 1;
 // a batch mix-up at B = 1; a wrong causal mask without causal.
 //

@@ -8,7 +8,7 @@
 // drawn in this order: mha level x ~ N(0, 1); wq, wk, wv, wo ~ N(0, 1/D) so
 // the softmax is not saturated; r ~ N(0, 1). Core level q, k, v, r ~ N(0, 1).
 //
-// A reference directory holds plain .npy files (DESIGN.md):
+// A reference directory holds plain .npy files (docs/design.md):
 //   mha level:  x [B, T, D], wq wk wv wo [D, D], optional r [B, T, D] (ones if
 //               absent); expected any of out, dx [B, T, D], dwq dwk dwv dwo [D, D]
 //   core level: q [B, H, Tq, d], k [B, H, Tk, d], v [B, H, Tk, dv], optional

@@ -45,5 +45,5 @@ void add_new_plugin_command(CLI::App& app, int& exit_code);
 
 }  // namespace headgrad::templates
 
-// The name the issue gives it, at global scope for main.cpp.
+// The short name, at global scope for main.cpp.
 using headgrad::templates::add_new_plugin_command;
