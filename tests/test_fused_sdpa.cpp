@@ -267,10 +267,13 @@ TEST_P(FusedTiles, TilingDoesNotChangeTheResult) {
   }
 }
 
-// Without dropout the kernel with small tiles is the batched core.
-TEST_P(FusedTiles, MatchesTheComposedCore) {
+// Without dropout (the composed core has none) the kernel with small tiles is
+// the composed core.
+class FusedTilesExact : public FusedTiles {};
+
+TEST_P(FusedTilesExact, MatchesTheComposedCore) {
   const TiledCase& c = GetParam();
-  if (c.dropout_p > 0.0) return;  // the composed core has no dropout; the dropout cases are gradchecked above
+  ASSERT_EQ(c.dropout_p, 0.0);
   const CoreInputs in = make_tiled_inputs(c, DType::float64, 23);
   const Variable q(in.q, true), k(in.k, true), v(in.v, true);
   const Variable out = fused_sdpa::sdpa(q, k, v, in.spec, {c.br, c.bc});
@@ -284,20 +287,31 @@ TEST_P(FusedTiles, MatchesTheComposedCore) {
                     CoreResult{bout.data(), bq.grad(), bk.grad(), bv.grad()}, 1e-12, 1e-10);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Tiles, FusedTiles,
-    ::testing::Values(
-        TiledCase{"tq11_tk8_br3_bc2", 3, 2, 11, 8, false, 0.0},
-        TiledCase{"tq11_tk8_br3_bc2_causal", 3, 2, 11, 8, true, 0.0},
-        TiledCase{"tq7_tk10_br2_bc3", 2, 3, 7, 10, false, 0.0},
-        TiledCase{"tq7_tk10_br2_bc3_causal", 2, 3, 7, 10, true, 0.0},
-        TiledCase{"tq11_tk8_br3_bc2_dropout", 3, 2, 11, 8, false, 0.3},
-        TiledCase{"tq11_tk8_br3_bc2_causal_dropout", 3, 2, 11, 8, true, 0.3},
-        TiledCase{"tq7_tk10_br2_bc3_dropout", 2, 3, 7, 10, false, 0.3},
-        TiledCase{"tq7_tk10_br2_bc3_causal_dropout", 2, 3, 7, 10, true, 0.3},
-        TiledCase{"tq9_tk10_br3_bc3_mask_causal", 3, 3, 9, 10, true, 0.0, MaskKind::per_slice},
-        TiledCase{"tq5_tk4_br1_bc1_dropout", 1, 1, 5, 4, false, 0.5}),
-    [](const ::testing::TestParamInfo<TiledCase>& info) { return info.param.name; });
+const std::vector<TiledCase> kTiledCases = {
+    TiledCase{"tq11_tk8_br3_bc2", 3, 2, 11, 8, false, 0.0},
+    TiledCase{"tq11_tk8_br3_bc2_causal", 3, 2, 11, 8, true, 0.0},
+    TiledCase{"tq7_tk10_br2_bc3", 2, 3, 7, 10, false, 0.0},
+    TiledCase{"tq7_tk10_br2_bc3_causal", 2, 3, 7, 10, true, 0.0},
+    TiledCase{"tq11_tk8_br3_bc2_dropout", 3, 2, 11, 8, false, 0.3},
+    TiledCase{"tq11_tk8_br3_bc2_causal_dropout", 3, 2, 11, 8, true, 0.3},
+    TiledCase{"tq7_tk10_br2_bc3_dropout", 2, 3, 7, 10, false, 0.3},
+    TiledCase{"tq7_tk10_br2_bc3_causal_dropout", 2, 3, 7, 10, true, 0.3},
+    TiledCase{"tq9_tk10_br3_bc3_mask_causal", 3, 3, 9, 10, true, 0.0, MaskKind::per_slice},
+    TiledCase{"tq5_tk4_br1_bc1_dropout", 1, 1, 5, 4, false, 0.5},
+};
+
+std::vector<TiledCase> without_dropout(const std::vector<TiledCase>& cases) {
+  std::vector<TiledCase> out;
+  for (const TiledCase& c : cases)
+    if (c.dropout_p == 0.0) out.push_back(c);
+  return out;
+}
+
+std::string tiled_name(const ::testing::TestParamInfo<TiledCase>& info) { return info.param.name; }
+
+INSTANTIATE_TEST_SUITE_P(Tiles, FusedTiles, ::testing::ValuesIn(kTiledCases), tiled_name);
+INSTANTIATE_TEST_SUITE_P(Tiles, FusedTilesExact, ::testing::ValuesIn(without_dropout(kTiledCases)),
+                         tiled_name);
 
 // dQ is added from several key blocks under per-block locks: many workers on
 // many key blocks give one worker's result to rounding.
@@ -559,6 +573,18 @@ TEST_F(FusedSdpaTest, GqaMhaDoesNotRepeatKeysAndValues) {
             << " KiB; the repeated K and V are " << repeated_kv / 1024 << " KiB\n";
   EXPECT_TRUE(all_close("out", out_grouped, out_repeated, 1e-6, 1e-5));
   EXPECT_LE(grouped + repeated_kv, repeated);
+}
+
+// q with one head and k, v with three is broadcasting of q, not a group.
+TEST_F(FusedSdpaTest, OneQueryHeadBroadcastsOverKvHeads) {
+  Generator gen(79);
+  const Tensor q = randn({2, 1, 5, 4}, DType::float64, gen);
+  const Tensor k = randn({2, 3, 6, 4}, DType::float64, gen);
+  const Tensor v = randn({2, 3, 6, 2}, DType::float64, gen);
+  AttentionSpec spec;
+  spec.causal = true;
+  expect_core_close(run_core(fused(), q, k, v, spec), run_core(batched(), q, k, v, spec), kAtol64,
+                    kRtol64);
 }
 
 // ---------------------------------------------------------------- fully masked rows

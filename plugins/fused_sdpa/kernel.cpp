@@ -230,11 +230,11 @@ Sdpa<T> make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const At
   const auto lead_of = [](const Tensor& t) {
     return Shape(t.shape().begin(), t.shape().end() - 2);
   };
-  // Grouped KV heads: k and v agree on Hkv heads at dim -3, q has a multiple of
-  // them. The lead is then broadcast with Hkv read as H.
+  // Grouped KV heads: k and v agree on Hkv heads at dim -3, fewer than q's H
+  // (more is plain broadcasting of q). The lead is then broadcast with Hkv read as H.
   Shape lead_k = lead_of(k), lead_v = lead_of(v);
   if (q.dim() >= 3 && k.dim() >= 3 && v.dim() >= 3 && k.size(-3) == v.size(-3) &&
-      k.size(-3) != q.size(-3)) {
+      k.size(-3) < q.size(-3)) {
     const std::int64_t h = q.size(-3), hkv = k.size(-3);
     if (h % hkv != 0)
       throw std::invalid_argument("fused_sdpa: " + shapes() + ": q has H = " + std::to_string(h) +
