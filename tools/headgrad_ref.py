@@ -37,6 +37,7 @@ import argparse
 import importlib
 import importlib.util
 import inspect
+import os
 import pathlib
 import sys
 
@@ -216,12 +217,13 @@ def _save(out, tensors):
         np.save(out / f"{name}.npy", np.ascontiguousarray(arr))
 
 
-def _case_yaml(out, level, shape_keys, causal, rope, taps, dtype):
-    """The suite case that checks this directory, to paste into a suite."""
+def _case_yaml(out, level, shape_keys, causal, rope, taps, dtype, suite_dir):
+    """The suite case that checks this directory, to paste into a suite in suite_dir."""
+    where = pathlib.Path(os.path.relpath(out, suite_dir)) if suite_dir is not None else out
     lines = [f"# A suite case that checks this directory ({dtype}); 'reference' is relative to the suite file.",
              f"- name: {out.name}",
              "  compare: [per_head]",
-             f"  reference: {out.as_posix()}"]
+             f"  reference: {where.as_posix()}"]
     if level != "mha":
         lines.append(f"  level: {level}")
     if shape_keys:
@@ -266,7 +268,7 @@ def _dtype_of(dtype):
 
 
 def write_reference(fn, out_dir, shape, *, level="mha", seed=0, causal=True, dtype="float64",
-                    positions=None, rope=None, mask=None, overwrite=False):
+                    positions=None, rope=None, mask=None, suite_dir=None, overwrite=False):
     """Run fn on random inputs and write a reference directory; returns its path.
 
     fn:        your PyTorch function (signatures in the module docstring).
@@ -281,10 +283,12 @@ def write_reference(fn, out_dir, shape, *, level="mha", seed=0, causal=True, dty
     rope:      the RoPE settings your function uses (theta, style, rotary_dim); not
                stored in .npy files, only written into case.yaml for the suite case.
     mask:      core only: bool [Tq, Tk] or [B, H, Tq, Tk], True = attend.
+    suite_dir: the folder of the suite that will use the directory: case.yaml's
+               'reference' is then relative to it (default: out_dir as given).
     """
     if level == "rope":
         return write_rope_reference(fn, out_dir, shape, positions=positions, seed=seed, dtype=dtype,
-                                    rope=rope, overwrite=overwrite)
+                                    rope=rope, suite_dir=suite_dir, overwrite=overwrite)
     s = resolve_shape(level, shape)
     dtype_name, dt = _dtype_of(dtype)
     draw = _Draw(seed, dt)
@@ -296,7 +300,7 @@ def write_reference(fn, out_dir, shape, *, level="mha", seed=0, causal=True, dty
         tensors, case_shape, taps = _run_core(fn, s, draw, causal, mask)
     out = _prepare_dir(out_dir, overwrite)
     _save(out, tensors)
-    _case_yaml(out, level, case_shape, causal, rope, taps, dtype_name)
+    _case_yaml(out, level, case_shape, causal, rope, taps, dtype_name, suite_dir)
     return out
 
 
@@ -337,7 +341,7 @@ def _run_mha(fn, s, draw, causal, positions):
         case_shape["Hkv"] = Hkv
     if d * H != D:
         case_shape["d"] = d
-    return tensors, case_shape, sorted(taps)
+    return tensors, case_shape, [name for name in ("q_rot", "k_rot") if name in taps]
 
 
 def _run_core(fn, s, draw, causal, mask):
@@ -372,16 +376,16 @@ def _run_core(fn, s, draw, causal, mask):
     tensors = {"q": q, "k": k, "v": v, "r": r, "out": out, "dq": q.grad, "dk": k.grad, "dv": v.grad}
     if keep is not None:
         tensors["mask"] = keep
-    case_shape = {"Hkv": s["Hkv"]} if heads and s["Hkv"] != s["H"] else {}
-    return tensors, case_shape, []
+    return tensors, {}, []  # q, k, v give every dim
 
 
 def write_rope_reference(fn, out_dir, shape, *, positions=None, seed=0, dtype="float64", rope=None,
-                         overwrite=False):
+                         suite_dir=None, overwrite=False):
     """RoPE level: fn(x, positions) -> out with x [B, T, d] (or [B, H, T, d]).
 
     positions: int64 [T] or [B, T] (default 0..T-1), written as positions.npy.
     rope:      the settings your function uses (theta, style, rotary_dim), for case.yaml.
+    suite_dir: as for write_reference.
     Writes x, positions, r, out, dx.
     """
     s = resolve_shape("rope", shape)
@@ -400,7 +404,7 @@ def write_rope_reference(fn, out_dir, shape, *, positions=None, seed=0, dtype="f
         _fail("the output does not depend on x (no gradient reached it)")
     out_path = _prepare_dir(out_dir, overwrite)
     _save(out_path, {"x": x, "positions": pos, "r": r, "out": out, "dx": x.grad})
-    _case_yaml(out_path, "rope", {}, False, rope, [], dtype_name)
+    _case_yaml(out_path, "rope", {}, False, rope, [], dtype_name, suite_dir)
     return out_path
 
 
@@ -451,6 +455,8 @@ def main(argv=None):
                         help="mha: what your function does (checked); core: write a causal mask (default: on)")
     parser.add_argument("--positions", help="token positions: 0,3,4 ([T]) or 0,3,4;1000,1002,1009 ([B, T])")
     parser.add_argument("--rope", help="RoPE settings your function uses, for case.yaml: theta=..,style=..,rotary_dim=..")
+    parser.add_argument("--suite-dir", type=pathlib.Path,
+                        help="folder of the suite that will use it ('reference' in case.yaml is relative to it)")
     parser.add_argument("--force", action="store_true", help="replace an existing reference in --out")
     args = parser.parse_args(argv)
     try:
@@ -458,7 +464,8 @@ def main(argv=None):
         out = write_reference(fn, args.out, parse_shape(args.shape), level=args.level, seed=args.seed,
                               causal=args.causal, dtype=args.dtype,
                               positions=parse_positions(args.positions) if args.positions else None,
-                              rope=parse_rope(args.rope) if args.rope else None, overwrite=args.force)
+                              rope=parse_rope(args.rope) if args.rope else None, suite_dir=args.suite_dir,
+                              overwrite=args.force)
     except (ValueError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -217,23 +217,23 @@ ROPE_LEVEL_CASES = [
 def write_gqa_rope_cases(out):
     """Grouped-KV and RoPE cases, each from its own seed, through headgrad_ref."""
     for seed, (name, shape, dtype) in enumerate(GQA_CASES, start=100):
-        headgrad_ref.write_reference(grouped_attention, out / name, shape, seed=seed, dtype=dtype, overwrite=True)
+        headgrad_ref.write_reference(grouped_attention, out / name, shape, seed=seed, dtype=dtype, suite_dir=out.parent, overwrite=True)
         print("wrote", out / name)
     for seed, (name, shape, dtype) in enumerate(CORE_GQA_CASES, start=200):
         headgrad_ref.write_reference(grouped_core, out / name, shape, level="core", seed=seed, dtype=dtype,
-                                     overwrite=True)
+                                     suite_dir=out.parent, overwrite=True)
         print("wrote", out / name)
     for seed, (name, shape, dtype, settings) in enumerate(ROPE_MHA_CASES, start=300):
         fn = functools.partial(grouped_attention, rope_settings=settings)
         positions = gapped_positions(shape["B"], shape["T"], [0, 1000], seed)
         headgrad_ref.write_reference(fn, out / name, shape, seed=seed, dtype=dtype, positions=positions,
-                                     rope=settings, overwrite=True)
+                                     rope=settings, suite_dir=out.parent, overwrite=True)
         print("wrote", out / name)
     for seed, (name, shape, dtype, settings, starts) in enumerate(ROPE_LEVEL_CASES, start=400):
         fn = functools.partial(rope, **settings)
         headgrad_ref.write_rope_reference(fn, out / name, shape, seed=seed, dtype=dtype, rope=settings,
                                           positions=gapped_positions(shape["B"], shape["T"], starts, seed),
-                                          overwrite=True)
+                                          suite_dir=out.parent, overwrite=True)
         print("wrote", out / name)
 
 
