@@ -164,7 +164,8 @@ def _split_taps(result, level):
     """An mha function may return (out, {"q_rot": ..., "k_rot": ...})."""
     if isinstance(result, tuple):
         if level != "mha" or len(result) != 2 or not isinstance(result[1], dict):
-            _fail("the function returned a tuple; only an mha function may, as (out, {'q_rot': .., 'k_rot': ..})")
+            _fail("the function returned a tuple; only an mha function may, "
+                  "as (out, {'q_rot': .., 'k_rot': ..})")
         unknown = set(result[1]) - {"q_rot", "k_rot"}
         if unknown:
             _fail(f"unknown taps {sorted(unknown)}; the taps are q_rot and k_rot")
@@ -204,7 +205,8 @@ def _prepare_dir(out_dir, overwrite):
     ours = [out / f"{stem}.npy" for stem in FILE_STEMS] + [out / "case.yaml"]
     present = [p for p in ours if p.exists()]
     if present and not overwrite:
-        _fail(f"{out} already holds a reference ({present[0].name}); pass overwrite=True (--force) to replace it")
+        _fail(f"{out} already holds a reference ({present[0].name}); "
+              "pass overwrite=True (--force) to replace it")
     for p in present:
         p.unlink()
     out.mkdir(parents=True, exist_ok=True)
@@ -220,7 +222,8 @@ def _save(out, tensors):
 def _case_yaml(out, level, shape_keys, causal, rope, taps, dtype, suite_dir):
     """The suite case that checks this directory, to paste into a suite in suite_dir."""
     where = pathlib.Path(os.path.relpath(out, suite_dir)) if suite_dir is not None else out
-    lines = [f"# A suite case that checks this directory ({dtype}); 'reference' is relative to the suite file.",
+    lines = [f"# A suite case that checks this directory ({dtype}); "
+             "'reference' is relative to the suite file.",
              f"- name: {out.name}",
              "  compare: [per_head]",
              f"  reference: {where.as_posix()}"]
@@ -255,7 +258,8 @@ def _check_causal(observed, causal, what):
     if observed is None or observed == causal:
         return
     if causal:
-        _fail(f"causal=True but the function is not causal: the first output row changes with the last {what}")
+        _fail("causal=True but the function is not causal: "
+              f"the first output row changes with the last {what}")
     _fail(f"causal=False but the function looks causal: the first output row ignores the last {what}")
 
 
@@ -307,7 +311,8 @@ def write_reference(fn, out_dir, shape, *, level="mha", seed=0, causal=True, dty
 def _run_mha(fn, s, draw, causal, positions):
     B, T, D, H, Hkv, d = (s[k] for k in ("B", "T", "D", "H", "Hkv", "d"))
     x = draw(B, T, D)
-    wq, wk, wv = draw(H * d, D, std=D ** -0.5), draw(Hkv * d, D, std=D ** -0.5), draw(Hkv * d, D, std=D ** -0.5)
+    wq = draw(H * d, D, std=D ** -0.5)
+    wk, wv = draw(Hkv * d, D, std=D ** -0.5), draw(Hkv * d, D, std=D ** -0.5)
     wo = draw(D, H * d, std=(H * d) ** -0.5)
     r = draw(B, T, D, grad=False)
     offered = {"num_heads": H, "num_kv_heads": Hkv, "head_dim": d, "causal": causal}
@@ -446,17 +451,21 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         description="Write a headgrad reference directory from your PyTorch attention (docs/references.md).")
     parser.add_argument("function", help="MODULE:FUNCTION or FILE.py:FUNCTION")
-    parser.add_argument("--shape", required=True, help="e.g. B=2,T=7,D=24,H=4 (mha), B=2,H=4,Tq=5,Tk=7,d=8 (core)")
+    parser.add_argument("--shape", required=True,
+                        help="e.g. B=2,T=7,D=24,H=4 (mha), B=2,H=4,Tq=5,Tk=7,d=8 (core), B=2,T=9,d=16 (rope)")
     parser.add_argument("--out", required=True, type=pathlib.Path, help="directory to write")
     parser.add_argument("--level", choices=LEVELS, default="mha")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float64")
     parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True,
-                        help="mha: what your function does (checked); core: write a causal mask (default: on)")
+                        help="mha: what your function does (checked); "
+                             "core: write a causal mask (default: on)")
     parser.add_argument("--positions", help="token positions: 0,3,4 ([T]) or 0,3,4;1000,1002,1009 ([B, T])")
-    parser.add_argument("--rope", help="RoPE settings your function uses, for case.yaml: theta=..,style=..,rotary_dim=..")
+    parser.add_argument("--rope",
+                        help="RoPE settings your function uses (for case.yaml): theta=..,style=..,rotary_dim=..")
     parser.add_argument("--suite-dir", type=pathlib.Path,
-                        help="folder of the suite that will use it ('reference' in case.yaml is relative to it)")
+                        help="folder of the suite that will use it "
+                             "('reference' in case.yaml is relative to it)")
     parser.add_argument("--force", action="store_true", help="replace an existing reference in --out")
     args = parser.parse_args(argv)
     try:

@@ -191,14 +191,14 @@ CORE_GQA_CASES = [
 # MHA-level RoPE under GQA: (name, shape, dtype, rope settings). Row 0 of the
 # positions starts at 0, row 1 at 1000; both gapped.
 ROPE_MHA_CASES = [
-    ("mha_B2_T7_D8_H6_Hkv3_d4_causal_rope_interleaved_float64", dict(B=2, T=7, D=8, H=6, Hkv=3, d=4), "float64",
-     dict(theta=10000.0, style="interleaved", rotary_dim=4)),
-    ("mha_B2_T7_D8_H6_Hkv3_d4_causal_rope_half_float64", dict(B=2, T=7, D=8, H=6, Hkv=3, d=4), "float64",
-     dict(theta=500000.0, style="half", rotary_dim=4)),
-    ("mha_B2_T7_D8_H6_Hkv3_d6_causal_rope_half_r4_float64", dict(B=2, T=7, D=8, H=6, Hkv=3, d=6), "float64",
-     dict(theta=10000.0, style="half", rotary_dim=4)),
-    ("mha_B2_T7_D8_H6_Hkv3_d4_causal_rope_interleaved_float32", dict(B=2, T=7, D=8, H=6, Hkv=3, d=4), "float32",
-     dict(theta=10000.0, style="interleaved", rotary_dim=4)),
+    ("mha_B2_T7_D8_H6_Hkv3_d4_causal_rope_interleaved_float64", dict(B=2, T=7, D=8, H=6, Hkv=3, d=4),
+     "float64", dict(theta=10000.0, style="interleaved", rotary_dim=4)),
+    ("mha_B2_T7_D8_H6_Hkv3_d4_causal_rope_half_float64", dict(B=2, T=7, D=8, H=6, Hkv=3, d=4),
+     "float64", dict(theta=500000.0, style="half", rotary_dim=4)),
+    ("mha_B2_T7_D8_H6_Hkv3_d6_causal_rope_half_r4_float64", dict(B=2, T=7, D=8, H=6, Hkv=3, d=6),
+     "float64", dict(theta=10000.0, style="half", rotary_dim=4)),
+    ("mha_B2_T7_D8_H6_Hkv3_d4_causal_rope_interleaved_float32", dict(B=2, T=7, D=8, H=6, Hkv=3, d=4),
+     "float32", dict(theta=10000.0, style="interleaved", rotary_dim=4)),
 ]
 # RoPE level: (name, shape, dtype, rope settings, row starts of the positions)
 ROPE_LEVEL_CASES = [
@@ -217,7 +217,8 @@ ROPE_LEVEL_CASES = [
 def write_gqa_rope_cases(out):
     """Grouped-KV and RoPE cases, each from its own seed, through headgrad_ref."""
     for seed, (name, shape, dtype) in enumerate(GQA_CASES, start=100):
-        headgrad_ref.write_reference(grouped_attention, out / name, shape, seed=seed, dtype=dtype, suite_dir=out.parent, overwrite=True)
+        headgrad_ref.write_reference(grouped_attention, out / name, shape, seed=seed, dtype=dtype,
+                                     suite_dir=out.parent, overwrite=True)
         print("wrote", out / name)
     for seed, (name, shape, dtype) in enumerate(CORE_GQA_CASES, start=200):
         headgrad_ref.write_reference(grouped_core, out / name, shape, level="core", seed=seed, dtype=dtype,

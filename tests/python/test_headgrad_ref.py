@@ -99,7 +99,8 @@ class EntryPointThroughHeadgrad(unittest.TestCase):
             return einsum_mha(x, wq, wk, wv, wo, num_heads=num_heads, causal=False)
         with tempfile.TemporaryDirectory() as tmp:
             with self.assertRaisesRegex(ValueError, "not causal"):
-                headgrad_ref.write_reference(full, pathlib.Path(tmp) / "r", dict(B=1, T=4, D=8, H=2), causal=True)
+                headgrad_ref.write_reference(full, pathlib.Path(tmp) / "r", dict(B=1, T=4, D=8, H=2),
+                                             causal=True)
             self.assertFalse((pathlib.Path(tmp) / "r").exists())
 
     def test_bad_shapes_name_the_key(self):
@@ -159,7 +160,8 @@ class CommittedReferences(unittest.TestCase):
         def mha(x_, wq_, wk_mha, wv_mha, wo_):
             return einsum_mha(x_, wq_, wk_mha, wv_mha, wo_, num_heads=H, causal=True)
 
-        out2, (dx2, dwq2, dwk_mha, dwv_mha, dwo2) = grads_of(mha, [x, wq, repeat_rows(wk), repeat_rows(wv), wo], r)
+        out2, (dx2, dwq2, dwk_mha, dwv_mha, dwo2) = grads_of(
+            mha, [x, wq, repeat_rows(wk), repeat_rows(wv), wo], r)
         for got, want in ((out, out2), (dx, dx2), (dwq, dwq2), (dwo, dwo2),
                           (dwk, dwk_mha.view(Hkv, G, d, D).sum(1).reshape(Hkv * d, D)),
                           (dwv, dwv_mha.view(Hkv, G, d, D).sum(1).reshape(Hkv * d, D))):
@@ -186,16 +188,18 @@ class CommittedReferences(unittest.TestCase):
             return torch.einsum("bhts,bhsd->bhtd", s.masked_fill(~mask, float("-inf")).softmax(-1), v_)
 
         G = H // Hkv
-        out2, (dq2, dk_full, dv_full) = grads_of(core, [q, k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)], r)
+        out2, (dq2, dk_full, dv_full) = grads_of(
+            core, [q, k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)], r)
         B, _, Tk, d = k.shape
         for got, want in ((out, out2), (dq, dq2), (dk, dk_full.view(B, Hkv, G, Tk, d).sum(2)),
                           (dv, dv_full.view(B, Hkv, G, Tk, d).sum(2))):
             torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
 
     def test_rope_level_references(self):
-        for name, rope in (("rope_cs336_B3_T12_d16_interleaved_float64", lambda x, p: interleaved_rope(x, p, 1e4)),
-                           ("rope_B2_H3_T7_d8_interleaved_float64", lambda x, p: interleaved_rope(x, p, 1e4)),
-                           ("rope_B2_T9_d16_half_float64", lambda x, p: half_rope(x, p, 5e5, 16))):
+        cases = (("rope_cs336_B3_T12_d16_interleaved_float64", lambda x, p: interleaved_rope(x, p, 1e4)),
+                 ("rope_B2_H3_T7_d8_interleaved_float64", lambda x, p: interleaved_rope(x, p, 1e4)),
+                 ("rope_B2_T9_d16_half_float64", lambda x, p: half_rope(x, p, 5e5, 16)))
+        for name, rope in cases:
             x, positions, r, out, dx = load(name, "x", "positions", "r", "out", "dx")
             self.assertEqual(positions.dtype, torch.int64)
             self.assertGreaterEqual(int(positions.max()), 1000, name)
@@ -204,9 +208,11 @@ class CommittedReferences(unittest.TestCase):
             torch.testing.assert_close(dx, dx2, atol=1e-12, rtol=0, msg=name)
 
     def test_mha_rope_taps_and_output(self):
-        cases = (("mha_B2_T7_D8_H6_Hkv3_d4_causal_rope_interleaved_float64", lambda t, p: interleaved_rope(t, p, 1e4)),
+        cases = (("mha_B2_T7_D8_H6_Hkv3_d4_causal_rope_interleaved_float64",
+                  lambda t, p: interleaved_rope(t, p, 1e4)),
                  ("mha_B2_T7_D8_H6_Hkv3_d4_causal_rope_half_float64", lambda t, p: half_rope(t, p, 5e5, 4)),
-                 ("mha_B2_T7_D8_H6_Hkv3_d6_causal_rope_half_r4_float64", lambda t, p: half_rope(t, p, 1e4, 4)))
+                 ("mha_B2_T7_D8_H6_Hkv3_d6_causal_rope_half_r4_float64",
+                  lambda t, p: half_rope(t, p, 1e4, 4)))
         for name, rope in cases:
             x, wq, wk, wv, wo, positions, q_rot, k_rot, out = load(
                 name, "x", "wq", "wk", "wv", "wo", "positions", "q_rot", "k_rot", "out")
