@@ -243,24 +243,25 @@ def _case_yaml(out, level, shape_keys, causal, rope, taps, dtype, suite_dir):
     (out / "case.yaml").write_text("\n".join(lines) + "\n")
 
 
-def _observed_causal(run, x, t_axis, n_tokens):
-    """Whether changing the last token of x leaves the first output row unchanged."""
-    if n_tokens < 2:
-        return None
+def _check_dependence(run, x, t_axis, keep, claim, what):
+    """Output row i must change with token j of x exactly where keep[i, j] (keep None: everywhere).
+
+    The writer cannot see inside the function, so it checks what it claims (causal,
+    the mask) by changing one token at a time: every token up to 64, else the last.
+    """
+    n = x.shape[t_axis]
     with torch.no_grad():
         base = run(x)
-        bumped = x.clone()
-        bumped.select(t_axis, n_tokens - 1).add_(1.0)
-        return torch.equal(base.select(t_axis, 0), run(bumped).select(t_axis, 0))
-
-
-def _check_causal(observed, causal, what):
-    if observed is None or observed == causal:
-        return
-    if causal:
-        _fail("causal=True but the function is not causal: "
-              f"the first output row changes with the last {what}")
-    _fail(f"causal=False but the function looks causal: the first output row ignores the last {what}")
+        for j in range(n) if n <= 64 else [n - 1]:
+            bumped = x.clone()
+            bumped.select(t_axis, j).add_(1.0)
+            changed = run(bumped).ne(base).movedim(t_axis, 0).flatten(1).any(1)  # [rows]
+            want = torch.ones_like(changed) if keep is None else keep[:, j]
+            bad = (changed != want).nonzero()
+            if len(bad):
+                i = int(bad[0])
+                _fail(f"output row {i} {'depends' if changed[i] else 'does not depend'} on {what} {j}, "
+                      f"but {claim} says it {'should not' if changed[i] else 'should'}")
 
 
 def _dtype_of(dtype):
@@ -328,7 +329,8 @@ def _run_mha(fn, s, draw, causal, positions):
     if "causal" not in used:  # the function does what it does: check it matches the claim
         def run(xx):
             return _split_taps(_call(fn, (xx, wq, wk, wv, wo), offered)[0], "mha")[0]
-        _check_causal(_observed_causal(run, x, 1, T), causal, "token of x")
+        keep = torch.ones(T, T, dtype=torch.bool).tril() if causal else None
+        _check_dependence(run, x, 1, keep, f"causal={causal}", "token of x")
     (out * r).sum().backward()
     for name, w in (("wq", wq), ("wk", wk), ("wv", wv), ("wo", wo), ("x", x)):
         if w.grad is None:
@@ -373,9 +375,9 @@ def _run_core(fn, s, draw, causal, mask):
     if mask is not None and "mask" not in used:
         _fail("a mask was given but the function takes no 'mask' argument")
     out, _ = _split_taps(result, "core")
-    if "mask" not in used and "causal" not in used:  # the function does what it does: check the claim
-        _check_causal(_observed_causal(lambda kk: _call(fn, (q, kk, v), offered)[0], k, k.dim() - 2, Tk),
-                      causal, "key")
+    if "mask" not in used:  # the function masks (or not) by itself: check it matches mask.npy
+        _check_dependence(lambda vv: _call(fn, (q, k, vv), offered)[0], v, v.dim() - 2, keep,
+                          f"causal={causal} (top-left aligned)", "key")
     _check_tensor("out", out, (B, *heads, Tq, d), draw.dtype)
     (out * r).sum().backward()
     tensors = {"q": q, "k": k, "v": v, "r": r, "out": out, "dq": q.grad, "dk": k.grad, "dv": v.grad}

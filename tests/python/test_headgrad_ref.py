@@ -98,10 +98,25 @@ class EntryPointThroughHeadgrad(unittest.TestCase):
         def full(x, wq, wk, wv, wo, *, num_heads):
             return einsum_mha(x, wq, wk, wv, wo, num_heads=num_heads, causal=False)
         with tempfile.TemporaryDirectory() as tmp:
-            with self.assertRaisesRegex(ValueError, "not causal"):
+            with self.assertRaisesRegex(ValueError, "row 0 depends on token of x 1, but causal=True"):
                 headgrad_ref.write_reference(full, pathlib.Path(tmp) / "r", dict(B=1, T=4, D=8, H=2),
                                              causal=True)
             self.assertFalse((pathlib.Path(tmp) / "r").exists())
+
+    def test_core_mask_alignment_is_checked(self):
+        def bottom_right_causal(q, k, v, *, causal):  # FlashAttention's alignment, not mask.npy's
+            tq, tk = q.shape[-2], k.shape[-2]
+            keep = torch.ones(tq, tk, dtype=torch.bool).tril(tk - tq)
+            s = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(~keep, float("-inf"))
+            return s.softmax(-1) @ v
+        with tempfile.TemporaryDirectory() as tmp:
+            shape = dict(B=1, H=2, Tq=3, Tk=5, d=4)
+            with self.assertRaisesRegex(ValueError, r"row 0 depends on key 1, but causal=True \(top-left"):
+                headgrad_ref.write_reference(bottom_right_causal, pathlib.Path(tmp) / "r", shape, level="core")
+            # at Tq = Tk both alignments agree: written, with the mask it was checked against
+            out = headgrad_ref.write_reference(bottom_right_causal, pathlib.Path(tmp) / "s", dict(shape, Tk=3),
+                                               level="core")
+            self.assertTrue(np.array_equal(np.load(out / "mask.npy"), np.tril(np.ones((3, 3), dtype=bool))))
 
     def test_bad_shapes_name_the_key(self):
         with self.assertRaisesRegex(ValueError, "H=4 is not a multiple of Hkv=3"):
