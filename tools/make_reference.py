@@ -1,21 +1,28 @@
 #!/usr/bin/python3
 """Write PyTorch reference directories for headgrad (a developer tool).
 
-Each directory holds plain .npy files, the format of docs/design.md:
+Each directory holds plain .npy files, the format of docs/references.md:
   MHA level:  inputs x, wq, wk, wv, wo, r;   expected out, dx, dwq, dwk, dwv, dwo
   core level: inputs q, k, v, mask, r;       expected out, dq, dk, dv
+  rope level: inputs x, positions, r;        expected out, dx
+plus positions.npy and the taps q_rot.npy, k_rot.npy in MHA-level RoPE cases.
 The loss is sum(out * r), so the gradients are those of that scalar.
+The grouped-KV and RoPE cases are written through the user entry point
+(tools/headgrad_ref.py) from the plain PyTorch functions below.
 
 Run with Debian's python3-torch (the pyenv python3 on the dev machines has no
-torch):  /usr/bin/python3 tools/make_reference.py configs/refs
+torch):  /usr/bin/python3 tools/make_reference.py configs/refs [--cases all]
 Its output is committed; headgrad never needs PyTorch to build, run or test.
 """
 import argparse
+import functools
 import math
 import pathlib
 
 import numpy as np
 import torch
+
+import headgrad_ref  # beside this file
 
 # (B, T, D, H, causal, dtype)
 MHA_CASES = [
@@ -64,10 +71,8 @@ def save(directory, **tensors):
         np.save(directory / f"{name}.npy", np.ascontiguousarray(t.detach().numpy()))
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", type=pathlib.Path, help="folder to write the directories into")
-    args = parser.parse_args()
+def write_first_cases(folder):
+    """The MHA (H = Hkv) and core cases, from one generator (kept bit-stable)."""
     gen = torch.Generator().manual_seed(20261130)
 
     for B, T, D, H, causal, dtype in MHA_CASES:
@@ -81,9 +86,9 @@ def main():
         (out * r).sum().backward()
         tag = "float32" if dtype == torch.float32 else "float64"
         name = f"mha_B{B}_T{T}_D{D}_H{H}_{'causal' if causal else 'full'}_{tag}"
-        save(args.out / name, x=x, wq=ws[0], wk=ws[1], wv=ws[2], wo=ws[3], r=r, out=out,
+        save(folder / name, x=x, wq=ws[0], wk=ws[1], wv=ws[2], wo=ws[3], r=r, out=out,
              dx=x.grad, dwq=ws[0].grad, dwk=ws[1].grad, dwv=ws[2].grad, dwo=ws[3].grad)
-        print("wrote", args.out / name)
+        print("wrote", folder / name)
 
     for B, H, Tq, Tk, d, mask in CORE_CASES:
         q, k, v = (torch.randn(B, H, t, d, generator=gen, dtype=torch.float64).requires_grad_()
@@ -99,9 +104,152 @@ def main():
         (out * r).sum().backward()
         name = f"core_B{B}_H{H}_Tq{Tq}_Tk{Tk}_d{d}_{mask or 'nomask'}"
         extra = {"mask": keep} if keep is not None else {}
-        save(args.out / name, q=q, k=k, v=v, r=r, out=out, dq=q.grad, dk=k.grad, dv=v.grad,
+        save(folder / name, q=q, k=k, v=v, r=r, out=out, dq=q.grad, dk=k.grad, dv=v.grad,
              **extra)
-        print("wrote", args.out / name)
+        print("wrote", folder / name)
+
+
+def rope(x, positions, *, theta, style, rotary_dim):
+    """Rotary embedding of x [..., T, d] at positions [T] or [B, T] (B = x's first dim).
+
+    Frequencies w_k = theta^(-2k/r), angles p_t * w_k and their cos/sin are built in
+    float64 whatever x's dtype (float32 tables cost 1e-6 relative at p ~ 1000), then
+    cast. Pairs (2k, 2k+1) for style "interleaved", (k, k + r/2) for "half"; the
+    first r = rotary_dim dims rotate, the rest pass through.
+    """
+    r = rotary_dim
+    w = theta ** (-2.0 * torch.arange(r // 2, dtype=torch.float64) / r)  # [r/2]
+    phi = positions.to(torch.float64)[..., None] * w                    # [T, r/2] or [B, T, r/2]
+    if positions.dim() == 2 and x.dim() == 4:
+        phi = phi[:, None]                                              # [B, 1, T, r/2]: every head
+    cos, sin = phi.cos().to(x.dtype), phi.sin().to(x.dtype)
+    rot, rest = x[..., :r], x[..., r:]
+    if style == "interleaved":
+        a, b = rot[..., 0::2], rot[..., 1::2]
+    elif style == "half":
+        a, b = rot[..., : r // 2], rot[..., r // 2:]
+    else:
+        raise ValueError(f"rope style '{style}' is not interleaved or half")
+    a2, b2 = a * cos - b * sin, a * sin + b * cos
+    turned = torch.stack([a2, b2], dim=-1).flatten(-2) if style == "interleaved" else torch.cat([a2, b2], -1)
+    return torch.cat([turned, rest], dim=-1)
+
+
+def grouped_attention(x, wq, wk, wv, wo, *, num_heads, num_kv_heads, head_dim, causal, positions=None,
+                      rope_settings=None):
+    """MHA with Hkv <= H kv heads, head width d (y = x W^T), optional RoPE on q and k.
+
+    Query head h reads kv head h // G (G = H / Hkv): k and v are expanded with
+    repeat_interleave(G, dim=1), the documented equivalent of SDPA's enable_gqa.
+    With RoPE it returns (out, {"q_rot", "k_rot"}), the taps after the rotation.
+    """
+    B, T, _ = x.shape
+    H, Hkv, d = num_heads, num_kv_heads, head_dim
+
+    def split(t, heads):  # [B, T, heads*d] -> [B, heads, T, d]
+        return t.view(B, T, heads, d).transpose(1, 2)
+
+    q, k, v = split(x @ wq.T, H), split(x @ wk.T, Hkv), split(x @ wv.T, Hkv)
+    if rope_settings is not None:
+        q, k = rope(q, positions, **rope_settings), rope(k, positions, **rope_settings)
+    keep = torch.ones(T, T, dtype=torch.bool).tril() if causal else None
+    o = core(q, k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1), keep)
+    out = o.transpose(1, 2).reshape(B, T, H * d) @ wo.T
+    return out if rope_settings is None else (out, {"q_rot": q, "k_rot": k})
+
+
+def grouped_core(q, k, v, mask=None):
+    """Core attention; k, v may have Hkv heads where q [B, H, Tq, d] has H (or all [B, T, d])."""
+    if q.dim() == 4 and k.shape[1] != q.shape[1]:
+        g = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    return core(q, k, v, mask)
+
+
+def gapped_positions(B, T, starts, seed):
+    """[B, T] int64: row b starts at starts[b] and steps by random gaps of 1 to 5."""
+    rng = np.random.default_rng(seed)
+    gaps = rng.integers(1, 6, size=(B, T - 1))
+    return np.concatenate([np.array(starts)[:, None], np.array(starts)[:, None] + gaps.cumsum(1)], 1)
+
+
+# Grouped kv heads (GQA, MQA): (name, shape, dtype). H 12 / Hkv 3 hides none of the
+# grouped-KV bugs (1 < Hkv < H, H != Hkv^2, B != H, B != Hkv); D 8 with d 4 also
+# covers a head width given apart from D / H.
+GQA_CASES = [
+    ("mha_B2_T7_D8_H12_Hkv3_d4_causal_float64", dict(B=2, T=7, D=8, H=12, Hkv=3, d=4), "float64"),
+    ("mha_B2_T7_D8_H12_Hkv3_d4_causal_float32", dict(B=2, T=7, D=8, H=12, Hkv=3, d=4), "float32"),
+    ("mha_B2_T5_D16_H4_Hkv1_causal_float64", dict(B=2, T=5, D=16, H=4, Hkv=1), "float64"),
+    ("mha_B2_T5_D16_H4_Hkv1_causal_float32", dict(B=2, T=5, D=16, H=4, Hkv=1), "float32"),
+]
+CORE_GQA_CASES = [
+    ("core_B2_H12_Hkv3_Tq5_Tk7_d4_causal_float64", dict(B=2, H=12, Hkv=3, Tq=5, Tk=7, d=4), "float64"),
+    ("core_B2_H12_Hkv3_Tq5_Tk7_d4_causal_float32", dict(B=2, H=12, Hkv=3, Tq=5, Tk=7, d=4), "float32"),
+    # CS336-shaped: 3-D q, k, v [B, T, d], causal
+    ("core_cs336_B2_T9_d16_causal_float64", dict(B=2, T=9, d=16), "float64"),
+]
+# MHA-level RoPE under GQA: (name, shape, dtype, rope settings). Row 0 of the
+# positions starts at 0, row 1 at 1000; both gapped.
+ROPE_MHA_CASES = [
+    ("mha_B2_T7_D8_H6_Hkv3_d4_causal_rope_interleaved_float64", dict(B=2, T=7, D=8, H=6, Hkv=3, d=4),
+     "float64", dict(theta=10000.0, style="interleaved", rotary_dim=4)),
+    ("mha_B2_T7_D8_H6_Hkv3_d4_causal_rope_half_float64", dict(B=2, T=7, D=8, H=6, Hkv=3, d=4),
+     "float64", dict(theta=500000.0, style="half", rotary_dim=4)),
+    ("mha_B2_T7_D8_H6_Hkv3_d6_causal_rope_half_r4_float64", dict(B=2, T=7, D=8, H=6, Hkv=3, d=6),
+     "float64", dict(theta=10000.0, style="half", rotary_dim=4)),
+    ("mha_B2_T7_D8_H6_Hkv3_d4_causal_rope_interleaved_float32", dict(B=2, T=7, D=8, H=6, Hkv=3, d=4),
+     "float32", dict(theta=10000.0, style="interleaved", rotary_dim=4)),
+]
+# RoPE level: (name, shape, dtype, rope settings, row starts of the positions)
+ROPE_LEVEL_CASES = [
+    ("rope_B2_T9_d16_half_float64", dict(B=2, T=9, d=16), "float64",
+     dict(theta=500000.0, style="half", rotary_dim=16), [3, 1000]),
+    ("rope_B2_H3_T7_d8_interleaved_float64", dict(B=2, H=3, T=7, d=8), "float64",
+     dict(theta=10000.0, style="interleaved", rotary_dim=8), [1000, 0]),
+    ("rope_B2_T9_d16_interleaved_r8_float32", dict(B=2, T=9, d=16), "float32",
+     dict(theta=10000.0, style="interleaved", rotary_dim=8), [0, 1200]),
+    # CS336's run_rope: [B, T, d_k] input, interleaved, theta 10000, d_k 16
+    ("rope_cs336_B3_T12_d16_interleaved_float64", dict(B=3, T=12, d=16), "float64",
+     dict(theta=10000.0, style="interleaved", rotary_dim=16), [0, 1000, 5]),
+]
+
+
+def write_gqa_rope_cases(out):
+    """Grouped-KV and RoPE cases, each from its own seed, through headgrad_ref."""
+    for seed, (name, shape, dtype) in enumerate(GQA_CASES, start=100):
+        headgrad_ref.write_reference(grouped_attention, out / name, shape, seed=seed, dtype=dtype,
+                                     suite_dir=out.parent, overwrite=True)
+        print("wrote", out / name)
+    for seed, (name, shape, dtype) in enumerate(CORE_GQA_CASES, start=200):
+        headgrad_ref.write_reference(grouped_core, out / name, shape, level="core", seed=seed, dtype=dtype,
+                                     suite_dir=out.parent, overwrite=True)
+        print("wrote", out / name)
+    for seed, (name, shape, dtype, settings) in enumerate(ROPE_MHA_CASES, start=300):
+        fn = functools.partial(grouped_attention, rope_settings=settings)
+        positions = gapped_positions(shape["B"], shape["T"], [0, 1000], seed)
+        headgrad_ref.write_reference(fn, out / name, shape, seed=seed, dtype=dtype, positions=positions,
+                                     rope=settings, suite_dir=out.parent, overwrite=True)
+        print("wrote", out / name)
+    for seed, (name, shape, dtype, settings, starts) in enumerate(ROPE_LEVEL_CASES, start=400):
+        fn = functools.partial(rope, **settings)
+        headgrad_ref.write_rope_reference(fn, out / name, shape, seed=seed, dtype=dtype, rope=settings,
+                                          positions=gapped_positions(shape["B"], shape["T"], starts, seed),
+                                          suite_dir=out.parent, overwrite=True)
+        print("wrote", out / name)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=pathlib.Path, help="folder to write the directories into")
+    parser.add_argument("--cases", choices=["all", "first", "gqa-rope"], default="gqa-rope",
+                        help="which directories to write (default: the grouped-KV and RoPE ones)")
+    args = parser.parse_args()
+    # The first cases are committed as written once; another torch build may round
+    # them differently, so they are rewritten only on request.
+    if args.cases in ("all", "first"):
+        write_first_cases(args.out)
+    if args.cases in ("all", "gqa-rope"):
+        write_gqa_rope_cases(args.out)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,278 @@
+#!/usr/bin/python3
+"""tools/headgrad_ref.py end to end, and the committed grouped-KV/RoPE references checked.
+
+Usage: test_headgrad_ref.py HEADGRAD_EXE   (meson passes the built program)
+Needs PyTorch (Debian's python3-torch in /usr/bin/python3); exits 77 (a skip for
+meson) when torch cannot be imported, and says so.
+
+1. A user's MHA written with einsum (not the way make_reference.py writes it) goes
+   through the entry point; the built `headgrad run` checks the directory against
+   per_head and passes (exit 0). The same with the scores scaled by 1/d instead of
+   1/sqrt(d): headgrad run fails it (exit 1).
+2. The committed references are checked by second implementations: GQA/MQA against MHA
+   with Wk/Wv rows repeat-interleaved (dWk, dWv = group sums, 1e-12), core GQA against
+   expanded k/v, RoPE against the complex-number form (interleaved) and HF's
+   rotate_half (half), with the taps and the pass-through dims.
+"""
+import math
+import pathlib
+import subprocess
+import sys
+import tempfile
+import unittest
+
+try:
+    import torch
+except ImportError as e:
+    print(f"SKIP: PyTorch is not importable by {sys.executable} ({e}); "
+          "install Debian's python3-torch to run this test")
+    sys.exit(77)
+import numpy as np  # noqa: E402  (a dependency of torch: missing, it is a failure, not a skip)
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+REFS = REPO / "configs" / "refs"
+sys.path.insert(0, str(REPO / "tools"))
+import headgrad_ref  # noqa: E402
+
+HEADGRAD = None  # set from argv in main
+
+
+def einsum_mha(x, wq, wk, wv, wo, *, num_heads, causal, scale_by_d=False):
+    """MHA with einsum over explicit head axes: y = x W^T, W [out, in]. Hkv = H."""
+    B, T, D = x.shape
+    d = wq.shape[0] // num_heads
+    q = torch.einsum("btD,hdD->bhtd", x, wq.view(num_heads, d, D))
+    k = torch.einsum("btD,hdD->bhtd", x, wk.view(num_heads, d, D))
+    v = torch.einsum("btD,hdD->bhtd", x, wv.view(num_heads, d, D))
+    s = torch.einsum("bhtd,bhsd->bhts", q, k) / (d if scale_by_d else math.sqrt(d))
+    if causal:
+        s = s + torch.full((T, T), float("-inf"), dtype=x.dtype).triu(1)
+    o = torch.einsum("bhts,bhsd->bhtd", s.softmax(-1), v)
+    return torch.einsum("bhtd,Dhd->btD", o, wo.view(D, num_heads, d))
+
+
+def wrong_scale_mha(x, wq, wk, wv, wo, *, num_heads, causal):
+    return einsum_mha(x, wq, wk, wv, wo, num_heads=num_heads, causal=causal, scale_by_d=True)
+
+
+def run_headgrad(suite):
+    return subprocess.run([HEADGRAD, "run", str(suite)], capture_output=True, text=True, timeout=120)
+
+
+class EntryPointThroughHeadgrad(unittest.TestCase):
+    def write_and_run(self, fn):
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = pathlib.Path(tmp)
+            shape = dict(B=2, T=7, D=24, H=4)
+            headgrad_ref.write_reference(fn, tmp / "refs" / "mine", shape, seed=3, causal=True)
+            (tmp / "suite.yaml").write_text(
+                "suite: user-reference\n"
+                "cases:\n"
+                "  - {name: mine, compare: [per_head], reference: refs/mine, shape: {H: 4}, causal: true}\n")
+            return run_headgrad(tmp / "suite.yaml")
+
+    def test_correct_user_function_passes(self):
+        res = self.write_and_run(einsum_mha)
+        self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
+        self.assertIn("OK", res.stdout)
+
+    def test_wrong_scale_fails(self):
+        res = self.write_and_run(wrong_scale_mha)
+        self.assertEqual(res.returncode, 1, res.stdout + res.stderr)
+        self.assertIn("FAIL", res.stdout)
+
+    def test_cli_writes_the_same_directory(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = pathlib.Path(tmp)
+            cli = subprocess.run([sys.executable, str(REPO / "tools" / "headgrad_ref.py"),
+                                  f"{__file__}:einsum_mha", "--shape", "B=2,T=5,D=12,H=3", "--seed", "4",
+                                  "--out", str(tmp / "cli")], capture_output=True, text=True, timeout=120)
+            self.assertEqual(cli.returncode, 0, cli.stderr)
+            headgrad_ref.write_reference(einsum_mha, tmp / "api", dict(B=2, T=5, D=12, H=3), seed=4)
+            for name in ("x", "wq", "out", "dx", "dwk"):
+                np.testing.assert_array_equal(np.load(tmp / "cli" / f"{name}.npy"),
+                                              np.load(tmp / "api" / f"{name}.npy"))
+            self.assertIn("shape: {H: 3}", (tmp / "cli" / "case.yaml").read_text())
+
+    def test_causal_claim_is_checked(self):
+        def full(x, wq, wk, wv, wo, *, num_heads):
+            return einsum_mha(x, wq, wk, wv, wo, num_heads=num_heads, causal=False)
+        with tempfile.TemporaryDirectory() as tmp:
+            with self.assertRaisesRegex(ValueError, "row 0 depends on token of x 1, but causal=True"):
+                headgrad_ref.write_reference(full, pathlib.Path(tmp) / "r", dict(B=1, T=4, D=8, H=2),
+                                             causal=True)
+            self.assertFalse((pathlib.Path(tmp) / "r").exists())
+
+    def test_core_mask_alignment_is_checked(self):
+        def bottom_right_causal(q, k, v, *, causal):  # FlashAttention's alignment, not mask.npy's
+            tq, tk = q.shape[-2], k.shape[-2]
+            keep = torch.ones(tq, tk, dtype=torch.bool).tril(tk - tq)
+            s = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(~keep, float("-inf"))
+            return s.softmax(-1) @ v
+        with tempfile.TemporaryDirectory() as tmp:
+            shape = dict(B=1, H=2, Tq=3, Tk=5, d=4)
+            with self.assertRaisesRegex(ValueError, r"row 0 depends on key 1, but causal=True \(top-left"):
+                headgrad_ref.write_reference(bottom_right_causal, pathlib.Path(tmp) / "r", shape, level="core")
+            # at Tq = Tk both alignments agree: written, with the mask it was checked against
+            out = headgrad_ref.write_reference(bottom_right_causal, pathlib.Path(tmp) / "s", dict(shape, Tk=3),
+                                               level="core")
+            self.assertTrue(np.array_equal(np.load(out / "mask.npy"), np.tril(np.ones((3, 3), dtype=bool))))
+
+    def test_bad_shapes_name_the_key(self):
+        with self.assertRaisesRegex(ValueError, "H=4 is not a multiple of Hkv=3"):
+            headgrad_ref.resolve_shape("mha", dict(B=1, T=2, D=8, H=4, Hkv=3))
+        with self.assertRaisesRegex(ValueError, "'Tq' is not known at the mha level"):
+            headgrad_ref.resolve_shape("mha", dict(B=1, T=2, D=8, H=2, Tq=3))
+        self.assertEqual(headgrad_ref.resolve_shape("mha", dict(B=1, T=2, H=12, Hkv=3, d=10))["D"], 120)
+
+
+def load(name, *stems):
+    return [torch.from_numpy(np.load(REFS / name / f"{s}.npy")) for s in stems]
+
+
+def grads_of(fn, inputs, r):
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    out = fn(*leaves)
+    (out * r).sum().backward()
+    return out.detach(), [t.grad for t in leaves]
+
+
+def interleaved_rope(x, positions, theta, rotary_dim=None):
+    """Complex form (Meta Llama): pair (2k, 2k+1) times exp(i p w_k) on the first r dims.
+
+    Computed in float64 (complex128) and cast: for a float32 reference the result is
+    then within float32 rounding, not bitwise."""
+    r = rotary_dim or x.shape[-1]
+    w = theta ** (-torch.arange(0, r, 2, dtype=torch.float64) / r)
+    phi = positions.double()[..., None] * w
+    if x.dim() == 4 and positions.dim() == 2:
+        phi = phi[:, None]
+    z = torch.view_as_complex(x[..., :r].double().reshape(*x.shape[:-1], r // 2, 2).contiguous())
+    turned = torch.view_as_real(z * torch.polar(torch.ones_like(phi), phi)).flatten(-2).to(x.dtype)
+    return torch.cat([turned, x[..., r:]], -1)
+
+
+def half_rope(x, positions, theta, rotary_dim):
+    """HF Llama: x * cos + rotate_half(x) * sin on the first rotary_dim dims."""
+    r = rotary_dim
+    w = theta ** (-torch.arange(0, r, 2, dtype=torch.float64) / r)
+    phi = positions.double()[..., None] * w
+    if x.dim() == 4 and positions.dim() == 2:
+        phi = phi[:, None]
+    emb = torch.cat([phi, phi], -1)
+    rot = x[..., :r]
+    rotated = torch.cat([-rot[..., r // 2:], rot[..., : r // 2]], -1)
+    turned = rot * emb.cos().to(x.dtype) + rotated * emb.sin().to(x.dtype)
+    return torch.cat([turned, x[..., r:]], -1)
+
+
+class CommittedReferences(unittest.TestCase):
+    def check_gqa_against_repeated_mha(self, name, H, Hkv, tol):
+        x, wq, wk, wv, wo, r, out, dx, dwq, dwk, dwv, dwo = load(
+            name, "x", "wq", "wk", "wv", "wo", "r", "out", "dx", "dwq", "dwk", "dwv", "dwo")
+        G, d, D = H // Hkv, wq.shape[0] // H, x.shape[-1]
+        self.assertEqual(tuple(wk.shape), (Hkv * d, D))
+
+        def repeat_rows(w):  # kv head j -> query heads jG .. jG+G-1
+            return w.view(Hkv, d, D).repeat_interleave(G, 0).reshape(H * d, D)
+
+        def mha(x_, wq_, wk_mha, wv_mha, wo_):
+            return einsum_mha(x_, wq_, wk_mha, wv_mha, wo_, num_heads=H, causal=True)
+
+        out2, (dx2, dwq2, dwk_mha, dwv_mha, dwo2) = grads_of(
+            mha, [x, wq, repeat_rows(wk), repeat_rows(wv), wo], r)
+        for got, want in ((out, out2), (dx, dx2), (dwq, dwq2), (dwo, dwo2),
+                          (dwk, dwk_mha.view(Hkv, G, d, D).sum(1).reshape(Hkv * d, D)),
+                          (dwv, dwv_mha.view(Hkv, G, d, D).sum(1).reshape(Hkv * d, D))):
+            torch.testing.assert_close(got, want, atol=tol, rtol=0)
+
+    def test_gqa_float64_is_mha_with_repeated_kv_rows(self):
+        self.check_gqa_against_repeated_mha("mha_B2_T7_D8_H12_Hkv3_d4_causal_float64", 12, 3, 1e-12)
+
+    def test_mqa_float64_is_mha_with_repeated_kv_rows(self):
+        self.check_gqa_against_repeated_mha("mha_B2_T5_D16_H4_Hkv1_causal_float64", 4, 1, 1e-12)
+
+    def test_gqa_float32_is_mha_with_repeated_kv_rows(self):
+        self.check_gqa_against_repeated_mha("mha_B2_T7_D8_H12_Hkv3_d4_causal_float32", 12, 3, 1e-5)
+
+    def test_core_gqa_is_core_on_expanded_kv(self):
+        name = "core_B2_H12_Hkv3_Tq5_Tk7_d4_causal_float64"
+        q, k, v, mask, r, out, dq, dk, dv = load(name, "q", "k", "v", "mask", "r", "out", "dq", "dk", "dv")
+        H, Hkv = q.shape[1], k.shape[1]
+        self.assertEqual((H, Hkv), (12, 3))
+        self.assertTrue(torch.equal(mask, torch.ones(5, 7, dtype=torch.bool).tril()))
+
+        def core(q_, k_, v_):  # k_, v_ already [B, H, Tk, d]
+            s = torch.einsum("bhtd,bhsd->bhts", q_, k_) / math.sqrt(q_.shape[-1])
+            return torch.einsum("bhts,bhsd->bhtd", s.masked_fill(~mask, float("-inf")).softmax(-1), v_)
+
+        G = H // Hkv
+        out2, (dq2, dk_full, dv_full) = grads_of(
+            core, [q, k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)], r)
+        B, _, Tk, d = k.shape
+        for got, want in ((out, out2), (dq, dq2), (dk, dk_full.view(B, Hkv, G, Tk, d).sum(2)),
+                          (dv, dv_full.view(B, Hkv, G, Tk, d).sum(2))):
+            torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+
+    def test_rope_level_references(self):
+        cases = (("rope_cs336_B3_T12_d16_interleaved_float64", 16,
+                  lambda x, p: interleaved_rope(x, p, 1e4), 1e-12),
+                 ("rope_B2_H3_T7_d8_interleaved_float64", 8, lambda x, p: interleaved_rope(x, p, 1e4), 1e-12),
+                 ("rope_B2_T9_d16_half_float64", 16, lambda x, p: half_rope(x, p, 5e5, 16), 1e-12),
+                 ("rope_B2_T9_d16_interleaved_r8_float32", 8,
+                  lambda x, p: interleaved_rope(x, p, 1e4, 8), 1e-5))
+        for name, rot, rope, tol in cases:
+            x, positions, r, out, dx = load(name, "x", "positions", "r", "out", "dx")
+            self.assertEqual(positions.dtype, torch.int64)
+            self.assertGreaterEqual(int(positions.max()), 1000, name)
+            out2, (dx2,) = grads_of(lambda x_: rope(x_, positions), [x], r)
+            torch.testing.assert_close(out, out2, atol=tol, rtol=0, msg=name)
+            torch.testing.assert_close(dx, dx2, atol=tol, rtol=0, msg=name)
+            self.assertTrue(torch.equal(out[..., rot:], x[..., rot:]), name)  # partial: pass-through bitwise
+
+    def test_mha_rope_taps_and_output(self):
+        cases = (("mha_B2_T7_D8_H6_Hkv3_d4_causal_rope_interleaved_float64",
+                  lambda t, p: interleaved_rope(t, p, 1e4)),
+                 ("mha_B2_T7_D8_H6_Hkv3_d4_causal_rope_half_float64", lambda t, p: half_rope(t, p, 5e5, 4)),
+                 ("mha_B2_T7_D8_H6_Hkv3_d6_causal_rope_half_r4_float64",
+                  lambda t, p: half_rope(t, p, 1e4, 4)))
+        for name, rope in cases:
+            x, wq, wk, wv, wo, positions, q_rot, k_rot, out = load(
+                name, "x", "wq", "wk", "wv", "wo", "positions", "q_rot", "k_rot", "out")
+            B, T, D = x.shape
+            H, Hkv = q_rot.shape[1], k_rot.shape[1]
+            d = q_rot.shape[-1]
+            self.assertEqual((H, Hkv, tuple(positions.shape)), (6, 3, (B, T)))
+            self.assertEqual(len(set(positions[:, 1:].sub(positions[:, :-1]).flatten().tolist())) > 1, True)
+            q = torch.einsum("btD,hdD->bhtd", x, wq.view(H, d, D))
+            k = torch.einsum("btD,hdD->bhtd", x, wk.view(Hkv, d, D))
+            v = torch.einsum("btD,hdD->bhtd", x, wv.view(Hkv, d, D))
+            torch.testing.assert_close(q_rot, rope(q, positions), atol=1e-12, rtol=0, msg=name)
+            torch.testing.assert_close(k_rot, rope(k, positions), atol=1e-12, rtol=0, msg=name)
+            # scores from the taps, k/v shared by groups of H / Hkv query heads
+            G = H // Hkv
+            s = torch.einsum("bhtd,bhsd->bhts", q_rot, k_rot.repeat_interleave(G, 1)) / math.sqrt(d)
+            s = s + torch.full((T, T), float("-inf"), dtype=x.dtype).triu(1)
+            o = torch.einsum("bhts,bhsd->bhtd", s.softmax(-1), v.repeat_interleave(G, 1))
+            torch.testing.assert_close(out, torch.einsum("bhtd,Dhd->btD", o, wo.view(D, H, d)),
+                                       atol=1e-12, rtol=0, msg=name)
+
+    def test_core_cs336_is_three_dimensional(self):
+        q, k, v, mask, out = load("core_cs336_B2_T9_d16_causal_float64", "q", "k", "v", "mask", "out")
+        self.assertEqual(q.dim(), 3)
+        s = (q @ k.transpose(-1, -2) / 4.0).masked_fill(~mask, float("-inf"))
+        torch.testing.assert_close(out, s.softmax(-1) @ v, atol=1e-12, rtol=0)
+
+
+def main():
+    global HEADGRAD
+    if len(sys.argv) < 2:
+        print("usage: test_headgrad_ref.py HEADGRAD_EXE [unittest args]", file=sys.stderr)
+        return 2
+    HEADGRAD = sys.argv[1]
+    prog = unittest.main(argv=[sys.argv[0]] + sys.argv[2:], exit=False, verbosity=2)
+    return 0 if prog.result.wasSuccessful() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

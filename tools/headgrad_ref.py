@@ -1,0 +1,489 @@
+#!/usr/bin/python3
+"""Write a headgrad reference directory from your own PyTorch attention.
+
+headgrad checks a plugin against tensors made elsewhere: a reference directory
+of plain .npy files (docs/references.md). This module makes one from a PyTorch
+function of yours. It draws random inputs from a seed, runs your function,
+takes the loss sum(out * r) with r random, backpropagates, and writes the
+inputs, the output and the gradients.
+
+Three levels, one writer each (shape legend: B batch, T tokens, D model width,
+H query heads, Hkv key/value heads, d head width, Tq/Tk query/key tokens):
+
+  mha   fn(x, wq, wk, wv, wo) -> out          x [B, T, D], W is [out, in], y = x W^T:
+        wq [H*d, D], wk and wv [Hkv*d, D], wo [D, H*d]; out [B, T, D].
+        writes x, wq, wk, wv, wo, r, out, dx, dwq, dwk, dwv, dwo (+ positions,
+        q_rot, k_rot for RoPE).
+  core  fn(q, k, v) -> out                    q [B, H, Tq, d], k and v [B, Hkv, Tk, d]
+        (or [B, Tq, d] and [B, Tk, d] when shape has no H); out like q.
+        writes q, k, v, r, out, dq, dk, dv (+ mask when causal or a mask is given).
+  rope  fn(x, positions) -> out               x [B, T, d] (or [B, H, T, d] with H),
+        positions int64 [T] or [B, T]; writes x, positions, r, out, dx.
+
+Your function gets, as keyword arguments, those of num_heads, num_kv_heads,
+head_dim, causal, positions, mask that its signature names (or all of them if
+it takes **kwargs), so it need not close over the shape. An mha function may
+return (out, {"q_rot": q, "k_rot": k}) to add the taps after the rotation.
+
+Python:
+    import headgrad_ref  # tools/ on sys.path
+    headgrad_ref.write_reference(my_attention, "refs/mine", shape=dict(B=2, T=7, D=24, H=4))
+Command line (Debian's torch lives in the system Python):
+    /usr/bin/python3 tools/headgrad_ref.py mymodule:my_attention \\
+        --shape B=2,T=7,D=24,H=4 --out refs/mine
+Each directory also gets case.yaml, the suite case that checks it.
+"""
+import argparse
+import importlib
+import importlib.util
+import inspect
+import os
+import pathlib
+import sys
+
+import numpy as np
+import torch
+
+LEVELS = ("mha", "core", "rope")
+DTYPES = {"float64": torch.float64, "float32": torch.float32}
+# Keyword arguments a user function may ask for by naming them.
+OFFERED_KWARGS = ("num_heads", "num_kv_heads", "head_dim", "causal", "positions", "mask")
+# Every file a writer may produce: an overwrite removes exactly these.
+FILE_STEMS = ("x", "wq", "wk", "wv", "wo", "q", "k", "v", "mask", "r", "positions", "out", "dx", "dwq",
+              "dwk", "dwv", "dwo", "dq", "dk", "dv", "q_rot", "k_rot")
+SHAPE_KEYS = {
+    "mha": ("B", "T", "D", "H", "Hkv", "d"),
+    "core": ("B", "H", "Hkv", "T", "Tq", "Tk", "d"),
+    "rope": ("B", "H", "T", "d"),
+}
+
+
+def _fail(message):
+    raise ValueError("headgrad_ref: " + message)
+
+
+# ---------------------------------------------------------------- shapes
+
+def resolve_shape(level, shape):
+    """Check a shape dict for a level and fill what follows from it.
+
+    mha: B, T, H required; D = H * d unless given, d = D / H unless given, Hkv = H
+    unless given. core: B, d and Tq/Tk (or T for both) required; H optional (no H:
+    3-D tensors), Hkv = H unless given. rope: B, T, d required, H optional.
+    """
+    if level not in LEVELS:
+        _fail(f"level '{level}' is not one of {', '.join(LEVELS)}")
+    s = dict(shape)
+    for key, value in s.items():
+        if key not in SHAPE_KEYS[level]:
+            _fail(f"shape key '{key}' is not known at the {level} level "
+                  f"(known: {', '.join(SHAPE_KEYS[level])})")
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+            _fail(f"shape key '{key}' must be a positive integer, got {value!r}")
+        s[key] = int(value)
+
+    def need(*keys):
+        for key in keys:
+            if key not in s:
+                _fail(f"shape needs '{key}' at the {level} level (got {', '.join(s) or 'nothing'})")
+
+    if level == "mha":
+        need("B", "T", "H")
+        if "D" not in s and "d" not in s:
+            _fail("shape needs 'D' or 'd' at the mha level")
+        if "d" not in s:
+            if s["D"] % s["H"]:
+                _fail(f"D={s['D']} is not divisible by H={s['H']}; give the head width d")
+            s["d"] = s["D"] // s["H"]
+        s.setdefault("D", s["H"] * s["d"])
+    elif level == "core":
+        need("B", "d")
+        if "T" in s:
+            if "Tq" in s or "Tk" in s:
+                _fail("shape gives T and Tq/Tk; give T (both) or Tq and Tk")
+            s["Tq"] = s["Tk"] = s.pop("T")
+        need("Tq", "Tk")
+        if "H" not in s and "Hkv" in s:
+            _fail("shape gives Hkv without H; 3-D q, k, v (no H) have no head axis")
+    else:
+        need("B", "T", "d")
+        if s["d"] % 2:
+            _fail(f"RoPE rotates pairs; d={s['d']} is odd")
+    if "H" in s and level != "rope":
+        s.setdefault("Hkv", s["H"])
+        if s["Hkv"] > s["H"] or s["H"] % s["Hkv"]:
+            _fail(f"H={s['H']} is not a multiple of Hkv={s['Hkv']} (each kv head serves H / Hkv query heads)")
+    return s
+
+
+def parse_shape(text):
+    """'B=2,T=7,D=24,H=4' -> {'B': 2, 'T': 7, 'D': 24, 'H': 4}."""
+    shape = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not value.strip().isdigit():
+            _fail(f"--shape item '{item}' is not KEY=INTEGER")
+        shape[key.strip()] = int(value)
+    return shape
+
+
+def parse_positions(text):
+    """'0,3,4' -> [T]; '0,3,4;1000,1002,1009' -> [B, T] (rows split by ';')."""
+    rows = [[int(p) for p in row.split(",") if p.strip()] for row in text.split(";") if row.strip()]
+    if not rows or len({len(r) for r in rows}) != 1:
+        _fail(f"--positions '{text}' must be one row or rows of equal length split by ';'")
+    return np.array(rows[0] if len(rows) == 1 else rows, dtype=np.int64)
+
+
+def _check_positions(positions, B, T):
+    """Positions as an int64 tensor [T] or [B, T]."""
+    p = torch.as_tensor(np.asarray(positions))
+    if p.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+        _fail(f"positions must be integers, got {p.dtype}")
+    p = p.to(torch.int64)
+    if tuple(p.shape) not in ((T,), (B, T)):
+        _fail(f"positions have shape {list(p.shape)}, expected [T] = [{T}] or [B, T] = [{B}, {T}]")
+    return p
+
+
+# ---------------------------------------------------------------- calling the user's function
+
+def _call(fn, args, offered):
+    """fn(*args, **the offered keyword arguments its signature names)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # builtins without a signature: offer nothing
+        params = []
+    takes_all = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params)
+    names = {p.name for p in params}
+    kwargs = {k: v for k, v in offered.items() if takes_all or k in names}
+    return fn(*args, **kwargs), kwargs
+
+
+def _split_taps(result, level):
+    """An mha function may return (out, {"q_rot": ..., "k_rot": ...})."""
+    if isinstance(result, tuple):
+        if level != "mha" or len(result) != 2 or not isinstance(result[1], dict):
+            _fail("the function returned a tuple; only an mha function may, "
+                  "as (out, {'q_rot': .., 'k_rot': ..})")
+        unknown = set(result[1]) - {"q_rot", "k_rot"}
+        if unknown:
+            _fail(f"unknown taps {sorted(unknown)}; the taps are q_rot and k_rot")
+        return result[0], result[1]
+    return result, {}
+
+
+def _check_tensor(name, t, shape, dtype):
+    if not isinstance(t, torch.Tensor):
+        _fail(f"{name} is a {type(t).__name__}, expected a torch.Tensor")
+    if tuple(t.shape) != tuple(shape):
+        _fail(f"{name} has shape {list(t.shape)}, expected {list(shape)}")
+    if t.dtype != dtype:
+        _fail(f"{name} is {t.dtype}, expected {dtype} (the reference's dtype)")
+    if not torch.isfinite(t).all():
+        _fail(f"{name} holds NaN or Inf")
+
+
+# ---------------------------------------------------------------- the writers
+
+class _Draw:
+    """Random tensors from one seeded generator, drawn in float64, then cast."""
+
+    def __init__(self, seed, dtype):
+        self.gen = torch.Generator().manual_seed(seed)
+        self.dtype = dtype
+
+    def __call__(self, *shape, std=1.0, grad=True):
+        t = (torch.randn(*shape, generator=self.gen, dtype=torch.float64) * std).to(self.dtype)
+        return t.requires_grad_(grad)
+
+
+def _prepare_dir(out_dir, overwrite):
+    out = pathlib.Path(out_dir)
+    if out.exists() and not out.is_dir():
+        _fail(f"{out} exists and is not a directory")
+    ours = [out / f"{stem}.npy" for stem in FILE_STEMS] + [out / "case.yaml"]
+    present = [p for p in ours if p.exists()]
+    if present and not overwrite:
+        _fail(f"{out} already holds a reference ({present[0].name}); "
+              "pass overwrite=True (--force) to replace it")
+    for p in present:
+        p.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _save(out, tensors):
+    for name, t in tensors.items():
+        arr = t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
+        np.save(out / f"{name}.npy", np.ascontiguousarray(arr))
+
+
+def _case_yaml(out, level, shape_keys, causal, rope, taps, dtype, suite_dir):
+    """The suite case that checks this directory, to paste into a suite in suite_dir."""
+    where = pathlib.Path(os.path.relpath(out, suite_dir)) if suite_dir is not None else out
+    lines = [f"# A suite case that checks this directory ({dtype}); "
+             "'reference' is relative to the suite file.",
+             f"- name: {out.name}",
+             "  compare: [per_head]",
+             f"  reference: {where.as_posix()}"]
+    if level != "mha":
+        lines.append(f"  level: {level}")
+    if shape_keys:
+        lines.append("  shape: {" + ", ".join(f"{k}: {v}" for k, v in shape_keys.items()) + "}")
+    if level != "rope":
+        # a core directory's mask.npy holds the whole mask, so the case is not causal on top
+        lines.append(f"  causal: {'true' if causal and level == 'mha' else 'false'}")
+    if rope:
+        lines.append("  rope: {" + ", ".join(f"{k}: {v}" for k, v in rope.items()) + "}")
+    if taps:
+        lines.append("  taps: [" + ", ".join(taps) + "]")
+    if dtype == "float32":
+        lines.append("  atol: 1.0e-5\n  rtol: 1.0e-4")
+    (out / "case.yaml").write_text("\n".join(lines) + "\n")
+
+
+def _check_dependence(run, x, t_axis, keep, claim, what):
+    """Output row i must change with token j of x exactly where keep[i, j] (keep None: everywhere).
+
+    The writer cannot see inside the function, so it checks what it claims (causal,
+    the mask) by changing one token at a time: every token up to 64, else the last.
+    """
+    n = x.shape[t_axis]
+    with torch.no_grad():
+        base = run(x)
+        for j in range(n) if n <= 64 else [n - 1]:
+            bumped = x.clone()
+            bumped.select(t_axis, j).add_(1.0)
+            changed = run(bumped).ne(base).movedim(t_axis, 0).flatten(1).any(1)  # [rows]
+            want = torch.ones_like(changed) if keep is None else keep[:, j]
+            bad = (changed != want).nonzero()
+            if len(bad):
+                i = int(bad[0])
+                _fail(f"output row {i} {'depends' if changed[i] else 'does not depend'} on {what} {j}, "
+                      f"but {claim} says it {'should not' if changed[i] else 'should'}")
+
+
+def _dtype_of(dtype):
+    if isinstance(dtype, torch.dtype):
+        dtype = str(dtype).replace("torch.", "")
+    if dtype not in DTYPES:
+        _fail(f"dtype '{dtype}' is not one of {', '.join(DTYPES)}")
+    return dtype, DTYPES[dtype]
+
+
+def write_reference(fn, out_dir, shape, *, level="mha", seed=0, causal=True, dtype="float64",
+                    positions=None, rope=None, mask=None, suite_dir=None, overwrite=False):
+    """Run fn on random inputs and write a reference directory; returns its path.
+
+    fn:        your PyTorch function (signatures in the module docstring).
+    out_dir:   the directory to write (created; an existing reference needs overwrite).
+    shape:     dict, e.g. {"B": 2, "T": 7, "D": 24, "H": 4, "Hkv": 2} (mha),
+               {"B": 2, "H": 4, "Hkv": 2, "Tq": 5, "Tk": 7, "d": 8} (core).
+    seed:      seeds every random tensor (inputs, weights, r).
+    causal:    mha: what your function does (checked: a mismatch is an error).
+               core: writes the top-left causal mask [Tq, Tk] as mask.npy.
+    dtype:     "float64" or "float32".
+    positions: int64 [T] or [B, T], written as positions.npy and passed to fn.
+    rope:      the RoPE settings your function uses (theta, style, rotary_dim); not
+               stored in .npy files, only written into case.yaml for the suite case.
+    mask:      core only: bool [Tq, Tk] or [B, H, Tq, Tk], True = attend.
+    suite_dir: the folder of the suite that will use the directory: case.yaml's
+               'reference' is then relative to it (default: out_dir as given).
+    """
+    if level == "rope":
+        return write_rope_reference(fn, out_dir, shape, positions=positions, seed=seed, dtype=dtype,
+                                    rope=rope, suite_dir=suite_dir, overwrite=overwrite)
+    s = resolve_shape(level, shape)
+    dtype_name, dt = _dtype_of(dtype)
+    draw = _Draw(seed, dt)
+    if level == "mha":
+        tensors, case_shape, taps = _run_mha(fn, s, draw, causal, positions)
+    else:
+        if positions is not None:
+            _fail("positions are for the mha and rope levels; a core reference has none")
+        tensors, case_shape, taps = _run_core(fn, s, draw, causal, mask)
+    out = _prepare_dir(out_dir, overwrite)
+    _save(out, tensors)
+    _case_yaml(out, level, case_shape, causal, rope, taps, dtype_name, suite_dir)
+    return out
+
+
+def _run_mha(fn, s, draw, causal, positions):
+    B, T, D, H, Hkv, d = (s[k] for k in ("B", "T", "D", "H", "Hkv", "d"))
+    x = draw(B, T, D)
+    wq = draw(H * d, D, std=D ** -0.5)
+    wk, wv = draw(Hkv * d, D, std=D ** -0.5), draw(Hkv * d, D, std=D ** -0.5)
+    wo = draw(D, H * d, std=(H * d) ** -0.5)
+    r = draw(B, T, D, grad=False)
+    offered = {"num_heads": H, "num_kv_heads": Hkv, "head_dim": d, "causal": causal}
+    pos = None
+    if positions is not None:
+        pos = _check_positions(positions, B, T)
+        offered["positions"] = pos
+    result, used = _call(fn, (x, wq, wk, wv, wo), offered)
+    if pos is not None and "positions" not in used:
+        _fail("positions were given but the function takes no 'positions' argument")
+    out, taps = _split_taps(result, "mha")
+    _check_tensor("out", out, (B, T, D), draw.dtype)
+    if "causal" not in used:  # the function does what it does: check it matches the claim
+        def run(xx):
+            return _split_taps(_call(fn, (xx, wq, wk, wv, wo), offered)[0], "mha")[0]
+        keep = torch.ones(T, T, dtype=torch.bool).tril() if causal else None
+        _check_dependence(run, x, 1, keep, f"causal={causal}", "token of x")
+    (out * r).sum().backward()
+    for name, w in (("wq", wq), ("wk", wk), ("wv", wv), ("wo", wo), ("x", x)):
+        if w.grad is None:
+            _fail(f"the output does not depend on {name} (no gradient reached it)")
+    tensors = {"x": x, "wq": wq, "wk": wk, "wv": wv, "wo": wo, "r": r, "out": out, "dx": x.grad,
+               "dwq": wq.grad, "dwk": wk.grad, "dwv": wv.grad, "dwo": wo.grad}
+    want = {"q_rot": (B, H, T, d), "k_rot": (B, Hkv, T, d)}
+    for name, t in taps.items():
+        _check_tensor(name, t, want[name], draw.dtype)
+        tensors[name] = t
+    if pos is not None:
+        tensors["positions"] = pos
+    case_shape = {"H": H}
+    if Hkv != H:
+        case_shape["Hkv"] = Hkv
+    if d * H != D:
+        case_shape["d"] = d
+    return tensors, case_shape, [name for name in ("q_rot", "k_rot") if name in taps]
+
+
+def _run_core(fn, s, draw, causal, mask):
+    B, Tq, Tk, d = s["B"], s["Tq"], s["Tk"], s["d"]
+    heads = (s["H"],) if "H" in s else ()
+    kv_heads = (s["Hkv"],) if "H" in s else ()
+    q, k, v = draw(B, *heads, Tq, d), draw(B, *kv_heads, Tk, d), draw(B, *kv_heads, Tk, d)
+    r = draw(B, *heads, Tq, d, grad=False)
+    if mask is not None:
+        keep = torch.as_tensor(np.asarray(mask))
+        if keep.dtype != torch.bool:
+            _fail(f"mask must hold bools (True = attend), got {keep.dtype}")
+        if tuple(keep.shape) not in ((Tq, Tk), (B, *heads, Tq, Tk)):
+            _fail(f"mask has shape {list(keep.shape)}, expected [Tq, Tk] or [B, H, Tq, Tk]")
+        if not keep.any(-1).all():
+            _fail("a query row of the mask attends no key (softmax over nothing)")
+    elif causal:
+        keep = torch.ones(Tq, Tk, dtype=torch.bool).tril()
+    else:
+        keep = None
+    offered = {"num_heads": s.get("H"), "num_kv_heads": s.get("Hkv"), "head_dim": d, "causal": causal,
+               "mask": keep}
+    result, used = _call(fn, (q, k, v), offered)
+    if mask is not None and "mask" not in used:
+        _fail("a mask was given but the function takes no 'mask' argument")
+    out, _ = _split_taps(result, "core")
+    if "mask" not in used:  # the function masks (or not) by itself: check it matches mask.npy
+        _check_dependence(lambda vv: _call(fn, (q, k, vv), offered)[0], v, v.dim() - 2, keep,
+                          f"causal={causal} (top-left aligned)", "key")
+    _check_tensor("out", out, (B, *heads, Tq, d), draw.dtype)
+    (out * r).sum().backward()
+    tensors = {"q": q, "k": k, "v": v, "r": r, "out": out, "dq": q.grad, "dk": k.grad, "dv": v.grad}
+    if keep is not None:
+        tensors["mask"] = keep
+    return tensors, {}, []  # q, k, v give every dim
+
+
+def write_rope_reference(fn, out_dir, shape, *, positions=None, seed=0, dtype="float64", rope=None,
+                         suite_dir=None, overwrite=False):
+    """RoPE level: fn(x, positions) -> out with x [B, T, d] (or [B, H, T, d]).
+
+    positions: int64 [T] or [B, T] (default 0..T-1), written as positions.npy.
+    rope:      the settings your function uses (theta, style, rotary_dim), for case.yaml.
+    suite_dir: as for write_reference.
+    Writes x, positions, r, out, dx.
+    """
+    s = resolve_shape("rope", shape)
+    dtype_name, dt = _dtype_of(dtype)
+    draw = _Draw(seed, dt)
+    B, T, d = s["B"], s["T"], s["d"]
+    lead = (B, s["H"]) if "H" in s else (B,)
+    pos = _check_positions(np.arange(T) if positions is None else positions, B, T)
+    x = draw(*lead, T, d)
+    r = draw(*lead, T, d, grad=False)
+    result, used = _call(fn, (x, pos), {})
+    out, _ = _split_taps(result, "rope")
+    _check_tensor("out", out, x.shape, dt)
+    (out * r).sum().backward()
+    if x.grad is None:
+        _fail("the output does not depend on x (no gradient reached it)")
+    out_path = _prepare_dir(out_dir, overwrite)
+    _save(out_path, {"x": x, "positions": pos, "r": r, "out": out, "dx": x.grad})
+    _case_yaml(out_path, "rope", {}, False, rope, [], dtype_name, suite_dir)
+    return out_path
+
+
+# ---------------------------------------------------------------- command line
+
+def load_function(spec):
+    """'module:function' or 'path/to/file.py:function' -> the function."""
+    module_name, sep, fn_name = spec.rpartition(":")
+    if not sep or not module_name or not fn_name:
+        _fail(f"'{spec}' is not MODULE:FUNCTION (or FILE.py:FUNCTION)")
+    if module_name.endswith(".py"):
+        path = pathlib.Path(module_name)
+        if not path.is_file():
+            _fail(f"no file {path}")
+        loader_spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(loader_spec)
+        loader_spec.loader.exec_module(module)
+    else:
+        sys.path.insert(0, str(pathlib.Path.cwd()))
+        module = importlib.import_module(module_name)
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        _fail(f"{module_name} has no function {fn_name}")
+    return fn
+
+
+def parse_rope(text):
+    """'theta=10000,style=interleaved,rotary_dim=8' -> dict (for case.yaml)."""
+    rope = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or key not in ("theta", "style", "rotary_dim"):
+            _fail(f"--rope item '{item}' is not theta=.., style=.. or rotary_dim=..")
+        rope[key] = value
+    return rope
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        description="Write a headgrad reference directory from your PyTorch attention (docs/references.md).")
+    parser.add_argument("function", help="MODULE:FUNCTION or FILE.py:FUNCTION")
+    parser.add_argument("--shape", required=True,
+                        help="e.g. B=2,T=7,D=24,H=4 (mha), B=2,H=4,Tq=5,Tk=7,d=8 (core), B=2,T=9,d=16 (rope)")
+    parser.add_argument("--out", required=True, type=pathlib.Path, help="directory to write")
+    parser.add_argument("--level", choices=LEVELS, default="mha")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float64")
+    parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True,
+                        help="mha: what your function does (checked); "
+                             "core: write a causal mask (default: on)")
+    parser.add_argument("--positions", help="token positions: 0,3,4 ([T]) or 0,3,4;1000,1002,1009 ([B, T])")
+    parser.add_argument("--rope",
+                        help="RoPE settings your function uses (for case.yaml): theta=..,style=..,rotary_dim=..")
+    parser.add_argument("--suite-dir", type=pathlib.Path,
+                        help="folder of the suite that will use it "
+                             "('reference' in case.yaml is relative to it)")
+    parser.add_argument("--force", action="store_true", help="replace an existing reference in --out")
+    args = parser.parse_args(argv)
+    try:
+        fn = load_function(args.function)
+        out = write_reference(fn, args.out, parse_shape(args.shape), level=args.level, seed=args.seed,
+                              causal=args.causal, dtype=args.dtype,
+                              positions=parse_positions(args.positions) if args.positions else None,
+                              rope=parse_rope(args.rope) if args.rope else None, suite_dir=args.suite_dir,
+                              overwrite=args.force)
+    except (ValueError, ImportError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}; suite case in {out / 'case.yaml'}:")
+    print((out / "case.yaml").read_text(), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
