@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -185,11 +186,75 @@ INSTANTIATE_TEST_SUITE_P(
                                     "(the case is causal); it declares: mha, float64"},
         BadInput{"mask_missing.yaml", "6:11: case 'no-such-mask': mask file"},
         BadInput{"mask_shape.yaml", "6:11: case 'mask-does-not-fit': mask file"},
-        BadInput{"reference_missing.yaml", "5:16: case 'no-such-dir': reference directory"}),
+        BadInput{"reference_missing.yaml", "5:16: case 'no-such-dir': reference directory"},
+        // Sizes: refused before any input is made (the budget is this machine's memory)
+        BadInput{"shape_overflow.yaml", "3:5: case 'overflow': MHA(B=2,T=2147483648,D=2147483648,H=2) needs about "
+                                        "2.7e+21 bytes of memory (inputs, outputs, gradients and the [B, H, Tq, Tk] "
+                                        "score buffers a plugin holds), more elements than 64-bit sizes can count, "
+                                        "and more than the budget of"},
+        BadInput{"shape_wraps.yaml", "3:5: case 'wraps': MHA(B=4294967296,T=4294967296,D=8,H=2) needs about "
+                                     "5.1e+30 bytes of memory"},
+        BadInput{"shape_too_big.yaml", "3:5: case 'too-big': MHA(B=10000,T=10000,D=8,H=2) needs about 58.3 TiB of "
+                                       "memory"},
+        BadInput{"shape_huge.yaml", "3:5: case 'huge': MHA(B=100000,T=100000,D=8,H=2) needs about 56.9 PiB of memory"},
+        BadInput{"sweep_explodes.yaml", "8:16: case 'explodes': the sweep expands to 160000 cases (20 x 20 x 20 x 20 "
+                                        "values), after 1 case before it, and a suite may hold at most 10000 cases"}),
     [](const auto& info) {
       std::string n = info.param.file;
       return n.substr(0, n.find('.'));
     });
+
+TEST_F(Cli, MaxMemoryRefusesACaseThatWouldNotFit) {
+  // closed-book (B=2, T=3, D=8, H=2, float64) needs 18304 bytes by budget.hpp's estimate
+  const std::string suite = (kFixtures / "pass.yaml").string();
+  Outcome r = headgrad({"run", suite, "--filter", "closed-book", "--max-memory", "16K"});
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("case 'closed-book': MHA(B=2,T=3,D=8,H=2,causal) needs about 17.9 KiB of memory"),
+            std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("more than the budget of 16.0 KiB (--max-memory 16.0 KiB)"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, "");  // refused before anything ran
+  EXPECT_EQ(headgrad({"run", suite, "--filter", "closed-book", "--max-memory", "18K"}).code, 0);
+  r = headgrad({"export", suite, "--case", "closed-book", "--out", (dir_ / "x").string(), "--max-memory", "1K"});
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "x"));
+  for (const char* bad : {"10X", "-1G", "0", "nan", "G"}) {
+    r = headgrad({"run", suite, "--max-memory", bad});
+    EXPECT_EQ(r.code, 2) << bad;
+    EXPECT_NE(r.err.find("--max-memory: size '" + std::string(bad) + "' is not a positive size"), std::string::npos)
+        << r.err;
+  }
+}
+
+TEST_F(Cli, BenchRefusesAShapeThatCannotFit) {
+  const Outcome r = headgrad({"bench", "--shape", "2,2147483648,2147483648,2", "--plugin", "batched"});
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("headgrad bench: shape (2,2147483648,2147483648,2) in float32 needs about"),
+            std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("of physical memory"), std::string::npos) << r.err;
+}
+
+// A suite is a regular file of sane size: nothing else is opened (a fifo would block, a device never ends).
+TEST_F(Cli, SuitePathMustBeARegularFileOfSaneSize) {
+  Outcome r = headgrad({"run", "/dev/zero"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("headgrad: error: /dev/zero: is not a regular file (a device, fifo or socket)"),
+            std::string::npos) << r.err;
+  const fs::path fifo = dir_ / "suite.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  r = headgrad({"run", fifo.string()});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find(fifo.string() + ": is not a regular file"), std::string::npos) << r.err;
+  r = headgrad({"run", dir_.string()});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find(dir_.string()), std::string::npos) << r.err;
+  const fs::path big = dir_ / "big.yaml";
+  std::ofstream(big) << "cases:\n";
+  fs::resize_file(big, (16u << 20) + 1);  // sparse: costs no disk
+  r = headgrad({"run", big.string()});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find(big.string() + ": is 16777217 bytes; a suite file may hold at most 16777216 bytes"),
+            std::string::npos) << r.err;
+}
 
 TEST_F(Cli, ReferenceDirectoryMissingAFileOrWithAWrongShape) {
   const Outcome ex = headgrad({"export", (kFixtures / "pass.yaml").string(), "--case", "closed-book", "--out",

@@ -6,6 +6,7 @@
 #include <iterator>
 #include <string>
 
+#include "runner/budget.hpp"
 #include "runner/suite.hpp"
 
 namespace {
@@ -346,6 +347,64 @@ cases:
   EXPECT_EQ(missing[2].second, "Tq=2, Tk=3");
   caps.core = caps.causal = caps.cross_lengths = caps.float32 = true;
   EXPECT_TRUE(missing_capabilities(s.cases[0], caps).empty());
+}
+
+TEST(SuiteErrors, SweepsAreCountedBeforeTheyExpand) {
+  // 100 x 100 x 100 points from three lines: refused at the sweep, nothing expanded
+  std::string values;
+  for (int i = 1; i <= 100; ++i) values += (i > 1 ? ", " : "") + std::to_string(i);
+  const std::string yaml = std::string("cases:\n  - name: many\n    ") + kPair + "\n    shape: {D: 8}\n" +
+                           "    sweep: {B: [" + values + "], T: [" + values + "], H: [1, 2, 4, 8]}\n";
+  EXPECT_EQ(error_of(yaml).rfind("t.yaml:5:16: case 'many': the sweep expands to 40000 cases (100 x 100 x 4 values)", 0),
+            0u) << error_of(yaml);
+  // exactly at the cap is fine: 100 x 100
+  const std::string at_cap = std::string("cases:\n  - name: many\n    ") + kPair +
+                             "\n    shape: {D: 8, H: 2}\n    sweep: {B: [" + values + "], T: [" + values + "]}\n";
+  EXPECT_EQ(parse(at_cap).cases.size(), kMaxSuiteCases);
+}
+
+TEST(SuiteMemory, EstimateAndBudget) {
+  CaseSpec c = only_case(parse(std::string("cases:\n  - name: m\n    ") + kPair +
+                               "\n    shape: {B: 2, T: 3, D: 8, H: 2}\n"));
+  // By hand, in elements (x, r, out, dx [2, 3, 8] = 48; four [8, 8] weights = 256;
+  // q, k, v, merged heads [2, 3, 8] = 48 each; scores [2, 2, 3, 3] = 36):
+  //   inputs x, r, weights           2*48 + 256       = 352
+  //   results out, dx, dweights      48 + 48 + 256    = 352
+  //   working: leaf grads 352, q k v merged and grads 2 * 192 = 384, 4 score buffers 144 = 880
+  //   total 352 + 880 + 3 * 352 (two sides' results and the wire copy) = 2288 elements, 8 bytes each
+  EXPECT_DOUBLE_EQ(case_memory_bytes(c), 2288.0 * 8);
+  c.dtype = DType::float32;
+  EXPECT_DOUBLE_EQ(case_memory_bytes(c), 2288.0 * 4);
+  EXPECT_NO_THROW(check_memory({&c}, 2288.0 * 4, "test"));
+  try {
+    check_memory({&c}, 2288.0 * 4 - 1, "a test budget");
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("t.yaml:2:5: case 'm': MHA(B=2,T=3,D=8,H=2,float32) needs about 8.9 KiB", 0),
+              0u) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the budget of 8.9 KiB (a test budget)"), std::string::npos) << e.what();
+  }
+  // Dims whose product wraps int64 (2^32 * 2^32 = 0 mod 2^64) are a huge number here, not zero.
+  c.dims = {};
+  c.dims.B = c.dims.T = std::int64_t{1} << 32;
+  c.dims.D = 8;
+  c.dims.H = 2;
+  EXPECT_GT(case_memory_bytes(c), 1e30);
+}
+
+TEST(SuiteMemory, SizesParseAndPrint) {
+  EXPECT_DOUBLE_EQ(parse_size("4G"), 4.0 * (1 << 30));
+  EXPECT_DOUBLE_EQ(parse_size("512M"), 512.0 * (1 << 20));
+  EXPECT_DOUBLE_EQ(parse_size("1.5GiB"), 1.5 * (1 << 30));
+  EXPECT_DOUBLE_EQ(parse_size("2kb"), 2048);
+  EXPECT_DOUBLE_EQ(parse_size("100000"), 100000);
+  for (const char* bad : {"", "G", "4X", "-1G", "0", "nan", "inf", "1e400", "0.5"}) EXPECT_THROW(parse_size(bad), std::invalid_argument) << bad;
+  EXPECT_EQ(format_bytes(512), "512 bytes");
+  EXPECT_EQ(format_bytes(1536), "1.5 KiB");
+  EXPECT_EQ(format_bytes(13.4 * (1ull << 30)), "13.4 GiB");
+  EXPECT_EQ(format_bytes(2.7e21), "2.7e+21 bytes");
+  EXPECT_GT(memory_budget(std::nullopt).bytes, 1 << 20);  // sysconf's physical memory
+  EXPECT_EQ(memory_budget(1024.0).source, "--max-memory 1.0 KiB");
 }
 
 TEST(SuiteHelpers, ClosestMatch) {

@@ -1,11 +1,11 @@
 // headgrad: the command-line program.
 //
 //   headgrad run SUITE.yaml [--plugin-path DIR]... [--filter GLOB] [--json FILE]
-//                [--junit FILE] [--html FILE] [--timeout SEC] [--no-isolation] [-v | -q]
+//                [--junit FILE] [--html FILE] [--timeout SEC] [--max-memory SIZE] [--no-isolation] [-v | -q]
 //   headgrad plugins [--plugin-path DIR]... [--all] [--json]
-//   headgrad export SUITE.yaml --case NAME [--plugin NAME] --out DIR
+//   headgrad export SUITE.yaml --case NAME [--plugin NAME] --out DIR [--max-memory SIZE]
 //
-// Exit codes (DESIGN.md): 0 every case as expected; 1 a comparison failed;
+// Exit codes: 0 every case as expected; 1 a comparison failed;
 // 2 bad usage, config or input file; 3 a plugin could not be loaded or crashed.
 #include <unistd.h>
 
@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench.hpp"
+#include "runner/budget.hpp"
 #include "runner/report.hpp"
 #include "runner/run.hpp"
 #include "runner/suite.hpp"
@@ -48,7 +49,7 @@ struct CommonArgs {
 };
 
 struct RunArgs : CommonArgs {
-  std::string suite, filter, json, junit, html;
+  std::string suite, filter, json, junit, html, max_memory;
   std::optional<double> timeout;
   bool no_isolation = false;
 };
@@ -58,7 +59,7 @@ struct PluginsArgs : CommonArgs {
 };
 
 struct ExportArgs : CommonArgs {
-  std::string suite, case_name, plugin, out;
+  std::string suite, case_name, plugin, out, max_memory;
   std::optional<double> timeout;
   bool no_isolation = false;
 };
@@ -134,6 +135,27 @@ void report_missing_plugins(const std::vector<const CaseSpec*>& cases, const Plu
     std::cerr << "headgrad: " << not_loaded_cause(name, registry) << "; the cases that use it fail (exit code 3)\n";
 }
 
+// Refuses (ConfigError, exit 2) a case that cannot fit, before any input is made.
+void check_memory_budget(const std::vector<const CaseSpec*>& cases, const std::string& max_memory) {
+  std::optional<double> limit;
+  if (!max_memory.empty()) {
+    try {
+      limit = parse_size(max_memory);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(std::string("--max-memory: ") + e.what());
+    }
+  }
+  const MemoryBudget budget = memory_budget(limit);
+  check_memory(cases, budget.bytes, budget.source);
+}
+
+void add_max_memory(CLI::App* cmd, std::string& value) {
+  cmd->add_option("--max-memory", value,
+                  "refuse (exit 2) a case whose estimated memory (inputs, outputs, gradients, score buffers) "
+                  "exceeds SIZE, like 4G or 512M (default: the machine's physical memory)")
+      ->type_name("SIZE");
+}
+
 int cmd_run(const RunArgs& a) {
   apply_verbosity(a);
   const Suite suite = load_suite(a.suite);
@@ -144,6 +166,7 @@ int cmd_run(const RunArgs& a) {
     error("no case of " + a.suite + " matches --filter '" + a.filter + "' (cases: " + names + ")");
     return kExitUsage;
   }
+  check_memory_budget(selected, a.max_memory);
   PluginRegistry registry;
   registry.load_directories(search_path(a));
   report_missing_plugins(selected, registry);
@@ -283,6 +306,7 @@ int cmd_export(const ExportArgs& a) {
           (near.empty() ? " (cases: " + all + ")" : " (did you mean '" + near + "'?)"));
     return kExitUsage;
   }
+  check_memory_budget({found}, a.max_memory);
   CaseSpec c = *found;
   const std::string plugin_name = a.plugin.empty() ? c.compare.at(0) : a.plugin;
   c.compare = {plugin_name};
@@ -370,6 +394,7 @@ int main(int argc, char** argv) {
                   "time limit in seconds for each plugin run; overrides every case's 'timeout' (default 60)")
       ->type_name("SEC")
       ->check(CLI::PositiveNumber);
+  add_max_memory(run, run_args.max_memory);
   run->add_flag("--no-isolation", run_args.no_isolation,
                 "run plugins in this process instead of a forked child (for a debugger); a crash or hang then "
                 "takes the runner down and --timeout has no effect");
@@ -396,6 +421,7 @@ int main(int argc, char** argv) {
   exp->add_option("--timeout", export_args.timeout, "time limit in seconds (default: the case's)")
       ->type_name("SEC")
       ->check(CLI::PositiveNumber);
+  add_max_memory(exp, export_args.max_memory);
   exp->add_flag("--no-isolation", export_args.no_isolation, "run the plugin in this process");
   add_common(exp, export_args);
 

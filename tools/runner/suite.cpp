@@ -9,6 +9,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "runner/budget.hpp"
 #include "runner/inputs.hpp"
 
 namespace fs = std::filesystem;
@@ -217,6 +218,7 @@ class Parser {
   fs::path file_;
   fs::path dir_;
   std::string context_;  // "case 'x': " while a case is read
+  std::size_t case_count_ = 0;  // cases of the suite so far (sweep points included)
 };
 
 std::vector<std::pair<YAML::Node, YAML::Node>> Parser::entries(
@@ -394,6 +396,7 @@ Suite Parser::parse(std::string_view text) {
         throw ConfigError(c.source, "two cases are named '" + c.name + "'; names must be unique");
       suite.cases.push_back(std::move(c));
     }
+    case_count_ = suite.cases.size();
   }
   return suite;
 }
@@ -566,6 +569,22 @@ std::vector<CaseSpec> Parser::expand(const CaseSpec& base, const std::vector<Dim
   // Where a sweep point's problems are reported: the sweep, else the shape, else the case.
   const SourceLoc at = !sweep.empty() ? sweep.front().where : !shape.empty() ? shape.front().where : c.source;
 
+  // Counted before anything is expanded: a few lines of sweeps can name millions of points.
+  double points = 1;  // a double: the product of many long lists must not wrap
+  for (const auto& d : sweep) points *= static_cast<double>(d.values.size());
+  if (static_cast<double>(case_count_) + points > static_cast<double>(kMaxSuiteCases)) {
+    std::string sizes;
+    for (const auto& d : sweep) sizes += (sizes.empty() ? "" : " x ") + std::to_string(d.values.size());
+    std::ostringstream count;
+    count.precision(15);
+    count << points;
+    fail(at, "the sweep expands to " + count.str() + " cases (" + sizes + " values)" +
+                 (case_count_ ? ", after " + std::to_string(case_count_) + (case_count_ == 1 ? " case" : " cases") +
+                                    " before it," : "") +
+                 " and a suite may hold at most " + std::to_string(kMaxSuiteCases) +
+                 " cases: sweep fewer values, or split the suite");
+  }
+
   std::vector<CaseSpec> out;
   std::vector<std::size_t> pos(sweep.size(), 0);
   while (true) {
@@ -618,7 +637,52 @@ Suite parse_suite(std::string_view yaml_text, const fs::path& file) {
   return Parser(file).parse(yaml_text);
 }
 
+void check_suite_file(const fs::path& file) {
+  const SourceLoc where{file.string(), 0, 0};
+  std::error_code ec;
+  const fs::file_status st = fs::status(file, ec);  // stat: a fifo or device is not opened
+  if (ec || !fs::exists(st)) throw ConfigError(where, "cannot read the suite file: " + (ec ? ec.message() : "no such file"));
+  if (fs::is_directory(st)) throw ConfigError(where, "is a directory; a suite is a YAML file");
+  if (!fs::is_regular_file(st))
+    throw ConfigError(where, "is not a regular file (a device, fifo or socket); a suite is a YAML file");
+  const std::uintmax_t size = fs::file_size(file, ec);
+  if (ec) throw ConfigError(where, "cannot read the suite file: " + ec.message());
+  if (size > kMaxSuiteFileBytes)
+    throw ConfigError(where, "is " + std::to_string(size) + " bytes; a suite file may hold at most " +
+                                 std::to_string(kMaxSuiteFileBytes) + " bytes (16 MiB)");
+}
+
+double case_memory_bytes(const CaseSpec& c) {
+  const Dims& d = c.dims;
+  AttentionDims a;
+  a.mha = c.level == Level::mha;
+  a.B = static_cast<double>(d.B);
+  a.H = static_cast<double>(d.H);
+  a.d = static_cast<double>(d.head_dim());
+  a.D = static_cast<double>(d.D);
+  a.Tq = static_cast<double>(a.mha ? d.T : d.Tq);
+  a.Tk = static_cast<double>(a.mha ? d.T : d.Tk);
+  return attention_bytes(a, static_cast<double>(dtype_size(c.dtype)));
+}
+
+void check_memory(const std::vector<const CaseSpec*>& cases, double budget_bytes, const std::string& budget_source) {
+  for (const CaseSpec* c : cases) {
+    const double need = case_memory_bytes(*c);
+    if (need <= budget_bytes) continue;
+    const bool overflows = need / static_cast<double>(dtype_size(c->dtype)) > 9.2e18;
+    throw ConfigError(c->source, "case '" + c->name + "': " + describe_case(*c) + " needs about " +
+                                     format_bytes(need) +
+                                     " of memory (inputs, outputs, gradients and the [B, H, Tq, Tk] score "
+                                     "buffers a plugin holds)" +
+                                     (overflows ? ", more elements than 64-bit sizes can count, and" : ",") +
+                                     " more than the budget of " +
+                                     format_bytes(budget_bytes) + " (" + budget_source +
+                                     "); use a smaller shape, or --max-memory SIZE");
+  }
+}
+
 Suite load_suite(const fs::path& file) {
+  check_suite_file(file);
   std::ifstream in(file, std::ios::binary);
   if (!in) throw ConfigError({file.string(), 0, 0}, "cannot read the suite file");
   std::stringstream ss;
