@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -198,7 +199,11 @@ INSTANTIATE_TEST_SUITE_P(
                                        "memory"},
         BadInput{"shape_huge.yaml", "3:5: case 'huge': MHA(B=100000,T=100000,D=8,H=2) needs about 56.9 PiB of memory"},
         BadInput{"sweep_explodes.yaml", "8:16: case 'explodes': the sweep expands to 160000 cases (20 x 20 x 20 x 20 "
-                                        "values), after 1 case before it, and a suite may hold at most 10000 cases"}),
+                                        "values), after 1 case before it, and a suite may hold at most 10000 cases"},
+        BadInput{"timeout_negative.yaml", "5:14: case 'negative': 'timeout' must be a number of seconds > 0 and at "
+                                          "most 86400 (one day), got -1"},
+        BadInput{"timeout_huge.yaml", "5:14: case 'forever': 'timeout' must be a number of seconds > 0 and at most "
+                                      "86400 (one day), got 1e+16"}),
     [](const auto& info) {
       std::string n = info.param.file;
       return n.substr(0, n.find('.'));
@@ -256,6 +261,93 @@ TEST_F(Cli, SuitePathMustBeARegularFileOfSaneSize) {
             std::string::npos) << r.err;
 }
 
+TEST_F(Cli, TimeoutsArePositiveFiniteAndBounded) {
+  const std::string suite = (kFixtures / "pass.yaml").string();
+  for (const char* t : {"nan", "inf", "1e16", "-1", "0", "86401"}) {
+    const Outcome r = headgrad({"run", suite, "--timeout", t});
+    EXPECT_EQ(r.code, 2) << t;
+    EXPECT_NE(r.err.find("--timeout: must be a number of seconds"), std::string::npos) << t << ": " << r.err;
+    EXPECT_EQ(r.out, "") << t;
+  }
+  EXPECT_EQ(headgrad({"export", suite, "--case", "closed-book", "--out", (dir_ / "x").string(), "--timeout", "nan"}).code, 2);
+  EXPECT_EQ(headgrad({"run", suite, "--timeout", "86400", "-q"}).code, 0);
+}
+
+// The side's result is complete: a process the plugin forked, still holding
+// the result pipe, neither makes it look timed out nor outlives the run.
+TEST_F(Cli, AGrandchildHoldingThePipeIsKilledWithItsSide) {
+  const fs::path pid_file = dir_ / "grandchild.pid";
+  ::setenv("HEADGRAD_TEST_GRANDCHILD_FILE", pid_file.c_str(), 1);
+  std::ofstream(dir_ / "s.yaml") << "cases:\n  - name: forks\n    compare: [forks, per_head]\n    timeout: 20\n"
+                                    "    shape: {B: 2, T: 3, D: 8, H: 2}\n";
+  const auto t0 = std::chrono::steady_clock::now();
+  const Outcome r = headgrad({"run", (dir_ / "s.yaml").string(), "--plugin-path", kTestPlugins});
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::unsetenv("HEADGRAD_TEST_GRANDCHILD_FILE");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("  OK     forks"), std::string::npos) << r.out;
+  EXPECT_LT(seconds, 15);  // not the 20 s limit, nor the grandchild's 60 s
+  std::ifstream in(pid_file);
+  pid_t pid = 0;
+  ASSERT_TRUE(in >> pid) << "the plugin wrote no pid";
+  // Gone, or a zombie waiting for a reaper: either way no longer running.
+  std::string state;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  if (stat) {
+    std::string skip;
+    stat >> skip >> skip >> state;  // pid (comm) state
+  }
+  EXPECT_TRUE(state.empty() || state == "Z") << "grandchild " << pid << " is still running (state " << state << ")";
+}
+
+// Reports are renamed into place, their folders checked and inputs protected up front.
+TEST_F(Cli, ReportsAreWrittenAtomicallyAndNeverOverAnInput) {
+  const fs::path suite = dir_ / "pass.yaml";
+  fs::copy_file(kFixtures / "pass.yaml", suite);
+  fs::copy_file(kFixtures / "mask_B2_Tq5_Tk7.npy", dir_ / "mask_B2_Tq5_Tk7.npy");
+  const std::string text = slurp(suite);
+
+  Outcome r = headgrad({"run", suite.string(), "--json", suite.string()});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--json " + suite.string() + ": is the suite " + suite.string() +
+                       ", an input of this run; it would be overwritten"), std::string::npos) << r.err;
+  EXPECT_EQ(slurp(suite), text);
+  EXPECT_EQ(r.out, "");
+  r = headgrad({"run", suite.string(), "--html", (dir_ / "mask_B2_Tq5_Tk7.npy").string()});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("is the mask file of case 'core-mask'"), std::string::npos) << r.err;
+  r = headgrad({"run", suite.string(), "--json", (dir_ / "r.json").string(), "--junit", (dir_ / "." / "r.json").string()});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find(": --json writes the same file"), std::string::npos) << r.err;
+  r = headgrad({"run", suite.string(), "--junit", dir_.string()});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("is a folder, not a file"), std::string::npos) << r.err;
+
+  // An old report open in a reader keeps its whole old content: the new one is a new file.
+  const fs::path json = dir_ / "r.json";
+  std::ofstream(json) << "old report";
+  std::ifstream reader(json);
+  r = headgrad({"run", suite.string(), "--json", json.string(), "-q"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(reader), {}), "old report");
+  EXPECT_EQ(nlohmann::json::parse(slurp(json))["summary"]["exit_code"], 0);
+  for (const auto& entry : fs::directory_iterator(dir_))  // no temporary file left behind
+    EXPECT_EQ(entry.path().filename().string().find(".tmp."), std::string::npos) << entry.path();
+
+  // export: into the case's own reference directory would overwrite its inputs
+  ASSERT_EQ(headgrad({"export", suite.string(), "--case", "closed-book", "--out", (dir_ / "ref").string()}).code, 0);
+  std::ofstream(dir_ / "s.yaml") << "cases:\n  - name: r\n    compare: [per_head]\n    reference: ref\n    causal: true\n"
+                                    "    shape: {H: 2}\n";
+  const std::string x = slurp(dir_ / "ref" / "x.npy");
+  r = headgrad({"export", (dir_ / "s.yaml").string(), "--case", "r", "--out", (dir_ / "ref").string()});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("is a reference file of case 'r'"), std::string::npos) << r.err;
+  EXPECT_EQ(slurp(dir_ / "ref" / "x.npy"), x);
+  r = headgrad({"run", (dir_ / "s.yaml").string(), "--json", (dir_ / "ref" / "out.npy").string()});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("is a reference file of case 'r'"), std::string::npos) << r.err;
+}
+
 TEST_F(Cli, ReferenceDirectoryMissingAFileOrWithAWrongShape) {
   const Outcome ex = headgrad({"export", (kFixtures / "pass.yaml").string(), "--case", "closed-book", "--out",
                            (dir_ / "ref").string()});
@@ -286,7 +378,9 @@ TEST_F(Cli, UsageErrorsExitTwo) {
   EXPECT_NE(nomatch.err.find("no case of"), std::string::npos);
   const Outcome unwritable = headgrad({"run", (kFixtures / "pass.yaml").string(), "--json", "/no/such/dir/r.json"});
   EXPECT_EQ(unwritable.code, 2);
-  EXPECT_NE(unwritable.err.find("cannot write /no/such/dir/r.json"), std::string::npos);
+  EXPECT_NE(unwritable.err.find("--json /no/such/dir/r.json: the folder /no/such/dir does not exist"),
+            std::string::npos) << unwritable.err;
+  EXPECT_EQ(unwritable.out, "");  // refused before any case ran
 }
 
 TEST_F(Cli, EverySubcommandHasHelp) {

@@ -262,7 +262,13 @@ TEST(SuiteErrors, WrongTypedValues) {
   EXPECT_EQ(error_of(head + "input_layout: transposd\n"),
             "t.yaml:4:19: case 'a': 'input_layout' must be contiguous | transposed | sliced, got 'transposd' "
             "(did you mean 'transposed'?)");
-  EXPECT_EQ(error_of(head + "timeout: 0\n"), "t.yaml:4:14: case 'a': 'timeout' must be > 0 seconds");
+  const std::string bounds = "must be a number of seconds > 0 and at most 86400 (one day), got ";
+  EXPECT_EQ(error_of(head + "timeout: 0\n"), "t.yaml:4:14: case 'a': 'timeout' " + bounds + "0");
+  EXPECT_EQ(error_of(head + "timeout: -1\n"), "t.yaml:4:14: case 'a': 'timeout' " + bounds + "-1");
+  // 1e16 s: a deadline of now + 1e16 s overflows steady_clock's int64 nanoseconds
+  EXPECT_EQ(error_of(head + "timeout: 1e16\n"), "t.yaml:4:14: case 'a': 'timeout' " + bounds + "1e+16");
+  EXPECT_EQ(error_of(head + "timeout: .nan\n"), "t.yaml:4:14: case 'a': 'timeout' must be a finite number, got '.nan'");
+  EXPECT_DOUBLE_EQ(only_case(parse(head + "timeout: 86400\n    shape: {B: 1, T: 1, D: 2, H: 1}\n")).timeout_s, 86400);
   EXPECT_EQ(error_of("cases:\n  - name: a\n    compare: per_head\n"),
             "t.yaml:3:14: case 'a': 'compare' must be a list like [a, b], got 'per_head'");
 }

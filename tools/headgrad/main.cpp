@@ -156,6 +156,18 @@ void add_max_memory(CLI::App* cmd, std::string& value) {
       ->type_name("SIZE");
 }
 
+// --timeout: positive, finite, at most a day (NaN or 1e16 would overflow the deadline).
+CLI::Validator timeout_check() {
+  return CLI::Validator(
+      [](std::string& text) {
+        double t = 0;
+        std::istringstream in(text);
+        if (!(in >> t) || !in.eof()) return std::string("must be a number of seconds, got '" + text + "'");
+        return timeout_problem(t);
+      },
+      "SEC");
+}
+
 int cmd_run(const RunArgs& a) {
   apply_verbosity(a);
   const Suite suite = load_suite(a.suite);
@@ -167,6 +179,13 @@ int cmd_run(const RunArgs& a) {
     return kExitUsage;
   }
   check_memory_budget(selected, a.max_memory);
+  {
+    std::vector<std::pair<std::string, fs::path>> outputs;
+    if (!a.json.empty()) outputs.emplace_back("--json", a.json);
+    if (!a.junit.empty()) outputs.emplace_back("--junit", a.junit);
+    if (!a.html.empty()) outputs.emplace_back("--html", a.html);
+    check_outputs(outputs, input_files(suite, selected));
+  }
   PluginRegistry registry;
   registry.load_directories(search_path(a));
   report_missing_plugins(selected, registry);
@@ -323,6 +342,13 @@ int cmd_export(const ExportArgs& a) {
 
   check_case_files(c);
   const CaseInputs inputs = make_inputs(c);
+  if (fs::is_directory(a.out)) {  // a folder made here holds no input
+    std::vector<std::pair<std::string, fs::path>> outputs;
+    for (const auto& nt : input_tensors(inputs)) outputs.emplace_back("--out", fs::path(a.out) / (nt.name + ".npy"));
+    for (const auto& name : tensor_names(c.level)) outputs.emplace_back("--out", fs::path(a.out) / (name + ".npy"));
+    outputs.emplace_back("--out", fs::path(a.out) / "suite.yaml");
+    check_outputs(outputs, input_files(suite, {found}));
+  }
   ExecOptions exec;
   exec.isolate = !a.no_isolation;
   exec.timeout_s = a.timeout.value_or(c.timeout_s);
@@ -343,7 +369,7 @@ int cmd_export(const ExportArgs& a) {
     for (const TensorSet& set : {input_tensors(inputs), side.tensors})
       for (const auto& [name, t] : set) {
         if (!t.defined()) continue;
-        write_npy(fs::path(a.out) / (name + ".npy"), t);
+        write_file_atomically(fs::path(a.out) / (name + ".npy"), [&](const fs::path& tmp) { write_npy(tmp, t); });
         written.push_back(name + ".npy");
       }
     write_report(fs::path(a.out) / "suite.yaml", exported_suite(c, *plugin, a.suite));
@@ -393,7 +419,7 @@ int main(int argc, char** argv) {
   run->add_option("--timeout", run_args.timeout,
                   "time limit in seconds for each plugin run; overrides every case's 'timeout' (default 60)")
       ->type_name("SEC")
-      ->check(CLI::PositiveNumber);
+      ->check(timeout_check());
   add_max_memory(run, run_args.max_memory);
   run->add_flag("--no-isolation", run_args.no_isolation,
                 "run plugins in this process instead of a forked child (for a debugger); a crash or hang then "
@@ -420,7 +446,7 @@ int main(int argc, char** argv) {
   exp->add_option("--out", export_args.out, "the folder to write (created if missing)")->required()->type_name("DIR");
   exp->add_option("--timeout", export_args.timeout, "time limit in seconds (default: the case's)")
       ->type_name("SEC")
-      ->check(CLI::PositiveNumber);
+      ->check(timeout_check());
   add_max_memory(exp, export_args.max_memory);
   exp->add_flag("--no-isolation", export_args.no_isolation, "run the plugin in this process");
   add_common(exp, export_args);

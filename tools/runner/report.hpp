@@ -12,8 +12,10 @@
 
 #include <cstddef>
 #include <filesystem>
+#include <functional>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -62,7 +64,21 @@ std::string junit_report(const SuiteResult& result);
 std::string html_report(const SuiteResult& result);
 
 std::string xml_escape(std::string_view text);  // also fit for HTML
+// Writes through a temporary file in the same folder, renamed into place: a
+// reader never sees a half-written file, and two runs never interleave.
 // Throws std::runtime_error naming the file when it cannot be written.
 void write_report(const std::filesystem::path& file, const std::string& text);
+// The same for any writer: `write` fills the temporary path it is given.
+void write_file_atomically(const std::filesystem::path& file,
+                           const std::function<void(const std::filesystem::path&)>& write);
+
+// Up front, before any case runs: std::invalid_argument (exit 2) for an
+// output whose folder does not exist, that is a folder, that is one of the
+// `inputs`, or that another output also writes. Each pair is {option or role, path}.
+void check_outputs(const std::vector<std::pair<std::string, std::filesystem::path>>& outputs,
+                   const std::vector<std::pair<std::string, std::filesystem::path>>& inputs);
+// The files a run reads: the suite, the cases' mask files and reference files.
+std::vector<std::pair<std::string, std::filesystem::path>> input_files(const Suite& suite,
+                                                                       const std::vector<const CaseSpec*>& cases);
 
 }  // namespace headgrad::runner

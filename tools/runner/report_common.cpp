@@ -5,9 +5,15 @@
 #include <cstring>
 #include <fstream>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 
 #include "runner/report.hpp"
+
+namespace fs = std::filesystem;
 
 namespace headgrad::runner {
 
@@ -140,11 +146,87 @@ std::string xml_escape(std::string_view text) {
   return out;
 }
 
-void write_report(const std::filesystem::path& file, const std::string& text) {
-  std::ofstream out(file, std::ios::binary | std::ios::trunc);
-  if (out) out << text;
-  if (!out || !out.flush())
-    throw std::runtime_error("cannot write " + file.string() + ": " + std::strerror(errno));
+void write_file_atomically(const fs::path& file, const std::function<void(const fs::path&)>& write) {
+  // A temporary name in the same folder (so rename is atomic), created
+  // exclusively so two runs never share one; the umask applies as to the file.
+  static std::atomic<unsigned> counter{0};
+  const fs::path folder = file.parent_path().empty() ? fs::path(".") : file.parent_path();
+  fs::path tmp;
+  for (int attempt = 0;; ++attempt) {
+    tmp = folder / ("." + file.filename().string() + ".tmp." + std::to_string(::getpid()) + "." +
+                    std::to_string(counter++));
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd >= 0) {
+      ::close(fd);
+      break;
+    }
+    if (errno != EEXIST || attempt > 100)
+      throw std::runtime_error("cannot write " + file.string() + ": " + std::strerror(errno));
+  }
+  try {
+    write(tmp);
+    std::error_code ec;
+    fs::rename(tmp, file, ec);
+    if (ec) throw std::runtime_error("cannot write " + file.string() + ": " + ec.message());
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    throw;
+  }
+}
+
+void write_report(const fs::path& file, const std::string& text) {
+  write_file_atomically(file, [&](const fs::path& tmp) {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (out) out << text;
+    if (!out || !out.flush())
+      throw std::runtime_error("cannot write " + file.string() + ": " + std::strerror(errno));
+  });
+}
+
+namespace {
+
+// Both name the same file (one may not exist yet).
+bool same_file(const fs::path& a, const fs::path& b) {
+  std::error_code ec;
+  if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec);
+  return fs::weakly_canonical(fs::absolute(a, ec), ec) == fs::weakly_canonical(fs::absolute(b, ec), ec);
+}
+
+}  // namespace
+
+void check_outputs(const std::vector<std::pair<std::string, fs::path>>& outputs,
+                   const std::vector<std::pair<std::string, fs::path>>& inputs) {
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    const auto& [option, file] = outputs[i];
+    const std::string what = option + " " + file.string();
+    const fs::path folder = file.parent_path().empty() ? fs::path(".") : file.parent_path();
+    std::error_code ec;
+    if (!fs::is_directory(folder, ec))
+      throw std::invalid_argument(what + ": the folder " + folder.string() + " does not exist");
+    if (fs::is_directory(file, ec)) throw std::invalid_argument(what + ": is a folder, not a file");
+    for (const auto& [role, input] : inputs)
+      if (same_file(file, input))
+        throw std::invalid_argument(what + ": is " + role + " " + input.string() +
+                                    ", an input of this run; it would be overwritten");
+    for (std::size_t j = 0; j < i; ++j)
+      if (same_file(file, outputs[j].second))
+        throw std::invalid_argument(what + ": " + outputs[j].first + " writes the same file");
+  }
+}
+
+std::vector<std::pair<std::string, fs::path>> input_files(const Suite& suite,
+                                                          const std::vector<const CaseSpec*>& cases) {
+  std::vector<std::pair<std::string, fs::path>> out = {{"the suite", suite.file}};
+  for (const CaseSpec* c : cases) {
+    if (!c->mask_file.empty()) out.emplace_back("the mask file of case '" + c->name + "'", c->mask_file);
+    if (!c->is_reference()) continue;
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(c->reference, ec))
+      if (entry.is_regular_file(ec))
+        out.emplace_back("a reference file of case '" + c->name + "'", entry.path());
+  }
+  return out;
 }
 
 }  // namespace headgrad::runner

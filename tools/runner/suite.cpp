@@ -21,6 +21,13 @@ std::string SourceLoc::str() const {
   return file + ":" + std::to_string(line) + ":" + std::to_string(column);
 }
 
+std::string timeout_problem(double seconds) {
+  if (std::isfinite(seconds) && seconds > 0 && seconds <= kMaxTimeoutSeconds) return "";
+  std::ostringstream os;
+  os << "must be a number of seconds > 0 and at most " << kMaxTimeoutSeconds << " (one day), got " << seconds;
+  return os.str();
+}
+
 std::string_view level_name(Level level) { return level == Level::mha ? "mha" : "core"; }
 
 std::string_view layout_name(InputLayout layout) {
@@ -507,7 +514,8 @@ std::vector<CaseSpec> Parser::parse_case(const YAML::Node& node, std::size_t ind
   }
   if (has("timeout")) {
     const double t = number_value(val("timeout"), "timeout");
-    if (t <= 0) fail(val("timeout"), "'timeout' must be > 0 seconds");
+    if (const std::string problem = timeout_problem(t); !problem.empty())
+      fail(val("timeout"), "'timeout' " + problem);
     c.timeout_s = t;
   }
   if (has("expect")) {

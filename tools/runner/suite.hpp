@@ -107,6 +107,12 @@ struct Suite {
 // mha: out, dx, dwq, dwk, dwv, dwo; core: out, dq, dk, dv.
 const std::vector<std::string>& tensor_names(Level level);
 
+// Timeouts are seconds in (0, kMaxTimeoutSeconds]: a day, far below where a
+// deadline computed from them could overflow.
+inline constexpr double kMaxTimeoutSeconds = 86400;
+// Empty for a valid timeout; else what is wrong with it ("must be > 0 ...").
+std::string timeout_problem(double seconds);
+
 // A suite expands to at most this many cases (sweeps included); a sweep that
 // would go past it is refused at its line.
 inline constexpr std::size_t kMaxSuiteCases = 10000;
