@@ -202,6 +202,8 @@ INSTANTIATE_TEST_SUITE_P(
                                         "values), after 1 case before it, and a suite may hold at most 10000 cases"},
         BadInput{"timeout_negative.yaml", "5:14: case 'negative': 'timeout' must be a number of seconds > 0 and at "
                                           "most 86400 (one day), got -1"},
+        BadInput{"duplicate_key.yaml", "5:37: duplicate key 'T' (first at line 5); each key may appear once in a map"},
+        BadInput{"two_documents.yaml", "7:1: a second YAML document (after '---'): a suite file holds one document"},
         BadInput{"timeout_huge.yaml", "5:14: case 'forever': 'timeout' must be a number of seconds > 0 and at most "
                                       "86400 (one day), got 1e+16"}),
     [](const auto& info) {
@@ -259,6 +261,35 @@ TEST_F(Cli, SuitePathMustBeARegularFileOfSaneSize) {
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find(big.string() + ": is 16777217 bytes; a suite file may hold at most 16777216 bytes"),
             std::string::npos) << r.err;
+}
+
+// Names with control characters and invalid UTF-8: one line per case on the
+// terminal, and reports that stay valid UTF-8 and say what they replaced.
+TEST_F(Cli, HostileNamesCannotForgeLinesOrBreakReports) {
+  const fs::path suite = dir_ / "names.yaml";
+  std::ofstream(suite) << "cases:\n  - name: \"a\\n  OK     forged\"\n    compare: [per_head, batched]\n"
+                          "    shape: {B: 2, T: 3, D: 8, H: 2}\n"
+                          "  - name: \"bad \xff\xc0\xaf \\e[31m\"\n    compare: [per_head, batched]\n"
+                          "    shape: {B: 2, T: 3, D: 8, H: 2}\n";
+  const fs::path json = dir_ / "r.json", junit = dir_ / "r.xml", html = dir_ / "r.html";
+  const Outcome r = headgrad({"run", suite.string(), "--json", json.string(), "--junit", junit.string(), "--html",
+                              html.string()});
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  std::istringstream lines(r.out);
+  std::size_t ok_lines = 0;
+  for (std::string l; std::getline(lines, l);) ok_lines += l.rfind("  OK ", 0) == 0 ? 1 : 0;
+  EXPECT_EQ(ok_lines, 2u) << r.out;  // two cases, two lines: no forged third
+  EXPECT_NE(r.out.find("\n  OK     a\\n  OK     forged  "), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("\n  OK     forged"), std::string::npos) << r.out;  // no line starts with the forgery
+  EXPECT_NE(r.out.find("  OK     bad \\xff\\xc0\\xaf \\x1b[31m"), std::string::npos) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(slurp(json));  // strict UTF-8
+  ASSERT_EQ(j["notes"].size(), 1u) << j["notes"];
+  EXPECT_NE(j["notes"][0].get<std::string>().find("replaced by U+FFFD"), std::string::npos);
+  for (const fs::path& f : {junit, html}) {
+    const std::string text = slurp(f);
+    EXPECT_NO_THROW((void)nlohmann::json(text).dump()) << f << " is not valid UTF-8";  // dump() checks strictly
+    EXPECT_NE(text.find("replaced by U+FFFD"), std::string::npos) << f;
+  }
 }
 
 TEST_F(Cli, TimeoutsArePositiveFiniteAndBounded) {

@@ -313,7 +313,16 @@ TEST(SuiteErrors, ComparePluginsOrAReference) {
 }
 
 TEST(SuiteErrors, DuplicatesAndMasks) {
-  EXPECT_EQ(error_of("cases:\n  - name: a\n    name: b\n"), "t.yaml:3:5: case 'a': duplicate key 'name' in the case");
+  EXPECT_EQ(error_of("cases:\n  - name: a\n    name: b\n"),
+            "t.yaml:3:5: duplicate key 'name' (first at line 2); each key may appear once in a map");
+  // in any map, at any depth: a dim, a tolerance, the top level
+  EXPECT_EQ(error_of(std::string("cases:\n  - name: a\n    ") + kPair + "\n    shape: {B: 1, T: 2, D: 4, H: 1, B: 3}\n"),
+            "t.yaml:4:37: duplicate key 'B' (first at line 4); each key may appear once in a map");
+  EXPECT_EQ(error_of(std::string("cases:\n  - name: a\n    ") + kPair +
+                     "\n    tolerance: {out: {atol: 1, atol: 2}}\n"),
+            "t.yaml:4:32: duplicate key 'atol' (first at line 4); each key may appear once in a map");
+  EXPECT_EQ(error_of("suite: x\nsuite: y\ncases: []\n"),
+            "t.yaml:2:1: duplicate key 'suite' (first at line 1); each key may appear once in a map");
   EXPECT_EQ(error_of(std::string("cases:\n  - name: a\n    ") + kPair + "\n    shape: {B: 1, T: 2, D: 4, H: 1}\n" +
                      "  - name: a\n    " + kPair + "\n    shape: {B: 1, T: 2, D: 4, H: 1}\n"),
             "t.yaml:5:5: two cases are named 'a'; names must be unique");
@@ -353,6 +362,29 @@ cases:
   EXPECT_EQ(missing[2].second, "Tq=2, Tk=3");
   caps.core = caps.causal = caps.cross_lengths = caps.float32 = true;
   EXPECT_TRUE(missing_capabilities(s.cases[0], caps).empty());
+}
+
+TEST(SuiteErrors, OneDocumentPerFile) {
+  const std::string one = std::string("cases:\n  - name: a\n    ") + kPair + "\n    shape: {B: 1, T: 2, D: 4, H: 1}\n";
+  EXPECT_EQ(error_of(one + "---\ncases:\n  - name: b\n"),
+            "t.yaml:6:1: a second YAML document (after '---'): a suite file holds one document; put every case "
+            "under one 'cases:' list, or use two files");
+  EXPECT_EQ(parse("---\n" + one + "...\n").cases.size(), 1u);  // explicit start and end markers are fine
+  EXPECT_EQ(parse(one + "---\n").cases.size(), 1u);              // so is an empty trailing document
+}
+
+TEST(SuiteErrors, AliasesCannotExpandWithoutBound) {
+  // 10 levels of 10 aliases each: 10^10 values from a few hundred bytes
+  std::string yaml = "a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n";
+  for (int i = 1; i <= 10; ++i) {
+    const std::string prev = "*a" + std::to_string(i - 1);
+    yaml += "a" + std::to_string(i) + ": &a" + std::to_string(i) + " [" + prev;
+    for (int k = 1; k < 10; ++k) yaml += ", " + prev;
+    yaml += "]\n";
+  }
+  const std::string e = error_of(yaml + "cases: []\n");
+  EXPECT_NE(e.find("the suite holds more than 1000000 values once its aliases (*name) are expanded"), std::string::npos)
+      << e;
 }
 
 TEST(SuiteErrors, SweepsAreCountedBeforeTheyExpand) {

@@ -95,14 +95,14 @@ bool stdout_colors() {
   return ::isatty(STDOUT_FILENO) && !std::getenv("NO_COLOR") && !(term && std::string(term) == "dumb");
 }
 
-void error(const std::string& message) { std::cerr << "headgrad: error: " << message << "\n"; }
+void error(const std::string& message) { std::cerr << "headgrad: error: " << terminal_safe(message) << "\n"; }
 
 // "[3/30] name" on stderr, on a terminal, once the suite has taken a moment.
 class Progress {
  public:
   explicit Progress(bool enabled) : enabled_(enabled), start_(std::chrono::steady_clock::now()) {}
   void start(std::size_t index, std::size_t total, const std::string& name) {
-    line_ = "[" + std::to_string(index + 1) + "/" + std::to_string(total) + "] " + name;
+    line_ = "[" + std::to_string(index + 1) + "/" + std::to_string(total) + "] " + terminal_safe(name);
     tick();
   }
   // Shows the current case once the suite has run for a moment.
@@ -132,7 +132,8 @@ void report_missing_plugins(const std::vector<const CaseSpec*>& cases, const Plu
     for (const auto& name : c->compare)
       if (!registry.find(name)) missing.insert(name);
   for (const auto& name : missing)
-    std::cerr << "headgrad: " << not_loaded_cause(name, registry) << "; the cases that use it fail (exit code 3)\n";
+    std::cerr << "headgrad: " << terminal_safe(not_loaded_cause(name, registry))
+              << "; the cases that use it fail (exit code 3)\n";
 }
 
 // Refuses (ConfigError, exit 2) a case that cannot fit, before any input is made.

@@ -359,15 +359,56 @@ void Parser::read_tolerance_map(const YAML::Node& map, CaseSpec& c) const {
   }
 }
 
+// yaml-cpp keeps both entries of a repeated key, and any map a suite holds
+// (shape, rope, ...) could hide one: every map is checked, once, up front.
+// Aliases make a small file a big tree; the walk gives up past a bound.
+void check_duplicate_keys(const YAML::Node& root, const fs::path& file) {
+  constexpr std::size_t kMaxNodes = 1'000'000;
+  auto loc = [&](const YAML::Node& n) {
+    const YAML::Mark m = n.Mark();
+    return m.is_null() ? SourceLoc{file.string(), 0, 0} : SourceLoc{file.string(), m.line + 1, m.column + 1};
+  };
+  std::vector<YAML::Node> todo = {root};
+  std::size_t visited = 0;
+  while (!todo.empty()) {
+    const YAML::Node n = todo.back();
+    todo.pop_back();
+    if (++visited > kMaxNodes)
+      throw ConfigError(loc(n), "the suite holds more than " + std::to_string(kMaxNodes) +
+                                    " values once its aliases (*name) are expanded");
+    if (n.IsSequence()) {
+      for (const auto& item : n) todo.push_back(item);
+    } else if (n.IsMap()) {
+      std::map<std::string, SourceLoc> seen;
+      for (auto it = n.begin(); it != n.end(); ++it) {
+        if (it->first.IsScalar()) {
+          const auto [first, fresh] = seen.emplace(it->first.Scalar(), loc(it->first));
+          if (!fresh)
+            throw ConfigError(loc(it->first), "duplicate key '" + it->first.Scalar() + "' (first at line " +
+                                                  std::to_string(first->second.line) +
+                                                  "); each key may appear once in a map");
+        }
+        todo.push_back(it->second);
+      }
+    }
+  }
+}
+
 Suite Parser::parse(std::string_view text) {
   YAML::Node root;
   try {
-    root = YAML::Load(std::string(text));
+    std::vector<YAML::Node> documents = YAML::LoadAll(std::string(text));
+    if (!documents.empty()) root = documents.front();
+    for (std::size_t i = 1; i < documents.size(); ++i)
+      if (!documents[i].IsNull())
+        fail(documents[i], "a second YAML document (after '---'): a suite file holds one document; "
+                           "put every case under one 'cases:' list, or use two files");
   } catch (const YAML::Exception& e) {
     const SourceLoc where = e.mark.is_null() ? SourceLoc{file_.string(), 0, 0}
                                              : SourceLoc{file_.string(), e.mark.line + 1, e.mark.column + 1};
     throw ConfigError(where, "malformed YAML: " + e.msg);
   }
+  check_duplicate_keys(root, file_);
   if (root.IsNull()) throw ConfigError({file_.string(), 1, 1}, "the suite is empty; it needs at least 'cases:'");
 
   Suite suite;
