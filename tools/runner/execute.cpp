@@ -299,13 +299,16 @@ SideResult run_isolated(const CaseSpec& c, const CaseInputs& in, const LoadedPlu
       timed_out = true;
       break;
     }
+    // Asked before polling: once the child has ended, everything it wrote is
+    // in the pipe, so a poll that finds nothing means there is nothing more.
+    const bool exited = has_exited(pid);
     pollfd p{fds[0], POLLIN, 0};
-    const int ready = ::poll(&p, 1, static_cast<int>(std::min<long long>(ms, 200)));
+    const int ready = ::poll(&p, 1, exited ? 0 : static_cast<int>(std::min<long long>(ms, 200)));
     if (ready < 0 && errno != EINTR) break;
     if (ready <= 0) {
-      if (options.on_wait) options.on_wait();
       // Ended without closing the pipe: a process it forked holds the other end.
-      if (ready == 0 && has_exited(pid)) break;
+      if (ready == 0 && exited) break;
+      if (options.on_wait) options.on_wait();
       continue;
     }
     const ssize_t n = ::read(fds[0], chunk, sizeof chunk);
