@@ -421,7 +421,7 @@ TEST_F(Cli, EverySubcommandHasHelp) {
     EXPECT_NE(r.out.find("--plugin-path"), std::string::npos) << sub << ":\n" << r.out;
   }
   const Outcome run = headgrad({"run", "--help"});
-  for (const char* opt : {"--filter", "--json", "--junit", "--html", "--timeout", "--no-isolation", "-v", "-q"})
+  for (const char* opt : {"--filter", "--json", "--junit", "--html", "--timeout", "--max-memory", "--no-isolation", "-v", "-q"})
     EXPECT_NE(run.out.find(opt), std::string::npos) << opt;
   const Outcome top = headgrad({"--help"});
   EXPECT_EQ(top.code, 0);

@@ -399,6 +399,12 @@ TEST(SuiteErrors, SweepsAreCountedBeforeTheyExpand) {
   const std::string at_cap = std::string("cases:\n  - name: many\n    ") + kPair +
                              "\n    shape: {D: 8, H: 2}\n    sweep: {B: [" + values + "], T: [" + values + "]}\n";
   EXPECT_EQ(parse(at_cap).cases.size(), kMaxSuiteCases);
+  // the cap holds for plain cases too
+  std::string plain = "cases:\n";
+  for (std::size_t i = 0; i <= kMaxSuiteCases; ++i)
+    plain += "  - {name: c" + std::to_string(i) + ", " + kPair + ", shape: {B: 1, T: 1, D: 2, H: 1}}\n";
+  EXPECT_EQ(error_of(plain), "t.yaml:10002:5: case 'c10000': this case would be case 10001, and a suite may hold at "
+                             "most 10000 cases: split the suite");
 }
 
 TEST(SuiteMemory, EstimateAndBudget) {

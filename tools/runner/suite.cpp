@@ -627,6 +627,9 @@ std::vector<CaseSpec> Parser::expand(const CaseSpec& base, const std::vector<Dim
     std::ostringstream count;
     count.precision(15);
     count << points;
+    if (sweep.empty())
+      fail(c.source, "this case would be case " + std::to_string(case_count_ + 1) + ", and a suite may hold at most " +
+                         std::to_string(kMaxSuiteCases) + " cases: split the suite");
     fail(at, "the sweep expands to " + count.str() + " cases (" + sizes + " values)" +
                  (case_count_ ? ", after " + std::to_string(case_count_) + (case_count_ == 1 ? " case" : " cases") +
                                     " before it," : "") +
