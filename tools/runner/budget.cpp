@@ -1,5 +1,6 @@
 #include "runner/budget.hpp"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -33,8 +34,13 @@ double attention_bytes(const AttentionDims& s, double element_size) {
 MemoryBudget memory_budget(const std::optional<double>& max_memory) {
   if (max_memory) return {*max_memory, "--max-memory " + format_bytes(*max_memory)};
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
-  if (pages <= 0 || page <= 0) return {INFINITY, "unknown physical memory"};
-  return {static_cast<double>(pages) * static_cast<double>(page), "physical memory"};
+  MemoryBudget budget{INFINITY, "unknown physical memory"};
+  if (pages > 0 && page > 0) budget = {static_cast<double>(pages) * static_cast<double>(page), "physical memory"};
+  struct rlimit limit{};
+  if (::getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
+      static_cast<double>(limit.rlim_cur) < budget.bytes)
+    budget = {static_cast<double>(limit.rlim_cur), "the address-space limit, ulimit -v"};
+  return budget;
 }
 
 double parse_size(std::string_view text) {

@@ -35,7 +35,8 @@ struct MemoryBudget {
   double bytes = 0;
   std::string source;  // "--max-memory 4G", "physical memory"
 };
-// `max_memory` when given, else the machine's physical memory (sysconf).
+// `max_memory` when given, else the machine's physical memory (sysconf), or
+// the address-space limit (RLIMIT_AS) when that is lower.
 MemoryBudget memory_budget(const std::optional<double>& max_memory);
 
 // "4G", "512M", "1.5GiB", "100000" (bytes); K/M/G/T are powers of 1024.
