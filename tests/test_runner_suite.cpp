@@ -373,6 +373,11 @@ TEST(SuiteErrors, OneDocumentPerFile) {
   EXPECT_EQ(parse(one + "---\n").cases.size(), 1u);              // so is an empty trailing document
 }
 
+TEST(SuiteErrors, NestingTooDeepIsNamed) {
+  const std::string e = error_of("cases: " + std::string(100000, '[') + std::string(100000, ']') + "\n");
+  EXPECT_NE(e.find("malformed YAML: lists and maps nested too deep for the YAML parser"), std::string::npos) << e;
+}
+
 TEST(SuiteErrors, AliasesCannotExpandWithoutBound) {
   // 10 levels of 10 aliases each: 10^10 values from a few hundred bytes
   std::string yaml = "a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n";

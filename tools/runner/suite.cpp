@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include "runner/budget.hpp"
@@ -406,6 +407,10 @@ Suite Parser::parse(std::string_view text) {
   } catch (const YAML::Exception& e) {
     const SourceLoc where = e.mark.is_null() ? SourceLoc{file_.string(), 0, 0}
                                              : SourceLoc{file_.string(), e.mark.line + 1, e.mark.column + 1};
+    // yaml-cpp's depth guard says only "bad file"
+    if (dynamic_cast<const YAML::DeepRecursion*>(&e))
+      throw ConfigError(where, "malformed YAML: lists and maps nested too deep for the YAML parser (a suite needs "
+                               "a few levels)");
     throw ConfigError(where, "malformed YAML: " + e.msg);
   }
   check_duplicate_keys(root, file_);
