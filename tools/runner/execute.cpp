@@ -106,6 +106,7 @@ class WireReader {
     pos_ += n;
     return p;
   }
+  std::size_t remaining() const { return buf_.size() - pos_; }
   std::string text() {
     const auto n = get<std::uint64_t>();
     if (n > buf_.size()) throw std::runtime_error("the result is truncated");
@@ -166,8 +167,14 @@ TensorSet decode_result(WireReader& r, double& compute_seconds) {
       s = r.get<std::int64_t>();
       if (s < 0) throw std::runtime_error("negative size in the result");
     }
+    // The sizes come from another process: checked against the bytes that
+    // actually arrived before anything is allocated for them.
+    std::uint64_t nbytes = dtype_size(dtype);
+    for (const std::int64_t s : shape)
+      if (__builtin_mul_overflow(nbytes, static_cast<std::uint64_t>(s), &nbytes))
+        throw std::runtime_error("a tensor size that overflows in the result");
+    if (nbytes > r.remaining()) throw std::runtime_error("the result is truncated");
     Tensor t = Tensor::empty(shape, dtype);
-    const std::size_t nbytes = static_cast<std::size_t>(t.numel()) * dtype_size(dtype);
     std::memcpy(t.storage()->data(), r.take(nbytes), nbytes);
     out.push_back({name, t});
   }
@@ -241,6 +248,14 @@ std::string format_seconds(double s) {
   ::_exit(0);
 }
 
+// Bytes of the tensors a side sends back: out has r's shape, each gradient its input's.
+std::uint64_t result_bytes(const CaseInputs& in) {
+  std::uint64_t n = 0;
+  for (const Tensor* t : {&in.r, &in.x, &in.wq, &in.wk, &in.wv, &in.wo, &in.q, &in.k, &in.v})
+    if (t->defined()) n += static_cast<std::uint64_t>(t->numel()) * dtype_size(t->dtype());
+  return n;
+}
+
 // The child has ended (it stays a zombie, so its pid and process group id
 // cannot be reused until it is reaped).
 bool has_exited(pid_t pid) {
@@ -283,9 +298,12 @@ SideResult run_isolated(const CaseSpec& c, const CaseInputs& in, const LoadedPlu
   auto remaining_ms = [&] {
     return std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   };
-  // The wire: u64 length, then the message. Reading stops once it is complete.
+  // The wire: u64 length, then the message. Reading stops once it is complete,
+  // or once it grows past what the side's tensors (and a message) can take.
+  const std::uint64_t max_wire = 2 * result_bytes(in) + (std::uint64_t{1} << 20);
   std::string wire;
   std::uint64_t length = 0;
+  bool oversized = false;
   auto complete = [&] {
     if (wire.size() < sizeof length) return false;
     std::memcpy(&length, wire.data(), sizeof length);
@@ -312,12 +330,21 @@ SideResult run_isolated(const CaseSpec& c, const CaseInputs& in, const LoadedPlu
       continue;
     }
     const ssize_t n = ::read(fds[0], chunk, sizeof chunk);
-    if (n > 0) wire.append(chunk, static_cast<std::size_t>(n));
-    else if (n == 0) break;  // the child closed its end: done (or dead)
-    else if (errno != EINTR) break;
+    if (n > 0) {
+      wire.append(chunk, static_cast<std::size_t>(n));
+      if (wire.size() >= sizeof length) std::memcpy(&length, wire.data(), sizeof length);
+      if (length > max_wire || wire.size() > max_wire + sizeof length) {
+        oversized = true;
+        break;
+      }
+    } else if (n == 0) {
+      break;  // the child closed its end: done (or dead)
+    } else if (errno != EINTR) {
+      break;
+    }
   }
   ::close(fds[0]);
-  const bool got_result = complete();
+  const bool got_result = !oversized && complete();
 
   // No result yet, but the pipe is closed: let the child finish dying (a
   // crash is reported as its own signal, not as our SIGKILL).
@@ -335,6 +362,12 @@ SideResult run_isolated(const CaseSpec& c, const CaseInputs& in, const LoadedPlu
   if (timed_out) {
     res.status = SideStatus::timed_out;
     res.cause = who + " exceeded the " + format_seconds(options.timeout_s) + " s limit";
+    return res;
+  }
+  if (oversized) {
+    res.status = SideStatus::crashed;
+    res.cause = who + "'s process sent more than the " + std::to_string(max_wire) +
+                " bytes its result can take (a malformed result)";
     return res;
   }
   // With a complete result, how the process ended afterwards (our SIGKILL) does not matter.
