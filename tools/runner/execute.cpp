@@ -354,6 +354,7 @@ SideResult run_isolated(const CaseSpec& c, const CaseInputs& in, const LoadedPlu
   }
   // Finished or not: the side's whole process group goes, grandchildren included.
   ::kill(-pid, SIGKILL);
+  ::kill(pid, SIGKILL);  // itself, should the plugin have moved it to another group
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
