@@ -451,6 +451,46 @@ TEST(Npz, CorruptDeflateStreamNamesTheMember) {
   EXPECT_EQ(hg::read_npz_member(file, "b").numel(), 4);  // the other members are intact
 }
 
+// A one-member zip written by hand, whose directory entries claim the sizes
+// given (the CRC is never reached: the sizes are refused first).
+std::string one_member_zip(const std::string& name, const std::string& data, std::uint16_t method,
+                           std::uint32_t claimed_size, std::uint32_t claimed_compressed) {
+  std::string out;
+  auto u16 = [&](std::uint16_t v) { out += static_cast<char>(v & 0xff), out += static_cast<char>(v >> 8); };
+  auto u32 = [&](std::uint32_t v) { u16(static_cast<std::uint16_t>(v & 0xffff)), u16(static_cast<std::uint16_t>(v >> 16)); };
+  auto sizes = [&] { u32(0), u32(claimed_compressed), u32(claimed_size), u16(static_cast<std::uint16_t>(name.size())); };
+  // local file header, then the data
+  u32(0x04034b50), u16(20), u16(0), u16(method), u16(0), u16(0), sizes(), u16(0);
+  out += name + data;
+  const auto directory_at = static_cast<std::uint32_t>(out.size());
+  // central directory entry
+  u32(0x02014b50), u16(20), u16(20), u16(0), u16(method), u16(0), u16(0), sizes();
+  u16(0), u16(0), u16(0), u16(0), u32(0), u32(0);
+  out += name;
+  const auto directory_size = static_cast<std::uint32_t>(out.size()) - directory_at;
+  // end of central directory
+  u32(0x06054b50), u16(0), u16(0), u16(1), u16(1), u32(directory_size), u32(directory_at), u16(0);
+  return out;
+}
+
+// The directory's sizes are claims: a tiny file declaring a 4 GB member is
+// refused before anything is allocated for it.
+TEST(Npz, SizesTheArchiveCannotHoldAreRefused) {
+  const std::string header = npy_image(1, "{'descr': '<f8', 'fortran_order': False, 'shape': (500000000,), }", "");
+  const std::uint32_t claimed = 4'000'000'000u + static_cast<std::uint32_t>(header.size());
+  const fs::path stored = test_dir() / "stored_lie.npz";
+  write_bytes(stored, one_member_zip("a.npy", header, /*store*/ 0, claimed, claimed));
+  ASSERT_LT(fs::file_size(stored), 300u);
+  expect_npy_error([&] { hg::read_npz(stored); },
+                   {stored.string() + " (member 'a.npy'): ", "declares " + std::to_string(claimed) + " compressed bytes",
+                    "the archive has only " + std::to_string(fs::file_size(stored))});
+  // deflate expands at most 1032-fold: 100 compressed bytes cannot make 4 GB
+  const fs::path deflated = test_dir() / "deflated_lie.npz";
+  write_bytes(deflated, one_member_zip("a.npy", std::string(100, 'x'), /*deflate*/ 8, claimed, 100));
+  expect_npy_error([&] { hg::read_npz_member(deflated, "a"); },
+                   {"declares " + std::to_string(claimed) + " bytes, more than its 100 deflated bytes can hold (104224)"});
+}
+
 TEST(Npz, MemberThatIsNotAnNpyImage) {
   fs::path file = kData / "npz" / "bad_member.npz";
   expect_npy_error([&] { hg::read_npz(file); }, {file.string() + " (member 'bad.npy'): ", "bad magic"});

@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -187,11 +189,197 @@ INSTANTIATE_TEST_SUITE_P(
                                     "(the case is causal); it declares: mha, float64"},
         BadInput{"mask_missing.yaml", "6:11: case 'no-such-mask': mask file"},
         BadInput{"mask_shape.yaml", "6:11: case 'mask-does-not-fit': mask file"},
-        BadInput{"reference_missing.yaml", "5:16: case 'no-such-dir': reference directory"}),
+        BadInput{"reference_missing.yaml", "5:16: case 'no-such-dir': reference directory"},
+        // Sizes: refused before any input is made (the budget is this machine's memory)
+        BadInput{"shape_overflow.yaml", "3:5: case 'overflow': MHA(B=2,T=2147483648,D=2147483648,H=2) needs about "
+                                        "2.7e+21 bytes of memory (inputs, outputs, gradients and the [B, H, Tq, Tk] "
+                                        "score buffers a plugin holds), more elements than 64-bit sizes can count, "
+                                        "and more than the budget of"},
+        BadInput{"shape_wraps.yaml", "3:5: case 'wraps': MHA(B=4294967296,T=4294967296,D=8,H=2) needs about "
+                                     "5.1e+30 bytes of memory"},
+        BadInput{"shape_too_big.yaml", "3:5: case 'too-big': MHA(B=10000,T=10000,D=8,H=2) needs about 58.3 TiB of "
+                                       "memory"},
+        BadInput{"shape_huge.yaml", "3:5: case 'huge': MHA(B=100000,T=100000,D=8,H=2) needs about 56.9 PiB of memory"},
+        BadInput{"sweep_explodes.yaml", "8:16: case 'explodes': the sweep expands to 160000 cases (20 x 20 x 20 x 20 "
+                                        "values), after 1 case before it, and a suite may hold at most 10000 cases"},
+        BadInput{"timeout_negative.yaml", "5:14: case 'negative': 'timeout' must be a number of seconds > 0 and at "
+                                          "most 86400 (one day), got -1"},
+        BadInput{"duplicate_key.yaml", "5:37: duplicate key 'T' (first at line 5); each key may appear once in a map"},
+        BadInput{"two_documents.yaml", "7:1: a second YAML document (after '---'): a suite file holds one document"},
+        BadInput{"timeout_huge.yaml", "5:14: case 'forever': 'timeout' must be a number of seconds > 0 and at most "
+                                      "86400 (one day), got 1e+16"}),
     [](const auto& info) {
       std::string n = info.param.file;
       return n.substr(0, n.find('.'));
     });
+
+TEST_F(Cli, MaxMemoryRefusesACaseThatWouldNotFit) {
+  // closed-book (B=2, T=3, D=8, H=2, float64) needs 18304 bytes by budget.hpp's estimate
+  const std::string suite = (kFixtures / "pass.yaml").string();
+  Outcome r = headgrad({"run", suite, "--filter", "closed-book", "--max-memory", "16K"});
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("case 'closed-book': MHA(B=2,T=3,D=8,H=2,causal) needs about 17.9 KiB of memory"),
+            std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("more than the budget of 16.0 KiB (--max-memory 16.0 KiB)"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, "");  // refused before anything ran
+  EXPECT_EQ(headgrad({"run", suite, "--filter", "closed-book", "--max-memory", "18K"}).code, 0);
+  r = headgrad({"export", suite, "--case", "closed-book", "--out", (dir_ / "x").string(), "--max-memory", "1K"});
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "x"));
+  for (const char* bad : {"10X", "-1G", "0", "nan", "G"}) {
+    r = headgrad({"run", suite, "--max-memory", bad});
+    EXPECT_EQ(r.code, 2) << bad;
+    EXPECT_NE(r.err.find("--max-memory: size '" + std::string(bad) + "' is not a positive size"), std::string::npos)
+        << r.err;
+  }
+}
+
+TEST_F(Cli, BenchRefusesAShapeThatCannotFit) {
+  const Outcome r = headgrad({"bench", "--shape", "2,2147483648,2147483648,2", "--plugin", "batched"});
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("headgrad bench: shape (2,2147483648,2147483648,2) in float32 needs about"),
+            std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("of physical memory"), std::string::npos) << r.err;
+}
+
+// A suite is a regular file of sane size: nothing else is opened (a fifo would block, a device never ends).
+TEST_F(Cli, SuitePathMustBeARegularFileOfSaneSize) {
+  Outcome r = headgrad({"run", "/dev/zero"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("headgrad: error: /dev/zero: is not a regular file (a device, fifo or socket)"),
+            std::string::npos) << r.err;
+  const fs::path fifo = dir_ / "suite.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  r = headgrad({"run", fifo.string()});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find(fifo.string() + ": is not a regular file"), std::string::npos) << r.err;
+  r = headgrad({"run", dir_.string()});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find(dir_.string()), std::string::npos) << r.err;
+  const fs::path big = dir_ / "big.yaml";
+  std::ofstream(big) << "cases:\n";
+  fs::resize_file(big, (16u << 20) + 1);  // sparse: costs no disk
+  r = headgrad({"run", big.string()});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find(big.string() + ": is 16777217 bytes; a suite file may hold at most 16777216 bytes"),
+            std::string::npos) << r.err;
+}
+
+// Names with control characters and invalid UTF-8: one line per case on the
+// terminal, and reports that stay valid UTF-8 and say what they replaced.
+TEST_F(Cli, HostileNamesCannotForgeLinesOrBreakReports) {
+  const fs::path suite = dir_ / "names.yaml";
+  std::ofstream(suite) << "cases:\n  - name: \"a\\n  OK     forged\"\n    compare: [per_head, batched]\n"
+                          "    shape: {B: 2, T: 3, D: 8, H: 2}\n"
+                          "  - name: \"bad \xff\xc0\xaf \\e[31m\"\n    compare: [per_head, batched]\n"
+                          "    shape: {B: 2, T: 3, D: 8, H: 2}\n";
+  const fs::path json = dir_ / "r.json", junit = dir_ / "r.xml", html = dir_ / "r.html";
+  const Outcome r = headgrad({"run", suite.string(), "--json", json.string(), "--junit", junit.string(), "--html",
+                              html.string()});
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  std::istringstream lines(r.out);
+  std::size_t ok_lines = 0;
+  for (std::string l; std::getline(lines, l);) ok_lines += l.rfind("  OK ", 0) == 0 ? 1 : 0;
+  EXPECT_EQ(ok_lines, 2u) << r.out;  // two cases, two lines: no forged third
+  EXPECT_NE(r.out.find("\n  OK     a\\n  OK     forged  "), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("\n  OK     forged"), std::string::npos) << r.out;  // no line starts with the forgery
+  EXPECT_NE(r.out.find("  OK     bad \\xff\\xc0\\xaf \\x1b[31m"), std::string::npos) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(slurp(json));  // strict UTF-8
+  ASSERT_EQ(j["notes"].size(), 1u) << j["notes"];
+  EXPECT_NE(j["notes"][0].get<std::string>().find("replaced by U+FFFD"), std::string::npos);
+  for (const fs::path& f : {junit, html}) {
+    const std::string text = slurp(f);
+    EXPECT_NO_THROW((void)nlohmann::json(text).dump()) << f << " is not valid UTF-8";  // dump() checks strictly
+    EXPECT_NE(text.find("replaced by U+FFFD"), std::string::npos) << f;
+  }
+}
+
+TEST_F(Cli, TimeoutsArePositiveFiniteAndBounded) {
+  const std::string suite = (kFixtures / "pass.yaml").string();
+  for (const char* t : {"nan", "inf", "1e16", "-1", "0", "86401"}) {
+    const Outcome r = headgrad({"run", suite, "--timeout", t});
+    EXPECT_EQ(r.code, 2) << t;
+    EXPECT_NE(r.err.find("--timeout: must be a number of seconds"), std::string::npos) << t << ": " << r.err;
+    EXPECT_EQ(r.out, "") << t;
+  }
+  EXPECT_EQ(headgrad({"export", suite, "--case", "closed-book", "--out", (dir_ / "x").string(), "--timeout", "nan"}).code, 2);
+  EXPECT_EQ(headgrad({"run", suite, "--timeout", "86400", "-q"}).code, 0);
+}
+
+// The side's result is complete: a process the plugin forked, still holding
+// the result pipe, neither makes it look timed out nor outlives the run.
+TEST_F(Cli, AGrandchildHoldingThePipeIsKilledWithItsSide) {
+  const fs::path pid_file = dir_ / "grandchild.pid";
+  ::setenv("HEADGRAD_TEST_GRANDCHILD_FILE", pid_file.c_str(), 1);
+  std::ofstream(dir_ / "s.yaml") << "cases:\n  - name: forks\n    compare: [forks, per_head]\n    timeout: 20\n"
+                                    "    shape: {B: 2, T: 3, D: 8, H: 2}\n";
+  const auto t0 = std::chrono::steady_clock::now();
+  const Outcome r = headgrad({"run", (dir_ / "s.yaml").string(), "--plugin-path", kTestPlugins});
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::unsetenv("HEADGRAD_TEST_GRANDCHILD_FILE");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("  OK     forks"), std::string::npos) << r.out;
+  EXPECT_LT(seconds, 15);  // not the 20 s limit, nor the grandchild's 60 s
+  std::ifstream in(pid_file);
+  pid_t pid = 0;
+  ASSERT_TRUE(in >> pid) << "the plugin wrote no pid";
+  // Gone, or a zombie waiting for a reaper: either way no longer running.
+  std::string state;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  if (stat) {
+    std::string skip;
+    stat >> skip >> skip >> state;  // pid (comm) state
+  }
+  EXPECT_TRUE(state.empty() || state == "Z") << "grandchild " << pid << " is still running (state " << state << ")";
+}
+
+// Reports are renamed into place, their folders checked and inputs protected up front.
+TEST_F(Cli, ReportsAreWrittenAtomicallyAndNeverOverAnInput) {
+  const fs::path suite = dir_ / "pass.yaml";
+  fs::copy_file(kFixtures / "pass.yaml", suite);
+  fs::copy_file(kFixtures / "mask_B2_Tq5_Tk7.npy", dir_ / "mask_B2_Tq5_Tk7.npy");
+  const std::string text = slurp(suite);
+
+  Outcome r = headgrad({"run", suite.string(), "--json", suite.string()});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--json " + suite.string() + ": is the suite " + suite.string() +
+                       ", an input of this run; it would be overwritten"), std::string::npos) << r.err;
+  EXPECT_EQ(slurp(suite), text);
+  EXPECT_EQ(r.out, "");
+  r = headgrad({"run", suite.string(), "--html", (dir_ / "mask_B2_Tq5_Tk7.npy").string()});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("is the mask file of case 'core-mask'"), std::string::npos) << r.err;
+  r = headgrad({"run", suite.string(), "--json", (dir_ / "r.json").string(), "--junit", (dir_ / "." / "r.json").string()});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find(": --json writes the same file"), std::string::npos) << r.err;
+  r = headgrad({"run", suite.string(), "--junit", dir_.string()});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("is a folder, not a file"), std::string::npos) << r.err;
+
+  // An old report open in a reader keeps its whole old content: the new one is a new file.
+  const fs::path json = dir_ / "r.json";
+  std::ofstream(json) << "old report";
+  std::ifstream reader(json);
+  r = headgrad({"run", suite.string(), "--json", json.string(), "-q"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(reader), {}), "old report");
+  EXPECT_EQ(nlohmann::json::parse(slurp(json))["summary"]["exit_code"], 0);
+  for (const auto& entry : fs::directory_iterator(dir_))  // no temporary file left behind
+    EXPECT_EQ(entry.path().filename().string().find(".tmp."), std::string::npos) << entry.path();
+
+  // export: into the case's own reference directory would overwrite its inputs
+  ASSERT_EQ(headgrad({"export", suite.string(), "--case", "closed-book", "--out", (dir_ / "ref").string()}).code, 0);
+  std::ofstream(dir_ / "s.yaml") << "cases:\n  - name: r\n    compare: [per_head]\n    reference: ref\n    causal: true\n"
+                                    "    shape: {H: 2}\n";
+  const std::string x = slurp(dir_ / "ref" / "x.npy");
+  r = headgrad({"export", (dir_ / "s.yaml").string(), "--case", "r", "--out", (dir_ / "ref").string()});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("is a reference file of case 'r'"), std::string::npos) << r.err;
+  EXPECT_EQ(slurp(dir_ / "ref" / "x.npy"), x);
+  r = headgrad({"run", (dir_ / "s.yaml").string(), "--json", (dir_ / "ref" / "out.npy").string()});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("is a reference file of case 'r'"), std::string::npos) << r.err;
+}
 
 TEST_F(Cli, ReferenceDirectoryMissingAFileOrWithAWrongShape) {
   const Outcome ex = headgrad({"export", (kFixtures / "pass.yaml").string(), "--case", "closed-book", "--out",
@@ -223,7 +411,9 @@ TEST_F(Cli, UsageErrorsExitTwo) {
   EXPECT_NE(nomatch.err.find("no case of"), std::string::npos);
   const Outcome unwritable = headgrad({"run", (kFixtures / "pass.yaml").string(), "--json", "/no/such/dir/r.json"});
   EXPECT_EQ(unwritable.code, 2);
-  EXPECT_NE(unwritable.err.find("cannot write /no/such/dir/r.json"), std::string::npos);
+  EXPECT_NE(unwritable.err.find("--json /no/such/dir/r.json: the folder /no/such/dir does not exist"),
+            std::string::npos) << unwritable.err;
+  EXPECT_EQ(unwritable.out, "");  // refused before any case ran
 }
 
 TEST_F(Cli, EverySubcommandHasHelp) {
@@ -233,7 +423,7 @@ TEST_F(Cli, EverySubcommandHasHelp) {
     EXPECT_NE(r.out.find("--plugin-path"), std::string::npos) << sub << ":\n" << r.out;
   }
   const Outcome run = headgrad({"run", "--help"});
-  for (const char* opt : {"--filter", "--json", "--junit", "--html", "--timeout", "--no-isolation", "-v", "-q"})
+  for (const char* opt : {"--filter", "--json", "--junit", "--html", "--timeout", "--max-memory", "--no-isolation", "-v", "-q"})
     EXPECT_NE(run.out.find(opt), std::string::npos) << opt;
   const Outcome top = headgrad({"--help"});
   EXPECT_EQ(top.code, 0);

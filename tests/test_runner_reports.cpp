@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -349,6 +350,95 @@ TEST_F(Reports, XmlEscapeHandlesMarkupControlsAndBadUtf8) {
   EXPECT_EQ(xml_escape("bell\x07"), "bell\xEF\xBF\xBD");
   EXPECT_EQ(xml_escape("Δ ok, \xff bad"), "Δ ok, \xEF\xBF\xBD bad");
   EXPECT_NO_THROW(XmlReader("<?xml version=\"1.0\"?><a x=\"" + xml_escape("\x01<&\xc3") + "\"/>").parse());
+}
+
+// nlohmann's dump() checks UTF-8 strictly (an implementation independent of the reports').
+bool is_valid_utf8(const std::string& text) {
+  try {
+    (void)nlohmann::json(text).dump();
+    return true;
+  } catch (const nlohmann::json::type_error&) {
+    return false;
+  }
+}
+
+TEST(ReportText, Utf8IsStrict) {
+  for (const char* bad : {"\xff", "\xc3", "\xc0\xaf" /* overlong '/' */, "\xe0\x80\xaf", "\xed\xa0\x80" /* surrogate */,
+                          "\xf4\x90\x80\x80" /* past U+10FFFF */, "\xf8\x88\x80\x80\x80"}) {
+    std::size_t replaced = 0;
+    const std::string fixed = valid_utf8(std::string("a") + bad + "z", &replaced);
+    EXPECT_TRUE(is_valid_utf8(fixed)) << fixed;
+    EXPECT_EQ(replaced, std::string(bad).size()) << fixed;  // one U+FFFD per byte
+    EXPECT_EQ(fixed, "a" + [&] { std::string r; for (std::size_t i = 0; i < replaced; ++i) r += "\uFFFD"; return r; }() + "z");
+    EXPECT_TRUE(is_valid_utf8(xml_escape(std::string("a") + bad + "z"))) << bad;
+  }
+  std::size_t replaced = 0;
+  EXPECT_EQ(valid_utf8("Δ \xf0\x9f\x98\x80 \uFFFD", &replaced), "Δ \xf0\x9f\x98\x80 \uFFFD");  // valid stays as is
+  EXPECT_EQ(replaced, 0u);
+}
+
+TEST(ReportText, TerminalEscapesControlsSoNoLineCanBeForged) {
+  EXPECT_EQ(terminal_safe("a\n  OK     forged"), "a\\n  OK     forged");
+  EXPECT_EQ(terminal_safe("red\x1b[31m\r\t\x7f"), "red\\x1b[31m\\r\\t\\x7f");
+  EXPECT_EQ(terminal_safe("bad \xff byte, Δ kept"), "bad \\xff byte, Δ kept");
+  EXPECT_EQ(terminal_safe("c1 \xc2\x9b, bidi \xe2\x80\xae, sep \xe2\x80\xa8"), "c1 \\x9b, bidi \\u202e, sep \\u2028");
+  EXPECT_EQ(terminal_safe("two\nlines\x1b", true), "two\nlines\\x1b");
+}
+
+// Names and messages from the input, with control characters and invalid
+// UTF-8: every report stays valid, says what it replaced, and the terminal
+// shows one line per case.
+TEST(ReportText, HostileNamesAndMessages) {
+  SuiteResult result;
+  result.name = "suite \xff";
+  result.file = "s.yaml";
+  CaseResult r;
+  r.spec.name = r.spec.base_name = "a\n  OK     forged \xc0\xaf";
+  r.spec.compare = {"per_head", "batched"};
+  r.spec.dims = {2, 3, 8, 2, 0, 0, 0};
+  r.lhs_label = "per_head";
+  r.rhs_label = "batched";
+  r.status = CaseStatus::error;
+  r.cause = "plugin batched threw std::runtime_error: \x1b[32m\n  OK     fake \xed\xa0\x80";
+  result.cases.push_back(r);
+
+  const nlohmann::json j = json_report(result);
+  const std::string text = j.dump();  // strict: throws on invalid UTF-8
+  ASSERT_EQ(j["notes"].size(), 1u);
+  EXPECT_NE(j["notes"][0].get<std::string>().find("were replaced by U+FFFD"), std::string::npos) << j["notes"];
+  EXPECT_EQ(j["cases"][0]["name"], "a\n  OK     forged \uFFFD\uFFFD");
+
+  const std::string xml = junit_report(result);
+  EXPECT_TRUE(is_valid_utf8(xml));
+  const XmlElement root = XmlReader(xml).parse();
+  const XmlElement* suite = root.child("testsuite");
+  ASSERT_NE(suite, nullptr);
+  const XmlElement* props = suite->child("properties");
+  ASSERT_NE(props, nullptr) << xml;
+  ASSERT_NE(props->child("property"), nullptr);
+  EXPECT_EQ(props->child("property")->attrs.at("name"), "headgrad.note");
+  EXPECT_NE(props->child("property")->attrs.at("value").find("replaced by U+FFFD"), std::string::npos);
+
+  const std::string html = html_report(result);
+  EXPECT_TRUE(is_valid_utf8(html));
+  EXPECT_NE(html.find("<p class=\"note\">note: "), std::string::npos);
+
+  // a clean result has no note
+  SuiteResult clean = result;
+  clean.name = "clean";
+  clean.cases[0].spec.name = clean.cases[0].spec.base_name = "fine";
+  clean.cases[0].cause = "plugin batched threw std::runtime_error: plain";
+  EXPECT_TRUE(json_report(clean)["notes"].empty());
+  EXPECT_EQ(junit_report(clean).find("<properties>"), std::string::npos);
+  EXPECT_EQ(html_report(clean).find("class=\"note\""), std::string::npos);
+
+  std::ostringstream os;
+  const CaseSpec* spec = &result.cases[0].spec;
+  print_case(os, result.cases[0], terminal_style({spec}, false, false, false));
+  const std::string line = os.str();
+  ASSERT_EQ(std::count(line.begin(), line.end(), '\n'), 1) << line;  // one case, one line
+  EXPECT_EQ(line.rfind("  ERROR  a\\n  OK     forged \\xc0\\xaf", 0), 0u) << line;
+  EXPECT_NE(line.find("\\x1b[32m\\n  OK     fake \\xed\\xa0\\x80"), std::string::npos) << line;
 }
 
 TEST_F(Reports, HtmlIsOneSelfContainedPage) {

@@ -6,6 +6,7 @@
 #include <iterator>
 #include <string>
 
+#include "runner/budget.hpp"
 #include "runner/suite.hpp"
 
 namespace {
@@ -261,7 +262,13 @@ TEST(SuiteErrors, WrongTypedValues) {
   EXPECT_EQ(error_of(head + "input_layout: transposd\n"),
             "t.yaml:4:19: case 'a': 'input_layout' must be contiguous | transposed | sliced, got 'transposd' "
             "(did you mean 'transposed'?)");
-  EXPECT_EQ(error_of(head + "timeout: 0\n"), "t.yaml:4:14: case 'a': 'timeout' must be > 0 seconds");
+  const std::string bounds = "must be a number of seconds > 0 and at most 86400 (one day), got ";
+  EXPECT_EQ(error_of(head + "timeout: 0\n"), "t.yaml:4:14: case 'a': 'timeout' " + bounds + "0");
+  EXPECT_EQ(error_of(head + "timeout: -1\n"), "t.yaml:4:14: case 'a': 'timeout' " + bounds + "-1");
+  // 1e16 s: a deadline of now + 1e16 s overflows steady_clock's int64 nanoseconds
+  EXPECT_EQ(error_of(head + "timeout: 1e16\n"), "t.yaml:4:14: case 'a': 'timeout' " + bounds + "1e+16");
+  EXPECT_EQ(error_of(head + "timeout: .nan\n"), "t.yaml:4:14: case 'a': 'timeout' must be a finite number, got '.nan'");
+  EXPECT_DOUBLE_EQ(only_case(parse(head + "timeout: 86400\n    shape: {B: 1, T: 1, D: 2, H: 1}\n")).timeout_s, 86400);
   EXPECT_EQ(error_of("cases:\n  - name: a\n    compare: per_head\n"),
             "t.yaml:3:14: case 'a': 'compare' must be a list like [a, b], got 'per_head'");
 }
@@ -306,7 +313,16 @@ TEST(SuiteErrors, ComparePluginsOrAReference) {
 }
 
 TEST(SuiteErrors, DuplicatesAndMasks) {
-  EXPECT_EQ(error_of("cases:\n  - name: a\n    name: b\n"), "t.yaml:3:5: case 'a': duplicate key 'name' in the case");
+  EXPECT_EQ(error_of("cases:\n  - name: a\n    name: b\n"),
+            "t.yaml:3:5: duplicate key 'name' (first at line 2); each key may appear once in a map");
+  // in any map, at any depth: a dim, a tolerance, the top level
+  EXPECT_EQ(error_of(std::string("cases:\n  - name: a\n    ") + kPair + "\n    shape: {B: 1, T: 2, D: 4, H: 1, B: 3}\n"),
+            "t.yaml:4:37: duplicate key 'B' (first at line 4); each key may appear once in a map");
+  EXPECT_EQ(error_of(std::string("cases:\n  - name: a\n    ") + kPair +
+                     "\n    tolerance: {out: {atol: 1, atol: 2}}\n"),
+            "t.yaml:4:32: duplicate key 'atol' (first at line 4); each key may appear once in a map");
+  EXPECT_EQ(error_of("suite: x\nsuite: y\ncases: []\n"),
+            "t.yaml:2:1: duplicate key 'suite' (first at line 1); each key may appear once in a map");
   EXPECT_EQ(error_of(std::string("cases:\n  - name: a\n    ") + kPair + "\n    shape: {B: 1, T: 2, D: 4, H: 1}\n" +
                      "  - name: a\n    " + kPair + "\n    shape: {B: 1, T: 2, D: 4, H: 1}\n"),
             "t.yaml:5:5: two cases are named 'a'; names must be unique");
@@ -346,6 +362,98 @@ cases:
   EXPECT_EQ(missing[2].second, "Tq=2, Tk=3");
   caps.core = caps.causal = caps.cross_lengths = caps.float32 = true;
   EXPECT_TRUE(missing_capabilities(s.cases[0], caps).empty());
+}
+
+TEST(SuiteErrors, OneDocumentPerFile) {
+  const std::string one = std::string("cases:\n  - name: a\n    ") + kPair + "\n    shape: {B: 1, T: 2, D: 4, H: 1}\n";
+  EXPECT_EQ(error_of(one + "---\ncases:\n  - name: b\n"),
+            "t.yaml:6:1: a second YAML document (after '---'): a suite file holds one document; put every case "
+            "under one 'cases:' list, or use two files");
+  EXPECT_EQ(parse("---\n" + one + "...\n").cases.size(), 1u);  // explicit start and end markers are fine
+  EXPECT_EQ(parse(one + "---\n").cases.size(), 1u);              // so is an empty trailing document
+}
+
+TEST(SuiteErrors, NestingTooDeepIsNamed) {
+  const std::string e = error_of("cases: " + std::string(100000, '[') + std::string(100000, ']') + "\n");
+  EXPECT_NE(e.find("malformed YAML: lists and maps nested too deep for the YAML parser"), std::string::npos) << e;
+}
+
+TEST(SuiteErrors, AliasesCannotExpandWithoutBound) {
+  // 10 levels of 10 aliases each: 10^10 values from a few hundred bytes
+  std::string yaml = "a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n";
+  for (int i = 1; i <= 10; ++i) {
+    const std::string prev = "*a" + std::to_string(i - 1);
+    yaml += "a" + std::to_string(i) + ": &a" + std::to_string(i) + " [" + prev;
+    for (int k = 1; k < 10; ++k) yaml += ", " + prev;
+    yaml += "]\n";
+  }
+  const std::string e = error_of(yaml + "cases: []\n");
+  EXPECT_NE(e.find("the suite holds more than 1000000 values once its aliases (*name) are expanded"), std::string::npos)
+      << e;
+}
+
+TEST(SuiteErrors, SweepsAreCountedBeforeTheyExpand) {
+  // 100 x 100 x 100 points from three lines: refused at the sweep, nothing expanded
+  std::string values;
+  for (int i = 1; i <= 100; ++i) values += (i > 1 ? ", " : "") + std::to_string(i);
+  const std::string yaml = std::string("cases:\n  - name: many\n    ") + kPair + "\n    shape: {D: 8}\n" +
+                           "    sweep: {B: [" + values + "], T: [" + values + "], H: [1, 2, 4, 8]}\n";
+  EXPECT_EQ(error_of(yaml).rfind("t.yaml:5:16: case 'many': the sweep expands to 40000 cases (100 x 100 x 4 values)", 0),
+            0u) << error_of(yaml);
+  // exactly at the cap is fine: 100 x 100
+  const std::string at_cap = std::string("cases:\n  - name: many\n    ") + kPair +
+                             "\n    shape: {D: 8, H: 2}\n    sweep: {B: [" + values + "], T: [" + values + "]}\n";
+  EXPECT_EQ(parse(at_cap).cases.size(), kMaxSuiteCases);
+  // the cap holds for plain cases too
+  std::string plain = "cases:\n";
+  for (std::size_t i = 0; i <= kMaxSuiteCases; ++i)
+    plain += "  - {name: c" + std::to_string(i) + ", " + kPair + ", shape: {B: 1, T: 1, D: 2, H: 1}}\n";
+  EXPECT_EQ(error_of(plain), "t.yaml:10002:5: case 'c10000': this case would be case 10001, and a suite may hold at "
+                             "most 10000 cases: split the suite");
+}
+
+TEST(SuiteMemory, EstimateAndBudget) {
+  CaseSpec c = only_case(parse(std::string("cases:\n  - name: m\n    ") + kPair +
+                               "\n    shape: {B: 2, T: 3, D: 8, H: 2}\n"));
+  // By hand, in elements (x, r, out, dx [2, 3, 8] = 48; four [8, 8] weights = 256;
+  // q, k, v, merged heads [2, 3, 8] = 48 each; scores [2, 2, 3, 3] = 36):
+  //   inputs x, r, weights           2*48 + 256       = 352
+  //   results out, dx, dweights      48 + 48 + 256    = 352
+  //   working: leaf grads 352, q k v merged and grads 2 * 192 = 384, 4 score buffers 144 = 880
+  //   total 352 + 880 + 3 * 352 (two sides' results and the wire copy) = 2288 elements, 8 bytes each
+  EXPECT_DOUBLE_EQ(case_memory_bytes(c), 2288.0 * 8);
+  c.dtype = DType::float32;
+  EXPECT_DOUBLE_EQ(case_memory_bytes(c), 2288.0 * 4);
+  EXPECT_NO_THROW(check_memory({&c}, 2288.0 * 4, "test"));
+  try {
+    check_memory({&c}, 2288.0 * 4 - 1, "a test budget");
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("t.yaml:2:5: case 'm': MHA(B=2,T=3,D=8,H=2,float32) needs about 8.9 KiB", 0),
+              0u) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the budget of 8.9 KiB (a test budget)"), std::string::npos) << e.what();
+  }
+  // Dims whose product wraps int64 (2^32 * 2^32 = 0 mod 2^64) are a huge number here, not zero.
+  c.dims = {};
+  c.dims.B = c.dims.T = std::int64_t{1} << 32;
+  c.dims.D = 8;
+  c.dims.H = 2;
+  EXPECT_GT(case_memory_bytes(c), 1e30);
+}
+
+TEST(SuiteMemory, SizesParseAndPrint) {
+  EXPECT_DOUBLE_EQ(parse_size("4G"), 4.0 * (1 << 30));
+  EXPECT_DOUBLE_EQ(parse_size("512M"), 512.0 * (1 << 20));
+  EXPECT_DOUBLE_EQ(parse_size("1.5GiB"), 1.5 * (1 << 30));
+  EXPECT_DOUBLE_EQ(parse_size("2kb"), 2048);
+  EXPECT_DOUBLE_EQ(parse_size("100000"), 100000);
+  for (const char* bad : {"", "G", "4X", "-1G", "0", "nan", "inf", "1e400", "0.5"}) EXPECT_THROW(parse_size(bad), std::invalid_argument) << bad;
+  EXPECT_EQ(format_bytes(512), "512 bytes");
+  EXPECT_EQ(format_bytes(1536), "1.5 KiB");
+  EXPECT_EQ(format_bytes(13.4 * (1ull << 30)), "13.4 GiB");
+  EXPECT_EQ(format_bytes(2.7e21), "2.7e+21 bytes");
+  EXPECT_GT(memory_budget(std::nullopt).bytes, 1 << 20);  // sysconf's physical memory
+  EXPECT_EQ(memory_budget(1024.0).source, "--max-memory 1.0 KiB");
 }
 
 TEST(SuiteHelpers, ClosestMatch) {

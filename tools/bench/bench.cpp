@@ -24,6 +24,7 @@
 #include <headgrad/blas.hpp>
 #include <headgrad/loader.hpp>
 #include <headgrad/parallel.hpp>
+#include <runner/budget.hpp>
 #include <yaml-cpp/yaml.h>
 
 namespace headgrad::bench {
@@ -69,6 +70,16 @@ void validate(const BenchConfig& c) {
       throw BenchConfigError("shape " + s.str() + ": every size must be >= 1");
     if (s.D % s.H != 0)
       throw BenchConfigError("shape " + s.str() + ": D must be divisible by H");
+    // Refused before anything is allocated; without score buffers, so a shape
+    // only a fused plugin can hold still runs (the others then report an error row).
+    const runner::AttentionDims dims{c.level == "mha", double(s.B), double(s.H), double(s.T),
+                                     double(s.T),      double(s.D / s.H), double(s.D), false};
+    const runner::MemoryBudget budget = runner::memory_budget(std::nullopt);
+    for (DType dtype : c.dtypes)
+      if (const double need = runner::attention_bytes(dims, double(dtype_size(dtype))); need > budget.bytes)
+        throw BenchConfigError("shape " + s.str() + " in " + std::string(dtype_name(dtype)) + " needs about " +
+                               runner::format_bytes(need) + " for its inputs, outputs and gradients alone, more "
+                               "than the " + runner::format_bytes(budget.bytes) + " of " + budget.source);
   }
 }
 

@@ -1,9 +1,9 @@
 // headgrad: the command-line program.
 //
 //   headgrad run SUITE.yaml [--plugin-path DIR]... [--filter GLOB] [--json FILE]
-//                [--junit FILE] [--html FILE] [--timeout SEC] [--no-isolation] [-v | -q]
+//                [--junit FILE] [--html FILE] [--timeout SEC] [--max-memory SIZE] [--no-isolation] [-v | -q]
 //   headgrad plugins [--plugin-path DIR]... [--all] [--json]
-//   headgrad export SUITE.yaml --case NAME [--plugin NAME] --out DIR
+//   headgrad export SUITE.yaml --case NAME [--plugin NAME] --out DIR [--max-memory SIZE]
 //
 // Exit codes (docs/design.md): 0 every case as expected; 1 a comparison failed;
 // 2 bad usage, config or input file; 3 a plugin could not be loaded or crashed.
@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench.hpp"
+#include "runner/budget.hpp"
 #include "runner/report.hpp"
 #include "runner/run.hpp"
 #include "runner/suite.hpp"
@@ -48,7 +49,7 @@ struct CommonArgs {
 };
 
 struct RunArgs : CommonArgs {
-  std::string suite, filter, json, junit, html;
+  std::string suite, filter, json, junit, html, max_memory;
   std::optional<double> timeout;
   bool no_isolation = false;
 };
@@ -58,7 +59,7 @@ struct PluginsArgs : CommonArgs {
 };
 
 struct ExportArgs : CommonArgs {
-  std::string suite, case_name, plugin, out;
+  std::string suite, case_name, plugin, out, max_memory;
   std::optional<double> timeout;
   bool no_isolation = false;
 };
@@ -94,14 +95,14 @@ bool stdout_colors() {
   return ::isatty(STDOUT_FILENO) && !std::getenv("NO_COLOR") && !(term && std::string(term) == "dumb");
 }
 
-void error(const std::string& message) { std::cerr << "headgrad: error: " << message << "\n"; }
+void error(const std::string& message) { std::cerr << "headgrad: error: " << terminal_safe(message) << "\n"; }
 
 // "[3/30] name" on stderr, on a terminal, once the suite has taken a moment.
 class Progress {
  public:
   explicit Progress(bool enabled) : enabled_(enabled), start_(std::chrono::steady_clock::now()) {}
   void start(std::size_t index, std::size_t total, const std::string& name) {
-    line_ = "[" + std::to_string(index + 1) + "/" + std::to_string(total) + "] " + name;
+    line_ = "[" + std::to_string(index + 1) + "/" + std::to_string(total) + "] " + terminal_safe(name);
     tick();
   }
   // Shows the current case once the suite has run for a moment.
@@ -131,7 +132,41 @@ void report_missing_plugins(const std::vector<const CaseSpec*>& cases, const Plu
     for (const auto& name : c->compare)
       if (!registry.find(name)) missing.insert(name);
   for (const auto& name : missing)
-    std::cerr << "headgrad: " << not_loaded_cause(name, registry) << "; the cases that use it fail (exit code 3)\n";
+    std::cerr << "headgrad: " << terminal_safe(not_loaded_cause(name, registry))
+              << "; the cases that use it fail (exit code 3)\n";
+}
+
+// Refuses (ConfigError, exit 2) a case that cannot fit, before any input is made.
+void check_memory_budget(const std::vector<const CaseSpec*>& cases, const std::string& max_memory) {
+  std::optional<double> limit;
+  if (!max_memory.empty()) {
+    try {
+      limit = parse_size(max_memory);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(std::string("--max-memory: ") + e.what());
+    }
+  }
+  const MemoryBudget budget = memory_budget(limit);
+  check_memory(cases, budget.bytes, budget.source);
+}
+
+void add_max_memory(CLI::App* cmd, std::string& value) {
+  cmd->add_option("--max-memory", value,
+                  "refuse (exit 2) a case whose estimated memory (inputs, outputs, gradients, score buffers) "
+                  "exceeds SIZE, like 4G or 512M (default: the machine's physical memory)")
+      ->type_name("SIZE");
+}
+
+// --timeout: positive, finite, at most a day (NaN or 1e16 would overflow the deadline).
+CLI::Validator timeout_check() {
+  return CLI::Validator(
+      [](std::string& text) {
+        double t = 0;
+        std::istringstream in(text);
+        if (!(in >> t) || !in.eof()) return std::string("must be a number of seconds, got '" + text + "'");
+        return timeout_problem(t);
+      },
+      "SEC");
 }
 
 int cmd_run(const RunArgs& a) {
@@ -143,6 +178,14 @@ int cmd_run(const RunArgs& a) {
     for (const auto& c : suite.cases) names += (names.empty() ? "" : ", ") + c.name;
     error("no case of " + a.suite + " matches --filter '" + a.filter + "' (cases: " + names + ")");
     return kExitUsage;
+  }
+  check_memory_budget(selected, a.max_memory);
+  {
+    std::vector<std::pair<std::string, fs::path>> outputs;
+    if (!a.json.empty()) outputs.emplace_back("--json", a.json);
+    if (!a.junit.empty()) outputs.emplace_back("--junit", a.junit);
+    if (!a.html.empty()) outputs.emplace_back("--html", a.html);
+    check_outputs(outputs, input_files(suite, selected));
   }
   PluginRegistry registry;
   registry.load_directories(search_path(a));
@@ -283,6 +326,7 @@ int cmd_export(const ExportArgs& a) {
           (near.empty() ? " (cases: " + all + ")" : " (did you mean '" + near + "'?)"));
     return kExitUsage;
   }
+  check_memory_budget({found}, a.max_memory);
   CaseSpec c = *found;
   const std::string plugin_name = a.plugin.empty() ? c.compare.at(0) : a.plugin;
   c.compare = {plugin_name};
@@ -299,6 +343,13 @@ int cmd_export(const ExportArgs& a) {
 
   check_case_files(c);
   const CaseInputs inputs = make_inputs(c);
+  if (fs::is_directory(a.out)) {  // a folder made here holds no input
+    std::vector<std::pair<std::string, fs::path>> outputs;
+    for (const auto& nt : input_tensors(inputs)) outputs.emplace_back("--out", fs::path(a.out) / (nt.name + ".npy"));
+    for (const auto& name : tensor_names(c.level)) outputs.emplace_back("--out", fs::path(a.out) / (name + ".npy"));
+    outputs.emplace_back("--out", fs::path(a.out) / "suite.yaml");
+    check_outputs(outputs, input_files(suite, {found}));
+  }
   ExecOptions exec;
   exec.isolate = !a.no_isolation;
   exec.timeout_s = a.timeout.value_or(c.timeout_s);
@@ -319,7 +370,7 @@ int cmd_export(const ExportArgs& a) {
     for (const TensorSet& set : {input_tensors(inputs), side.tensors})
       for (const auto& [name, t] : set) {
         if (!t.defined()) continue;
-        write_npy(fs::path(a.out) / (name + ".npy"), t);
+        write_file_atomically(fs::path(a.out) / (name + ".npy"), [&](const fs::path& tmp) { write_npy(tmp, t); });
         written.push_back(name + ".npy");
       }
     write_report(fs::path(a.out) / "suite.yaml", exported_suite(c, *plugin, a.suite));
@@ -369,7 +420,8 @@ int main(int argc, char** argv) {
   run->add_option("--timeout", run_args.timeout,
                   "time limit in seconds for each plugin run; overrides every case's 'timeout' (default 60)")
       ->type_name("SEC")
-      ->check(CLI::PositiveNumber);
+      ->check(timeout_check());
+  add_max_memory(run, run_args.max_memory);
   run->add_flag("--no-isolation", run_args.no_isolation,
                 "run plugins in this process instead of a forked child (for a debugger); a crash or hang then "
                 "takes the runner down and --timeout has no effect");
@@ -395,7 +447,8 @@ int main(int argc, char** argv) {
   exp->add_option("--out", export_args.out, "the folder to write (created if missing)")->required()->type_name("DIR");
   exp->add_option("--timeout", export_args.timeout, "time limit in seconds (default: the case's)")
       ->type_name("SEC")
-      ->check(CLI::PositiveNumber);
+      ->check(timeout_check());
+  add_max_memory(exp, export_args.max_memory);
   exp->add_flag("--no-isolation", export_args.no_isolation, "run the plugin in this process");
   add_common(exp, export_args);
 

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -105,6 +106,7 @@ class WireReader {
     pos_ += n;
     return p;
   }
+  std::size_t remaining() const { return buf_.size() - pos_; }
   std::string text() {
     const auto n = get<std::uint64_t>();
     if (n > buf_.size()) throw std::runtime_error("the result is truncated");
@@ -165,8 +167,14 @@ TensorSet decode_result(WireReader& r, double& compute_seconds) {
       s = r.get<std::int64_t>();
       if (s < 0) throw std::runtime_error("negative size in the result");
     }
+    // The sizes come from another process: checked against the bytes that
+    // actually arrived before anything is allocated for them.
+    std::uint64_t nbytes = dtype_size(dtype);
+    for (const std::int64_t s : shape)
+      if (__builtin_mul_overflow(nbytes, static_cast<std::uint64_t>(s), &nbytes))
+        throw std::runtime_error("a tensor size that overflows in the result");
+    if (nbytes > r.remaining()) throw std::runtime_error("the result is truncated");
     Tensor t = Tensor::empty(shape, dtype);
-    const std::size_t nbytes = static_cast<std::size_t>(t.numel()) * dtype_size(dtype);
     std::memcpy(t.storage()->data(), r.take(nbytes), nbytes);
     out.push_back({name, t});
   }
@@ -208,8 +216,13 @@ std::string format_seconds(double s) {
 }
 
 // Runs in the forked child: computes, sends, leaves without running any
-// destructor or atexit handler of the parent's state.
-[[noreturn]] void child_main(int fd, const CaseSpec& c, const CaseInputs& in, const Attention& plugin) {
+// destructor or atexit handler of the parent's state. The message goes out
+// length-first, so the parent knows when it is complete even if a process the
+// plugin forked still holds the pipe open.
+[[noreturn]] void child_main(int fd, const CaseSpec& c, const CaseInputs& in, const Attention& plugin,
+                             pid_t parent) {
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the runner gone (Ctrl-C, killed): the side goes too
+  if (::getppid() != parent) ::_exit(0);
   const struct rlimit no_core = {0, 0};
   setrlimit(RLIMIT_CORE, &no_core);  // a crashing plugin leaves no core file behind
   set_num_threads(0);                // this process's own workers (HEADGRAD_NUM_THREADS or the core count)
@@ -225,12 +238,29 @@ std::string format_seconds(double s) {
   } catch (...) {
     message = encode_text('E', current_exception_type() + " (not a std::exception)");
   }
+  std::cout.flush();  // what the plugin printed, if anything: before the result, after
+  std::cerr.flush();  // which the parent ends this process group
+  std::fflush(nullptr);
+  const std::uint64_t length = message.size();
+  write_all(fd, std::string(reinterpret_cast<const char*>(&length), sizeof length));
   write_all(fd, message);
   ::close(fd);
-  std::cout.flush();  // what the plugin printed, if anything
-  std::cerr.flush();
-  std::fflush(nullptr);
   ::_exit(0);
+}
+
+// Bytes of the tensors a side sends back: out has r's shape, each gradient its input's.
+std::uint64_t result_bytes(const CaseInputs& in) {
+  std::uint64_t n = 0;
+  for (const Tensor* t : {&in.r, &in.x, &in.wq, &in.wk, &in.wv, &in.wo, &in.q, &in.k, &in.v})
+    if (t->defined()) n += static_cast<std::uint64_t>(t->numel()) * dtype_size(t->dtype());
+  return n;
+}
+
+// The child has ended (it stays a zombie, so its pid and process group id
+// cannot be reused until it is reaped).
+bool has_exited(pid_t pid) {
+  siginfo_t info{};
+  return ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid;
 }
 
 SideResult run_isolated(const CaseSpec& c, const CaseInputs& in, const LoadedPlugin& plugin,
@@ -249,6 +279,7 @@ SideResult run_isolated(const CaseSpec& c, const CaseInputs& in, const LoadedPlu
   std::cerr.flush();
   std::fflush(nullptr);
   const auto t0 = Clock::now();
+  const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
     ::close(fds[0]);
@@ -256,54 +287,76 @@ SideResult run_isolated(const CaseSpec& c, const CaseInputs& in, const LoadedPlu
     throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
   }
   if (pid == 0) {
+    ::setpgid(0, 0);  // its own process group: whatever the plugin forks is killed with it
     ::close(fds[0]);
-    child_main(fds[1], c, in, *plugin.attention);
+    child_main(fds[1], c, in, *plugin.attention, parent);
   }
+  ::setpgid(pid, pid);  // both sides set it, so it holds whichever runs first
   ::close(fds[1]);
 
   const auto deadline = t0 + std::chrono::duration<double>(options.timeout_s);
   auto remaining_ms = [&] {
     return std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   };
-  std::string message;
+  // The wire: u64 length, then the message. Reading stops once it is complete,
+  // or once it grows past what the side's tensors (and a message) can take.
+  const std::uint64_t max_wire = 2 * result_bytes(in) + (std::uint64_t{1} << 20);
+  std::string wire;
+  std::uint64_t length = 0;
+  bool oversized = false;
+  auto complete = [&] {
+    if (wire.size() < sizeof length) return false;
+    std::memcpy(&length, wire.data(), sizeof length);
+    return wire.size() - sizeof length >= length;
+  };
   bool timed_out = false;
   char chunk[1 << 16];
-  while (true) {
+  while (!complete()) {
     const auto ms = remaining_ms();
     if (ms <= 0) {
       timed_out = true;
       break;
     }
+    // Asked before polling: once the child has ended, everything it wrote is
+    // in the pipe, so a poll that finds nothing means there is nothing more.
+    const bool exited = has_exited(pid);
     pollfd p{fds[0], POLLIN, 0};
-    const int ready = ::poll(&p, 1, static_cast<int>(std::min<long long>(ms, 200)));
+    const int ready = ::poll(&p, 1, exited ? 0 : static_cast<int>(std::min<long long>(ms, 200)));
     if (ready < 0 && errno != EINTR) break;
     if (ready <= 0) {
+      // Ended without closing the pipe: a process it forked holds the other end.
+      if (ready == 0 && exited) break;
       if (options.on_wait) options.on_wait();
       continue;
     }
     const ssize_t n = ::read(fds[0], chunk, sizeof chunk);
-    if (n > 0) message.append(chunk, static_cast<std::size_t>(n));
-    else if (n == 0) break;  // the child closed its end: done (or dead)
-    else if (errno != EINTR) break;
-  }
-  ::close(fds[0]);
-
-  // The pipe is closed: the child is ending (or closed it and lingers).
-  if (timed_out) ::kill(pid, SIGKILL);
-  int status = 0;
-  while (true) {
-    const pid_t w = ::waitpid(pid, &status, timed_out ? 0 : WNOHANG);
-    if (w == pid) break;
-    if (w < 0) {
-      if (errno == EINTR) continue;
+    if (n > 0) {
+      wire.append(chunk, static_cast<std::size_t>(n));
+      if (wire.size() >= sizeof length) std::memcpy(&length, wire.data(), sizeof length);
+      if (length > max_wire || wire.size() > max_wire + sizeof length) {
+        oversized = true;
+        break;
+      }
+    } else if (n == 0) {
+      break;  // the child closed its end: done (or dead)
+    } else if (errno != EINTR) {
       break;
     }
-    if (remaining_ms() <= 0) {
-      timed_out = true;
-      ::kill(pid, SIGKILL);
-      continue;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ::close(fds[0]);
+  const bool got_result = !oversized && complete();
+
+  // No result yet, but the pipe is closed: let the child finish dying (a
+  // crash is reported as its own signal, not as our SIGKILL).
+  while (!got_result && !timed_out && !has_exited(pid)) {
+    if (remaining_ms() <= 0) timed_out = true;
+    else std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  // Finished or not: the side's whole process group goes, grandchildren included.
+  ::kill(-pid, SIGKILL);
+  ::kill(pid, SIGKILL);  // itself, should the plugin have moved it to another group
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   res.seconds = seconds_since(t0);
 
@@ -312,18 +365,28 @@ SideResult run_isolated(const CaseSpec& c, const CaseInputs& in, const LoadedPlu
     res.cause = who + " exceeded the " + format_seconds(options.timeout_s) + " s limit";
     return res;
   }
-  if (WIFSIGNALED(status)) {
+  if (oversized) {
+    res.status = SideStatus::crashed;
+    res.cause = who + "'s process sent more than the " + std::to_string(max_wire) +
+                " bytes its result can take (a malformed result)";
+    return res;
+  }
+  // With a complete result, how the process ended afterwards (our SIGKILL) does not matter.
+  if (!got_result && WIFSIGNALED(status)) {
     res.status = SideStatus::crashed;
     res.cause = who + " crashed (" + signal_name(WTERMSIG(status)) + ")";
     return res;
   }
-  if (message.empty()) {
+  if (!got_result) {
     res.status = SideStatus::crashed;
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     res.cause = who + "'s process ended without a result (exit status " + std::to_string(code) +
                 "; did the plugin call exit()?)";
     return res;
   }
+  std::string& message = wire;  // in place: a result can be large
+  message.erase(0, sizeof length);
+  message.resize(length);
   try {
     WireReader r(message);
     const char kind = r.get<char>();
@@ -397,6 +460,8 @@ SideResult run_side(const CaseSpec& c, const CaseInputs& in, const LoadedPlugin&
                     const ExecOptions& options) {
   logging::runner()->debug("case '{}': running plugin {} {}", c.name, plugin.info.name,
                            options.isolate ? "in a child process" : "in this process");
+  if (options.isolate && !timeout_problem(options.timeout_s).empty())
+    throw std::invalid_argument("timeout " + timeout_problem(options.timeout_s));
   SideResult res = options.isolate ? run_isolated(c, in, plugin, options) : run_in_process(c, in, plugin);
   if (res.status != SideStatus::ok) return res;
   for (const auto& [name, t] : res.tensors) {

@@ -4,9 +4,11 @@
 //   SideResult s = run_side(c, inputs, registry.get("batched"), {.timeout_s = 5});
 //   if (s.status != SideStatus::ok) std::cout << s.cause;   // "plugin batched crashed (SIGSEGV)"
 //
-// Isolated (the default), the side runs in a forked child that sends its
-// tensors back through a pipe and leaves with _exit; the parent waits with a
-// time limit and kills the child past it. So a plugin that throws, segfaults,
+// Isolated (the default), the side runs in a forked child, in a process group
+// of its own, that sends its tensors back through a pipe (length first) and
+// leaves with _exit; the parent reads until the message is complete or the
+// time limit passes, then kills the whole group (whatever the plugin forked
+// goes too, and cannot hold the result back). So a plugin that throws, segfaults,
 // aborts or hangs fails its case with the cause named, and the suite goes on.
 // Without isolation the side runs in this process (handy under a debugger):
 // exceptions are still caught, crashes and hangs are not.
@@ -47,7 +49,7 @@ struct SideResult {
 
 struct ExecOptions {
   bool isolate = true;
-  double timeout_s = 60;          // isolated runs only
+  double timeout_s = 60;          // isolated runs only; see check_timeout (suite.hpp)
   std::function<void()> on_wait;  // called about every 200 ms while a child runs (progress)
 };
 

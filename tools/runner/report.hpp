@@ -12,8 +12,10 @@
 
 #include <cstddef>
 #include <filesystem>
+#include <functional>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -61,8 +63,35 @@ std::string junit_report(const SuiteResult& result);
 // One self-contained page (no network): the summary and a table per case.
 std::string html_report(const SuiteResult& result);
 
-std::string xml_escape(std::string_view text);  // also fit for HTML
+// Invalid input text (a plugin's name or message, a case name) cannot break
+// a report: every file is valid UTF-8, and the terminal shows controls escaped.
+std::string xml_escape(std::string_view text);  // also fit for HTML; see utf8_replacements
+// `text` with each invalid UTF-8 byte replaced by U+FFFD; `replaced` counts them.
+std::string valid_utf8(std::string_view text, std::size_t* replaced = nullptr);
+// For one terminal line: control characters (C0, DEL, C1, line separators,
+// bidi overrides) escaped as \n, \x1b, \u202e, invalid bytes as \xff; a name
+// holding "\n  OK" cannot forge a line. keep_newlines: for multi-line text we built.
+std::string terminal_safe(std::string_view text, bool keep_newlines = false);
+// Characters xml_escape has replaced by U+FFFD on this thread so far: a
+// report renders, then says how many it replaced (the difference).
+std::size_t utf8_replacements();
+// The reports' note: "3 input bytes or characters (in names or messages) were replaced by U+FFFD: ...".
+std::string text_replaced_note(std::size_t count);
+// Writes through a temporary file in the same folder, renamed into place: a
+// reader never sees a half-written file, and two runs never interleave.
 // Throws std::runtime_error naming the file when it cannot be written.
 void write_report(const std::filesystem::path& file, const std::string& text);
+// The same for any writer: `write` fills the temporary path it is given.
+void write_file_atomically(const std::filesystem::path& file,
+                           const std::function<void(const std::filesystem::path&)>& write);
+
+// Up front, before any case runs: std::invalid_argument (exit 2) for an
+// output whose folder does not exist, that is a folder, that is one of the
+// `inputs`, or that another output also writes. Each pair is {option or role, path}.
+void check_outputs(const std::vector<std::pair<std::string, std::filesystem::path>>& outputs,
+                   const std::vector<std::pair<std::string, std::filesystem::path>>& inputs);
+// The files a run reads: the suite, the cases' mask files and reference files.
+std::vector<std::pair<std::string, std::filesystem::path>> input_files(const Suite& suite,
+                                                                       const std::vector<const CaseSpec*>& cases);
 
 }  // namespace headgrad::runner

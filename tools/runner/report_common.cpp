@@ -5,9 +5,15 @@
 #include <cstring>
 #include <fstream>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 
 #include "runner/report.hpp"
+
+namespace fs = std::filesystem;
 
 namespace headgrad::runner {
 
@@ -96,16 +102,84 @@ std::string analysis_details(const CaseResult& r, std::size_t indent) {
 namespace {
 
 // Length of the valid UTF-8 sequence starting at text[i], or 0 if invalid.
-std::size_t utf8_length(std::string_view text, std::size_t i) {
-  const auto c = static_cast<unsigned char>(text[i]);
-  std::size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+// Strict, as XML parsers are: no overlong forms, no surrogates (U+D800..DFFF),
+// nothing past U+10FFFF.
+std::size_t utf8_length(std::string_view text, std::size_t i, char32_t* code_point = nullptr) {
+  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(text[i + k]); };
+  const unsigned char c = byte(0);
+  std::size_t n = c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
   if (n == 0 || i + n > text.size()) return 0;
-  for (std::size_t k = 1; k < n; ++k)
-    if ((static_cast<unsigned char>(text[i + k]) >> 6) != 0x2) return 0;
+  char32_t cp = n == 1 ? c : n == 2 ? c & 0x1F : n == 3 ? c & 0x0F : c & 0x07;
+  for (std::size_t k = 1; k < n; ++k) {
+    if ((byte(k) >> 6) != 0x2) return 0;
+    cp = (cp << 6) | (byte(k) & 0x3F);
+  }
+  const bool overlong = (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000);
+  if (overlong || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) return 0;
+  if (code_point) *code_point = cp;
   return n;
 }
 
+thread_local std::size_t replacements = 0;  // by xml_escape on this thread (utf8_replacements)
+
+constexpr const char* kReplacement = "\xEF\xBF\xBD";  // U+FFFD
+
 }  // namespace
+
+std::string valid_utf8(std::string_view text, std::size_t* replaced) {
+  std::string out;
+  out.reserve(text.size());
+  for (std::size_t i = 0; i < text.size();) {
+    const std::size_t n = utf8_length(text, i);
+    if (n == 0) {
+      out += kReplacement;
+      if (replaced) ++*replaced;
+      ++i;
+    } else {
+      out.append(text.substr(i, n));
+      i += n;
+    }
+  }
+  return out;
+}
+
+std::string terminal_safe(std::string_view text, bool keep_newlines) {
+  std::string out;
+  out.reserve(text.size());
+  char buf[16];
+  for (std::size_t i = 0; i < text.size();) {
+    char32_t cp = 0;
+    const std::size_t n = utf8_length(text, i, &cp);
+    if (n == 0) {  // an invalid byte, shown as its value
+      std::snprintf(buf, sizeof buf, "\\x%02x", static_cast<unsigned char>(text[i]));
+      out += buf;
+      ++i;
+      continue;
+    }
+    // Controls that could move the cursor, end a line, recolor or reorder the
+    // text: C0 and DEL, C1, the Unicode line separators and bidi overrides.
+    const bool control = cp < 0x20 || cp == 0x7F || (cp >= 0x80 && cp <= 0x9F) || cp == 0x2028 || cp == 0x2029 ||
+                         (cp >= 0x202A && cp <= 0x202E) || (cp >= 0x2066 && cp <= 0x2069);
+    if (!control || (keep_newlines && cp == '\n')) out.append(text.substr(i, n));
+    else if (cp == '\n') out += "\\n";
+    else if (cp == '\r') out += "\\r";
+    else if (cp == '\t') out += "\\t";
+    else {
+      std::snprintf(buf, sizeof buf, cp < 0x100 ? "\\x%02x" : "\\u%04x", static_cast<unsigned>(cp));
+      out += buf;
+    }
+    i += n;
+  }
+  return out;
+}
+
+std::size_t utf8_replacements() { return replacements; }
+
+std::string text_replaced_note(std::size_t count) {
+  return std::to_string(count) + (count == 1 ? " input byte or character (in a name or message) was"
+                                               : " input bytes or characters (in names or messages) were") +
+         " replaced by U+FFFD: not valid UTF-8, or not allowed in XML";
+}
 
 std::string xml_escape(std::string_view text) {
   std::string out;
@@ -114,9 +188,12 @@ std::string xml_escape(std::string_view text) {
     const char ch = text[i];
     const auto c = static_cast<unsigned char>(ch);
     if (c >= 0x80) {  // keep valid UTF-8, replace anything else with U+FFFD
-      const std::size_t n = utf8_length(text, i);
-      if (n == 0) {
-        out += "\xEF\xBF\xBD";
+      char32_t cp = 0;
+      const std::size_t n = utf8_length(text, i, &cp);
+      if (n == 0 || cp == 0xFFFE || cp == 0xFFFF) {  // the last two: not XML characters
+        out += kReplacement;
+        ++replacements;
+        if (n > 0) i += n - 1;
       } else {
         out.append(text.substr(i, n));
         i += n - 1;
@@ -133,18 +210,98 @@ std::string xml_escape(std::string_view text) {
       case '\r': out += "&#13;"; break;
       case '\t': out += "&#9;"; break;
       default:
-        if (c < 0x20 || c == 0x7f) out += "\xEF\xBF\xBD";  // not allowed in XML 1.0: U+FFFD
-        else out += ch;
+        if (c < 0x20 || c == 0x7f) {  // not allowed in XML 1.0: U+FFFD
+          out += kReplacement;
+          ++replacements;
+        } else {
+          out += ch;
+        }
     }
   }
   return out;
 }
 
-void write_report(const std::filesystem::path& file, const std::string& text) {
-  std::ofstream out(file, std::ios::binary | std::ios::trunc);
-  if (out) out << text;
-  if (!out || !out.flush())
-    throw std::runtime_error("cannot write " + file.string() + ": " + std::strerror(errno));
+void write_file_atomically(const fs::path& file, const std::function<void(const fs::path&)>& write) {
+  // A temporary name in the same folder (so rename is atomic), created
+  // exclusively so two runs never share one; the umask applies as to the file.
+  static std::atomic<unsigned> counter{0};
+  const fs::path folder = file.parent_path().empty() ? fs::path(".") : file.parent_path();
+  fs::path tmp;
+  for (int attempt = 0;; ++attempt) {
+    tmp = folder / ("." + file.filename().string() + ".tmp." + std::to_string(::getpid()) + "." +
+                    std::to_string(counter++));
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd >= 0) {
+      ::close(fd);
+      break;
+    }
+    if (errno != EEXIST || attempt > 100)
+      throw std::runtime_error("cannot write " + file.string() + ": " + std::strerror(errno));
+  }
+  try {
+    write(tmp);
+    std::error_code ec;
+    fs::rename(tmp, file, ec);
+    if (ec) throw std::runtime_error("cannot write " + file.string() + ": " + ec.message());
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    throw;
+  }
+}
+
+void write_report(const fs::path& file, const std::string& text) {
+  write_file_atomically(file, [&](const fs::path& tmp) {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (out) out << text;
+    if (!out || !out.flush())
+      throw std::runtime_error("cannot write " + file.string() + ": " + std::strerror(errno));
+  });
+}
+
+namespace {
+
+// Both name the same file (one may not exist yet).
+bool same_file(const fs::path& a, const fs::path& b) {
+  std::error_code ec;
+  if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec);
+  return fs::weakly_canonical(fs::absolute(a, ec), ec) == fs::weakly_canonical(fs::absolute(b, ec), ec);
+}
+
+}  // namespace
+
+void check_outputs(const std::vector<std::pair<std::string, fs::path>>& outputs,
+                   const std::vector<std::pair<std::string, fs::path>>& inputs) {
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    const auto& [option, file] = outputs[i];
+    const std::string what = option + " " + file.string();
+    const fs::path folder = file.parent_path().empty() ? fs::path(".") : file.parent_path();
+    std::error_code ec;
+    if (!fs::is_directory(folder, ec))
+      throw std::invalid_argument(what + ": the folder " + folder.string() + " does not exist");
+    if (fs::is_directory(file, ec)) throw std::invalid_argument(what + ": is a folder, not a file");
+    for (const auto& [role, input] : inputs)
+      if (same_file(file, input))
+        throw std::invalid_argument(what + ": is " + role + " " + input.string() +
+                                    ", an input of this run; it would be overwritten");
+    for (std::size_t j = 0; j < i; ++j)
+      if (same_file(file, outputs[j].second))
+        throw std::invalid_argument(what + ": " + outputs[j].first + " writes the same file");
+  }
+}
+
+std::vector<std::pair<std::string, fs::path>> input_files(const Suite& suite,
+                                                          const std::vector<const CaseSpec*>& cases) {
+  std::vector<std::pair<std::string, fs::path>> out = {{"the suite", suite.file}};
+  for (const CaseSpec* c : cases) {
+    if (!c->mask_file.empty()) out.emplace_back("the mask file of case '" + c->name + "'", c->mask_file);
+    if (!c->is_reference()) continue;
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(c->reference, ec))
+      if (entry.is_regular_file(ec))
+        out.emplace_back("a reference file of case '" + c->name + "'", entry.path());
+  }
+  return out;
 }
 
 }  // namespace headgrad::runner

@@ -329,6 +329,7 @@ std::string percent(std::size_t a, std::size_t n) {
 }  // namespace
 
 std::string html_report(const SuiteResult& result) {
+  const std::size_t replaced_before = utf8_replacements();
   std::string h =
       "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>headgrad: " + esc(result.name) +
       "</title>\n<style>\n"
@@ -352,6 +353,7 @@ std::string html_report(const SuiteResult& result) {
       "line.sep{stroke:#1f3f8f;stroke-width:1.5}\n"
       "</style>\n</head>\n<body>\n";
   h += "<h1>headgrad &middot; suite " + esc(result.name) + "</h1>\n";
+  const std::size_t note_at = h.size();
   h += "<p><b>" + std::to_string(result.passed()) + " passed, " + std::to_string(result.failed()) + " failed</b> &middot; " +
        std::to_string(result.cases.size()) + " cases in " + esc(format_duration(result.seconds)) + " &middot; " +
        esc(result.file.string()) + " &middot; exit code " + std::to_string(result.exit_code()) + "</p>\n";
@@ -387,6 +389,8 @@ std::string html_report(const SuiteResult& result) {
   }
   h += "</table>\n";
   for (std::size_t i = 0; i < result.cases.size(); ++i) h += html_case_section(result.cases[i], i);
+  if (const std::size_t replaced = utf8_replacements() - replaced_before)
+    h.insert(note_at, "<p class=\"note\">note: " + esc(text_replaced_note(replaced)) + "</p>\n");
   return h + "</body>\n</html>\n";
 }
 

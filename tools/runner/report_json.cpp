@@ -130,6 +130,21 @@ json warnings_json(const std::vector<WeakSuiteWarning>& warnings) {
   return a;
 }
 
+// Replaces invalid UTF-8 in every string value (dump() would throw on it); returns how many bytes.
+std::size_t make_valid_utf8(json& j) {
+  std::size_t replaced = 0;
+  if (j.is_string()) {
+    const std::string& s = j.get_ref<const std::string&>();
+    std::size_t here = 0;
+    std::string fixed = valid_utf8(s, &here);
+    if (here) j = std::move(fixed);
+    replaced += here;
+  } else if (j.is_structured()) {
+    for (auto& item : j) replaced += make_valid_utf8(item);
+  }
+  return replaced;
+}
+
 }  // namespace
 
 nlohmann::json json_report(const SuiteResult& result) {
@@ -138,7 +153,7 @@ nlohmann::json json_report(const SuiteResult& result) {
   json counts = json::object();
   for (CaseStatus s : {CaseStatus::pass, CaseStatus::fail, CaseStatus::error, CaseStatus::xfail, CaseStatus::xpass})
     counts[std::string(case_status_name(s))] = result.count(s);
-  return {{"headgrad_version", HEADGRAD_VERSION},
+  json report = {{"headgrad_version", HEADGRAD_VERSION},
           {"suite", result.name},
           {"file", result.file.string()},
           {"summary",
@@ -151,6 +166,10 @@ nlohmann::json json_report(const SuiteResult& result) {
           {"mutation_score", mutation_json(result.mutation_score())},
           {"warnings", warnings_json(result.warnings)},
           {"cases", cases}};
+  json notes = json::array();
+  if (const std::size_t replaced = make_valid_utf8(report)) notes.push_back(text_replaced_note(replaced));
+  report["notes"] = notes;
+  return report;
 }
 
 }  // namespace headgrad::runner

@@ -43,10 +43,10 @@ std::string junit_report(const SuiteResult& result) {
   const std::string counts = " tests=\"" + std::to_string(result.cases.size()) + "\" failures=\"" +
                              std::to_string(failures) + "\" errors=\"" + std::to_string(errors) +
                              "\" skipped=\"0\" time=\"" + seconds_attr(result.seconds) + "\"";
-  std::string x = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
-  x += "<testsuites name=\"headgrad\"" + counts + ">\n";
-  x += "  <testsuite name=\"" + xml_escape(result.name) + "\"" + counts + " timestamp=\"" + timestamp_now() +
-       "\" file=\"" + xml_escape(result.file.string()) + "\">\n";
+  const std::size_t replaced_before = utf8_replacements();
+  std::string x = "  <testsuite name=\"" + xml_escape(result.name) + "\"" + counts + " timestamp=\"" + timestamp_now() +
+                  "\" file=\"" + xml_escape(result.file.string()) + "\">\n";
+  const std::size_t header_end = x.size();
   for (const auto& r : result.cases) {
     x += "    <testcase name=\"" + xml_escape(r.spec.name) + "\" classname=\"" + xml_escape(result.name) +
          "\" file=\"" + xml_escape(result.file.string()) + "\" time=\"" + seconds_attr(r.seconds) + "\">\n";
@@ -79,7 +79,10 @@ std::string junit_report(const SuiteResult& result) {
     x += "    </testcase>\n";
   }
   x += "  </testsuite>\n</testsuites>\n";
-  return x;
+  if (const std::size_t replaced = utf8_replacements() - replaced_before)
+    x.insert(header_end, "    <properties><property name=\"headgrad.note\" value=\"" +
+                             xml_escape(text_replaced_note(replaced)) + "\"/></properties>\n");
+  return "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"headgrad\"" + counts + ">\n" + x;
 }
 
 }  // namespace headgrad::runner

@@ -59,10 +59,11 @@ TerminalStyle terminal_style(const std::vector<const CaseSpec*>& cases, bool col
   style.quiet = quiet;
   style.verbose = verbose;
   for (const CaseSpec* c : cases) {
-    style.name_width = std::max(style.name_width, std::min(kMaxName, c->name.size()));
+    style.name_width = std::max(style.name_width, std::min(kMaxName, terminal_safe(c->name).size()));
     style.shape_width = std::max(style.shape_width, std::min(kMaxShape, describe_case(*c).size()));
     const std::string rhs = c->is_reference() ? c->reference_text : c->compare.at(1);
-    style.pair_width = std::max(style.pair_width, std::min(kMaxPair, c->compare.at(0).size() + 4 + rhs.size()));
+    style.pair_width =
+        std::max(style.pair_width, std::min(kMaxPair, terminal_safe(c->compare.at(0) + " vs " + rhs).size()));
   }
   return style;
 }
@@ -70,13 +71,13 @@ TerminalStyle terminal_style(const std::vector<const CaseSpec*>& cases, bool col
 void print_header(std::ostream& os, const Suite& suite, std::size_t selected, const PluginRegistry& registry,
                   const TerminalStyle& style) {
   if (style.quiet) return;
-  os << "suite " << suite.name << " (" << suite.file.string() << "): " << selected << " of " << suite.cases.size()
-     << " cases\n";
+  os << "suite " << terminal_safe(suite.name) << " (" << terminal_safe(suite.file.string()) << "): " << selected
+     << " of " << suite.cases.size() << " cases\n";
   os << "plugins:";
   std::size_t shown = 0;
   for (const auto& p : registry.plugins()) {
     if (p.info.mutant) continue;
-    os << (shown++ ? ", " : " ") << p.info.name << " " << p.info.version;
+    os << (shown++ ? ", " : " ") << terminal_safe(p.info.name) << " " << terminal_safe(p.info.version);
   }
   os << (shown ? "" : " none") << "\n\n";
 }
@@ -85,16 +86,18 @@ void print_case(std::ostream& os, const CaseResult& r, const TerminalStyle& styl
   if (style.quiet && is_success(r.status)) return;
   const std::string label = padded(status_label(r.status), 5);
   os << "  " << (style.color ? color_of(r.status) + label + "\033[0m" : label) << "  "
-     << padded(r.spec.name, style.name_width) << "  " << padded(describe_case(r.spec), style.shape_width) << "  "
-     << padded(pair_label(r), style.pair_width) << "  " << figures(r) << "\n";
+     << padded(terminal_safe(r.spec.name), style.name_width) << "  "
+     << padded(describe_case(r.spec), style.shape_width) << "  " << padded(terminal_safe(pair_label(r)), style.pair_width)
+     << "  " << terminal_safe(figures(r)) << "\n";
   if (r.status == CaseStatus::xfail && r.diagnosis && !r.diagnosis->fits.empty()) {
-    os << std::string(kDetailIndent, ' ') << "named: " << r.diagnosis->best() << " (" << r.diagnosis->judged_side
-       << ")\n";
+    os << std::string(kDetailIndent, ' ') << "named: " << terminal_safe(r.diagnosis->best()) << " ("
+       << terminal_safe(r.diagnosis->judged_side) << ")\n";
   }
   const bool expand = style.verbose || r.status == CaseStatus::fail || r.status == CaseStatus::xpass;
   if (!expand) return;
-  os << case_details(r, style.verbose, kDetailIndent);
-  os << analysis_details(r, kDetailIndent);
+  // lines we built, holding names and messages from the input
+  os << terminal_safe(case_details(r, style.verbose, kDetailIndent), /*keep_newlines=*/true);
+  os << terminal_safe(analysis_details(r, kDetailIndent), /*keep_newlines=*/true);
 }
 
 void print_summary(std::ostream& os, const SuiteResult& result, const TerminalStyle& style) {
@@ -109,7 +112,7 @@ void print_summary(std::ostream& os, const SuiteResult& result, const TerminalSt
        "plugin errors (not loaded, threw, crashed or timed out)");
   note(CaseStatus::xpass, "unexpected pass", "unexpected passes");
   note(CaseStatus::xfail, "expected failure", "expected failures");
-  std::string line = "suite " + result.name + ": " + std::to_string(result.cases.size()) +
+  std::string line = "suite " + terminal_safe(result.name) + ": " + std::to_string(result.cases.size()) +
                      (result.cases.size() == 1 ? " case in " : " cases in ") +
                      format_duration(result.seconds);
   for (const auto& n : notes) line += "; " + n;
@@ -120,11 +123,11 @@ void print_summary(std::ostream& os, const SuiteResult& result, const TerminalSt
        << m.named << "/" << m.mutants << " named correctly (" << pct(m.named) << ")\n";
   }
   for (const auto& w : result.warnings)
-    os << (style.color ? "\033[33mwarning:\033[0m " : "warning: ") << w.message << "\n";
+    os << (style.color ? "\033[33mwarning:\033[0m " : "warning: ") << terminal_safe(w.message) << "\n";
   if (result.failed() > 0) {
     std::string names;
     for (const auto& c : result.cases)
-      if (!is_success(c.status)) names += (names.empty() ? "" : ", ") + c.spec.name;
+      if (!is_success(c.status)) names += (names.empty() ? "" : ", ") + terminal_safe(c.spec.name);
     os << (style.color ? "\033[31mnot as expected:\033[0m " : "not as expected: ") << names << "\n";
   }
 }

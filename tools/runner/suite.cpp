@@ -7,8 +7,10 @@
 #include <set>
 #include <sstream>
 
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
+#include "runner/budget.hpp"
 #include "runner/inputs.hpp"
 
 namespace fs = std::filesystem;
@@ -18,6 +20,13 @@ namespace headgrad::runner {
 std::string SourceLoc::str() const {
   if (line <= 0) return file;
   return file + ":" + std::to_string(line) + ":" + std::to_string(column);
+}
+
+std::string timeout_problem(double seconds) {
+  if (std::isfinite(seconds) && seconds > 0 && seconds <= kMaxTimeoutSeconds) return "";
+  std::ostringstream os;
+  os << "must be a number of seconds > 0 and at most " << kMaxTimeoutSeconds << " (one day), got " << seconds;
+  return os.str();
 }
 
 std::string_view level_name(Level level) { return level == Level::mha ? "mha" : "core"; }
@@ -217,6 +226,7 @@ class Parser {
   fs::path file_;
   fs::path dir_;
   std::string context_;  // "case 'x': " while a case is read
+  std::size_t case_count_ = 0;  // cases of the suite so far (sweep points included)
 };
 
 std::vector<std::pair<YAML::Node, YAML::Node>> Parser::entries(
@@ -350,15 +360,60 @@ void Parser::read_tolerance_map(const YAML::Node& map, CaseSpec& c) const {
   }
 }
 
+// yaml-cpp keeps both entries of a repeated key, and any map a suite holds
+// (shape, rope, ...) could hide one: every map is checked, once, up front.
+// Aliases make a small file a big tree; the walk gives up past a bound.
+void check_duplicate_keys(const YAML::Node& root, const fs::path& file) {
+  constexpr std::size_t kMaxNodes = 1'000'000;
+  auto loc = [&](const YAML::Node& n) {
+    const YAML::Mark m = n.Mark();
+    return m.is_null() ? SourceLoc{file.string(), 0, 0} : SourceLoc{file.string(), m.line + 1, m.column + 1};
+  };
+  std::vector<YAML::Node> todo = {root};
+  std::size_t visited = 0;
+  while (!todo.empty()) {
+    const YAML::Node n = todo.back();
+    todo.pop_back();
+    if (++visited > kMaxNodes)
+      throw ConfigError(loc(n), "the suite holds more than " + std::to_string(kMaxNodes) +
+                                    " values once its aliases (*name) are expanded");
+    if (n.IsSequence()) {
+      for (const auto& item : n) todo.push_back(item);
+    } else if (n.IsMap()) {
+      std::map<std::string, SourceLoc> seen;
+      for (auto it = n.begin(); it != n.end(); ++it) {
+        if (it->first.IsScalar()) {
+          const auto [first, fresh] = seen.emplace(it->first.Scalar(), loc(it->first));
+          if (!fresh)
+            throw ConfigError(loc(it->first), "duplicate key '" + it->first.Scalar() + "' (first at line " +
+                                                  std::to_string(first->second.line) +
+                                                  "); each key may appear once in a map");
+        }
+        todo.push_back(it->second);
+      }
+    }
+  }
+}
+
 Suite Parser::parse(std::string_view text) {
   YAML::Node root;
   try {
-    root = YAML::Load(std::string(text));
+    std::vector<YAML::Node> documents = YAML::LoadAll(std::string(text));
+    if (!documents.empty()) root = documents.front();
+    for (std::size_t i = 1; i < documents.size(); ++i)
+      if (!documents[i].IsNull())
+        fail(documents[i], "a second YAML document (after '---'): a suite file holds one document; "
+                           "put every case under one 'cases:' list, or use two files");
   } catch (const YAML::Exception& e) {
     const SourceLoc where = e.mark.is_null() ? SourceLoc{file_.string(), 0, 0}
                                              : SourceLoc{file_.string(), e.mark.line + 1, e.mark.column + 1};
+    // yaml-cpp's depth guard says only "bad file"
+    if (dynamic_cast<const YAML::DeepRecursion*>(&e))
+      throw ConfigError(where, "malformed YAML: lists and maps nested too deep for the YAML parser (a suite needs "
+                               "a few levels)");
     throw ConfigError(where, "malformed YAML: " + e.msg);
   }
+  check_duplicate_keys(root, file_);
   if (root.IsNull()) throw ConfigError({file_.string(), 1, 1}, "the suite is empty; it needs at least 'cases:'");
 
   Suite suite;
@@ -394,6 +449,7 @@ Suite Parser::parse(std::string_view text) {
         throw ConfigError(c.source, "two cases are named '" + c.name + "'; names must be unique");
       suite.cases.push_back(std::move(c));
     }
+    case_count_ = suite.cases.size();
   }
   return suite;
 }
@@ -504,7 +560,8 @@ std::vector<CaseSpec> Parser::parse_case(const YAML::Node& node, std::size_t ind
   }
   if (has("timeout")) {
     const double t = number_value(val("timeout"), "timeout");
-    if (t <= 0) fail(val("timeout"), "'timeout' must be > 0 seconds");
+    if (const std::string problem = timeout_problem(t); !problem.empty())
+      fail(val("timeout"), "'timeout' " + problem);
     c.timeout_s = t;
   }
   if (has("expect")) {
@@ -566,6 +623,25 @@ std::vector<CaseSpec> Parser::expand(const CaseSpec& base, const std::vector<Dim
   // Where a sweep point's problems are reported: the sweep, else the shape, else the case.
   const SourceLoc at = !sweep.empty() ? sweep.front().where : !shape.empty() ? shape.front().where : c.source;
 
+  // Counted before anything is expanded: a few lines of sweeps can name millions of points.
+  double points = 1;  // a double: the product of many long lists must not wrap
+  for (const auto& d : sweep) points *= static_cast<double>(d.values.size());
+  if (static_cast<double>(case_count_) + points > static_cast<double>(kMaxSuiteCases)) {
+    std::string sizes;
+    for (const auto& d : sweep) sizes += (sizes.empty() ? "" : " x ") + std::to_string(d.values.size());
+    std::ostringstream count;
+    count.precision(15);
+    count << points;
+    if (sweep.empty())
+      fail(c.source, "this case would be case " + std::to_string(case_count_ + 1) + ", and a suite may hold at most " +
+                         std::to_string(kMaxSuiteCases) + " cases: split the suite");
+    fail(at, "the sweep expands to " + count.str() + " cases (" + sizes + " values)" +
+                 (case_count_ ? ", after " + std::to_string(case_count_) + (case_count_ == 1 ? " case" : " cases") +
+                                    " before it," : "") +
+                 " and a suite may hold at most " + std::to_string(kMaxSuiteCases) +
+                 " cases: sweep fewer values, or split the suite");
+  }
+
   std::vector<CaseSpec> out;
   std::vector<std::size_t> pos(sweep.size(), 0);
   while (true) {
@@ -618,7 +694,52 @@ Suite parse_suite(std::string_view yaml_text, const fs::path& file) {
   return Parser(file).parse(yaml_text);
 }
 
+void check_suite_file(const fs::path& file) {
+  const SourceLoc where{file.string(), 0, 0};
+  std::error_code ec;
+  const fs::file_status st = fs::status(file, ec);  // stat: a fifo or device is not opened
+  if (ec || !fs::exists(st)) throw ConfigError(where, "cannot read the suite file: " + (ec ? ec.message() : "no such file"));
+  if (fs::is_directory(st)) throw ConfigError(where, "is a directory; a suite is a YAML file");
+  if (!fs::is_regular_file(st))
+    throw ConfigError(where, "is not a regular file (a device, fifo or socket); a suite is a YAML file");
+  const std::uintmax_t size = fs::file_size(file, ec);
+  if (ec) throw ConfigError(where, "cannot read the suite file: " + ec.message());
+  if (size > kMaxSuiteFileBytes)
+    throw ConfigError(where, "is " + std::to_string(size) + " bytes; a suite file may hold at most " +
+                                 std::to_string(kMaxSuiteFileBytes) + " bytes (16 MiB)");
+}
+
+double case_memory_bytes(const CaseSpec& c) {
+  const Dims& d = c.dims;
+  AttentionDims a;
+  a.mha = c.level == Level::mha;
+  a.B = static_cast<double>(d.B);
+  a.H = static_cast<double>(d.H);
+  a.d = static_cast<double>(d.head_dim());
+  a.D = static_cast<double>(d.D);
+  a.Tq = static_cast<double>(a.mha ? d.T : d.Tq);
+  a.Tk = static_cast<double>(a.mha ? d.T : d.Tk);
+  return attention_bytes(a, static_cast<double>(dtype_size(c.dtype)));
+}
+
+void check_memory(const std::vector<const CaseSpec*>& cases, double budget_bytes, const std::string& budget_source) {
+  for (const CaseSpec* c : cases) {
+    const double need = case_memory_bytes(*c);
+    if (need <= budget_bytes) continue;
+    const bool overflows = need / static_cast<double>(dtype_size(c->dtype)) > 9.2e18;
+    throw ConfigError(c->source, "case '" + c->name + "': " + describe_case(*c) + " needs about " +
+                                     format_bytes(need) +
+                                     " of memory (inputs, outputs, gradients and the [B, H, Tq, Tk] score "
+                                     "buffers a plugin holds)" +
+                                     (overflows ? ", more elements than 64-bit sizes can count, and" : ",") +
+                                     " more than the budget of " +
+                                     format_bytes(budget_bytes) + " (" + budget_source +
+                                     "); use a smaller shape, or --max-memory SIZE");
+  }
+}
+
 Suite load_suite(const fs::path& file) {
+  check_suite_file(file);
   std::ifstream in(file, std::ios::binary);
   if (!in) throw ConfigError({file.string(), 0, 0}, "cannot read the suite file");
   std::stringstream ss;

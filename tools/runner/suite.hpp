@@ -107,12 +107,35 @@ struct Suite {
 // mha: out, dx, dwq, dwk, dwv, dwo; core: out, dq, dk, dv.
 const std::vector<std::string>& tensor_names(Level level);
 
+// Timeouts are seconds in (0, kMaxTimeoutSeconds]: a day, far below where a
+// deadline computed from them could overflow.
+inline constexpr double kMaxTimeoutSeconds = 86400;
+// Empty for a valid timeout; else what is wrong with it ("must be > 0 ...").
+std::string timeout_problem(double seconds);
+
+// A suite expands to at most this many cases (sweeps included); a sweep that
+// would go past it is refused at its line.
+inline constexpr std::size_t kMaxSuiteCases = 10000;
+// A suite file is a regular file of at most this many bytes.
+inline constexpr std::uintmax_t kMaxSuiteFileBytes = 16u << 20;
+
 // The YAML alone: no file other than the suite is read.
 Suite parse_suite(std::string_view yaml_text, const std::filesystem::path& file);
 // Reads the file, parses it, then reads the files its cases name (mask files,
 // reference directories): their shapes are checked and a reference case's
 // dims are filled in from them.
 Suite load_suite(const std::filesystem::path& file);
+// ConfigError naming the path unless it is a regular file of at most
+// kMaxSuiteFileBytes (a device, a fifo, a directory are refused without
+// being opened, so nothing blocks or fills memory).
+void check_suite_file(const std::filesystem::path& file);
+
+// Peak bytes the case needs (budget.hpp's estimate at its dims and dtype).
+double case_memory_bytes(const CaseSpec& c);
+// Throws ConfigError at the first case whose estimate exceeds `budget_bytes`,
+// saying how much it would need and what the budget is (`budget_source`).
+void check_memory(const std::vector<const CaseSpec*>& cases, double budget_bytes,
+                  const std::string& budget_source);
 
 // What `plugin` lacks for `c`: {capability, why the case needs it}.
 std::vector<std::pair<std::string, std::string>> missing_capabilities(const CaseSpec& c,

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string_view>
 #include <system_error>
@@ -131,7 +132,10 @@ class ZipMemberSource final : public ByteSource {
  protected:
   std::size_t read_some(unsigned char* dst, std::size_t n) override {
     // A bad deflate stream or CRC shows up here, as a failed read.
-    zip_int64_t r = zip_fread(member_.get(), dst, n);
+    // !! One call asks for at most 1 GiB: with libzip 1.7.3, one request for
+    // all 4 GiB + 4 KiB of a valid deflated member came back short of its data,
+    // and the member was rejected as holding more than its shape. !!
+    zip_int64_t r = zip_fread(member_.get(), dst, std::min<std::size_t>(n, std::size_t{1} << 30));
     if (r < 0)
       throw NpyError(where(), std::string("broken member: ") +
                                   zip_error_strerror(zip_file_get_error(member_.get())));
@@ -508,15 +512,63 @@ bool is_array_member(std::string_view member) {
   return member.size() > 4 && member.substr(member.size() - 4) == ".npy";
 }
 
-Tensor read_member(zip_t* z, zip_uint64_t index, const std::string& where) {
+// Deflate's best case: 258 bytes of output from about 2 bits of input.
+constexpr std::uint64_t kDeflateMaxRatio = 1032;
+
+// Reads a member whose method has no useful bound on its expansion (bzip2,
+// xz, zstd) into memory that grows with what actually arrives, then parses it.
+Tensor read_unbounded_member(ZipFilePtr member, std::uint64_t declared, const std::string& where) {
+  std::vector<std::byte> bytes;
+  std::array<std::byte, 1 << 16> chunk;
+  while (true) {
+    const zip_int64_t r = zip_fread(member.get(), chunk.data(), chunk.size());
+    if (r < 0)
+      throw NpyError(where, std::string("broken member: ") + zip_error_strerror(zip_file_get_error(member.get())));
+    if (r == 0) break;
+    bytes.insert(bytes.end(), chunk.begin(), chunk.begin() + r);
+    if (bytes.size() > declared)
+      throw NpyError(where, "broken member: more data than the " + std::to_string(declared) +
+                                " bytes its directory entry declares");
+  }
+  SpanSource src(bytes, where);
+  return read_npy_from(src);
+}
+
+// !! The zip directory's sizes are claims: a 126-byte file can declare a
+// 4 GB member. Before anything is allocated from them, they are bounded by
+// what the archive can hold: its compressed bytes must fit in the file, and
+// the uncompressed size in what those bytes can expand to. Sizes are 64-bit
+// (libzip reads zip64 entries), so a real member over 4 GiB is read. !!
+Tensor read_member(zip_t* z, zip_uint64_t index, const std::string& where, std::uint64_t archive_bytes) {
   zip_stat_t st;
   zip_stat_init(&st);
-  if (zip_stat_index(z, index, 0, &st) != 0 || !(st.valid & ZIP_STAT_SIZE))
+  const zip_uint64_t needed = ZIP_STAT_SIZE | ZIP_STAT_COMP_SIZE | ZIP_STAT_COMP_METHOD;
+  if (zip_stat_index(z, index, 0, &st) != 0 || (st.valid & needed) != needed)
     throw NpyError(where, std::string("broken member: ") + zip_strerror(z));
+  if (st.comp_size > archive_bytes)
+    throw NpyError(where, "broken member: its directory entry declares " + std::to_string(st.comp_size) +
+                              " compressed bytes, but the archive has only " + std::to_string(archive_bytes));
+  const bool stored = st.comp_method == ZIP_CM_STORE;
+  const bool deflated = st.comp_method == ZIP_CM_DEFLATE || st.comp_method == ZIP_CM_DEFLATE64;
+  const std::uint64_t most = stored     ? st.comp_size
+                             : deflated ? st.comp_size * kDeflateMaxRatio + 1024
+                                        : std::numeric_limits<std::uint64_t>::max();
+  if (st.size > most)
+    throw NpyError(where, "broken member: its directory entry declares " + std::to_string(st.size) +
+                              " bytes, more than its " + std::to_string(st.comp_size) + " " +
+                              (stored ? "stored" : "deflated") + " bytes can hold (" + std::to_string(most) + ")");
   ZipFilePtr member(zip_fopen_index(z, index, 0));
   if (!member) throw NpyError(where, std::string("broken member: ") + zip_strerror(z));
+  if (!stored && !deflated) return read_unbounded_member(std::move(member), st.size, where);
   ZipMemberSource src(std::move(member), st.size, where);
   return read_npy_from(src);
+}
+
+std::uint64_t archive_size(const std::filesystem::path& file) {
+  std::error_code ec;
+  const std::uintmax_t n = std::filesystem::file_size(file, ec);  // zip_open already read it
+  if (ec) throw NpyError(file.string(), "cannot open: " + ec.message());
+  return n;
 }
 
 }  // namespace
@@ -580,13 +632,14 @@ void write_npy(const std::filesystem::path& file, const Tensor& t) {
 
 std::map<std::string, Tensor> read_npz(const std::filesystem::path& file) {
   ZipPtr z = open_npz(file);
+  const std::uint64_t bytes = archive_size(file);
   std::map<std::string, Tensor> out;
   const zip_int64_t n = zip_get_num_entries(z.get(), 0);
   for (zip_int64_t i = 0; i < n; ++i) {
     const char* name = zip_get_name(z.get(), static_cast<zip_uint64_t>(i), 0);
     if (!name) throw NpyError(file.string(), std::string("broken archive: ") + zip_strerror(z.get()));
     if (!is_array_member(name)) continue;
-    out[array_name(name)] = read_member(z.get(), static_cast<zip_uint64_t>(i), member_where(file, name));
+    out[array_name(name)] = read_member(z.get(), static_cast<zip_uint64_t>(i), member_where(file, name), bytes);
   }
   return out;
 }
@@ -606,7 +659,7 @@ Tensor read_npz_member(const std::filesystem::path& file, const std::string& nam
     throw NpyError(file.string(), "no member '" + name + "' (members: " +
                                       (present.empty() ? "none" : present) + ")");
   }
-  return read_member(z.get(), static_cast<zip_uint64_t>(index), member_where(file, member));
+  return read_member(z.get(), static_cast<zip_uint64_t>(index), member_where(file, member), archive_size(file));
 }
 
 }  // namespace headgrad
