@@ -11,14 +11,34 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <string>
+#include <string_view>
 
 #include "headgrad/ops.hpp"
 
 namespace headgrad {
 
+// Rotary position embeddings on q and k, per head, after the split and
+// before the scores; never on v. The two pairings are incompatible: the same
+// weights give different attention under each.
+enum class RopeStyle {
+  interleaved,  // pair k = dims (2k, 2k+1): RoFormer, Meta Llama, GPT-J
+  half,         // pair k = dims (k, k + r/2): GPT-NeoX, HF rotate_half
+};
+std::string_view rope_style_name(RopeStyle style);  // "interleaved" | "half"
+
 struct RopeSpec {
-  bool enabled = false;
+  bool enabled = false;  // read by attention; the rope() op itself always rotates
   double theta = 10000.0;
+  RopeStyle style = RopeStyle::interleaved;
+  std::int64_t rotary_dim = 0;  // r: even, <= d, 0 means d; w_k = theta^(-2k/r)
+  // Token positions p_t: [T] or [B, T], integer values (positions_tensor()),
+  // any order or gaps. Undefined: p_t = offset + t. Not both.
+  Tensor positions;
+  std::int64_t offset = 0;
+  // Added to the queries' positions only: queries at q_offset + p_t while
+  // keys stay at p_t (decode-like, Tq < Tk at the core level).
+  std::int64_t q_offset = 0;
 };
 
 struct AttentionSpec {
