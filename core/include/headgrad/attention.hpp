@@ -3,7 +3,8 @@
 // split/merge of heads done the one right way.
 //
 // Shape legend: B batch, T sequence, Tq/Tk query/key lengths, D model width,
-// H heads, d = D / H head width.
+// H query heads, Hkv key/value heads, G = H / Hkv query heads per kv head,
+// d head width (D / H unless given), r rotary width.
 #pragma once
 
 #include <cmath>
@@ -45,6 +46,7 @@ struct AttentionSpec {
   std::int64_t d_model = 0;       // D (mha level)
   std::int64_t num_heads = 1;     // H
   std::int64_t num_kv_heads = 0;  // Hkv; 0 means H (plain multi-head)
+  std::int64_t head_width = 0;    // d; 0 means D / H (HF's head_dim may differ)
   bool causal = false;            // query i attends keys j <= i, aligned top-left
   std::optional<double> scale;    // default 1/sqrt(d)
   double dropout_p = 0.0;         // on the attention weights; 0 in every comparison
@@ -55,7 +57,7 @@ struct AttentionSpec {
   RopeSpec rope;
   std::map<std::string, double> options;  // room for settings that come later
 
-  std::int64_t head_dim() const { return d_model / num_heads; }
+  std::int64_t head_dim() const { return head_width > 0 ? head_width : d_model / num_heads; }
   std::int64_t kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }
   double scale_for(std::int64_t d) const {
     return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(d));
@@ -63,21 +65,47 @@ struct AttentionSpec {
 };
 
 // The four projections, PyTorch's layout: W is [out, in] and y = x W^T.
-// Head h owns rows [h*d, (h+1)*d) of wq, wk, wv and columns [h*d, (h+1)*d) of wo.
+// Query head h owns rows [h*d, (h+1)*d) of wq and columns [h*d, (h+1)*d) of
+// wo; kv head j owns rows [j*d, (j+1)*d) of wk and wv, and query head h
+// reads kv head floor(h / G) (PyTorch enable_gqa, HF repeat_kv).
 struct MhaWeights {
-  Variable wq;  // [D, D]
+  Variable wq;  // [H*d, D]
   Variable wk;  // [Hkv*d, D]
   Variable wv;  // [Hkv*d, D]
-  Variable wo;  // [D, D]
+  Variable wo;  // [D, H*d]
 };
+
+// The head layout of one MHA call, read from x and the spec.
+struct MhaDims {
+  std::int64_t d_model = 0;   // D = x.size(-1)
+  std::int64_t heads = 0;     // H
+  std::int64_t kv_heads = 0;  // Hkv
+  std::int64_t head_dim = 0;  // d
+  std::int64_t group = 0;     // G = H / Hkv
+};
+// Throws std::invalid_argument naming `who` and the shapes when Hkv does not
+// divide H, D is not a multiple of H and no head width is given, or a weight
+// is not wq [H*d, D], wk and wv [Hkv*d, D], wo [D, H*d].
+MhaDims mha_dims(const Variable& x, const MhaWeights& w, const AttentionSpec& spec,
+                 std::string_view who);
+
+// Grouped kv heads at the core level: q [..., H, Tq, d], k [..., Hkv, Tk, d],
+// v [..., Hkv, Tk, dv] with Hkv dividing H; returns G = H / Hkv (1 when k and v
+// have q's heads, or q has no head dim). Dims before the head dim are not
+// checked (a core may broadcast them). Throws naming `who` and the shapes.
+std::int64_t kv_group(const Variable& q, const Variable& k, const Variable& v,
+                      std::string_view who);
+// kv [..., Hkv, T, d] -> [..., Hkv*G, T, d]: kv head j repeated for query heads
+// [jG, (j+1)G) (repeat_interleave, not tile); the backward sums over the group.
+Variable expand_kv_heads(const Variable& kv, std::int64_t group);
 
 // The bool mask [..., Tq, Tk] (True = attend) that a spec asks for: causal,
 // spec.mask, both combined, or an undefined Tensor when every key is attended.
 Tensor attention_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t tk);
 
-// [B, T, D] -> view [B, T, H, d] -> transpose -> [B, H, T, d] (a strided view).
+// [B, T, H*d] -> view [B, T, H, d] -> transpose -> [B, H, T, d] (a strided view).
 Variable split_heads(const Variable& x, std::int64_t heads);
-// [B, H, T, d] -> transpose -> [B, T, H, d] -> reshape (copies) -> [B, T, D].
+// [B, H, T, d] -> transpose -> [B, T, H, d] -> reshape (copies) -> [B, T, H*d].
 // !! The transpose comes first: reshaping [B, H, T, d] straight to [B, T, D]
 // keeps every size and silently mixes tokens with heads. !!
 Variable merge_heads(const Variable& x);
@@ -88,7 +116,8 @@ using AttentionCore = std::function<Variable(const Variable& q, const Variable& 
 
 // The batched multi-head layer around any core: x [..., T, D] -> project ->
 // split_heads -> (grouped KV heads widened to H) -> core -> merge_heads ->
-// project -> [..., T, D]. Leading dims are folded into one batch.
+// project -> [..., T, D]. Leading dims are folded into one batch. Shapes are
+// checked first (mha_dims).
 Variable batched_mha(const Variable& x, const MhaWeights& w, const AttentionSpec& spec,
                      const AttentionCore& core);
 
