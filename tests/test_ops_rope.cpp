@@ -2,7 +2,8 @@
 // complex multiply for interleaved pairs, HF's rotate_half for half pairs),
 // float64 gradcheck for both pairings, partial rotary and gapped / reversed
 // positions, bitwise pass-through of the dims past r, the relative property,
-// the positions broadcast rule, float64 tables for float32 inputs, and errors.
+// the positions broadcast rule, float64 tables for float32 inputs, errors, and
+// in attention the interleaved <-> half equivalence under HF's row permutation.
 //
 // Shape legend: B batch, H heads, T sequence, d width of the last dim,
 // r rotary width, p_t the position of token t.
@@ -328,6 +329,68 @@ TEST(Rope, TypedErrors) {
   expect_invalid([&] { rope(x, s); }, {"theta"});
   s = rope_spec(RopeStyle::half);
   expect_invalid([&] { rope(Variable(make({6}, Layout::contiguous, 16)), s); }, {"[..., T, d]"});
+}
+
+// ---------------------------------------------------------------- the two pairings in attention
+
+// HF's conversion permute(w, n_heads): row h*d + s*(d/2) + p of the half layout
+// is row h*d + 2p + s of the interleaved one (w [heads*d, D]). By hand.
+Tensor interleaved_to_half_rows(const Tensor& w, std::int64_t heads, std::int64_t d) {
+  Tensor out = Tensor::empty(w.shape(), w.dtype());
+  for (std::int64_t h = 0; h < heads; ++h)
+    for (std::int64_t s = 0; s < 2; ++s)
+      for (std::int64_t p = 0; p < d / 2; ++p)
+        out.narrow(0, h * d + s * (d / 2) + p, 1).copy_(w.narrow(0, h * d + 2 * p + s, 1));
+  return out;
+}
+
+struct MhaRun {
+  Tensor out, dx, dwq, dwk, dwv, dwo;
+};
+
+// batched_mha around attention_core, loss = sum(out * r).
+MhaRun run_batched_mha(const Tensor& x, const Tensor& wq, const Tensor& wk, const Tensor& wv,
+                       const Tensor& wo, const Tensor& r, const AttentionSpec& spec) {
+  Variable xv(x, true);
+  const MhaWeights w{Variable(wq, true), Variable(wk, true), Variable(wv, true), Variable(wo, true)};
+  const Variable out = batched_mha(xv, w, spec, attention_core);
+  sum(mul(out, Variable(r))).backward();
+  return {out.data(), xv.grad(), w.wq.grad(), w.wk.grad(), w.wv.grad(), w.wo.grad()};
+}
+
+// Interleaved RoPE with (Wq, Wk) is half RoPE with Wq permuted per query head
+// (H) and Wk per kv head (Hkv): the same out and gradients, dWq and dWk
+// permuted alike. Without the permutation the two pairings disagree.
+TEST(RopeInAttention, InterleavedEqualsHalfUnderTheHfPermutation) {
+  const std::int64_t b = 2, t = 7, dm = 32, h = 12, hkv = 3, d = 10;
+  Generator gen(20);
+  const Tensor x = randn({b, t, dm}, DType::float64, gen);
+  const Tensor wq = randn({h * d, dm}, DType::float64, gen, 0.5);
+  const Tensor wk = randn({hkv * d, dm}, DType::float64, gen, 0.5);
+  const Tensor wv = randn({hkv * d, dm}, DType::float64, gen, 0.5);
+  const Tensor wo = randn({dm, h * d}, DType::float64, gen, 0.5);
+  const Tensor r = randn({b, t, dm}, DType::float64, gen);
+  AttentionSpec spec;
+  spec.d_model = dm;
+  spec.num_heads = h;
+  spec.num_kv_heads = hkv;
+  spec.head_width = d;
+  spec.causal = true;
+  spec.rope = rope_spec(RopeStyle::interleaved);
+  spec.rope.positions = positions_tensor({0, 3, 4, 10, 1000, 7, 2, 9, 11, 40, 41, 60, 5, 1}, {b, t});
+  const MhaRun inter = run_batched_mha(x, wq, wk, wv, wo, r, spec);
+  AttentionSpec half = spec;
+  half.rope.style = RopeStyle::half;
+  const Tensor wq_half = interleaved_to_half_rows(wq, h, d), wk_half = interleaved_to_half_rows(wk, hkv, d);
+  const MhaRun got = run_batched_mha(x, wq_half, wk_half, wv, wo, r, half);
+  EXPECT_TRUE(all_close("out", got.out, inter.out, 1e-12, 1e-12));
+  EXPECT_TRUE(all_close("dX", got.dx, inter.dx, 1e-12, 1e-12));
+  EXPECT_TRUE(all_close("dWq", got.dwq, interleaved_to_half_rows(inter.dwq, h, d), 1e-12, 1e-12));
+  EXPECT_TRUE(all_close("dWk", got.dwk, interleaved_to_half_rows(inter.dwk, hkv, d), 1e-12, 1e-12));
+  EXPECT_TRUE(all_close("dWv", got.dwv, inter.dwv, 1e-12, 1e-12));
+  EXPECT_TRUE(all_close("dWo", got.dwo, inter.dwo, 1e-12, 1e-12));
+  // the trap itself: the other pairing on the same weights
+  EXPECT_FALSE(all_close("out", run_batched_mha(x, wq, wk, wv, wo, r, half).out, inter.out, 1e-6, 1e-6));
 }
 
 }  // namespace

@@ -819,4 +819,186 @@ INSTANTIATE_TEST_SUITE_P(Plugins, GqaErrors, ::testing::Values("per_head", "batc
                            return info.param;
                          });
 
+// ---------------------------------------------------------------- 8. RoPE in attention
+
+// Which token positions a RoPE case uses, for x [..., B, T, D] (lead = the dims before T).
+enum class RopePositions { offset, gapped_rows, reversed_large };
+
+const char* rope_positions_name(RopePositions p) {
+  switch (p) {
+    case RopePositions::offset: return "offset5";
+    case RopePositions::gapped_rows: return "gapped_rows";
+    case RopePositions::reversed_large: return "reversed_ge1000";
+  }
+  return "?";
+}
+
+// Gapped per row ([lead..., T]: every row its own, none an arange + c), or one
+// reversed row [T] with positions >= 1000, or an offset.
+RopeSpec make_rope(RopeStyle style, std::int64_t r, RopePositions kind, const Shape& x_shape) {
+  RopeSpec rope;
+  rope.enabled = true;
+  rope.style = style;
+  rope.rotary_dim = r;
+  const std::int64_t t = x_shape[x_shape.size() - 2];
+  if (kind == RopePositions::offset) rope.offset = 5;
+  if (kind == RopePositions::gapped_rows) {
+    Shape shape(x_shape.begin(), x_shape.end() - 1);  // [lead..., T]
+    std::vector<std::int64_t> p(static_cast<std::size_t>(shape_numel(shape)));
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      const auto row = static_cast<std::int64_t>(i) / t, tok = static_cast<std::int64_t>(i) % t;
+      p[i] = 17 * row + tok * tok + (tok % 3 == 2 ? 40 : 0);
+    }
+    rope.positions = positions_tensor(p, shape);
+  }
+  if (kind == RopePositions::reversed_large) {
+    std::vector<std::int64_t> p;
+    for (std::int64_t tok = 0; tok < t; ++tok) p.push_back(1000 + 3 * (t - 1 - tok));
+    rope.positions = positions_tensor(p, {t});
+  }
+  return rope;
+}
+
+using RopeAttentionCase = std::tuple<GqaShape, RopeStyle, bool, RopePositions>;  // partial r?
+
+// The partial rotary width for head width d: 6 of 10, 2 of 4.
+std::int64_t partial_r(std::int64_t d) { return d >= 8 ? 6 : 2; }
+
+std::string rope_case_name(const ::testing::TestParamInfo<RopeAttentionCase>& info) {
+  const auto& [s, style, partial, kind] = info.param;
+  return s.name + "__" + std::string(rope_style_name(style)) + (partial ? "_r" + std::to_string(partial_r(s.d)) : "_r_eq_d") +
+         "__" + rope_positions_name(kind);
+}
+
+class RopeAttention : public PluginTest, public ::testing::WithParamInterface<RopeAttentionCase> {
+ protected:
+  void SetUp() override { require_plugins({"per_head", "batched"}); }
+
+  AttentionSpec spec() const {
+    const auto& [s, style, partial, kind] = GetParam();
+    AttentionSpec spec = gqa_spec(s, true);
+    spec.rope = make_rope(style, partial ? partial_r(s.d) : 0, kind, s.x_shape);
+    return spec;
+  }
+};
+
+TEST_P(RopeAttention, PerHeadAndBatchedAgree) {
+  const GqaShape& s = std::get<0>(GetParam());
+  const MhaInputs in = make_gqa_inputs(s, 71);
+  const MhaResult a = run_mha(plugin("per_head"), in, spec());
+  expect_mha_agree(a, run_mha(plugin("batched"), in, spec()));
+  // and RoPE did something: without it the output differs
+  AttentionSpec off = spec();
+  off.rope.enabled = false;
+  EXPECT_FALSE(all_close("out without rope", run_mha(plugin("per_head"), in, off).out, a.out));
+}
+
+// The oracle built by hand from ops: project, split, rotate q and k (k with
+// its Hkv heads) with the rope op, widen k and v, plain attention, merge, project.
+TEST_P(RopeAttention, MatchesRotateThenPlainAttention) {
+  const GqaShape& s = std::get<0>(GetParam());
+  const MhaInputs in = make_gqa_inputs(s, 72);
+  const AttentionSpec sp = spec();
+  Variable x(in.x, true);
+  const MhaWeights w{Variable(in.wq, true), Variable(in.wk, true), Variable(in.wv, true),
+                     Variable(in.wo, true)};
+  const std::int64_t t = s.x_shape[s.x_shape.size() - 2], dm = s.x_shape.back();
+  const Variable x3 = reshape(x, {-1, t, dm});
+  RopeSpec turn = sp.rope;
+  if (turn.positions.defined() && turn.positions.dim() > 2)
+    turn.positions = turn.positions.reshape({-1, t});  // [lead..., T] as x is folded
+  const Variable q = rope(split_heads(linear(x3, w.wq), s.h), turn);
+  const Variable k = rope(split_heads(linear(x3, w.wk), s.hkv), turn);
+  const Variable v = split_heads(linear(x3, w.wv), s.hkv);
+  const std::int64_t g = s.h / s.hkv;
+  const Variable o = attention_core(q, repeat_interleave(k, g, 1), repeat_interleave(v, g, 1),
+                                    without_rope(sp));
+  const Variable out = reshape(linear(merge_heads(o), w.wo), s.x_shape);
+  sum(mul(out, Variable(in.r))).backward();
+  const MhaResult want{out.data(), x.grad(), w.wq.grad(), w.wk.grad(), w.wv.grad(), w.wo.grad()};
+  for (const std::string name : {"per_head", "batched"}) {
+    SCOPED_TRACE(name);
+    expect_mha_agree(run_mha(plugin(name), in, sp), want);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Plugins, RopeAttention,
+    ::testing::Combine(::testing::Values(kGqaShapes[0], kGqaShapes[1], kGqaShapes[4]),
+                       ::testing::Values(RopeStyle::interleaved, RopeStyle::half),
+                       ::testing::Bool(),
+                       ::testing::Values(RopePositions::offset, RopePositions::gapped_rows,
+                                         RopePositions::reversed_large)),
+    rope_case_name);
+
+// The core level with GQA and decode-like positions: queries at q_offset + t,
+// keys at 0 .. Tk-1; equals rotating q and k with the op, then the core without RoPE.
+TEST_F(PluginTest, RopeCoreLevelWithQueryOffset) {
+  require_plugins({"per_head", "batched"});
+  Generator gen(73);
+  CoreInputs in;  // B=2, H=12, Hkv=3, Tq=3, Tk=8, d=10
+  in.q = randn({2, 12, 3, 10}, DType::float64, gen);
+  in.k = randn({2, 3, 8, 10}, DType::float64, gen);
+  in.v = randn({2, 3, 8, 10}, DType::float64, gen);
+  in.r = randn({2, 12, 3, 10}, DType::float64, gen);
+  for (RopeStyle style : {RopeStyle::interleaved, RopeStyle::half}) {
+    SCOPED_TRACE(rope_style_name(style));
+    AttentionSpec spec;
+    spec.causal = false;
+    spec.rope.enabled = true;
+    spec.rope.style = style;
+    spec.rope.rotary_dim = 6;
+    spec.rope.q_offset = 5;
+    RopeSpec at_q = spec.rope, at_k = spec.rope;
+    at_q.offset = 5;
+    CoreInputs rotated = in;
+    rotated.q = rope(Variable(in.q), at_q).data();
+    rotated.k = rope(Variable(in.k), at_k).data();
+    const CoreResult want = run_core(plugin("per_head"), rotated, without_rope(spec));
+    for (const std::string name : {"per_head", "batched"}) {
+      SCOPED_TRACE(name);
+      const CoreResult got = run_core(plugin(name), in, spec);
+      EXPECT_TRUE(all_close("out", got.out, want.out, 1e-12, 1e-12));
+      EXPECT_TRUE(all_close("dv", got.dv, want.dv, 1e-12, 1e-12));
+      // dq, dk: the gradients of the rotated tensors, rotated back (R^T)
+      Variable rq(in.q, true), rk(in.k, true);
+      rope(rq, at_q).backward(want.dq);
+      rope(rk, at_k).backward(want.dk);
+      EXPECT_TRUE(all_close("dq", got.dq, rq.grad(), 1e-12, 1e-12));
+      EXPECT_TRUE(all_close("dk", got.dk, rk.grad(), 1e-12, 1e-12));
+    }
+  }
+}
+
+// Scores depend on position differences only: the same shift on q and k
+// leaves out and every gradient unchanged. This is why a uniform position
+// shift is invisible end to end and only a RoPE-level check can see it.
+TEST_F(PluginTest, RopeUniformShiftIsInvisibleEndToEnd) {
+  require_plugins({"per_head"});
+  const GqaShape& s = kGqaShapes[0];
+  const MhaInputs in = make_gqa_inputs(s, 74);
+  AttentionSpec spec = gqa_spec(s, true);
+  spec.rope = make_rope(RopeStyle::half, 0, RopePositions::offset, s.x_shape);
+  const MhaResult a = run_mha(plugin("per_head"), in, spec);
+  spec.rope.offset += 37;
+  expect_mha_agree(run_mha(plugin("per_head"), in, spec), a);
+}
+
+TEST_F(PluginTest, RopePositionsOfTheWrongShapeAreRefused) {
+  require_plugins({"per_head", "batched"});
+  const GqaShape& s = kGqaShapes[0];  // B 2, T 7
+  const MhaInputs in = make_gqa_inputs(s, 75);
+  AttentionSpec spec = gqa_spec(s, false);
+  spec.rope.enabled = true;
+  spec.rope.positions = positions_tensor(std::vector<std::int64_t>(12 * 7, 0), {12, 7});  // [H, T]
+  for (const std::string name : {"per_head", "batched"}) {
+    SCOPED_TRACE(name);
+    headgrad::test::expect_invalid([&] { run_mha(plugin(name), in, spec); },
+                                   {"rope", "positions [12, 7]"});
+  }
+  spec.rope.positions = positions_tensor({0, 1, 2, 3, 4}, {5});  // T = 5, not 7
+  headgrad::test::expect_invalid([&] { run_mha(plugin("per_head"), in, spec); },
+                                 {"positions [5]", "T = 7"});
+}
+
 }  // namespace

@@ -1,6 +1,7 @@
 // batched: all heads at once. Project, split [B, T, D] -> [B, H, T, d], one
 // batched core, merge back (transpose first), project.
 //
+// RoPE (when on) rotates q and k after the split, k per kv head.
 // Grouped kv heads: k and v are expanded to H heads (repeat_interleave by G,
 // kv head j serving query heads [jG, (j+1)G)), then the MHA core runs.
 //
@@ -20,7 +21,7 @@ class Batched final : public Attention {
     i.version = "1.0.0";
     i.description = "split, transpose, batched core, transpose back, merge";
     auto& c = i.capabilities;
-    c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = c.grouped_kv = true;
+    c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = c.grouped_kv = c.rope = true;
     return i;
   }
 
@@ -35,7 +36,8 @@ class Batched final : public Attention {
                         const AttentionSpec& spec) const override {
     // q [..., H, Tq, d], k and v [..., Hkv, Tk, .] -> widened to H heads
     const std::int64_t group = kv_group(q, k, v, "batched");
-    return attention_core(q, expand_kv_heads(k, group), expand_kv_heads(v, group), spec);
+    return attention_core(rope_queries(q, spec), expand_kv_heads(rope_keys(k, spec), group),
+                          expand_kv_heads(v, group), spec);
   }
 };
 

@@ -4,7 +4,8 @@
 //
 // Grouped kv heads: query head h slices the rows of kv head floor(h / G)
 // out of wk and wv; nothing is repeated, so the gradient of a shared kv head
-// is the sum over its G query heads by plain accumulation.
+// is the sum over its G query heads by plain accumulation. RoPE (when on)
+// rotates each query head and each kv head once, with the engine's rope op.
 //
 // Shape legend: B batch, T sequence, D model width, H query heads, Hkv
 // key/value heads, G = H / Hkv, d head width (D / H unless given).
@@ -38,7 +39,7 @@ class PerHead final : public Attention {
     i.version = "1.0.0";
     i.description = "loop over heads with sliced weights: the slow, obvious oracle";
     auto& c = i.capabilities;
-    c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = c.grouped_kv = true;
+    c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = c.grouped_kv = c.rope = true;
     return i;
   }
 
@@ -46,18 +47,19 @@ class PerHead final : public Attention {
   Variable mha_forward(const Variable& x, const MhaWeights& w,
                        const AttentionSpec& spec) const override {
     const MhaDims m = mha_dims(x, w, spec, "per_head");
+    const AttentionSpec s = fold_rope_positions(spec, x.shape());
     const std::int64_t t = x.size(-2), d = m.head_dim;
     const Variable x3 = reshape(x, {-1, t, m.d_model});  // leading dims folded into one batch
     const Tensor attend = attention_mask(spec, t, t);
     std::vector<Variable> ks, vs;  // kv head j: rows [j*d, (j+1)*d) of wk and wv
     for (std::int64_t j = 0; j < m.kv_heads; ++j) {
-      ks.push_back(linear(x3, narrow(w.wk, 0, j * d, d)));  // [B, T, d]
+      ks.push_back(rope_keys(linear(x3, narrow(w.wk, 0, j * d, d)), s));  // [B, T, d]
       vs.push_back(linear(x3, narrow(w.wv, 0, j * d, d)));
     }
     std::vector<Variable> heads;
     for (std::int64_t h = 0; h < m.heads; ++h) {
       const std::int64_t j = h / m.group;  // the kv head this query head reads
-      const Variable q = linear(x3, narrow(w.wq, 0, h * d, d));  // [B, T, d]
+      const Variable q = rope_queries(linear(x3, narrow(w.wq, 0, h * d, d)), s);  // [B, T, d]
       heads.push_back(one_head(q, ks[j], vs[j], head_mask(attend, h), spec.scale_for(d)));
     }
     const Variable concat = cat(heads, -1);  // [B, T, H*d]: head h in columns [h*d, (h+1)*d)
@@ -73,8 +75,8 @@ class PerHead final : public Attention {
     const std::int64_t group = kv_group(q, k, v, "per_head");
     const std::int64_t heads = q.dim() >= 3 ? q.size(-3) : 1;
     const std::int64_t tq = q.size(-2), tk = k.size(-2), d = q.size(-1), dv = v.size(-1);
-    const Variable q3 = reshape(q, {-1, tq, d});
-    const Variable k3 = reshape(k, {-1, tk, d});
+    const Variable q3 = reshape(rope_queries(q, spec), {-1, tq, d});  // rotated before slicing
+    const Variable k3 = reshape(rope_keys(k, spec), {-1, tk, d});
     const Variable v3 = reshape(v, {-1, tk, dv});
     Tensor attend = attention_mask(spec, tq, tk);
     if (attend.defined()) {

@@ -103,6 +103,20 @@ Variable expand_kv_heads(const Variable& kv, std::int64_t group);
 // spec.mask, both combined, or an undefined Tensor when every key is attended.
 Tensor attention_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t tk);
 
+// RoPE inside attention, the one right way for every plugin: per head, after
+// the head split, before the scores, never on v; under GQA k is rotated per kv
+// head (before any widening: the same thing, done once). q [B, H, Tq, d] or one
+// head's [B, Tq, d]; k [B, Hkv, Tk, d] or [B, Tk, d]. Keys sit at
+// spec.rope's positions (or offset + t), queries there plus rope.q_offset.
+// Both return their input unchanged when spec.rope.enabled is false.
+Variable rope_queries(const Variable& q, const AttentionSpec& spec);
+Variable rope_keys(const Variable& k, const AttentionSpec& spec);
+// The spec for a layer that folds the leading dims of x [..., T, D] into one
+// batch: rope positions [..., T] become [N, T] ([T] and [B, T] stay).
+AttentionSpec fold_rope_positions(const AttentionSpec& spec, const Shape& x_shape);
+// The spec handed on once q and k are rotated, so that a core does not rotate again.
+AttentionSpec without_rope(const AttentionSpec& spec);
+
 // [B, T, H*d] -> view [B, T, H, d] -> transpose -> [B, H, T, d] (a strided view).
 Variable split_heads(const Variable& x, std::int64_t heads);
 // [B, H, T, d] -> transpose -> [B, T, H, d] -> reshape (copies) -> [B, T, H*d].
@@ -117,12 +131,14 @@ using AttentionCore = std::function<Variable(const Variable& q, const Variable& 
 // The batched multi-head layer around any core: x [..., T, D] -> project ->
 // split_heads -> (grouped KV heads widened to H) -> core -> merge_heads ->
 // project -> [..., T, D]. Leading dims are folded into one batch. Shapes are
-// checked first (mha_dims).
+// checked first (mha_dims). With spec.rope on, q and k are rotated after the
+// split (k per kv head) and the core gets without_rope(spec).
 Variable batched_mha(const Variable& x, const MhaWeights& w, const AttentionSpec& spec,
                      const AttentionCore& core);
 
 // Scaled dot-product attention composed from ops (its backward comes from
 // autodiff): softmax(q k^T * scale, masked) v over the last two dims.
+// spec.rope is not read here: callers rotate q and k first (rope_queries/keys).
 // q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv] -> [..., Tq, dv].
 // A query row whose keys are all masked gives zeros (softmax's rule), not NaN.
 Variable attention_core(const Variable& q, const Variable& k, const Variable& v,

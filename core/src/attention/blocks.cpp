@@ -1,5 +1,6 @@
 // Shape legend: B batch, T sequence, D model width, H query heads, Hkv
 // key/value heads, G = H / Hkv, d head width.
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -85,6 +86,49 @@ Variable expand_kv_heads(const Variable& kv, std::int64_t group) {
   return group == 1 ? kv : repeat_interleave(kv, group, -3);
 }
 
+Variable rope_keys(const Variable& k, const AttentionSpec& spec) {
+  return spec.rope.enabled ? rope(k, spec.rope) : k;
+}
+
+Variable rope_queries(const Variable& q, const AttentionSpec& spec) {
+  if (!spec.rope.enabled) return q;
+  if (spec.rope.q_offset == 0) return rope(q, spec.rope);
+  RopeSpec shifted = spec.rope;
+  if (shifted.positions.defined()) {
+    Tensor p = shifted.positions.clone();
+    for (std::int64_t i = 0; i < p.numel(); ++i) p.set_flat(i, p.flat(i) + static_cast<double>(shifted.q_offset));
+    shifted.positions = p;
+  } else {
+    shifted.offset += shifted.q_offset;
+  }
+  return rope(q, shifted);
+}
+
+AttentionSpec fold_rope_positions(const AttentionSpec& spec, const Shape& x_shape) {
+  const Tensor& p = spec.rope.positions;
+  const auto lead = static_cast<std::int64_t>(x_shape.size()) - 2;
+  if (!spec.rope.enabled || !p.defined() || lead <= 1 || p.dim() < 2 || p.dim() > lead + 1)
+    return spec;
+  // positions [L0 .. Lk, T] over x [L0 .. Lk, .., L_lead, T, D]: spread over the
+  // remaining leading dims, then [N, T] as x is folded. A prefix that does not
+  // match is left for rope() to refuse with both shapes.
+  Shape prefix(p.shape().begin(), p.shape().end() - 1);
+  if (!std::equal(prefix.begin(), prefix.end(), x_shape.begin())) return spec;
+  Shape spread(x_shape.begin(), x_shape.end() - 1);  // [L0 .. L_lead, T]
+  Shape with_ones = prefix;
+  with_ones.resize(static_cast<std::size_t>(lead), 1);
+  with_ones.push_back(p.size(-1));
+  AttentionSpec folded = spec;
+  folded.rope.positions = p.reshape(with_ones).expand(spread).reshape({-1, p.size(-1)});
+  return folded;
+}
+
+AttentionSpec without_rope(const AttentionSpec& spec) {
+  AttentionSpec s = spec;
+  s.rope.enabled = false;
+  return s;
+}
+
 Variable split_heads(const Variable& x, std::int64_t heads) {
   if (x.dim() != 3 || heads < 1 || x.size(2) % heads != 0)
     throw std::invalid_argument("split_heads: input " + shape_str(x.shape()) +
@@ -105,14 +149,14 @@ Variable merge_heads(const Variable& x) {
 Variable batched_mha(const Variable& x, const MhaWeights& w, const AttentionSpec& spec,
                      const AttentionCore& core) {
   const MhaDims m = mha_dims(x, w, spec, "batched_mha");
-  const Variable x3 = reshape(x, {-1, x.size(-2), m.d_model});  // [B, T, D]
-  const Variable q = split_heads(linear(x3, w.wq), m.heads);     // [B, H, T, d]
-  Variable k = split_heads(linear(x3, w.wk), m.kv_heads);        // [B, Hkv, T, d]
-  Variable v = split_heads(linear(x3, w.wv), m.kv_heads);
+  const AttentionSpec s = fold_rope_positions(spec, x.shape());
+  const Variable x3 = reshape(x, {-1, x.size(-2), m.d_model});                 // [B, T, D]
+  const Variable q = rope_queries(split_heads(linear(x3, w.wq), m.heads), s);   // [B, H, T, d]
+  const Variable k = rope_keys(split_heads(linear(x3, w.wk), m.kv_heads), s);   // [B, Hkv, T, d]
+  const Variable v = split_heads(linear(x3, w.wv), m.kv_heads);                 // never rotated
   // grouped kv heads widened to H: query head h reads kv head h / G
-  k = expand_kv_heads(k, m.group);
-  v = expand_kv_heads(v, m.group);
-  const Variable o = merge_heads(core(q, k, v, spec));  // [B, T, H*d]
+  const Variable o = merge_heads(core(q, expand_kv_heads(k, m.group),
+                                      expand_kv_heads(v, m.group), without_rope(s)));  // [B, T, H*d]
   return reshape(linear(o, w.wo), x.shape());
 }
 
