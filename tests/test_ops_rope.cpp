@@ -143,11 +143,12 @@ INSTANTIATE_TEST_SUITE_P(Styles, RopeForms,
 
 // ---------------------------------------------------------------- gradcheck
 
-enum class Positions { offset, gapped_rows, reversed };
+enum class Positions { offset, gapped_rows, reversed_rows, reversed };
 const char* positions_name(Positions p) {
   switch (p) {
     case Positions::offset: return "offset3";
     case Positions::gapped_rows: return "gapped_BT";
+    case Positions::reversed_rows: return "reversed_BT";
     case Positions::reversed: return "reversed_T";
   }
   return "?";
@@ -163,6 +164,8 @@ TEST_P(RopeGradcheck, Float64CentralDifferences) {
   RopeSpec s = rope_spec(style, r);
   if (positions == Positions::offset) s.offset = 3;
   if (positions == Positions::gapped_rows) s.positions = gapped_positions();
+  if (positions == Positions::reversed_rows)
+    s.positions = positions_tensor({4, 3, 2, 1, 0, 1500, 1200, 9, 5, 2}, {2, 5});
   if (positions == Positions::reversed) s.positions = positions_tensor({1200, 9, 5, 2, 0}, {5});
   expect_gradcheck([&](const std::vector<Variable>& v) { return rope(v[0], s); },
                    {make({2, 3, 5, 6}, layout, 5)});
@@ -173,7 +176,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(RopeStyle::interleaved, RopeStyle::half),
                        ::testing::Values<std::int64_t>(6, 4),
                        ::testing::Values(Positions::offset, Positions::gapped_rows,
-                                         Positions::reversed),
+                                         Positions::reversed_rows, Positions::reversed),
                        ::testing::Values(Layout::contiguous, Layout::narrowed)),
     [](const ::testing::TestParamInfo<GradParam>& info) {
       return std::string(rope_style_name(std::get<0>(info.param))) + "_r" +
