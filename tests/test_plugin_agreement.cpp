@@ -594,4 +594,403 @@ INSTANTIATE_TEST_SUITE_P(Plugins, MaskedRow, ::testing::ValuesIn(kPlugins),
                            return info.param;
                          });
 
+// ---------------------------------------------------------------- 7. GQA and head width apart from D
+
+// H query heads over Hkv kv heads of width d, D independent of H * d:
+// wq [H*d, D], wk and wv [Hkv*d, D], wo [D, H*d].
+struct GqaShape {
+  std::string name;
+  Shape x_shape;  // [..., T, D]
+  std::int64_t h, hkv, d;
+};
+
+void PrintTo(const GqaShape& s, std::ostream* os) { *os << s.name; }
+
+MhaInputs make_gqa_inputs(const GqaShape& s, std::uint64_t seed) {
+  Generator gen(seed);
+  const std::int64_t dm = s.x_shape.back();
+  MhaInputs in;
+  in.x = randn(s.x_shape, DType::float64, gen);
+  in.wq = randn({s.h * s.d, dm}, DType::float64, gen, 0.5);
+  in.wk = randn({s.hkv * s.d, dm}, DType::float64, gen, 0.5);
+  in.wv = randn({s.hkv * s.d, dm}, DType::float64, gen, 0.5);
+  in.wo = randn({dm, s.h * s.d}, DType::float64, gen, 0.5);
+  in.r = randn(s.x_shape, DType::float64, gen);
+  return in;
+}
+
+AttentionSpec gqa_spec(const GqaShape& s, bool causal) {
+  AttentionSpec spec = mha_spec(s.x_shape.back(), s.h, causal, s.hkv);
+  spec.head_width = s.d;
+  return spec;
+}
+
+// By hand, row by row: wk [Hkv*d, D] -> [H*d, D], kv head j's rows copied for
+// each of its G query heads (the MHA weights that GQA stands for).
+Tensor repeat_kv_rows(const Tensor& w, std::int64_t heads, std::int64_t d) {
+  const std::int64_t group = heads / (w.size(0) / d), cols = w.size(1);
+  Tensor out = Tensor::empty({heads * d, cols}, w.dtype());
+  for (std::int64_t h = 0; h < heads; ++h)
+    for (std::int64_t r = 0; r < d; ++r)
+      for (std::int64_t c = 0; c < cols; ++c) out.set({h * d + r, c}, w.at({(h / group) * d + r, c}));
+  return out;
+}
+
+// By hand: dw [H*d, D] -> [Hkv*d, D], the G query heads' rows of each kv head summed.
+Tensor sum_kv_rows(const Tensor& dw, std::int64_t kv_heads, std::int64_t d) {
+  const std::int64_t group = dw.size(0) / d / kv_heads, cols = dw.size(1);
+  Tensor out = Tensor::zeros({kv_heads * d, cols}, dw.dtype());
+  for (std::int64_t h = 0; h < kv_heads * group; ++h)
+    for (std::int64_t r = 0; r < d; ++r)
+      for (std::int64_t c = 0; c < cols; ++c) {
+        const std::int64_t row = (h / group) * d + r;
+        out.set({row, c}, out.at({row, c}) + dw.at({h * d + r, c}));
+      }
+  return out;
+}
+
+// 1 < Hkv < H with H != Hkv^2 (hides neither a tile mapping nor a wrong
+// divisor), MQA, d != D / H, G = 1 with an explicit d, and leading dims.
+const std::vector<GqaShape> kGqaShapes = {
+    {"B2_T7_D32_H12_Hkv3_d10", {2, 7, 32}, 12, 3, 10},
+    {"B2_T7_D32_H12_Hkv1_d10_mqa", {2, 7, 32}, 12, 1, 10},
+    {"B2_T5_D24_H4_Hkv2_d5", {2, 5, 24}, 4, 2, 5},
+    {"B2_T5_D12_H3_Hkv3_d8", {2, 5, 12}, 3, 3, 8},
+    {"lead2x2_T4_D16_H6_Hkv2_d4", {2, 2, 4, 16}, 6, 2, 4},
+};
+
+using GqaShapeCase = std::tuple<GqaShape, bool>;
+
+std::string gqa_case_name(const ::testing::TestParamInfo<GqaShapeCase>& info) {
+  return std::get<0>(info.param).name + (std::get<1>(info.param) ? "__causal" : "__full");
+}
+
+class GqaOracle : public PluginTest, public ::testing::WithParamInterface<GqaShapeCase> {
+ protected:
+  void SetUp() override { require_plugins({"per_head"}); }
+};
+
+// GQA through per_head is MHA through per_head with wk, wv rows repeated per
+// kv head; the shared heads' gradients are the group sums of the MHA ones.
+TEST_P(GqaOracle, EqualsMhaWithRepeatedKvRows) {
+  const auto& [s, causal] = GetParam();
+  const MhaInputs gqa = make_gqa_inputs(s, 61);
+  MhaInputs mha = gqa;
+  mha.wk = repeat_kv_rows(gqa.wk, s.h, s.d);
+  mha.wv = repeat_kv_rows(gqa.wv, s.h, s.d);
+  AttentionSpec mha_s = gqa_spec(s, causal);
+  mha_s.num_kv_heads = s.h;
+  const MhaResult a = run_mha(plugin("per_head"), gqa, gqa_spec(s, causal));
+  const MhaResult b = run_mha(plugin("per_head"), mha, mha_s);
+  EXPECT_EQ(a.out.shape(), s.x_shape);
+  EXPECT_EQ(a.dwk.shape(), (Shape{s.hkv * s.d, s.x_shape.back()}));
+  EXPECT_TRUE(all_close("out", a.out, b.out, 1e-12, 1e-12));
+  EXPECT_TRUE(all_close("dX", a.dx, b.dx, 1e-12, 1e-12));
+  EXPECT_TRUE(all_close("dWq", a.dwq, b.dwq, 1e-12, 1e-12));
+  EXPECT_TRUE(all_close("dWk = group sums", a.dwk, sum_kv_rows(b.dwk, s.hkv, s.d), 1e-12, 1e-12));
+  EXPECT_TRUE(all_close("dWv = group sums", a.dwv, sum_kv_rows(b.dwv, s.hkv, s.d), 1e-12, 1e-12));
+  EXPECT_TRUE(all_close("dWo", a.dwo, b.dwo, 1e-12, 1e-12));
+}
+
+INSTANTIATE_TEST_SUITE_P(Plugins, GqaOracle,
+                         ::testing::Combine(::testing::ValuesIn(kGqaShapes), ::testing::Bool()),
+                         gqa_case_name);
+
+using GqaPairCase = std::tuple<PluginPair, GqaShape, bool>;
+
+class GqaAgreement : public PluginTest, public ::testing::WithParamInterface<GqaPairCase> {
+ protected:
+  void SetUp() override {
+    const auto& pair = std::get<0>(GetParam());
+    require_plugins({pair.first, pair.second});
+  }
+};
+
+TEST_P(GqaAgreement, OutAndAllGradients) {
+  const auto& [pair, s, causal] = GetParam();
+  const MhaInputs in = make_gqa_inputs(s, 62);
+  const AttentionSpec spec = gqa_spec(s, causal);
+  expect_mha_agree(run_mha(plugin(pair.first), in, spec), run_mha(plugin(pair.second), in, spec));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Plugins, GqaAgreement,
+    ::testing::Combine(::testing::ValuesIn(kPairs), ::testing::ValuesIn(kGqaShapes),
+                       ::testing::Bool()),
+    [](const ::testing::TestParamInfo<GqaPairCase>& info) {
+      return pair_name(std::get<0>(info.param)) + "__" + std::get<1>(info.param).name +
+             (std::get<2>(info.param) ? "__causal" : "__full");
+    });
+
+// The core level: q [B, H, Tq, d] with k, v [B, Hkv, Tk, d] (PyTorch's
+// enable_gqa) equals the core on k, v expanded by hand, with dk, dv the group sums.
+class CoreGqa : public PluginTest, public ::testing::WithParamInterface<std::string> {
+ protected:
+  void SetUp() override { require_plugins({GetParam()}); }
+};
+
+TEST_P(CoreGqa, EqualsExpandedKv) {
+  const std::int64_t b = 2, h = 12, hkv = 3, tq = 5, tk = 7, d = 4, group = h / hkv;
+  Generator gen(63);
+  CoreInputs gqa;
+  gqa.q = randn({b, h, tq, d}, DType::float64, gen);
+  gqa.k = randn({b, hkv, tk, d}, DType::float64, gen);
+  gqa.v = randn({b, hkv, tk, d}, DType::float64, gen);
+  gqa.r = randn({b, h, tq, d}, DType::float64, gen);
+  // [B, Hkv, Tk, d] -> [B, H, Tk, d], head n a copy of kv head n / G; and back, summed
+  auto expand = [&](const Tensor& kv) {
+    Tensor out = Tensor::empty({b, h, tk, d}, DType::float64);
+    for (std::int64_t n = 0; n < h; ++n) out.narrow(1, n, 1).copy_(kv.narrow(1, n / group, 1));
+    return out;
+  };
+  auto group_sum = [&](const Tensor& g) {
+    Tensor out = Tensor::zeros({b, hkv, tk, d}, DType::float64);
+    for (std::int64_t i = 0; i < out.numel(); ++i) {
+      const Shape at = unravel_index(i, out.shape());
+      double acc = 0.0;
+      for (std::int64_t m = 0; m < group; ++m) acc += g.at({at[0], at[1] * group + m, at[2], at[3]});
+      out.set_flat(i, acc);
+    }
+    return out;
+  };
+  CoreInputs mha = gqa;
+  mha.k = expand(gqa.k);
+  mha.v = expand(gqa.v);
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "full");
+    AttentionSpec spec;
+    spec.causal = causal;
+    const CoreResult a = run_core(plugin(GetParam()), gqa, spec);
+    const CoreResult e = run_core(plugin(GetParam()), mha, spec);
+    EXPECT_TRUE(all_close("out", a.out, e.out, 1e-12, 1e-12));
+    EXPECT_TRUE(all_close("dq", a.dq, e.dq, 1e-12, 1e-12));
+    EXPECT_TRUE(all_close("dk = group sums", a.dk, group_sum(e.dk), 1e-12, 1e-12));
+    EXPECT_TRUE(all_close("dv = group sums", a.dv, group_sum(e.dv), 1e-12, 1e-12));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Plugins, CoreGqa, ::testing::Values("per_head", "batched"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
+// Bad head layouts are refused with the shapes named, not a size error deep in an op.
+class GqaErrors : public PluginTest, public ::testing::WithParamInterface<std::string> {
+ protected:
+  void SetUp() override { require_plugins({GetParam()}); }
+};
+
+TEST_P(GqaErrors, ClearInvalidArgument) {
+  const Attention& p = plugin(GetParam());
+  const GqaShape s{"", {2, 7, 32}, 12, 3, 10};
+  const MhaInputs in = make_gqa_inputs(s, 64);
+  AttentionSpec spec = gqa_spec(s, false);
+  spec.num_kv_heads = 5;  // does not divide 12
+  using headgrad::test::expect_invalid;
+  expect_invalid([&] { run_mha(p, in, spec); }, {"num_kv_heads 5", "num_heads 12"});
+  spec.num_kv_heads = 3;
+  Generator gen(65);
+  MhaInputs wrong = in;
+  wrong.wk = randn({12 * 10, 32}, DType::float64, gen);  // [H*d, D], as if Hkv = H
+  expect_invalid([&] { run_mha(p, wrong, spec); }, {"wk is [120, 32]", "expected [30, 32]"});
+  wrong = in;
+  wrong.wo = randn({32, 32}, DType::float64, gen);  // [D, D]
+  expect_invalid([&] { run_mha(p, wrong, spec); }, {"wo is [32, 32]", "expected [32, 120]"});
+  spec.head_width = 0;  // D = 32 is not a multiple of H = 12
+  expect_invalid([&] { run_mha(p, in, spec); }, {"D = 32", "H = 12"});
+  CoreInputs core;
+  core.q = randn({2, 12, 5, 4}, DType::float64, gen);
+  core.k = randn({2, 5, 5, 4}, DType::float64, gen);
+  core.v = randn({2, 5, 5, 4}, DType::float64, gen);
+  core.r = randn({2, 12, 5, 4}, DType::float64, gen);
+  expect_invalid([&] { run_core(p, core, AttentionSpec{}); }, {"k [2, 5, 5, 4]", "H = 12"});
+}
+
+INSTANTIATE_TEST_SUITE_P(Plugins, GqaErrors, ::testing::Values("per_head", "batched"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
+// ---------------------------------------------------------------- 8. RoPE in attention
+
+// Which token positions a RoPE case uses, for x [..., B, T, D] (lead = the dims before T).
+enum class RopePositions { offset, gapped_rows, reversed_large };
+
+const char* rope_positions_name(RopePositions p) {
+  switch (p) {
+    case RopePositions::offset: return "offset5";
+    case RopePositions::gapped_rows: return "gapped_rows";
+    case RopePositions::reversed_large: return "reversed_ge1000";
+  }
+  return "?";
+}
+
+// Gapped per row ([lead..., T]: every row its own, none an arange + c), or one
+// reversed row [T] with positions >= 1000, or an offset.
+RopeSpec make_rope(RopeStyle style, std::int64_t r, RopePositions kind, const Shape& x_shape) {
+  RopeSpec rope;
+  rope.enabled = true;
+  rope.style = style;
+  rope.rotary_dim = r;
+  const std::int64_t t = x_shape[x_shape.size() - 2];
+  if (kind == RopePositions::offset) rope.offset = 5;
+  if (kind == RopePositions::gapped_rows) {
+    Shape shape(x_shape.begin(), x_shape.end() - 1);  // [lead..., T]
+    std::vector<std::int64_t> p(static_cast<std::size_t>(shape_numel(shape)));
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      const auto row = static_cast<std::int64_t>(i) / t, tok = static_cast<std::int64_t>(i) % t;
+      p[i] = 17 * row + tok * tok + (tok % 3 == 2 ? 40 : 0);
+    }
+    rope.positions = positions_tensor(p, shape);
+  }
+  if (kind == RopePositions::reversed_large) {
+    std::vector<std::int64_t> p;
+    for (std::int64_t tok = 0; tok < t; ++tok) p.push_back(1000 + 3 * (t - 1 - tok));
+    rope.positions = positions_tensor(p, {t});
+  }
+  return rope;
+}
+
+using RopeAttentionCase = std::tuple<GqaShape, RopeStyle, bool, RopePositions>;  // partial r?
+
+// The partial rotary width for head width d: 6 of 10, 2 of 4.
+std::int64_t partial_r(std::int64_t d) { return d >= 8 ? 6 : 2; }
+
+std::string rope_case_name(const ::testing::TestParamInfo<RopeAttentionCase>& info) {
+  const auto& [s, style, partial, kind] = info.param;
+  return s.name + "__" + std::string(rope_style_name(style)) + (partial ? "_r" + std::to_string(partial_r(s.d)) : "_r_eq_d") +
+         "__" + rope_positions_name(kind);
+}
+
+class RopeAttention : public PluginTest, public ::testing::WithParamInterface<RopeAttentionCase> {
+ protected:
+  void SetUp() override { require_plugins({"per_head", "batched"}); }
+
+  AttentionSpec spec() const {
+    const auto& [s, style, partial, kind] = GetParam();
+    AttentionSpec spec = gqa_spec(s, true);
+    spec.rope = make_rope(style, partial ? partial_r(s.d) : 0, kind, s.x_shape);
+    return spec;
+  }
+};
+
+TEST_P(RopeAttention, PerHeadAndBatchedAgree) {
+  const GqaShape& s = std::get<0>(GetParam());
+  const MhaInputs in = make_gqa_inputs(s, 71);
+  const MhaResult a = run_mha(plugin("per_head"), in, spec());
+  expect_mha_agree(a, run_mha(plugin("batched"), in, spec()));
+  // and RoPE did something: without it the output differs
+  AttentionSpec off = spec();
+  off.rope.enabled = false;
+  EXPECT_FALSE(all_close("out without rope", run_mha(plugin("per_head"), in, off).out, a.out));
+}
+
+// The oracle built by hand from ops: project, split, rotate q and k (k with
+// its Hkv heads) with the rope op, widen k and v, plain attention, merge, project.
+TEST_P(RopeAttention, MatchesRotateThenPlainAttention) {
+  const GqaShape& s = std::get<0>(GetParam());
+  const MhaInputs in = make_gqa_inputs(s, 72);
+  const AttentionSpec sp = spec();
+  Variable x(in.x, true);
+  const MhaWeights w{Variable(in.wq, true), Variable(in.wk, true), Variable(in.wv, true),
+                     Variable(in.wo, true)};
+  const std::int64_t t = s.x_shape[s.x_shape.size() - 2], dm = s.x_shape.back();
+  const Variable x3 = reshape(x, {-1, t, dm});
+  RopeSpec turn = sp.rope;
+  if (turn.positions.defined() && turn.positions.dim() > 2)
+    turn.positions = turn.positions.reshape({-1, t});  // [lead..., T] as x is folded
+  const Variable q = rope(split_heads(linear(x3, w.wq), s.h), turn);
+  const Variable k = rope(split_heads(linear(x3, w.wk), s.hkv), turn);
+  const Variable v = split_heads(linear(x3, w.wv), s.hkv);
+  const std::int64_t g = s.h / s.hkv;
+  const Variable o = attention_core(q, repeat_interleave(k, g, 1), repeat_interleave(v, g, 1),
+                                    without_rope(sp));
+  const Variable out = reshape(linear(merge_heads(o), w.wo), s.x_shape);
+  sum(mul(out, Variable(in.r))).backward();
+  const MhaResult want{out.data(), x.grad(), w.wq.grad(), w.wk.grad(), w.wv.grad(), w.wo.grad()};
+  for (const std::string name : {"per_head", "batched"}) {
+    SCOPED_TRACE(name);
+    expect_mha_agree(run_mha(plugin(name), in, sp), want);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Plugins, RopeAttention,
+    ::testing::Combine(::testing::Values(kGqaShapes[0], kGqaShapes[1], kGqaShapes[4]),
+                       ::testing::Values(RopeStyle::interleaved, RopeStyle::half),
+                       ::testing::Bool(),
+                       ::testing::Values(RopePositions::offset, RopePositions::gapped_rows,
+                                         RopePositions::reversed_large)),
+    rope_case_name);
+
+// The core level with GQA and decode-like positions: queries at q_offset + t,
+// keys at 0 .. Tk-1; equals rotating q and k with the op, then the core without RoPE.
+TEST_F(PluginTest, RopeCoreLevelWithQueryOffset) {
+  require_plugins({"per_head", "batched"});
+  Generator gen(73);
+  CoreInputs in;  // B=2, H=12, Hkv=3, Tq=3, Tk=8, d=10
+  in.q = randn({2, 12, 3, 10}, DType::float64, gen);
+  in.k = randn({2, 3, 8, 10}, DType::float64, gen);
+  in.v = randn({2, 3, 8, 10}, DType::float64, gen);
+  in.r = randn({2, 12, 3, 10}, DType::float64, gen);
+  for (RopeStyle style : {RopeStyle::interleaved, RopeStyle::half}) {
+    SCOPED_TRACE(rope_style_name(style));
+    AttentionSpec spec;
+    spec.causal = false;
+    spec.rope.enabled = true;
+    spec.rope.style = style;
+    spec.rope.rotary_dim = 6;
+    spec.rope.q_offset = 5;
+    RopeSpec at_q = spec.rope, at_k = spec.rope;
+    at_q.offset = 5;
+    CoreInputs rotated = in;
+    rotated.q = rope(Variable(in.q), at_q).data();
+    rotated.k = rope(Variable(in.k), at_k).data();
+    const CoreResult want = run_core(plugin("per_head"), rotated, without_rope(spec));
+    for (const std::string name : {"per_head", "batched"}) {
+      SCOPED_TRACE(name);
+      const CoreResult got = run_core(plugin(name), in, spec);
+      EXPECT_TRUE(all_close("out", got.out, want.out, 1e-12, 1e-12));
+      EXPECT_TRUE(all_close("dv", got.dv, want.dv, 1e-12, 1e-12));
+      // dq, dk: the gradients of the rotated tensors, rotated back (R^T)
+      Variable rq(in.q, true), rk(in.k, true);
+      rope(rq, at_q).backward(want.dq);
+      rope(rk, at_k).backward(want.dk);
+      EXPECT_TRUE(all_close("dq", got.dq, rq.grad(), 1e-12, 1e-12));
+      EXPECT_TRUE(all_close("dk", got.dk, rk.grad(), 1e-12, 1e-12));
+    }
+  }
+}
+
+// Scores depend on position differences only: the same shift on q and k
+// leaves out and every gradient unchanged. This is why a uniform position
+// shift is invisible end to end and only a RoPE-level check can see it.
+TEST_F(PluginTest, RopeUniformShiftIsInvisibleEndToEnd) {
+  require_plugins({"per_head"});
+  const GqaShape& s = kGqaShapes[0];
+  const MhaInputs in = make_gqa_inputs(s, 74);
+  AttentionSpec spec = gqa_spec(s, true);
+  spec.rope = make_rope(RopeStyle::half, 0, RopePositions::offset, s.x_shape);
+  const MhaResult a = run_mha(plugin("per_head"), in, spec);
+  spec.rope.offset += 37;
+  expect_mha_agree(run_mha(plugin("per_head"), in, spec), a);
+}
+
+TEST_F(PluginTest, RopePositionsOfTheWrongShapeAreRefused) {
+  require_plugins({"per_head", "batched"});
+  const GqaShape& s = kGqaShapes[0];  // B 2, T 7
+  const MhaInputs in = make_gqa_inputs(s, 75);
+  AttentionSpec spec = gqa_spec(s, false);
+  spec.rope.enabled = true;
+  spec.rope.positions = positions_tensor(std::vector<std::int64_t>(12 * 7, 0), {12, 7});  // [H, T]
+  for (const std::string name : {"per_head", "batched"}) {
+    SCOPED_TRACE(name);
+    headgrad::test::expect_invalid([&] { run_mha(plugin(name), in, spec); },
+                                   {"rope", "positions [12, 7]"});
+  }
+  spec.rope.positions = positions_tensor({0, 1, 2, 3, 4}, {5});  // T = 5, not 7
+  headgrad::test::expect_invalid([&] { run_mha(plugin("per_head"), in, spec); },
+                                 {"positions [5]", "T = 7"});
+}
+
 }  // namespace

@@ -1,8 +1,12 @@
 // batched: all heads at once. Project, split [B, T, D] -> [B, H, T, d], one
 // batched core, merge back (transpose first), project.
 //
-// Shape legend: B batch, T sequence, D model width, H heads, Hkv key/value
-// heads, d = D / H.
+// RoPE (when on) rotates q and k after the split, k per kv head.
+// Grouped kv heads: k and v are expanded to H heads (repeat_interleave by G,
+// kv head j serving query heads [jG, (j+1)G)), then the MHA core runs.
+//
+// Shape legend: B batch, T sequence, D model width, H query heads, Hkv
+// key/value heads, G = H / Hkv, d head width (D / H unless given).
 #include <headgrad/plugin.hpp>
 
 namespace {
@@ -17,7 +21,7 @@ class Batched final : public Attention {
     i.version = "1.0.0";
     i.description = "split, transpose, batched core, transpose back, merge";
     auto& c = i.capabilities;
-    c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = c.grouped_kv = true;
+    c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = c.grouped_kv = c.rope = true;
     return i;
   }
 
@@ -30,7 +34,10 @@ class Batched final : public Attention {
 
   Variable core_forward(const Variable& q, const Variable& k, const Variable& v,
                         const AttentionSpec& spec) const override {
-    return attention_core(q, k, v, spec);
+    // q [..., H, Tq, d], k and v [..., Hkv, Tk, .] -> widened to H heads
+    const std::int64_t group = kv_group(q, k, v, "batched");
+    return attention_core(rope_queries(q, spec), expand_kv_heads(rope_keys(k, spec), group),
+                          expand_kv_heads(v, group), spec);
   }
 };
 

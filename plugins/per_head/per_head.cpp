@@ -2,8 +2,13 @@
 // its own slice of the weights and its own [T, T] scores; no reshape of
 // activations ever touches the head layout.
 //
-// Shape legend: B batch, T sequence, D model width, H heads, Hkv key/value
-// heads, d = D / H.
+// Grouped kv heads: query head h slices the rows of kv head floor(h / G)
+// out of wk and wv; nothing is repeated, so the gradient of a shared kv head
+// is the sum over its G query heads by plain accumulation. RoPE (when on)
+// rotates each query head and each kv head once, with the engine's rope op.
+//
+// Shape legend: B batch, T sequence, D model width, H query heads, Hkv
+// key/value heads, G = H / Hkv, d head width (D / H unless given).
 #include <headgrad/plugin.hpp>
 
 namespace {
@@ -34,37 +39,44 @@ class PerHead final : public Attention {
     i.version = "1.0.0";
     i.description = "loop over heads with sliced weights: the slow, obvious oracle";
     auto& c = i.capabilities;
-    c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = c.grouped_kv = true;
+    c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = c.grouped_kv = c.rope = true;
     return i;
   }
 
   // x [..., T, D] -> [..., T, D]
   Variable mha_forward(const Variable& x, const MhaWeights& w,
                        const AttentionSpec& spec) const override {
-    const std::int64_t t = x.size(-2), dm = x.size(-1), h_count = spec.num_heads;
-    const std::int64_t d = dm / h_count, group = h_count / spec.kv_heads();
-    const Variable x3 = reshape(x, {-1, t, dm});  // leading dims folded into one batch
+    const MhaDims m = mha_dims(x, w, spec, "per_head");
+    const AttentionSpec s = fold_rope_positions(spec, x.shape());
+    const std::int64_t t = x.size(-2), d = m.head_dim;
+    const Variable x3 = reshape(x, {-1, t, m.d_model});  // leading dims folded into one batch
     const Tensor attend = attention_mask(spec, t, t);
-    std::vector<Variable> heads;
-    for (std::int64_t h = 0; h < h_count; ++h) {
-      const std::int64_t g = h / group;  // the key/value head this query head reads
-      const Variable q = linear(x3, narrow(w.wq, 0, h * d, d));  // [B, T, d]
-      const Variable k = linear(x3, narrow(w.wk, 0, g * d, d));
-      const Variable v = linear(x3, narrow(w.wv, 0, g * d, d));
-      heads.push_back(one_head(q, k, v, head_mask(attend, h), spec.scale_for(d)));
+    std::vector<Variable> ks, vs;  // kv head j: rows [j*d, (j+1)*d) of wk and wv
+    for (std::int64_t j = 0; j < m.kv_heads; ++j) {
+      ks.push_back(rope_keys(linear(x3, narrow(w.wk, 0, j * d, d)), s));  // [B, T, d]
+      vs.push_back(linear(x3, narrow(w.wv, 0, j * d, d)));
     }
-    const Variable concat = cat(heads, -1);  // [B, T, D]: head h in columns [h*d, (h+1)*d)
+    std::vector<Variable> heads;
+    for (std::int64_t h = 0; h < m.heads; ++h) {
+      const std::int64_t j = h / m.group;  // the kv head this query head reads
+      const Variable q = rope_queries(linear(x3, narrow(w.wq, 0, h * d, d)), s);  // [B, T, d]
+      heads.push_back(one_head(q, ks[j], vs[j], head_mask(attend, h), spec.scale_for(d)));
+    }
+    const Variable concat = cat(heads, -1);  // [B, T, H*d]: head h in columns [h*d, (h+1)*d)
     Shape out_shape = x.shape();
     return reshape(linear(concat, w.wo), out_shape);
   }
 
-  // q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv]: every slice of the
-  // leading dims (batch x heads) on its own.
+  // q [..., H, Tq, d], k [..., Hkv, Tk, d], v [..., Hkv, Tk, dv]: every slice
+  // of the leading dims (batch x heads) on its own; query slice n reads kv
+  // slice (n / H) * Hkv + (n % H) / G.
   Variable core_forward(const Variable& q, const Variable& k, const Variable& v,
                         const AttentionSpec& spec) const override {
+    const std::int64_t group = kv_group(q, k, v, "per_head");
+    const std::int64_t heads = q.dim() >= 3 ? q.size(-3) : 1;
     const std::int64_t tq = q.size(-2), tk = k.size(-2), d = q.size(-1), dv = v.size(-1);
-    const Variable q3 = reshape(q, {-1, tq, d});
-    const Variable k3 = reshape(k, {-1, tk, d});
+    const Variable q3 = reshape(rope_queries(q, spec), {-1, tq, d});  // rotated before slicing
+    const Variable k3 = reshape(rope_keys(k, spec), {-1, tk, d});
     const Variable v3 = reshape(v, {-1, tk, dv});
     Tensor attend = attention_mask(spec, tq, tk);
     if (attend.defined()) {
@@ -76,8 +88,9 @@ class PerHead final : public Attention {
     std::vector<Variable> slices;
     for (std::int64_t n = 0; n < q3.size(0); ++n) {
       const Tensor m = attend.defined() ? attend.narrow(0, n, 1) : Tensor();
-      slices.push_back(one_head(narrow(q3, 0, n, 1), narrow(k3, 0, n, 1), narrow(v3, 0, n, 1), m,
-                                spec.scale_for(d)));
+      const std::int64_t kv = (n / heads) * (heads / group) + (n % heads) / group;
+      slices.push_back(one_head(narrow(q3, 0, n, 1), narrow(k3, 0, kv, 1), narrow(v3, 0, kv, 1),
+                                m, spec.scale_for(d)));
     }
     Shape out_shape = q.shape();
     out_shape.back() = dv;

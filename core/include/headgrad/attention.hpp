@@ -3,7 +3,8 @@
 // split/merge of heads done the one right way.
 //
 // Shape legend: B batch, T sequence, Tq/Tk query/key lengths, D model width,
-// H heads, d = D / H head width.
+// H query heads, Hkv key/value heads, G = H / Hkv query heads per kv head,
+// d head width (D / H unless given), r rotary width.
 #pragma once
 
 #include <cmath>
@@ -11,20 +12,41 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <string>
+#include <string_view>
 
 #include "headgrad/ops.hpp"
 
 namespace headgrad {
 
+// Rotary position embeddings on q and k, per head, after the split and
+// before the scores; never on v. The two pairings are incompatible: the same
+// weights give different attention under each.
+enum class RopeStyle {
+  interleaved,  // pair k = dims (2k, 2k+1): RoFormer, Meta Llama, GPT-J
+  half,         // pair k = dims (k, k + r/2): GPT-NeoX, HF rotate_half
+};
+std::string_view rope_style_name(RopeStyle style);  // "interleaved" | "half"
+
 struct RopeSpec {
-  bool enabled = false;
+  bool enabled = false;  // read by attention; the rope() op itself always rotates
   double theta = 10000.0;
+  RopeStyle style = RopeStyle::interleaved;
+  std::int64_t rotary_dim = 0;  // r: even, <= d, 0 means d; w_k = theta^(-2k/r)
+  // Token positions p_t: [T] or [B, T], integer values (positions_tensor()),
+  // any order or gaps. Undefined: p_t = offset + t. Not both.
+  Tensor positions;
+  std::int64_t offset = 0;
+  // Added to the queries' positions only: queries at q_offset + p_t while
+  // keys stay at p_t (decode-like, Tq < Tk at the core level).
+  std::int64_t q_offset = 0;
 };
 
 struct AttentionSpec {
   std::int64_t d_model = 0;       // D (mha level)
   std::int64_t num_heads = 1;     // H
   std::int64_t num_kv_heads = 0;  // Hkv; 0 means H (plain multi-head)
+  std::int64_t head_width = 0;    // d; 0 means D / H (HF's head_dim may differ)
   bool causal = false;            // query i attends keys j <= i, aligned top-left
   std::optional<double> scale;    // default 1/sqrt(d)
   double dropout_p = 0.0;         // on the attention weights; 0 in every comparison
@@ -35,7 +57,7 @@ struct AttentionSpec {
   RopeSpec rope;
   std::map<std::string, double> options;  // room for settings that come later
 
-  std::int64_t head_dim() const { return d_model / num_heads; }
+  std::int64_t head_dim() const { return head_width > 0 ? head_width : d_model / num_heads; }
   std::int64_t kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }
   double scale_for(std::int64_t d) const {
     return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(d));
@@ -43,21 +65,61 @@ struct AttentionSpec {
 };
 
 // The four projections, PyTorch's layout: W is [out, in] and y = x W^T.
-// Head h owns rows [h*d, (h+1)*d) of wq, wk, wv and columns [h*d, (h+1)*d) of wo.
+// Query head h owns rows [h*d, (h+1)*d) of wq and columns [h*d, (h+1)*d) of
+// wo; kv head j owns rows [j*d, (j+1)*d) of wk and wv, and query head h
+// reads kv head floor(h / G) (PyTorch enable_gqa, HF repeat_kv).
 struct MhaWeights {
-  Variable wq;  // [D, D]
+  Variable wq;  // [H*d, D]
   Variable wk;  // [Hkv*d, D]
   Variable wv;  // [Hkv*d, D]
-  Variable wo;  // [D, D]
+  Variable wo;  // [D, H*d]
 };
+
+// The head layout of one MHA call, read from x and the spec.
+struct MhaDims {
+  std::int64_t d_model = 0;   // D = x.size(-1)
+  std::int64_t heads = 0;     // H
+  std::int64_t kv_heads = 0;  // Hkv
+  std::int64_t head_dim = 0;  // d
+  std::int64_t group = 0;     // G = H / Hkv
+};
+// Throws std::invalid_argument naming `who` and the shapes when Hkv does not
+// divide H, D is not a multiple of H and no head width is given, or a weight
+// is not wq [H*d, D], wk and wv [Hkv*d, D], wo [D, H*d].
+MhaDims mha_dims(const Variable& x, const MhaWeights& w, const AttentionSpec& spec,
+                 std::string_view who);
+
+// Grouped kv heads at the core level: q [..., H, Tq, d], k [..., Hkv, Tk, d],
+// v [..., Hkv, Tk, dv] with Hkv dividing H; returns G = H / Hkv (1 when k and v
+// have q's heads, or q has no head dim). Dims before the head dim are not
+// checked (a core may broadcast them). Throws naming `who` and the shapes.
+std::int64_t kv_group(const Variable& q, const Variable& k, const Variable& v,
+                      std::string_view who);
+// kv [..., Hkv, T, d] -> [..., Hkv*G, T, d]: kv head j repeated for query heads
+// [jG, (j+1)G) (repeat_interleave, not tile); the backward sums over the group.
+Variable expand_kv_heads(const Variable& kv, std::int64_t group);
 
 // The bool mask [..., Tq, Tk] (True = attend) that a spec asks for: causal,
 // spec.mask, both combined, or an undefined Tensor when every key is attended.
 Tensor attention_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t tk);
 
-// [B, T, D] -> view [B, T, H, d] -> transpose -> [B, H, T, d] (a strided view).
+// RoPE inside attention, the one right way for every plugin: per head, after
+// the head split, before the scores, never on v; under GQA k is rotated per kv
+// head (before any widening: the same thing, done once). q [B, H, Tq, d] or one
+// head's [B, Tq, d]; k [B, Hkv, Tk, d] or [B, Tk, d]. Keys sit at
+// spec.rope's positions (or offset + t), queries there plus rope.q_offset.
+// Both return their input unchanged when spec.rope.enabled is false.
+Variable rope_queries(const Variable& q, const AttentionSpec& spec);
+Variable rope_keys(const Variable& k, const AttentionSpec& spec);
+// The spec for a layer that folds the leading dims of x [..., T, D] into one
+// batch: rope positions [..., T] become [N, T] ([T] and [B, T] stay).
+AttentionSpec fold_rope_positions(const AttentionSpec& spec, const Shape& x_shape);
+// The spec handed on once q and k are rotated, so that a core does not rotate again.
+AttentionSpec without_rope(const AttentionSpec& spec);
+
+// [B, T, H*d] -> view [B, T, H, d] -> transpose -> [B, H, T, d] (a strided view).
 Variable split_heads(const Variable& x, std::int64_t heads);
-// [B, H, T, d] -> transpose -> [B, T, H, d] -> reshape (copies) -> [B, T, D].
+// [B, H, T, d] -> transpose -> [B, T, H, d] -> reshape (copies) -> [B, T, H*d].
 // !! The transpose comes first: reshaping [B, H, T, d] straight to [B, T, D]
 // keeps every size and silently mixes tokens with heads. !!
 Variable merge_heads(const Variable& x);
@@ -76,12 +138,14 @@ enum class KvHeads {
 // The batched multi-head layer around any core: x [..., T, D] -> project ->
 // split_heads -> (grouped KV heads widened to H, unless KvHeads::grouped) ->
 // core -> merge_heads -> project -> [..., T, D]. Leading dims are folded into
-// one batch.
+// one batch. Shapes are checked first (mha_dims). With spec.rope on, q and k
+// are rotated after the split (k per kv head) and the core gets without_rope(spec).
 Variable batched_mha(const Variable& x, const MhaWeights& w, const AttentionSpec& spec,
                      const AttentionCore& core, KvHeads kv_heads = KvHeads::repeat);
 
 // Scaled dot-product attention composed from ops (its backward comes from
 // autodiff): softmax(q k^T * scale, masked) v over the last two dims.
+// spec.rope is not read here: callers rotate q and k first (rope_queries/keys).
 // q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv] -> [..., Tq, dv].
 // A query row whose keys are all masked gives zeros (softmax's rule), not NaN.
 Variable attention_core(const Variable& q, const Variable& k, const Variable& v,

@@ -74,6 +74,19 @@ Tensor causal_mask(std::int64_t tq, std::int64_t tk);
 Variable masked_softmax(const Variable& x, double scale, const Tensor& attend, bool causal);
 Tensor logical_not(const Tensor& mask);
 
+// ---- rotary position embeddings (RoPE) ----
+struct RopeSpec;  // style, theta, rotary width, positions: headgrad/attention.hpp
+// x [..., T, d] -> [..., T, d]: pair k of the first r dims rotates by
+// phi = p_t * theta^(-2k/r) (angles and tables in float64); dims [r, d) pass
+// through bitwise unchanged. Backward: dx = R^T dy (rotation by -phi).
+// Positions [T] or [B, T] align with the FIRST dims of x: for x [B, H, T, d]
+// a [B, T] positions tensor is shared by the heads of each batch row.
+// !! Right-aligned broadcasting would put B on the head axis. !!
+Variable rope(const Variable& x, const RopeSpec& spec);
+// int64 token positions as the float64 tensor rope() reads (the tensor type
+// has no integer dtype; float64 holds every integer up to 2^53 exactly).
+Tensor positions_tensor(const std::vector<std::int64_t>& values, const Shape& shape);
+
 // The dims two shapes broadcast to; throws naming `op` when they cannot.
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
 

@@ -1,4 +1,8 @@
+// Shape legend: B batch, T sequence, D model width, H query heads, Hkv
+// key/value heads, G = H / Hkv, d head width.
+#include <algorithm>
 #include <stdexcept>
+#include <string>
 
 #include "headgrad/attention.hpp"
 #include "headgrad/kernels.hpp"
@@ -21,6 +25,110 @@ Tensor attention_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t t
   return both;
 }
 
+MhaDims mha_dims(const Variable& x, const MhaWeights& w, const AttentionSpec& spec,
+                 std::string_view who) {
+  const std::string at = std::string(who) + ": ";
+  if (x.dim() < 2)
+    throw std::invalid_argument(at + "x " + shape_str(x.shape()) + " is not [..., T, D]");
+  MhaDims m;
+  m.d_model = x.size(-1);
+  m.heads = spec.num_heads;
+  m.kv_heads = spec.kv_heads();
+  if (m.heads < 1 || m.kv_heads < 1 || m.kv_heads > m.heads || m.heads % m.kv_heads != 0)
+    throw std::invalid_argument(at + "num_kv_heads " + std::to_string(m.kv_heads) +
+                                " must divide num_heads " + std::to_string(m.heads) +
+                                " (query head h reads kv head h / (H / Hkv))");
+  m.group = m.heads / m.kv_heads;
+  if (spec.head_width > 0) {
+    m.head_dim = spec.head_width;
+  } else if (m.d_model % m.heads == 0) {
+    m.head_dim = m.d_model / m.heads;
+  } else {
+    throw std::invalid_argument(at + "D = " + std::to_string(m.d_model) + " (x " +
+                                shape_str(x.shape()) + ") is not a multiple of H = " +
+                                std::to_string(m.heads) + " and no head width is given");
+  }
+  const std::int64_t dm = m.d_model, hd = m.heads * m.head_dim, kvd = m.kv_heads * m.head_dim;
+  const std::pair<const Variable*, Shape> expected[] = {
+      {&w.wq, {hd, dm}}, {&w.wk, {kvd, dm}}, {&w.wv, {kvd, dm}}, {&w.wo, {dm, hd}}};
+  const char* names[] = {"wq", "wk", "wv", "wo"};
+  for (std::size_t i = 0; i < 4; ++i)
+    if (!expected[i].first->defined() || expected[i].first->shape() != expected[i].second)
+      throw std::invalid_argument(
+          at + names[i] + " is " +
+          (expected[i].first->defined() ? shape_str(expected[i].first->shape()) : "undefined") +
+          ", expected " + shape_str(expected[i].second) + " for D " + std::to_string(dm) +
+          ", H " + std::to_string(m.heads) + ", Hkv " + std::to_string(m.kv_heads) + ", d " +
+          std::to_string(m.head_dim) +
+          " (wq [H*d, D], wk and wv [Hkv*d, D], wo [D, H*d])");
+  return m;
+}
+
+std::int64_t kv_group(const Variable& q, const Variable& k, const Variable& v,
+                      std::string_view who) {
+  const auto fail = [&](const std::string& why) {
+    throw std::invalid_argument(std::string(who) + ": q " + shape_str(q.shape()) + ", k " +
+                                shape_str(k.shape()) + ", v " + shape_str(v.shape()) + ": " + why);
+  };
+  if (q.dim() < 2 || k.dim() != q.dim() || v.dim() != q.dim())
+    fail("expected [..., Tq, d], [..., Tk, d], [..., Tk, dv] with the same number of dims");
+  if (q.dim() < 3) return 1;
+  const std::int64_t h = q.size(-3), hkv = k.size(-3);
+  if (hkv == h && v.size(-3) == h) return 1;
+  // Dims before the head dim are left to the core's broadcasting.
+  if (v.size(-3) != hkv || hkv < 1 || h % hkv != 0)
+    fail("k and v must have Hkv heads (dim -3) dividing the H = " + std::to_string(h) +
+         " heads of q");
+  return h / hkv;
+}
+
+Variable expand_kv_heads(const Variable& kv, std::int64_t group) {
+  return group == 1 ? kv : repeat_interleave(kv, group, -3);
+}
+
+Variable rope_keys(const Variable& k, const AttentionSpec& spec) {
+  return spec.rope.enabled ? rope(k, spec.rope) : k;
+}
+
+Variable rope_queries(const Variable& q, const AttentionSpec& spec) {
+  if (!spec.rope.enabled) return q;
+  if (spec.rope.q_offset == 0) return rope(q, spec.rope);
+  RopeSpec shifted = spec.rope;
+  if (shifted.positions.defined()) {
+    Tensor p = shifted.positions.clone();
+    for (std::int64_t i = 0; i < p.numel(); ++i) p.set_flat(i, p.flat(i) + static_cast<double>(shifted.q_offset));
+    shifted.positions = p;
+  } else {
+    shifted.offset += shifted.q_offset;
+  }
+  return rope(q, shifted);
+}
+
+AttentionSpec fold_rope_positions(const AttentionSpec& spec, const Shape& x_shape) {
+  const Tensor& p = spec.rope.positions;
+  const auto lead = static_cast<std::int64_t>(x_shape.size()) - 2;
+  if (!spec.rope.enabled || !p.defined() || lead <= 1 || p.dim() < 2 || p.dim() > lead + 1)
+    return spec;
+  // positions [L0 .. Lk, T] over x [L0 .. Lk, .., L_lead, T, D]: spread over the
+  // remaining leading dims, then [N, T] as x is folded. A prefix that does not
+  // match is left for rope() to refuse with both shapes.
+  Shape prefix(p.shape().begin(), p.shape().end() - 1);
+  if (!std::equal(prefix.begin(), prefix.end(), x_shape.begin())) return spec;
+  Shape spread(x_shape.begin(), x_shape.end() - 1);  // [L0 .. L_lead, T]
+  Shape with_ones = prefix;
+  with_ones.resize(static_cast<std::size_t>(lead), 1);
+  with_ones.push_back(p.size(-1));
+  AttentionSpec folded = spec;
+  folded.rope.positions = p.reshape(with_ones).expand(spread).reshape({-1, p.size(-1)});
+  return folded;
+}
+
+AttentionSpec without_rope(const AttentionSpec& spec) {
+  AttentionSpec s = spec;
+  s.rope.enabled = false;
+  return s;
+}
+
 Variable split_heads(const Variable& x, std::int64_t heads) {
   if (x.dim() != 3 || heads < 1 || x.size(2) % heads != 0)
     throw std::invalid_argument("split_heads: input " + shape_str(x.shape()) +
@@ -40,17 +148,17 @@ Variable merge_heads(const Variable& x) {
 
 Variable batched_mha(const Variable& x, const MhaWeights& w, const AttentionSpec& spec,
                      const AttentionCore& core, KvHeads kv_heads) {
-  const std::int64_t t = x.size(-2), dm = x.size(-1);
-  const std::int64_t h = spec.num_heads, hkv = spec.kv_heads();
-  const Variable x3 = reshape(x, {-1, t, dm});          // [B, T, D]
-  const Variable q = split_heads(linear(x3, w.wq), h);  // [B, H, T, d]
-  Variable k = split_heads(linear(x3, w.wk), hkv);      // [B, Hkv, T, d]
-  Variable v = split_heads(linear(x3, w.wv), hkv);
-  if (hkv != h && kv_heads == KvHeads::repeat) {  // query head i reads kv head i / (H / Hkv)
-    k = repeat_interleave(k, h / hkv, 1);
-    v = repeat_interleave(v, h / hkv, 1);
+  const MhaDims m = mha_dims(x, w, spec, "batched_mha");
+  const AttentionSpec s = fold_rope_positions(spec, x.shape());
+  const Variable x3 = reshape(x, {-1, x.size(-2), m.d_model});                 // [B, T, D]
+  const Variable q = rope_queries(split_heads(linear(x3, w.wq), m.heads), s);   // [B, H, T, d]
+  Variable k = rope_keys(split_heads(linear(x3, w.wk), m.kv_heads), s);         // [B, Hkv, T, d]
+  Variable v = split_heads(linear(x3, w.wv), m.kv_heads);                       // never rotated
+  if (kv_heads == KvHeads::repeat) {  // widened to H: query head h reads kv head h / G
+    k = expand_kv_heads(k, m.group);
+    v = expand_kv_heads(v, m.group);
   }
-  const Variable o = merge_heads(core(q, k, v, spec));  // [B, T, D]
+  const Variable o = merge_heads(core(q, k, v, without_rope(s)));  // [B, T, H*d]
   return reshape(linear(o, w.wo), x.shape());
 }
 
