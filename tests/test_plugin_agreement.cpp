@@ -864,7 +864,7 @@ std::string rope_case_name(const ::testing::TestParamInfo<RopeAttentionCase>& in
 
 class RopeAttention : public PluginTest, public ::testing::WithParamInterface<RopeAttentionCase> {
  protected:
-  void SetUp() override { require_plugins({"per_head", "batched"}); }
+  void SetUp() override { require_plugins({"per_head", "batched", "fused_sdpa"}); }
 
   AttentionSpec spec() const {
     const auto& [s, style, partial, kind] = GetParam();
@@ -874,11 +874,14 @@ class RopeAttention : public PluginTest, public ::testing::WithParamInterface<Ro
   }
 };
 
-TEST_P(RopeAttention, PerHeadAndBatchedAgree) {
+TEST_P(RopeAttention, EveryPluginAgreesWithPerHead) {
   const GqaShape& s = std::get<0>(GetParam());
   const MhaInputs in = make_gqa_inputs(s, 71);
   const MhaResult a = run_mha(plugin("per_head"), in, spec());
-  expect_mha_agree(a, run_mha(plugin("batched"), in, spec()));
+  for (const std::string name : {"batched", "fused_sdpa"}) {
+    SCOPED_TRACE(name);
+    expect_mha_agree(a, run_mha(plugin(name), in, spec()));
+  }
   // and RoPE did something: without it the output differs
   AttentionSpec off = spec();
   off.rope.enabled = false;
@@ -908,7 +911,7 @@ TEST_P(RopeAttention, MatchesRotateThenPlainAttention) {
   const Variable out = reshape(linear(merge_heads(o), w.wo), s.x_shape);
   sum(mul(out, Variable(in.r))).backward();
   const MhaResult want{out.data(), x.grad(), w.wq.grad(), w.wk.grad(), w.wv.grad(), w.wo.grad()};
-  for (const std::string name : {"per_head", "batched"}) {
+  for (const std::string name : {"per_head", "batched", "fused_sdpa"}) {
     SCOPED_TRACE(name);
     expect_mha_agree(run_mha(plugin(name), in, sp), want);
   }
@@ -926,7 +929,7 @@ INSTANTIATE_TEST_SUITE_P(
 // The core level with GQA and decode-like positions: queries at q_offset + t,
 // keys at 0 .. Tk-1; equals rotating q and k with the op, then the core without RoPE.
 TEST_F(PluginTest, RopeCoreLevelWithQueryOffset) {
-  require_plugins({"per_head", "batched"});
+  require_plugins({"per_head", "batched", "fused_sdpa"});
   Generator gen(73);
   CoreInputs in;  // B=2, H=12, Hkv=3, Tq=3, Tk=8, d=10
   in.q = randn({2, 12, 3, 10}, DType::float64, gen);
@@ -947,7 +950,7 @@ TEST_F(PluginTest, RopeCoreLevelWithQueryOffset) {
     rotated.q = rope(Variable(in.q), at_q).data();
     rotated.k = rope(Variable(in.k), at_k).data();
     const CoreResult want = run_core(plugin("per_head"), rotated, without_rope(spec));
-    for (const std::string name : {"per_head", "batched"}) {
+    for (const std::string name : {"per_head", "batched", "fused_sdpa"}) {
       SCOPED_TRACE(name);
       const CoreResult got = run_core(plugin(name), in, spec);
       EXPECT_TRUE(all_close("out", got.out, want.out, 1e-12, 1e-12));

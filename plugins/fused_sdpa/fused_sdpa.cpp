@@ -23,7 +23,7 @@ class FusedSdpa final : public Attention {
         "memory O(T); fully masked rows give zeros";
     auto& c = i.capabilities;
     c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = true;
-    c.float32 = c.float64 = c.dropout = c.grouped_kv = true;
+    c.float32 = c.float64 = c.dropout = c.grouped_kv = c.rope = true;
     return i;
   }
 
@@ -40,10 +40,11 @@ class FusedSdpa final : public Attention {
   }
 
   // q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv] -> [..., Tq, dv]; k, v
-  // may have Hkv heads (dim -3) where q has H.
+  // may have Hkv heads (dim -3) where q has H. RoPE, when asked for, rotates q
+  // and k before the kernel (the rotation's backward is the engine's).
   Variable core_forward(const Variable& q, const Variable& k, const Variable& v,
                         const AttentionSpec& spec) const override {
-    return fused_sdpa::sdpa(q, k, v, spec);
+    return fused_sdpa::sdpa(rope_queries(q, spec), rope_keys(k, spec), v, without_rope(spec));
   }
 };
 
