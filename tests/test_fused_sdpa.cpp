@@ -113,8 +113,7 @@ TEST_F(FusedSdpaTest, AdvertisesItsCapabilities) {
   EXPECT_NE(info.description.find("fully masked rows give zeros"), std::string::npos);
   const Capabilities& c = info.capabilities;
   EXPECT_TRUE(c.mha && c.core && c.causal && c.bool_mask && c.cross_lengths);
-  EXPECT_TRUE(c.float32 && c.float64 && c.dropout && c.grouped_kv);
-  EXPECT_FALSE(c.rope);
+  EXPECT_TRUE(c.float32 && c.float64 && c.dropout && c.grouped_kv && c.rope);
 }
 
 TEST_F(FusedSdpaTest, RejectsBadInputsNamingTheOp) {

@@ -75,7 +75,9 @@ std::int64_t kv_group(const Variable& q, const Variable& k, const Variable& v,
   if (q.dim() < 3) return 1;
   const std::int64_t h = q.size(-3), hkv = k.size(-3);
   if (hkv == h && v.size(-3) == h) return 1;
-  // Dims before the head dim are left to the core's broadcasting.
+  // One query head over several kv heads is plain broadcasting, not grouping;
+  // dims before the head dim are left to the core's broadcasting too.
+  if (h == 1 && v.size(-3) == hkv) return 1;
   if (v.size(-3) != hkv || hkv < 1 || h % hkv != 0)
     fail("k and v must have Hkv heads (dim -3) dividing the H = " + std::to_string(h) +
          " heads of q");
