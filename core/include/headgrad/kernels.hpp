@@ -17,7 +17,6 @@ enum class UnaryOp { neg, exp, log };
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);  // broadcasting
 Tensor unary(UnaryOp op, const Tensor& x);
 Tensor scale(const Tensor& x, double factor);
-void add_(Tensor& acc, const Tensor& x);  // acc += x, same shape, acc contiguous
 
 // Sum g over the dims it was broadcast along, down to `shape`.
 Tensor sum_to(const Tensor& g, const Shape& shape);

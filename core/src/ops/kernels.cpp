@@ -151,16 +151,6 @@ Tensor scale(const Tensor& x, double factor) {
   return out;
 }
 
-void add_(Tensor& acc, const Tensor& x) {
-  if (acc.shape() != x.shape())
-    throw std::invalid_argument("add_: shapes " + shape_str(acc.shape()) + " and " +
-                                shape_str(x.shape()) + " differ");
-  require_same_dtype(acc, x, "add_");
-  dispatch_float(acc.dtype(), "add_", [&]<class T>() {
-    zip_into<T>(acc, acc, x, [](T s, T v) { return s + v; });
-  });
-}
-
 // Accumulate g into a zero tensor of the reduced shape, expanded (stride 0) over
 // the summed dims: one pass over g, whatever dims are reduced.
 Tensor sum_to(const Tensor& g, const Shape& shape) {
