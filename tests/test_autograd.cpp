@@ -224,13 +224,33 @@ TEST(Autograd, GradientOfAViewLeafHasItsShape) {
   expect_values(x.grad(), {2, 8, 4, 10, 6, 12});
 }
 
-TEST(Autograd, DeepChainDoesNotOverflow) {
-  // 20000 ops: backward walks the graph iteratively.
-  Variable x(vec({1.0}), true);
+TEST(Autograd, MillionOpChainBuildsRunsAndFrees) {
+  // y = x + 1e6 scale(., 1) steps on one-element tensors: building, backward
+  // and teardown all walk the chain iteratively (a recursive destructor or
+  // topological sort would overflow the stack long before).
+  constexpr int kOps = 1'000'000;
+  Variable x(Tensor::scalar(2.0, DType::float64), true);
+  auto chain = [&] {
+    Variable y = x;
+    for (int i = 0; i < kOps; ++i) y = scale(y, 1.0);
+    return y;
+  };
+  {
+    Variable y = chain();
+    y.backward();  // frees the graph as it goes
+    expect_values(x.grad(), {1.0});
+  }
+  {
+    Variable y = chain();
+    y.backward({.retain_graph = true});  // the whole chain is torn down with y, by ~Node
+    expect_values(x.grad(), {2.0});
+  }
+  // Fan-in: every op also reads x, so x's node is shared by a million edges.
   Variable y = x;
-  for (int i = 0; i < 20000; ++i) y = add(y, x);
+  for (int i = 0; i < kOps / 4; ++i) y = add(y, x);
+  x.zero_grad();
   sum(y).backward();
-  expect_values(x.grad(), {20001.0});
+  expect_values(x.grad(), {kOps / 4 + 1.0});
 }
 
 // ---------------------------------------------------------------- custom ops

@@ -1,7 +1,7 @@
 #include "headgrad/variable.hpp"
 
 #include <stdexcept>
-#include <unordered_map>
+#include <atomic>
 
 #include "headgrad/kernels.hpp"
 
@@ -18,6 +18,9 @@ struct Variable::Node {
   bool is_op = false;    // recorded by an op (stays true when released)
   bool released = false; // its backward ran without retain_graph: closure and saved are gone
   Tensor grad;           // leaves: the accumulated gradient
+  // Set by the backward walking the node: the walk's id, and its place in the walk's order.
+  std::uint64_t walk = 0;
+  std::size_t slot = 0;
   std::vector<std::shared_ptr<Node>> inputs;
   std::vector<Tensor> saved;
   BackwardFn backward;
@@ -52,6 +55,7 @@ Variable::Node::~Node() {
 
 namespace {
 thread_local bool t_grad_enabled = true;
+std::atomic<std::uint64_t> g_walks{0};
 
 [[noreturn]] void throw_undefined(const char* what) {
   throw std::logic_error(std::string(what) + " on an undefined Variable");
@@ -142,7 +146,7 @@ void Variable::backward(const Tensor& grad_output, const BackwardOptions& option
   // overflow the stack), then one reversed loop, as in micrograd. `order`
   // owns the nodes: releasing a node's edges must not free one still to run.
   std::vector<std::shared_ptr<Node>> order;
-  std::unordered_map<const Node*, std::size_t> slot_of;
+  const std::uint64_t walk = ++g_walks;
   auto check_live = [](const Node& n) {
     if (n.released)
       throw std::logic_error("backward(): the graph through '" + n.op +
@@ -152,18 +156,19 @@ void Variable::backward(const Tensor& grad_output, const BackwardOptions& option
   {
     check_live(*node_);
     std::vector<std::pair<const std::shared_ptr<Node>*, std::size_t>> stack{{&node_, 0}};
-    slot_of.emplace(node_.get(), 0);
+    node_->walk = walk;
     while (!stack.empty()) {
       auto& [n, next] = stack.back();
       const std::vector<std::shared_ptr<Node>>& ins = (*n)->inputs;
       if (next < ins.size()) {
         const std::shared_ptr<Node>& child = ins[next++];
-        if (child->requires_grad && slot_of.emplace(child.get(), 0).second) {
+        if (child->requires_grad && child->walk != walk) {
+          child->walk = walk;
           check_live(*child);
           stack.push_back({&child, 0});
         }
       } else {
-        slot_of[n->get()] = order.size();
+        (*n)->slot = order.size();
         order.push_back(*n);
         stack.pop_back();
       }
@@ -173,7 +178,7 @@ void Variable::backward(const Tensor& grad_output, const BackwardOptions& option
   // Gradients wait here until the pass is done: a backward that throws
   // changes no leaf's gradient.
   std::vector<Tensor> pending(order.size());
-  pending[slot_of.at(node_.get())] = grad_output.to(data_.dtype());
+  pending[node_->slot] = grad_output.to(data_.dtype());
   {
     NoGradGuard no_grad;  // backward closures record no graph
     for (std::size_t i = order.size(); i-- > 0;) {
@@ -200,7 +205,7 @@ void Variable::backward(const Tensor& grad_output, const BackwardOptions& option
             throw std::logic_error("backward of '" + n.op + "': gradient " + std::to_string(k) +
                                    " is " + grads[k].repr() + ", its input is " +
                                    std::string(dtype_name(in.dtype)) + " " + shape_str(in.shape));
-          accumulate(pending[slot_of.at(&in)], grads[k]);
+          accumulate(pending[in.slot], grads[k]);
         }
       }
       if (!options.retain_graph) n.release();
