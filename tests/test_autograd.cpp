@@ -253,6 +253,49 @@ TEST(Autograd, MillionOpChainBuildsRunsAndFrees) {
   expect_values(x.grad(), {kOps / 4 + 1.0});
 }
 
+// ---------------------------------------------------------------- in-place writes
+
+TEST(Autograd, WritingASavedTensorInPlaceIsCaughtNamingTheOp) {
+  // mul saves each operand for the other's gradient: a write into b after the
+  // forward would make da = g * b use the new values.
+  Variable a(vec({1.0, 2.0}), true), b(vec({3.0, 4.0}), true);
+  Variable loss = sum(mul(a, b));
+  Tensor b_values = b.data();  // a handle on the same storage
+  b_values.set({0}, 30.0);
+  expect_throw_with<std::logic_error>([&] { loss.backward(); },
+                                      {"'mul'", "saved tensor 1", "written in place"});
+  EXPECT_FALSE(a.grad().defined());
+  EXPECT_FALSE(b.grad().defined());
+
+  // exp saves its output; a write through a view of it (fill_) is a write to it.
+  Variable x(vec({0.0, 1.0}), true);
+  Variable y = exp(x);
+  Variable l2 = sum(y);
+  Tensor y_view = y.data().narrow(0, 1, 1);
+  y_view.fill_(0.0);
+  expect_throw_with<std::logic_error>([&] { l2.backward(); }, {"'exp'", "written in place"});
+
+  // masked_fill saves its mask: mutable_data counts as a write.
+  Variable z(vec({1.0, 2.0, 3.0}), true);
+  Tensor mask = Tensor::zeros({3}, DType::boolean);
+  Variable l3 = sum(masked_fill(z, mask, 0.0));
+  mask.mutable_data<bool>()[2] = true;
+  expect_throw_with<std::logic_error>([&] { l3.backward(); }, {"'masked_fill'", "written in place"});
+}
+
+TEST(Autograd, WritingATensorNoBackwardReadsIsAllowed) {
+  // add saves nothing, and reading (data<T>()) is not writing: both backwards run.
+  Variable a(vec({1.0, 2.0}), true), b(vec({3.0, 4.0}), true);
+  Variable loss = sum(add(a, mul(b, b)));
+  Tensor a_values = a.data();
+  a_values.set({1}, 20.0);
+  const double* read = b.data().data<double>();
+  EXPECT_EQ(read[1], 4.0);
+  loss.backward();
+  expect_values(a.grad(), {1.0, 1.0});
+  expect_values(b.grad(), {6.0, 8.0});  // 2 b
+}
+
 // ---------------------------------------------------------------- custom ops
 
 // cube(x) = x^3 with backward 3 x^2 dout, written by hand; `wrong` perturbs it.
@@ -319,6 +362,18 @@ TEST(CustomOp, ContextAndUndefinedGradients) {
   expect_values(a.grad(), {3.0, 4.0});
   EXPECT_FALSE(b.grad().defined());
   EXPECT_FALSE(c.grad().defined());
+}
+
+TEST(CustomOp, WritingASavedTensorInPlaceIsCaughtNamingTheOp) {
+  // cube saves its input in ctx.saved; the plugin-side write below (copy_)
+  // would silently change 3 x^2.
+  Variable x(vec({1.0, 2.0}), true);
+  Variable loss = sum(cube(x, "saving_cube"));
+  Tensor x_values = x.data();
+  x_values.copy_(vec({5.0, 6.0}));
+  expect_throw_with<std::logic_error>([&] { loss.backward(); },
+                                      {"'saving_cube'", "saved tensor 0", "written in place"});
+  EXPECT_FALSE(x.grad().defined());
 }
 
 TEST(CustomOp, WrongGradientShapeThrowsNamingTheOp) {

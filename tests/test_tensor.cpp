@@ -363,6 +363,32 @@ TEST(TensorElements, TypedDataPointer) {
   expect_invalid([&] { (void)x.data<float>(); }, {"float64", "float32"});
 }
 
+TEST(TensorElements, EveryWriteBumpsTheVersionReadsDoNot) {
+  Tensor x = iota({2, 3});
+  const Tensor view = x.transpose(0, 1);  // shares x's storage, so its version
+  const std::uint64_t v0 = x.version();
+  (void)x.data<double>();
+  (void)x.at({1, 2});
+  (void)x.to_vector();
+  (void)x.clone();
+  EXPECT_EQ(x.version(), v0);
+  x.set({0, 0}, 1.0);
+  EXPECT_EQ(x.version(), v0 + 1);
+  x.set_flat(1, 2.0);
+  EXPECT_EQ(view.version(), v0 + 2);
+  Tensor row = x.narrow(0, 1, 1);
+  row.fill_(0.0);
+  EXPECT_GT(view.version(), v0 + 2);
+  const std::uint64_t v1 = x.version();
+  x.copy_(iota({2, 3}));
+  EXPECT_GT(x.version(), v1);
+  const std::uint64_t v2 = x.version();
+  x.mutable_data<double>()[0] = 7.0;
+  EXPECT_EQ(x.version(), v2 + 1);
+  EXPECT_EQ(view.at({0, 0}), 7.0);
+  EXPECT_EQ(Tensor().version(), 0u);
+}
+
 TEST(TensorElements, FillOnAViewFillsOnlyTheView) {
   Tensor x = Tensor::zeros({3, 4}, DType::float64);
   x.narrow(1, 1, 2).fill_(7.0);

@@ -420,9 +420,9 @@ Variable fused_core(const Variable& q, const Variable& k, const Variable& v,
     const std::int64_t workers = std::clamp<std::int64_t>(num_threads(), 1, std::max<std::int64_t>(items, 1));
     const std::int64_t per = kTile * kTile + kTile * a->dv + 2 * kTile;
     Tensor scratch = Tensor::empty({workers, per}, dtype_of<T>());
-    T* po = o.data<T>();
-    T* pl = lse.data<T>();
-    T* ps = scratch.data<T>();
+    T* po = o.mutable_data<T>();
+    T* pl = lse.mutable_data<T>();
+    T* ps = scratch.mutable_data<T>();
     const SerialBlasScope serial_blas;
     // Item -> (slice, query block), the last query block first: it sees the most keys.
     parallel_items(items, [&](std::int64_t item, int w) {
@@ -451,7 +451,7 @@ Variable fused_core(const Variable& q, const Variable& k, const Variable& v,
     // D = rowsum(dO * O) [N, Tq], once for every key block that needs it.
     Tensor drow = Tensor::empty({a->n, a->tq}, dtype_of<T>());
     const T* po = o.data<T>();
-    T* pd = drow.data<T>();
+    T* pd = drow.mutable_data<T>();
     parallel_for(a->n * a->tq, [&](std::int64_t r0, std::int64_t r1, int) {
       for (std::int64_t row = r0; row < r1; ++row) {
         const std::int64_t nn = row / a->tq, i = row % a->tq;
@@ -465,16 +465,16 @@ Variable fused_core(const Variable& q, const Variable& k, const Variable& v,
     // dQ rows are shared by key blocks: worker 0 adds into dq, the others into
     // buffers of their own, summed below.
     std::vector<Tensor> dq_extra;
-    std::vector<T*> dq_of(static_cast<std::size_t>(workers), need.q ? dq.data<T>() : nullptr);
+    std::vector<T*> dq_of(static_cast<std::size_t>(workers), need.q ? dq.mutable_data<T>() : nullptr);
     if (need.q)
       for (std::int64_t w = 1; w < workers; ++w) {
         dq_extra.push_back(Tensor::zeros(dq.shape(), dtype_of<T>()));
-        dq_of[static_cast<std::size_t>(w)] = dq_extra.back().data<T>();
+        dq_of[static_cast<std::size_t>(w)] = dq_extra.back().mutable_data<T>();
       }
-    T* pdk = need.k ? dk.data<T>() : nullptr;
-    T* pdv = need.v ? dv.data<T>() : nullptr;
+    T* pdk = need.k ? dk.mutable_data<T>() : nullptr;
+    T* pdv = need.v ? dv.mutable_data<T>() : nullptr;
     const T* pl = lse.data<T>();
-    T* ps = scratch.data<T>();
+    T* ps = scratch.mutable_data<T>();
     {
       const SerialBlasScope serial_blas;
       // Item -> (slice, key block), the first key block first: every causal query block sees it.
@@ -485,7 +485,7 @@ Variable fused_core(const Variable& q, const Variable& k, const Variable& v,
       });
     }
     if (!dq_extra.empty()) {
-      T* sum = dq.data<T>();
+      T* sum = dq.mutable_data<T>();
       parallel_for(dq.numel(), [&](std::int64_t e0, std::int64_t e1, int) {
         for (const Tensor& extra : dq_extra) {
           const T* x = extra.data<T>();

@@ -167,7 +167,7 @@ TensorSet decode_result(WireReader& r, double& compute_seconds) {
     }
     Tensor t = Tensor::empty(shape, dtype);
     const std::size_t nbytes = static_cast<std::size_t>(t.numel()) * dtype_size(dtype);
-    std::memcpy(t.storage()->data(), r.take(nbytes), nbytes);
+    std::memcpy(t.storage()->mutable_data(), r.take(nbytes), nbytes);
     out.push_back({name, t});
   }
   return out;

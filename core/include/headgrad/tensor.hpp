@@ -8,8 +8,14 @@
 //
 // Strides and offsets are in elements, not bytes. Views share storage; any
 // write through one view is seen by all of them (as in PyTorch).
+//
+// In-place writes are explicit: data<T>() is read-only, mutable_data<T>(),
+// set, set_flat, fill_ and copy_ write, and every write bumps the storage's
+// version. The autograd graph records the version of each tensor an op saves
+// and refuses a backward that would read one written since (PyTorch's rule).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -45,14 +51,21 @@ class Storage {
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
-  void* data() { return data_; }
   const void* data() const { return data_; }
+  // The pointer to write through: taking it counts as a write (bumps version()).
+  void* mutable_data() {
+    version_.fetch_add(1, std::memory_order_relaxed);
+    return data_;
+  }
   std::size_t nbytes() const { return nbytes_; }
+  // How many times a writable pointer was taken: 0 for fresh storage.
+  std::uint64_t version() const { return version_.load(std::memory_order_relaxed); }
 
  private:
   void* data_;
   std::size_t nbytes_;
   std::size_t capacity_ = 0;  // the allocator's size class, >= nbytes_
+  std::atomic<std::uint64_t> version_{0};
 };
 
 struct MemoryStats {
@@ -99,7 +112,11 @@ class Tensor {
 
   // Pointer to the first element (the offset applied). T must match dtype().
   template <class T>
-  T* data() const;
+  const T* data() const;
+  // The same, to write through: bumps the storage's version (see above).
+  template <class T>
+  T* mutable_data();
+  std::uint64_t version() const { return storage_ ? storage_->version() : 0; }
 
   // ---- views: no copy ----
   Tensor transpose(std::int64_t d0, std::int64_t d1) const;

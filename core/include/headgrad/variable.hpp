@@ -74,13 +74,17 @@ class Variable {
   void backward(const Tensor& grad_output, const BackwardOptions& options = {}) const;
 
   // Builds a non-leaf: the core of every op. `saved` are the tensors the
-  // backward reads (BackwardContext::saved). The node requires a gradient when
-  // any input does and grad mode is on; otherwise nothing is recorded.
+  // backward reads (BackwardContext::saved); their versions are recorded, and
+  // a backward after one of them was written in place is a std::logic_error
+  // naming the op. The node requires a gradient when any input does and grad
+  // mode is on; otherwise nothing is recorded.
   static Variable from_op(std::string op, Tensor data, const std::vector<Variable>& inputs,
                           std::vector<Tensor> saved, BackwardFn backward);
 
  private:
   struct Node;
+  // The node's saved tensors, checked unwritten since they were saved.
+  static std::vector<Tensor> unpack_saved(const Node& n);
   Tensor data_;
   std::shared_ptr<Node> node_;
 };
@@ -110,7 +114,8 @@ bool grad_enabled();
 //
 // The engine checks that each returned gradient has its input's shape and
 // dtype and names the op when it does not. ctx.saved is kept by the graph and
-// freed with it, like a core op's saved tensors.
+// freed with it, and checked unwritten since the forward, like a core op's
+// saved tensors.
 struct CustomOpContext {
   std::vector<Tensor> saved;            // tensors the backward needs
   std::vector<bool> needs_input_grad;   // one per input

@@ -22,7 +22,13 @@ struct Variable::Node {
   std::uint64_t walk = 0;
   std::size_t slot = 0;
   std::vector<std::shared_ptr<Node>> inputs;
-  std::vector<Tensor> saved;
+  // A tensor the op saved for its backward, with its storage's version then:
+  // a backward must not read a tensor written in place since (PyTorch's rule).
+  struct Saved {
+    Tensor tensor;
+    std::uint64_t version = 0;
+  };
+  std::vector<Saved> saved;
   BackwardFn backward;
 
   Node() = default;
@@ -109,7 +115,11 @@ Variable Variable::from_op(std::string op, Tensor data, const std::vector<Variab
       if (!in.node_) throw_undefined(n.op.c_str());
       n.inputs.push_back(in.node_);
     }
-    n.saved = std::move(saved);
+    n.saved.reserve(saved.size());
+    for (auto& t : saved) {
+      const std::uint64_t version = t.version();
+      n.saved.push_back({std::move(t), version});
+    }
     n.backward = std::move(backward);
   }
   return out;
@@ -132,6 +142,23 @@ void accumulate(Tensor& slot, const Tensor& g) {
 }
 
 }  // namespace
+
+std::vector<Tensor> Variable::unpack_saved(const Node& n) {
+  std::vector<Tensor> out;
+  out.reserve(n.saved.size());
+  for (std::size_t i = 0; i < n.saved.size(); ++i) {
+    const Node::Saved& s = n.saved[i];
+    if (s.tensor.defined() && s.tensor.version() != s.version)
+      throw std::logic_error("backward of '" + n.op + "': saved tensor " + std::to_string(i) +
+                             " " + s.tensor.repr() +
+                             " was written in place after the op saved it (version " +
+                             std::to_string(s.version) + ", now " +
+                             std::to_string(s.tensor.version()) +
+                             "); write into a copy (clone()) instead");
+    out.push_back(s.tensor);
+  }
+  return out;
+}
 
 void Variable::backward(const Tensor& grad_output, const BackwardOptions& options) const {
   if (!node_) throw_undefined("backward()");
@@ -188,7 +215,7 @@ void Variable::backward(const Tensor& grad_output, const BackwardOptions& option
       pending[i] = Tensor();
       if (g.defined()) {
         BackwardContext ctx;
-        ctx.saved = n.saved;
+        ctx.saved = unpack_saved(n);
         for (const auto& in : n.inputs) {
           ctx.needs_input_grad.push_back(in->requires_grad);
           ctx.input_shapes.push_back(in->shape);

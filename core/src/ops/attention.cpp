@@ -34,7 +34,7 @@ Tensor causal_mask(std::int64_t tq, std::int64_t tk) {
     throw std::invalid_argument("causal_mask: negative length (" + std::to_string(tq) + ", " +
                                 std::to_string(tk) + ")");
   Tensor m = Tensor::empty({tq, tk}, DType::boolean);
-  bool* p = m.data<bool>();
+  bool* p = m.mutable_data<bool>();
   for (std::int64_t i = 0; i < tq; ++i)
     for (std::int64_t j = 0; j < tk; ++j) p[i * tk + j] = j <= i;  // top-left aligned
   return m;
@@ -47,7 +47,7 @@ Tensor logical_not(const Tensor& mask) {
   Tensor src = mask.contiguous();
   Tensor out = Tensor::empty(mask.shape(), DType::boolean);
   const bool* s = src.data<bool>();
-  bool* o = out.data<bool>();
+  bool* o = out.mutable_data<bool>();
   for (std::int64_t i = 0; i < out.numel(); ++i) o[i] = !s[i];
   return out;
 }

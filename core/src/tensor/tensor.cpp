@@ -154,7 +154,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype) {
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype) {
   Tensor t = empty(shape, dtype);
-  std::memset(t.storage_->data(), 0, t.storage_->nbytes());
+  std::memset(t.storage_->mutable_data(), 0, t.storage_->nbytes());
   return t;
 }
 
@@ -380,7 +380,7 @@ Tensor Tensor::squeeze(std::int64_t d) const {
 namespace {
 template <class Dst, class Src>
 void copy_typed(const Tensor& dst, const Tensor& src) {
-  Dst* d = static_cast<Dst*>(dst.storage()->data());
+  Dst* d = static_cast<Dst*>(dst.storage()->mutable_data());
   const Src* s = static_cast<const Src*>(src.storage()->data());
   if (dst.is_contiguous() && src.is_contiguous()) {
     Dst* dp = d + dst.offset();
@@ -456,10 +456,11 @@ double read_at(const Tensor& t, std::int64_t off) {
   return 0.0;
 }
 void write_at(const Tensor& t, std::int64_t off, double v) {
+  void* base = t.storage()->mutable_data();
   switch (t.dtype()) {
-    case DType::float32: static_cast<float*>(t.storage()->data())[off] = static_cast<float>(v); break;
-    case DType::float64: static_cast<double*>(t.storage()->data())[off] = v; break;
-    case DType::boolean: static_cast<bool*>(t.storage()->data())[off] = v != 0.0; break;
+    case DType::float32: static_cast<float*>(base)[off] = static_cast<float>(v); break;
+    case DType::float64: static_cast<double*>(base)[off] = v; break;
+    case DType::boolean: static_cast<bool*>(base)[off] = v != 0.0; break;
   }
 }
 }  // namespace
@@ -504,7 +505,7 @@ void Tensor::set_flat(std::int64_t i, double value) { write_at(*this, flat_to_of
 
 void Tensor::fill_(double value) {
   dispatch_any(dtype_, [&]<class T>() {
-    T* base = static_cast<T*>(storage_->data());
+    T* base = static_cast<T*>(storage_->mutable_data());
     const T v = static_cast<T>(value);
     detail::for_each_offsets<1>(shape_, {strides_}, {offset_},
                                 [&](const std::array<std::int64_t, 1>& o) { base[o[0]] = v; });
