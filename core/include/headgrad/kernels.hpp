@@ -1,7 +1,8 @@
 // Tensor-level kernels: the arithmetic under the ops, with no graph. Ops use
 // them for forward and backward; fused plugins use them inside custom ops.
 //
-// Inputs may be any strided views; outputs are fresh contiguous tensors.
+// Inputs may be any strided views; outputs are fresh contiguous tensors
+// (except sum_to, which returns g itself when there is nothing to sum).
 // Both operands of a binary kernel must share a float dtype.
 #pragma once
 

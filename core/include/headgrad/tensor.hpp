@@ -35,10 +35,14 @@ DType dtype_from_name(std::string_view name);  // throws std::invalid_argument
 
 using Shape = std::vector<std::int64_t>;
 std::string shape_str(std::span<const std::int64_t> shape);  // "[2, 3, 4]"
+// Sizes are checked, never wrapped: these throw std::invalid_argument naming
+// the shape for a negative size, or when the product of the sizes (each taken
+// as at least 1) overflows int64.
 std::int64_t shape_numel(std::span<const std::int64_t> shape);
-// The index of row-major element `flat` of `shape`: 5 of [2, 3] is [1, 2].
-Shape unravel_index(std::int64_t flat, std::span<const std::int64_t> shape);
 Shape contiguous_strides(std::span<const std::int64_t> shape);
+// The index of row-major element `flat` of `shape`: 5 of [2, 3] is [1, 2].
+// Throws std::out_of_range unless 0 <= flat < shape_numel(shape).
+Shape unravel_index(std::int64_t flat, std::span<const std::int64_t> shape);
 
 // Bytes owned by one or more tensors. Every allocation is counted so that the
 // engine's peak memory can be measured (benchmarks, the fused core's tests).
@@ -86,9 +90,13 @@ std::string_view allocator_name();  // "caching" or "system" (HEADGRAD_ALLOCATOR
 class Tensor {
  public:
   Tensor() = default;  // undefined: no storage
+  // Throws std::invalid_argument when the shape is invalid (see shape_numel)
+  // or an element would lie outside the storage.
   Tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, std::int64_t offset,
          DType dtype);
 
+  // Throws std::invalid_argument, before allocating, for an invalid shape or
+  // one whose bytes int64 cannot count (as do zeros, full and the others).
   static Tensor empty(const Shape& shape, DType dtype);
   static Tensor zeros(const Shape& shape, DType dtype);
   static Tensor full(const Shape& shape, double value, DType dtype);

@@ -70,7 +70,8 @@ class Variable {
   void backward(const BackwardOptions& options = {}) const;
   // ... or with an explicit upstream gradient of the output's shape.
   // Leaves get their gradients only when the whole pass succeeds: a backward
-  // that throws leaves every gradient as it was.
+  // that throws leaves every gradient as it was (the nodes it had already run
+  // are freed, unless retain_graph). One backward at a time per graph.
   void backward(const Tensor& grad_output, const BackwardOptions& options = {}) const;
 
   // Builds a non-leaf: the core of every op. `saved` are the tensors the

@@ -358,7 +358,10 @@ Tensor Tensor::expand(const Shape& shape) const {
 Tensor Tensor::unsqueeze(std::int64_t d) const {
   d = normalize_dim(d, dim() + 1, "unsqueeze");
   Shape shape = shape_, strides = strides_;
-  std::int64_t st = d < dim() ? strides_[d] * shape_[d] : 1;
+  // The new size-1 dim's stride is free; this one keeps the tensor contiguous
+  // when it was (1 where the product would wrap: a zero-element tensor's strides).
+  std::int64_t st = 1;
+  if (d < dim() && __builtin_mul_overflow(strides_[d], shape_[d], &st)) st = 1;
   shape.insert(shape.begin() + d, 1);
   strides.insert(strides.begin() + d, st);
   return Tensor(storage_, std::move(shape), std::move(strides), offset_, dtype_);
