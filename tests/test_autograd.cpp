@@ -141,18 +141,78 @@ TEST(Autograd, InputsWithoutGradGetNone) {
 // ---------------------------------------------------------------- leaves
 
 TEST(Autograd, LeavesKeepGradAndAccumulateAcrossBackwards) {
+  // With retain_graph the graph survives, and a second pass adds to the leaves.
   Variable x(vec({1.0, -1.0}), true);
   Variable h = scale(x, 3.0);
   Variable loss = sum(mul(h, x));  // 3 x^2, d/dx = 6 x
-  loss.backward();
+  loss.backward({.retain_graph = true});
   expect_values(x.grad(), {6.0, -6.0});
   EXPECT_FALSE(h.grad().defined());  // a non-leaf's gradient is not kept
-  loss.backward();                   // the graph survives: a second pass adds
+  loss.backward({.retain_graph = true});
   expect_values(x.grad(), {12.0, -12.0});
   x.zero_grad();
   EXPECT_FALSE(x.grad().defined());
+  loss.backward();  // the last pass may free it
+  expect_values(x.grad(), {6.0, -6.0});
+}
+
+TEST(Autograd, SecondBackwardOnAFreedGraphNamesTheOp) {
+  Variable x(vec({1.0, -1.0}), true);
+  Variable loss = sum(mul(scale(x, 3.0), x));
   loss.backward();
   expect_values(x.grad(), {6.0, -6.0});
+  expect_throw_with<std::logic_error>([&] { loss.backward(); }, {"'sum'", "freed", "retain_graph"});
+  expect_values(x.grad(), {6.0, -6.0});  // the refused pass changed nothing
+  // A new graph over part of the freed one: the freed node is named.
+  Variable x2(vec({2.0}), true);
+  Variable h = exp(x2);
+  sum(h).backward();
+  expect_throw_with<std::logic_error>([&] { sum(scale(h, 2.0)).backward(); }, {"'exp'", "freed"});
+  // An upstream gradient with retain_graph, then without: both add, then it is gone.
+  Variable y = mul(x2, x2);
+  x2.zero_grad();
+  y.backward(vec({1.0}), {.retain_graph = true});
+  y.backward(vec({0.5}));
+  expect_values(x2.grad(), {6.0});  // 2 x (1 + 0.5)
+  EXPECT_THROW(y.backward(vec({1.0})), std::logic_error);
+}
+
+TEST(Autograd, ThrowingBackwardLeavesGradientsAsTheyWere) {
+  // loss = sum(a * b + boom(a)): boom's backward throws, after or before mul's
+  // has produced gradients for a and b; neither leaf may see any of them.
+  Variable a(vec({1.0, 2.0}), true), b(vec({3.0, 4.0}), true);
+  sum(mul(a, b)).backward();
+  expect_values(a.grad(), {3.0, 4.0});
+  expect_values(b.grad(), {1.0, 2.0});
+  const Variable boom = custom_op(
+      "boom", {a}, [](CustomOpContext&, const std::vector<Tensor>& in) { return in[0].clone(); },
+      [](const CustomOpContext&, const Tensor&) -> std::vector<Tensor> {
+        throw std::runtime_error("boom's backward fails");
+      });
+  Variable loss = sum(add(mul(a, b), boom));
+  expect_throw_with<std::runtime_error>([&] { loss.backward({.retain_graph = true}); }, {"boom"});
+  expect_values(a.grad(), {3.0, 4.0});
+  expect_values(b.grad(), {1.0, 2.0});
+  // The same pass through a graph that is freed as it goes: still nothing committed.
+  expect_throw_with<std::runtime_error>([&] { loss.backward(); }, {"boom"});
+  expect_values(a.grad(), {3.0, 4.0});
+  expect_values(b.grad(), {1.0, 2.0});
+}
+
+TEST(Autograd, GraphKeepsOnlyWhatBackwardsRead) {
+  // exp saves its output, scale saves nothing: scale's output dies with its
+  // Variable although exp's node still points at it, and backward frees
+  // exp's output as it walks the graph.
+  constexpr std::int64_t n = 1 << 14;
+  constexpr std::size_t bytes = n * sizeof(double);
+  Variable x(rnd({n}, 9), true);
+  const std::size_t base = memory_stats().current_bytes;
+  Variable loss = sum(exp(scale(x, 0.5)));
+  EXPECT_EQ(memory_stats().current_bytes - base, bytes + sizeof(double));  // exp's out, the loss
+  loss.backward();
+  EXPECT_EQ(memory_stats().current_bytes - base, bytes + sizeof(double));  // x's gradient, the loss
+  const std::vector<double> xs = x.data().to_vector(), g = x.grad().to_vector();
+  for (std::size_t i = 0; i < xs.size(); i += 997) EXPECT_NEAR(g[i], 0.5 * std::exp(0.5 * xs[i]), 1e-12);
 }
 
 TEST(Autograd, GradientOfAViewLeafHasItsShape) {
@@ -164,13 +224,76 @@ TEST(Autograd, GradientOfAViewLeafHasItsShape) {
   expect_values(x.grad(), {2, 8, 4, 10, 6, 12});
 }
 
-TEST(Autograd, DeepChainDoesNotOverflow) {
-  // 20000 ops: backward walks the graph iteratively.
-  Variable x(vec({1.0}), true);
+TEST(Autograd, MillionOpChainBuildsRunsAndFrees) {
+  // y = x + 1e6 scale(., 1) steps on one-element tensors: building, backward
+  // and teardown all walk the chain iteratively (a recursive destructor or
+  // topological sort would overflow the stack long before).
+  constexpr int kOps = 1'000'000;
+  Variable x(Tensor::scalar(2.0, DType::float64), true);
+  auto chain = [&] {
+    Variable y = x;
+    for (int i = 0; i < kOps; ++i) y = scale(y, 1.0);
+    return y;
+  };
+  {
+    Variable y = chain();
+    y.backward();  // frees the graph as it goes
+    expect_values(x.grad(), {1.0});
+  }
+  {
+    Variable y = chain();
+    y.backward({.retain_graph = true});  // the whole chain is torn down with y, by ~Node
+    expect_values(x.grad(), {2.0});
+  }
+  // Fan-in: every op also reads x, so x's node is shared by a million edges.
   Variable y = x;
-  for (int i = 0; i < 20000; ++i) y = add(y, x);
+  for (int i = 0; i < kOps / 4; ++i) y = add(y, x);
+  x.zero_grad();
   sum(y).backward();
-  expect_values(x.grad(), {20001.0});
+  expect_values(x.grad(), {kOps / 4 + 1.0});
+}
+
+// ---------------------------------------------------------------- in-place writes
+
+TEST(Autograd, WritingASavedTensorInPlaceIsCaughtNamingTheOp) {
+  // mul saves each operand for the other's gradient: a write into b after the
+  // forward would make da = g * b use the new values.
+  Variable a(vec({1.0, 2.0}), true), b(vec({3.0, 4.0}), true);
+  Variable loss = sum(mul(a, b));
+  Tensor b_values = b.data();  // a handle on the same storage
+  b_values.set({0}, 30.0);
+  expect_throw_with<std::logic_error>([&] { loss.backward(); },
+                                      {"'mul'", "saved tensor 1", "written in place"});
+  EXPECT_FALSE(a.grad().defined());
+  EXPECT_FALSE(b.grad().defined());
+
+  // exp saves its output; a write through a view of it (fill_) is a write to it.
+  Variable x(vec({0.0, 1.0}), true);
+  Variable y = exp(x);
+  Variable l2 = sum(y);
+  Tensor y_view = y.data().narrow(0, 1, 1);
+  y_view.fill_(0.0);
+  expect_throw_with<std::logic_error>([&] { l2.backward(); }, {"'exp'", "written in place"});
+
+  // masked_fill saves its mask: mutable_data counts as a write.
+  Variable z(vec({1.0, 2.0, 3.0}), true);
+  Tensor mask = Tensor::zeros({3}, DType::boolean);
+  Variable l3 = sum(masked_fill(z, mask, 0.0));
+  mask.mutable_data<bool>()[2] = true;
+  expect_throw_with<std::logic_error>([&] { l3.backward(); }, {"'masked_fill'", "written in place"});
+}
+
+TEST(Autograd, WritingATensorNoBackwardReadsIsAllowed) {
+  // add saves nothing, and reading (data<T>()) is not writing: both backwards run.
+  Variable a(vec({1.0, 2.0}), true), b(vec({3.0, 4.0}), true);
+  Variable loss = sum(add(a, mul(b, b)));
+  Tensor a_values = a.data();
+  a_values.set({1}, 20.0);
+  const double* read = b.data().data<double>();
+  EXPECT_EQ(read[1], 4.0);
+  loss.backward();
+  expect_values(a.grad(), {1.0, 1.0});
+  expect_values(b.grad(), {6.0, 8.0});  // 2 b
 }
 
 // ---------------------------------------------------------------- custom ops
@@ -241,11 +364,33 @@ TEST(CustomOp, ContextAndUndefinedGradients) {
   EXPECT_FALSE(c.grad().defined());
 }
 
+TEST(CustomOp, WritingASavedTensorInPlaceIsCaughtNamingTheOp) {
+  // cube saves its input in ctx.saved; the plugin-side write below (copy_)
+  // would silently change 3 x^2.
+  Variable x(vec({1.0, 2.0}), true);
+  Variable loss = sum(cube(x, "saving_cube"));
+  Tensor x_values = x.data();
+  x_values.copy_(vec({5.0, 6.0}));
+  expect_throw_with<std::logic_error>([&] { loss.backward(); },
+                                      {"'saving_cube'", "saved tensor 0", "written in place"});
+  EXPECT_FALSE(x.grad().defined());
+}
+
 TEST(CustomOp, WrongGradientShapeThrowsNamingTheOp) {
   Variable x(vec({1.0, 2.0, 3.0}), true);
   Variable y = cube(x, "bad_shape_cube", [](Tensor dx) { return dx.narrow(0, 0, 2); });
   expect_throw_with<std::logic_error>([&] { sum(y).backward(); },
                                       {"bad_shape_cube", "[2]", "[3]"});
+}
+
+TEST(CustomOp, BadGradientNamesTheOpThatMadeIt) {
+  // The wrong gradient comes from 'bad_dtype_cube' and reaches scale's output,
+  // not a leaf: the message names the producer.
+  Variable x(vec({1.0, 2.0}), true);
+  Variable y = cube(scale(x, 2.0), "bad_dtype_cube", [](Tensor dx) { return dx.to(DType::float32); });
+  expect_throw_with<std::logic_error>([&] { sum(y).backward(); },
+                                      {"bad_dtype_cube", "float32", "float64"});
+  EXPECT_FALSE(x.grad().defined());
 }
 
 TEST(CustomOp, WrongGradientCountThrowsNamingTheOp) {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <limits>
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -80,6 +81,60 @@ TEST(TensorGeometry, FactoriesFillValues) {
   expect_invalid([] { Tensor::from_values(std::vector<double>{1, 2, 3}, {2, 2}, DType::float64); },
                  {"from_values", "3", "[2, 2]"});
   expect_invalid([] { Tensor::empty({2, -1}, DType::float64); }, {"negative", "[2, -1]"});
+}
+
+// ---------------------------------------------------------------- sizes
+
+// Sizes are checked, never wrapped: a shape whose element count or byte count
+// does not fit int64 is refused by name before anything is allocated.
+TEST(TensorSizes, OverflowingShapesThrowCleanly) {
+  constexpr std::int64_t k2p31 = std::int64_t{1} << 31, k2p32 = std::int64_t{1} << 32;
+  const auto before = headgrad::memory_stats().current_bytes;
+  // 2^62 elements fit int64, 2^64 bytes of float32 do not.
+  expect_invalid([&] { (void)Tensor::empty({k2p31, k2p31}, DType::float32); },
+                 {"[2147483648, 2147483648]", "float32", "bytes"});
+  expect_invalid([&] { (void)Tensor::zeros({k2p31, k2p31}, DType::float64); },
+                 {"[2147483648, 2147483648]"});
+  // 2^67 elements: the count itself would wrap (to 0 in 64-bit arithmetic).
+  const Shape wraps{k2p32, k2p32, 8};
+  expect_invalid([&] { (void)Tensor::empty(wraps, DType::float32); },
+                 {"[4294967296, 4294967296, 8]", "overflows"});
+  expect_invalid([&] { (void)Tensor::full(wraps, 1.0, DType::float64); }, {"4294967296"});
+  expect_invalid([&] { (void)headgrad::shape_numel(wraps); }, {"[4294967296, 4294967296, 8]"});
+  expect_invalid([&] { (void)headgrad::contiguous_strides(wraps); }, {"overflows"});
+  Generator gen(0);
+  expect_invalid([&] { (void)headgrad::randn(wraps, DType::float32, gen); }, {"overflows"});
+  EXPECT_EQ(headgrad::memory_stats().current_bytes, before);  // nothing was allocated
+  // A broadcast view needs no memory, but its element count must still fit.
+  const Tensor one = Tensor::scalar(1.0, DType::float32);
+  expect_invalid([&] { (void)one.expand(wraps); }, {"overflows"});
+  EXPECT_EQ(one.expand({k2p31, k2p31}).numel(), std::int64_t{1} << 62);  // fits: allowed
+  expect_invalid([&] { (void)Tensor::zeros({4}, DType::float32).view({-1, k2p32, k2p32}); },
+                 {"view", "overflows"});
+  // Zero-size dims do not hide an overflow in the others' strides.
+  expect_invalid([&] { (void)Tensor::empty({0, k2p32, k2p32}, DType::float32); }, {"overflows"});
+  EXPECT_EQ(Tensor::empty({0, k2p31}, DType::float32).numel(), 0);
+}
+
+TEST(TensorSizes, NegativeSizesAndOutOfStorageViewsThrow) {
+  expect_invalid([] { (void)Tensor::empty({2, -1}, DType::float64); }, {"[2, -1]", "negative"});
+  expect_invalid([] { (void)headgrad::shape_numel(Shape{3, -2}); }, {"negative"});
+  const Tensor x = iota({2, 3});
+  expect_invalid([] { (void)Tensor::scalar(1.0, DType::float64).expand({-1, 3}); }, {"negative"});
+  expect_invalid([&] { (void)x.view({-2, -3}); }, {"negative"});
+  // A view built by hand must stay inside its storage (6 doubles).
+  expect_invalid([&] { (void)Tensor(x.storage(), {2, 3}, {3, 1}, 1, DType::float64); },
+                 {"outside its storage", "[2, 3]"});
+  expect_invalid([&] { (void)Tensor(x.storage(), {3}, {-1}, 1, DType::float64); },
+                 {"outside its storage"});
+  expect_invalid([&] { (void)Tensor(x.storage(), {2}, {std::int64_t{1} << 62}, 0, DType::float64); },
+                 {"outside"});
+  EXPECT_EQ(Tensor(x.storage(), {3}, {-1}, 2, DType::float64).to_vector(), (std::vector<double>{2, 1, 0}));
+  // narrow's bounds cannot wrap either.
+  expect_invalid([&] { (void)x.narrow(1, 1, std::numeric_limits<std::int64_t>::max()); },
+                 {"narrow", "[2, 3]"});
+  EXPECT_THROW((void)headgrad::unravel_index(6, Shape{2, 3}), std::out_of_range);
+  EXPECT_THROW((void)headgrad::unravel_index(0, Shape{0, 3}), std::out_of_range);
 }
 
 // ---------------------------------------------------------------- views
@@ -306,6 +361,32 @@ TEST(TensorElements, TypedDataPointer) {
   EXPECT_EQ(*x.data<double>(), 1.0);
   EXPECT_EQ(x.data<double>()[3], 4.0);  // storage element 4
   expect_invalid([&] { (void)x.data<float>(); }, {"float64", "float32"});
+}
+
+TEST(TensorElements, EveryWriteBumpsTheVersionReadsDoNot) {
+  Tensor x = iota({2, 3});
+  const Tensor view = x.transpose(0, 1);  // shares x's storage, so its version
+  const std::uint64_t v0 = x.version();
+  (void)x.data<double>();
+  (void)x.at({1, 2});
+  (void)x.to_vector();
+  (void)x.clone();
+  EXPECT_EQ(x.version(), v0);
+  x.set({0, 0}, 1.0);
+  EXPECT_EQ(x.version(), v0 + 1);
+  x.set_flat(1, 2.0);
+  EXPECT_EQ(view.version(), v0 + 2);
+  Tensor row = x.narrow(0, 1, 1);
+  row.fill_(0.0);
+  EXPECT_GT(view.version(), v0 + 2);
+  const std::uint64_t v1 = x.version();
+  x.copy_(iota({2, 3}));
+  EXPECT_GT(x.version(), v1);
+  const std::uint64_t v2 = x.version();
+  x.mutable_data<double>()[0] = 7.0;
+  EXPECT_EQ(x.version(), v2 + 1);
+  EXPECT_EQ(view.at({0, 0}), 7.0);
+  EXPECT_EQ(Tensor().version(), 0u);
 }
 
 TEST(TensorElements, FillOnAViewFillsOnlyTheView) {

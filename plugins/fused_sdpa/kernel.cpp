@@ -480,9 +480,9 @@ Variable fused_core(const Variable& q, const Variable& k, const Variable& v,
     const std::int64_t workers = std::clamp<std::int64_t>(num_threads(), 1, std::max<std::int64_t>(items, 1));
     const std::int64_t per = a->br * a->bc + a->br * a->dv + 2 * a->br;
     Tensor scratch = Tensor::empty({workers, per}, dtype_of<T>());
-    T* po = o.data<T>();
-    T* pl = lse.data<T>();
-    T* ps = scratch.data<T>();
+    T* po = o.mutable_data<T>();
+    T* pl = lse.mutable_data<T>();
+    T* ps = scratch.mutable_data<T>();
     const SerialBlasScope serial_blas;
     // Item -> (slice, query block), the last query block first: it sees the most keys.
     parallel_items(items, [&](std::int64_t item, int w) {
@@ -512,7 +512,7 @@ Variable fused_core(const Variable& q, const Variable& k, const Variable& v,
     // D = rowsum(dO * O) [N, Tq], once for every key block that needs it.
     Tensor drow = Tensor::empty({a->n, a->tq}, dtype_of<T>());
     const T* po = o.data<T>();
-    T* pd = drow.data<T>();
+    T* pd = drow.mutable_data<T>();
     parallel_for(a->n * a->tq, [&](std::int64_t r0, std::int64_t r1, int) {
       for (std::int64_t row = r0; row < r1; ++row) {
         const std::int64_t nn = row / a->tq, i = row % a->tq;
@@ -525,14 +525,14 @@ Variable fused_core(const Variable& q, const Variable& k, const Variable& v,
     }, 64);
     std::vector<std::mutex> dq_locks(need.q && k_blocks > 1 ? static_cast<std::size_t>(a->n * q_blocks) : 0);
     SharedDq<T> shared_dq;
-    shared_dq.data = need.q ? dq.data<T>() : nullptr;
+    shared_dq.data = need.q ? dq.mutable_data<T>() : nullptr;
     shared_dq.exclusive = k_blocks == 1;
     shared_dq.q_blocks = q_blocks;
     shared_dq.locks = &dq_locks;
-    T* pdk = need.k ? dk.data<T>() : nullptr;
-    T* pdv = need.v ? dv.data<T>() : nullptr;
+    T* pdk = need.k ? dk.mutable_data<T>() : nullptr;
+    T* pdv = need.v ? dv.mutable_data<T>() : nullptr;
     const T* pl = lse.data<T>();
-    T* ps = scratch.data<T>();
+    T* ps = scratch.mutable_data<T>();
     {
       const SerialBlasScope serial_blas;
       // Item -> (kv slice, key block), the first key block first: every causal

@@ -123,13 +123,13 @@ json time_gemm(DType dtype, std::int64_t n, int threads) {
   Tensor a = Tensor::empty(shape, dtype), b = Tensor::empty(shape, dtype), c = Tensor::empty(shape, dtype);
   std::vector<double> ms;
   dispatch_float(dtype, "gemm", [&]<class T>() {
-    T* pa = a.data<T>();
-    T* pb = b.data<T>();
+    T* pa = a.mutable_data<T>();
+    T* pb = b.mutable_data<T>();
     for (std::int64_t i = 0; i < n * n; ++i) {
       pa[i] = static_cast<T>((i % 7) * 0.125 - 0.375);
       pb[i] = static_cast<T>((i % 5) * 0.25 - 0.5);
     }
-    auto once = [&] { blas::gemm(false, false, n, n, n, T{1}, pa, n, pb, n, T{0}, c.data<T>(), n); };
+    auto once = [&] { blas::gemm(false, false, n, n, n, T{1}, pa, n, pb, n, T{0}, c.mutable_data<T>(), n); };
     once();  // warm-up: pages touched, BLAS buffers made
     for (int rep = 0; rep < 3; ++rep) {
       const auto t0 = Clock::now();

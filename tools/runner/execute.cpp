@@ -175,7 +175,7 @@ TensorSet decode_result(WireReader& r, double& compute_seconds) {
         throw std::runtime_error("a tensor size that overflows in the result");
     if (nbytes > r.remaining()) throw std::runtime_error("the result is truncated");
     Tensor t = Tensor::empty(shape, dtype);
-    std::memcpy(t.storage()->data(), r.take(nbytes), nbytes);
+    std::memcpy(t.storage()->mutable_data(), r.take(nbytes), nbytes);
     out.push_back({name, t});
   }
   return out;

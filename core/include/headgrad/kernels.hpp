@@ -1,7 +1,8 @@
 // Tensor-level kernels: the arithmetic under the ops, with no graph. Ops use
 // them for forward and backward; fused plugins use them inside custom ops.
 //
-// Inputs may be any strided views; outputs are fresh contiguous tensors.
+// Inputs may be any strided views; outputs are fresh contiguous tensors
+// (except sum_to, which returns g itself when there is nothing to sum).
 // Both operands of a binary kernel must share a float dtype.
 #pragma once
 
@@ -17,7 +18,6 @@ enum class UnaryOp { neg, exp, log };
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);  // broadcasting
 Tensor unary(UnaryOp op, const Tensor& x);
 Tensor scale(const Tensor& x, double factor);
-void add_(Tensor& acc, const Tensor& x);  // acc += x, same shape, acc contiguous
 
 // Sum g over the dims it was broadcast along, down to `shape`.
 Tensor sum_to(const Tensor& g, const Shape& shape);

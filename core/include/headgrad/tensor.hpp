@@ -8,8 +8,14 @@
 //
 // Strides and offsets are in elements, not bytes. Views share storage; any
 // write through one view is seen by all of them (as in PyTorch).
+//
+// In-place writes are explicit: data<T>() is read-only, mutable_data<T>(),
+// set, set_flat, fill_ and copy_ write, and every write bumps the storage's
+// version. The autograd graph records the version of each tensor an op saves
+// and refuses a backward that would read one written since (PyTorch's rule).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -29,10 +35,14 @@ DType dtype_from_name(std::string_view name);  // throws std::invalid_argument
 
 using Shape = std::vector<std::int64_t>;
 std::string shape_str(std::span<const std::int64_t> shape);  // "[2, 3, 4]"
+// Sizes are checked, never wrapped: these throw std::invalid_argument naming
+// the shape for a negative size, or when the product of the sizes (each taken
+// as at least 1) overflows int64.
 std::int64_t shape_numel(std::span<const std::int64_t> shape);
-// The index of row-major element `flat` of `shape`: 5 of [2, 3] is [1, 2].
-Shape unravel_index(std::int64_t flat, std::span<const std::int64_t> shape);
 Shape contiguous_strides(std::span<const std::int64_t> shape);
+// The index of row-major element `flat` of `shape`: 5 of [2, 3] is [1, 2].
+// Throws std::out_of_range unless 0 <= flat < shape_numel(shape).
+Shape unravel_index(std::int64_t flat, std::span<const std::int64_t> shape);
 
 // Bytes owned by one or more tensors. Every allocation is counted so that the
 // engine's peak memory can be measured (benchmarks, the fused core's tests).
@@ -45,14 +55,21 @@ class Storage {
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
-  void* data() { return data_; }
   const void* data() const { return data_; }
+  // The pointer to write through: taking it counts as a write (bumps version()).
+  void* mutable_data() {
+    version_.fetch_add(1, std::memory_order_relaxed);
+    return data_;
+  }
   std::size_t nbytes() const { return nbytes_; }
+  // How many times a writable pointer was taken: 0 for fresh storage.
+  std::uint64_t version() const { return version_.load(std::memory_order_relaxed); }
 
  private:
   void* data_;
   std::size_t nbytes_;
   std::size_t capacity_ = 0;  // the allocator's size class, >= nbytes_
+  std::atomic<std::uint64_t> version_{0};
 };
 
 struct MemoryStats {
@@ -73,9 +90,13 @@ std::string_view allocator_name();  // "caching" or "system" (HEADGRAD_ALLOCATOR
 class Tensor {
  public:
   Tensor() = default;  // undefined: no storage
+  // Throws std::invalid_argument when the shape is invalid (see shape_numel)
+  // or an element would lie outside the storage.
   Tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, std::int64_t offset,
          DType dtype);
 
+  // Throws std::invalid_argument, before allocating, for an invalid shape or
+  // one whose bytes int64 cannot count (as do zeros, full and the others).
   static Tensor empty(const Shape& shape, DType dtype);
   static Tensor zeros(const Shape& shape, DType dtype);
   static Tensor full(const Shape& shape, double value, DType dtype);
@@ -99,7 +120,11 @@ class Tensor {
 
   // Pointer to the first element (the offset applied). T must match dtype().
   template <class T>
-  T* data() const;
+  const T* data() const;
+  // The same, to write through: bumps the storage's version (see above).
+  template <class T>
+  T* mutable_data();
+  std::uint64_t version() const { return storage_ ? storage_->version() : 0; }
 
   // ---- views: no copy ----
   Tensor transpose(std::int64_t d0, std::int64_t d1) const;

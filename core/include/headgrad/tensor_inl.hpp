@@ -10,9 +10,15 @@ namespace headgrad {
 [[noreturn]] void throw_not_float(DType have, const char* op);
 
 template <class T>
-T* Tensor::data() const {
+const T* Tensor::data() const {
   if (dtype_ != dtype_of<T>()) throw_dtype_mismatch(dtype_, dtype_of<T>());
-  return static_cast<T*>(storage_->data()) + offset_;
+  return static_cast<const T*>(storage_->data()) + offset_;
+}
+
+template <class T>
+T* Tensor::mutable_data() {
+  if (dtype_ != dtype_of<T>()) throw_dtype_mismatch(dtype_, dtype_of<T>());
+  return static_cast<T*>(storage_->mutable_data()) + offset_;
 }
 
 template <class F>

@@ -6,9 +6,17 @@
 //   loss.backward();                              // reverse topological order
 //   w.grad();                                     // [3, 4], accumulated
 //
-// Each op builds its output, defines a backward closure that captures only what
-// it needs, and attaches both to a new node (as in micrograd and flashlight).
-// Gradients always accumulate, so a value used twice comes out right.
+// Each op builds its output, saves the tensors its backward needs and attaches
+// both to a new graph node (as in micrograd and flashlight; PyTorch's saved
+// tensors). A node holds no data of its own: the graph's edges keep no value
+// alive, only what an op saved. Gradients always accumulate, so a value used
+// twice comes out right.
+//
+// A backward frees the graph as it walks it (each node's closure and saved
+// tensors, once it has run), so a second backward through the same graph is a
+// std::logic_error naming the op, unless the first passed retain_graph:
+//   loss.backward({.retain_graph = true});
+//   loss.backward();                              // gradients add up
 #pragma once
 
 #include <functional>
@@ -22,9 +30,21 @@ namespace headgrad {
 
 class Variable;
 
-// Receives the gradient of the op's output and adds each input's gradient to
-// it with Variable::accumulate_grad (skipping inputs that need none).
-using BackwardFn = std::function<void(const Tensor& grad_output, std::vector<Variable>& inputs)>;
+// What an op's backward is given besides the gradient of its output.
+struct BackwardContext {
+  std::vector<Tensor> saved;           // what the op saved, in its order
+  std::vector<bool> needs_input_grad;  // one per input
+  std::vector<Shape> input_shapes;     // one per input
+};
+// Returns one gradient per input (undefined: none, or not needed). The engine
+// checks each against its input's shape and dtype, naming the op, and
+// accumulates it.
+using BackwardFn =
+    std::function<std::vector<Tensor>(const Tensor& grad_output, const BackwardContext& ctx)>;
+
+struct BackwardOptions {
+  bool retain_graph = false;  // keep closures and saved tensors for another backward
+};
 
 class Variable {
  public:
@@ -45,23 +65,28 @@ class Variable {
   // The accumulated gradient (undefined until a backward pass reaches it).
   const Tensor& grad() const;
   void zero_grad();
-  // Adds g to this variable's gradient; no-op when it requires none.
-  void accumulate_grad(const Tensor& g) const;
 
   // Backward from a one-element output (gradient 1) ...
-  void backward() const;
+  void backward(const BackwardOptions& options = {}) const;
   // ... or with an explicit upstream gradient of the output's shape.
-  void backward(const Tensor& grad_output) const;
+  // Leaves get their gradients only when the whole pass succeeds: a backward
+  // that throws leaves every gradient as it was (the nodes it had already run
+  // are freed, unless retain_graph). One backward at a time per graph.
+  void backward(const Tensor& grad_output, const BackwardOptions& options = {}) const;
 
-  // Builds a non-leaf: the core of every op. The node requires a gradient when
-  // any input does and grad mode is on; otherwise the backward is dropped.
-  static Variable from_op(std::string op, Tensor data, std::vector<Variable> inputs,
-                          BackwardFn backward);
-
-  bool same_node(const Variable& other) const { return node_ == other.node_; }
+  // Builds a non-leaf: the core of every op. `saved` are the tensors the
+  // backward reads (BackwardContext::saved); their versions are recorded, and
+  // a backward after one of them was written in place is a std::logic_error
+  // naming the op. The node requires a gradient when any input does and grad
+  // mode is on; otherwise nothing is recorded.
+  static Variable from_op(std::string op, Tensor data, const std::vector<Variable>& inputs,
+                          std::vector<Tensor> saved, BackwardFn backward);
 
  private:
   struct Node;
+  // The node's saved tensors, checked unwritten since they were saved.
+  static std::vector<Tensor> unpack_saved(const Node& n);
+  Tensor data_;
   std::shared_ptr<Node> node_;
 };
 
@@ -89,7 +114,9 @@ bool grad_enabled();
 //         return std::vector<Tensor>{dq, dk, dv}; });   // undefined = no gradient
 //
 // The engine checks that each returned gradient has its input's shape and
-// names the op when it does not.
+// dtype and names the op when it does not. ctx.saved is kept by the graph and
+// freed with it, and checked unwritten since the forward, like a core op's
+// saved tensors.
 struct CustomOpContext {
   std::vector<Tensor> saved;            // tensors the backward needs
   std::vector<bool> needs_input_grad;   // one per input

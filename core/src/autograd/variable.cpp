@@ -1,23 +1,67 @@
 #include "headgrad/variable.hpp"
 
 #include <stdexcept>
-#include <unordered_set>
+#include <atomic>
 
 #include "headgrad/kernels.hpp"
 
 namespace headgrad {
 
+// One node of the graph. It describes its value (shape, dtype) but holds no
+// data: what the backward reads is in `saved`, so an edge keeps no input's
+// value alive.
 struct Variable::Node {
-  Tensor data;
-  Tensor grad;
-  bool requires_grad = false;
   std::string op = "leaf";
-  std::vector<Variable> inputs;
-  BackwardFn backward;  // empty for leaves
+  Shape shape;
+  DType dtype = DType::float64;
+  bool requires_grad = false;
+  bool is_op = false;    // recorded by an op (stays true when released)
+  bool released = false; // its backward ran without retain_graph: closure and saved are gone
+  Tensor grad;           // leaves: the accumulated gradient
+  // Set by the backward walking the node: the walk's id, and its place in the walk's order.
+  std::uint64_t walk = 0;
+  std::size_t slot = 0;
+  std::vector<std::shared_ptr<Node>> inputs;
+  // A tensor the op saved for its backward, with its storage's version then:
+  // a backward must not read a tensor written in place since (PyTorch's rule).
+  struct Saved {
+    Tensor tensor;
+    std::uint64_t version = 0;
+  };
+  std::vector<Saved> saved;
+  BackwardFn backward;
+
+  Node() = default;
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+  ~Node();
+
+  void release() {
+    backward = nullptr;
+    saved.clear();
+    inputs.clear();
+    released = true;
+  }
 };
+
+// Iterative teardown: a chain of a million nodes must not recurse a million
+// destructors deep. A node whose last owner is this loop hands its edges over
+// before it dies.
+Variable::Node::~Node() {
+  std::vector<std::shared_ptr<Node>> pending = std::move(inputs);
+  while (!pending.empty()) {
+    std::shared_ptr<Node> n = std::move(pending.back());
+    pending.pop_back();
+    if (n.use_count() == 1) {
+      for (auto& in : n->inputs) pending.push_back(std::move(in));
+      n->inputs.clear();
+    }
+  }
+}
 
 namespace {
 thread_local bool t_grad_enabled = true;
+std::atomic<std::uint64_t> g_walks{0};
 
 [[noreturn]] void throw_undefined(const char* what) {
   throw std::logic_error(std::string(what) + " on an undefined Variable");
@@ -32,16 +76,18 @@ Variable::Variable(Tensor data, bool requires_grad) : node_(std::make_shared<Nod
   if (!data.defined()) throw std::invalid_argument("Variable: undefined tensor");
   if (requires_grad && data.dtype() == DType::boolean)
     throw std::invalid_argument("Variable: a bool tensor cannot require a gradient");
-  node_->data = std::move(data);
+  node_->shape = data.shape();
+  node_->dtype = data.dtype();
   node_->requires_grad = requires_grad;
+  data_ = std::move(data);
 }
 
 const Tensor& Variable::data() const {
   if (!node_) throw_undefined("data()");
-  return node_->data;
+  return data_;
 }
 bool Variable::requires_grad() const { return node_ && node_->requires_grad; }
-bool Variable::is_leaf() const { return node_ && !node_->backward; }
+bool Variable::is_leaf() const { return node_ && !node_->is_op; }
 const std::string& Variable::op_name() const {
   if (!node_) throw_undefined("op_name()");
   return node_->op;
@@ -54,116 +100,184 @@ void Variable::zero_grad() {
   if (node_) node_->grad = Tensor();
 }
 
-void Variable::accumulate_grad(const Tensor& g) const {
-  if (!node_ || !node_->requires_grad || !g.defined()) return;
-  Node& n = *node_;
-  if (g.shape() != n.data.shape() || g.dtype() != n.data.dtype())
-    throw std::logic_error("backward of '" + n.op + "': gradient " + g.repr() +
-                           " does not match its value " + n.data.repr());
-  if (!n.grad.defined()) {
-    // Stored as is: gradients are never updated in place, so sharing is safe.
-    n.grad = g.contiguous();
-  } else {
-    n.grad = kernels::binary(kernels::BinaryOp::add, n.grad, g);
-  }
-}
-
-Variable Variable::from_op(std::string op, Tensor data, std::vector<Variable> inputs,
-                           BackwardFn backward) {
+Variable Variable::from_op(std::string op, Tensor data, const std::vector<Variable>& inputs,
+                           std::vector<Tensor> saved, BackwardFn backward) {
   Variable out(std::move(data));
   out.node_->op = std::move(op);
   bool any = false;
   for (const auto& in : inputs) any = any || in.requires_grad();
   if (any && t_grad_enabled) {
-    out.node_->requires_grad = true;
-    out.node_->inputs = std::move(inputs);
-    out.node_->backward = std::move(backward);
+    Node& n = *out.node_;
+    n.requires_grad = true;
+    n.is_op = true;
+    n.inputs.reserve(inputs.size());
+    for (const auto& in : inputs) {
+      if (!in.node_) throw_undefined(n.op.c_str());
+      n.inputs.push_back(in.node_);
+    }
+    n.saved.reserve(saved.size());
+    for (auto& t : saved) {
+      const std::uint64_t version = t.version();
+      n.saved.push_back({std::move(t), version});
+    }
+    n.backward = std::move(backward);
   }
   return out;
 }
 
-void Variable::backward() const {
+void Variable::backward(const BackwardOptions& options) const {
   if (!node_) throw_undefined("backward()");
-  if (node_->data.numel() != 1)
-    throw std::invalid_argument("backward(): output of shape " + shape_str(node_->data.shape()) +
+  if (data_.numel() != 1)
+    throw std::invalid_argument("backward(): output of shape " + shape_str(data_.shape()) +
                                 " is not a scalar; pass an upstream gradient of that shape");
-  backward(Tensor::ones(node_->data.shape(), node_->data.dtype()));
+  backward(Tensor::ones(data_.shape(), data_.dtype()), options);
 }
 
-void Variable::backward(const Tensor& grad_output) const {
+namespace {
+
+// Adds g to the gradient pending in `slot` (gradients are never updated in
+// place, so the first one is kept as is).
+void accumulate(Tensor& slot, const Tensor& g) {
+  slot = slot.defined() ? kernels::binary(kernels::BinaryOp::add, slot, g) : g;
+}
+
+}  // namespace
+
+std::vector<Tensor> Variable::unpack_saved(const Node& n) {
+  std::vector<Tensor> out;
+  out.reserve(n.saved.size());
+  for (std::size_t i = 0; i < n.saved.size(); ++i) {
+    const Node::Saved& s = n.saved[i];
+    if (s.tensor.defined() && s.tensor.version() != s.version)
+      throw std::logic_error("backward of '" + n.op + "': saved tensor " + std::to_string(i) +
+                             " " + s.tensor.repr() +
+                             " was written in place after the op saved it (version " +
+                             std::to_string(s.version) + ", now " +
+                             std::to_string(s.tensor.version()) +
+                             "); write into a copy (clone()) instead");
+    out.push_back(s.tensor);
+  }
+  return out;
+}
+
+void Variable::backward(const Tensor& grad_output, const BackwardOptions& options) const {
   if (!node_) throw_undefined("backward()");
   if (!node_->requires_grad)
     throw std::invalid_argument("backward(): the output does not require a gradient (no input "
                                 "requires one, or it was computed under NoGradGuard)");
-  if (grad_output.shape() != node_->data.shape())
+  if (grad_output.shape() != data_.shape())
     throw std::invalid_argument("backward(): upstream gradient " + shape_str(grad_output.shape()) +
-                                " does not match output " + shape_str(node_->data.shape()));
+                                " does not match output " + shape_str(data_.shape()));
 
   // Topological order by an iterative post-order DFS (deep graphs must not
-  // overflow the stack), then one reversed loop, as in micrograd.
-  std::vector<Node*> order;
-  std::unordered_set<Node*> seen;
-  std::vector<std::pair<Node*, std::size_t>> stack{{node_.get(), 0}};
-  seen.insert(node_.get());
-  while (!stack.empty()) {
-    auto& [n, next] = stack.back();
-    if (next < n->inputs.size()) {
-      Node* child = n->inputs[next++].node_.get();
-      if (child && child->requires_grad && seen.insert(child).second) stack.push_back({child, 0});
-    } else {
-      order.push_back(n);
-      stack.pop_back();
+  // overflow the stack), then one reversed loop, as in micrograd. `order`
+  // owns the nodes: releasing a node's edges must not free one still to run.
+  std::vector<std::shared_ptr<Node>> order;
+  const std::uint64_t walk = ++g_walks;
+  auto check_live = [](const Node& n) {
+    if (n.released)
+      throw std::logic_error("backward(): the graph through '" + n.op +
+                             "' was freed by an earlier backward; pass {.retain_graph = true} "
+                             "to that backward to run another");
+  };
+  {
+    check_live(*node_);
+    std::vector<std::pair<const std::shared_ptr<Node>*, std::size_t>> stack{{&node_, 0}};
+    node_->walk = walk;
+    while (!stack.empty()) {
+      auto& [n, next] = stack.back();
+      const std::vector<std::shared_ptr<Node>>& ins = (*n)->inputs;
+      if (next < ins.size()) {
+        const std::shared_ptr<Node>& child = ins[next++];
+        if (child->requires_grad && child->walk != walk) {
+          child->walk = walk;
+          check_live(*child);
+          stack.push_back({&child, 0});
+        }
+      } else {
+        (*n)->slot = order.size();
+        order.push_back(*n);
+        stack.pop_back();
+      }
     }
   }
 
-  accumulate_grad(grad_output.to(node_->data.dtype()));
-  for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    Node* n = *it;
-    if (!n->backward || !n->grad.defined()) continue;
-    Tensor g = std::move(n->grad);  // a non-leaf's gradient is not kept (as in PyTorch)
-    n->grad = Tensor();
-    n->backward(g, n->inputs);
+  // Gradients wait here until the pass is done: a backward that throws
+  // changes no leaf's gradient.
+  std::vector<Tensor> pending(order.size());
+  pending[node_->slot] = grad_output.to(data_.dtype());
+  {
+    NoGradGuard no_grad;  // backward closures record no graph
+    for (std::size_t i = order.size(); i-- > 0;) {
+      Node& n = *order[i];
+      if (!n.is_op) continue;  // a leaf: its gradient is committed below
+      const Tensor g = std::move(pending[i]);  // a non-leaf's gradient is not kept (as in PyTorch)
+      pending[i] = Tensor();
+      if (g.defined()) {
+        BackwardContext ctx;
+        ctx.saved = unpack_saved(n);
+        for (const auto& in : n.inputs) {
+          ctx.needs_input_grad.push_back(in->requires_grad);
+          ctx.input_shapes.push_back(in->shape);
+        }
+        const std::vector<Tensor> grads = n.backward(g, ctx);
+        if (grads.size() != n.inputs.size())
+          throw std::logic_error("backward of '" + n.op + "' returned " +
+                                 std::to_string(grads.size()) + " gradients for " +
+                                 std::to_string(n.inputs.size()) + " inputs");
+        for (std::size_t k = 0; k < grads.size(); ++k) {
+          const Node& in = *n.inputs[k];
+          if (!grads[k].defined() || !in.requires_grad) continue;
+          if (grads[k].shape() != in.shape || grads[k].dtype() != in.dtype)
+            throw std::logic_error("backward of '" + n.op + "': gradient " + std::to_string(k) +
+                                   " is " + grads[k].repr() + ", its input is " +
+                                   std::string(dtype_name(in.dtype)) + " " + shape_str(in.shape));
+          accumulate(pending[in.slot], grads[k]);
+        }
+      }
+      if (!options.retain_graph) n.release();
+    }
   }
+
+  // Commit: new leaf gradients are built first, then swapped in.
+  std::vector<std::pair<Node*, Tensor>> updates;
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    Node& n = *order[i];
+    if (n.is_op || !pending[i].defined()) continue;
+    Tensor total = n.grad.defined() ? kernels::binary(kernels::BinaryOp::add, n.grad, pending[i])
+                                    : pending[i].contiguous();
+    updates.emplace_back(&n, std::move(total));
+  }
+  for (auto& [n, g] : updates) n->grad = std::move(g);
 }
 
 // ---------------------------------------------------------------- custom ops
 
 Variable custom_op(const std::string& name, std::vector<Variable> inputs, CustomForward forward,
                    CustomBackward backward) {
-  auto ctx = std::make_shared<CustomOpContext>();
+  CustomOpContext ctx;
   std::vector<Tensor> values;
   values.reserve(inputs.size());
   for (const auto& in : inputs) {
     values.push_back(in.data());
-    ctx->needs_input_grad.push_back(in.requires_grad() && grad_enabled());
+    ctx.needs_input_grad.push_back(in.requires_grad() && grad_enabled());
   }
   Tensor out;
   {
     NoGradGuard no_grad;  // a forward that calls ops internally records no graph
-    out = forward(*ctx, values);
+    out = forward(ctx, values);
   }
   if (!out.defined()) throw std::logic_error("custom op '" + name + "': forward returned nothing");
-  return Variable::from_op(
-      name, std::move(out), std::move(inputs),
-      [name, ctx, backward = std::move(backward)](const Tensor& g, std::vector<Variable>& ins) {
-        std::vector<Tensor> grads;
-        {
-          NoGradGuard no_grad;
-          grads = backward(*ctx, g);
-        }
-        if (grads.size() != ins.size())
-          throw std::logic_error("custom op '" + name + "': backward returned " +
-                                 std::to_string(grads.size()) + " gradients for " +
-                                 std::to_string(ins.size()) + " inputs");
-        for (std::size_t i = 0; i < ins.size(); ++i) {
-          if (!grads[i].defined()) continue;
-          if (grads[i].shape() != ins[i].shape())
-            throw std::logic_error("custom op '" + name + "': gradient " + std::to_string(i) +
-                                   " has shape " + shape_str(grads[i].shape()) +
-                                   ", its input has " + shape_str(ins[i].shape()));
-          ins[i].accumulate_grad(grads[i]);
-        }
-      });
+  // The engine keeps ctx.saved (and frees it with the graph); the closure keeps the rest.
+  std::vector<Tensor> saved = std::move(ctx.saved);
+  ctx.saved.clear();
+  return Variable::from_op(name, std::move(out), inputs, std::move(saved),
+                           [ctx = std::move(ctx), backward = std::move(backward)](
+                               const Tensor& g, const BackwardContext& b) {
+                             CustomOpContext call = ctx;
+                             call.saved = b.saved;
+                             return backward(call, g);
+                           });
 }
 
 }  // namespace headgrad

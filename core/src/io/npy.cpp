@@ -441,7 +441,7 @@ Tensor read_npy_from(ByteSource& src) {
                               std::to_string(available) + " after the header");
 
   Tensor t = Tensor::empty(h.shape, h.dtype);
-  auto* bytes = static_cast<unsigned char*>(t.storage()->data());
+  auto* bytes = static_cast<unsigned char*>(t.storage()->mutable_data());
   const std::size_t n = static_cast<std::size_t>(h.data_bytes);
   const std::size_t read = src.read(bytes, n);
   if (read < n)

@@ -6,25 +6,26 @@ namespace headgrad {
 
 Variable softmax(const Variable& x, std::int64_t dim) {
   Tensor y = kernels::softmax(x.data(), dim);
-  return Variable::from_op("softmax", y, {x}, [y, dim](const Tensor& g, std::vector<Variable>& in) {
-    in[0].accumulate_grad(kernels::softmax_backward(y, g, dim));
+  return Variable::from_op("softmax", y, {x}, {y}, [dim](const Tensor& g, const BackwardContext& c) {
+    return std::vector<Tensor>{kernels::softmax_backward(c.saved[0], g, dim)};
   });
 }
 
 Variable masked_fill(const Variable& x, const Tensor& mask, double value) {
   Tensor out = kernels::masked_fill(x.data(), mask, value);
-  return Variable::from_op("masked_fill", std::move(out), {x},
-                           [mask](const Tensor& g, std::vector<Variable>& in) {
+  return Variable::from_op("masked_fill", std::move(out), {x}, {mask},
+                           [](const Tensor& g, const BackwardContext& c) {
                              // filled elements are constants: no gradient flows to them
-                             in[0].accumulate_grad(kernels::masked_fill(g, mask, 0.0));
+                             return std::vector<Tensor>{kernels::masked_fill(g, c.saved[0], 0.0)};
                            });
 }
 
 Variable masked_softmax(const Variable& x, double scale, const Tensor& attend, bool causal) {
   Tensor y = kernels::masked_softmax(x.data(), scale, attend, causal);
+  // The backward needs the weights y only: the scores x are not kept.
   return Variable::from_op(
-      "masked_softmax", y, {x}, [y, scale, causal](const Tensor& g, std::vector<Variable>& in) {
-        in[0].accumulate_grad(kernels::masked_softmax_backward(y, g, scale, causal));
+      "masked_softmax", y, {x}, {y}, [scale, causal](const Tensor& g, const BackwardContext& c) {
+        return std::vector<Tensor>{kernels::masked_softmax_backward(c.saved[0], g, scale, causal)};
       });
 }
 
@@ -33,7 +34,7 @@ Tensor causal_mask(std::int64_t tq, std::int64_t tk) {
     throw std::invalid_argument("causal_mask: negative length (" + std::to_string(tq) + ", " +
                                 std::to_string(tk) + ")");
   Tensor m = Tensor::empty({tq, tk}, DType::boolean);
-  bool* p = m.data<bool>();
+  bool* p = m.mutable_data<bool>();
   for (std::int64_t i = 0; i < tq; ++i)
     for (std::int64_t j = 0; j < tk; ++j) p[i * tk + j] = j <= i;  // top-left aligned
   return m;
@@ -46,7 +47,7 @@ Tensor logical_not(const Tensor& mask) {
   Tensor src = mask.contiguous();
   Tensor out = Tensor::empty(mask.shape(), DType::boolean);
   const bool* s = src.data<bool>();
-  bool* o = out.data<bool>();
+  bool* o = out.mutable_data<bool>();
   for (std::int64_t i = 0; i < out.numel(); ++i) o[i] = !s[i];
   return out;
 }

@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <limits>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 
@@ -24,6 +26,15 @@ namespace {
 // Products this small (the closed-book case's heads, a few tokens) cost less
 // as a plain loop than a BLAS call's fixed ~1 us of setup (measured on BLIS 0.9).
 constexpr std::int64_t kTinyMaxMacs = 512;
+
+// m * n * k multiply-adds, saturated: sizes that each fit int64 may not
+// multiply to one (the product only picks a code path).
+std::int64_t macs(std::int64_t m, std::int64_t n, std::int64_t k) {
+  std::int64_t mn = 0, mnk = 0;
+  if (__builtin_mul_overflow(m, n, &mn) || __builtin_mul_overflow(mn, k, &mnk))
+    return std::numeric_limits<std::int64_t>::max();
+  return mnk;
+}
 
 template <class T>
 void tiny_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
@@ -71,7 +82,7 @@ std::atomic<int> g_threads{0};
 constexpr std::int64_t kThreadedMinMacs = std::int64_t{1} << 21;
 
 int threads_for(std::int64_t m, std::int64_t n, std::int64_t k) {
-  if (m * n * k < kThreadedMinMacs) return 1;
+  if (macs(m, n, k) < kThreadedMinMacs) return 1;
   const int t = g_threads.load(std::memory_order_relaxed);
   return t > 0 ? t : headgrad::num_threads();
 }
@@ -107,6 +118,14 @@ void gemm_impl(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
                std::int64_t ldc) {
   const auto opa = ta ? CblasTrans : CblasNoTrans;
   const auto opb = tb ? CblasTrans : CblasNoTrans;
+  // CBLAS takes blasint (32-bit unless OpenBLAS was built with INTERFACE64):
+  // a size it cannot hold is refused, not truncated.
+  for (const std::int64_t v : {m, n, k, lda, ldb, ldc})
+    if (v > std::numeric_limits<blasint>::max())
+      throw std::invalid_argument("gemm: size " + std::to_string(v) + " (m " + std::to_string(m) +
+                                  ", n " + std::to_string(n) + ", k " + std::to_string(k) +
+                                  ") does not fit this OpenBLAS's " +
+                                  std::to_string(8 * sizeof(blasint)) + "-bit integers");
   const auto i = [](std::int64_t v) { return static_cast<blasint>(v); };
   if constexpr (std::is_same_v<T, float>)
     cblas_sgemm(CblasRowMajor, opa, opb, i(m), i(n), i(k), alpha, a, i(lda), b, i(ldb), beta, c,
@@ -125,14 +144,14 @@ Info make_info() { return {"OpenBLAS", openblas_get_config(), openblas_get_coren
 void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
           std::int64_t ldc) {
-  if (m * n * k <= kTinyMaxMacs) return tiny_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (macs(m, n, k) <= kTinyMaxMacs) return tiny_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   gemm_impl(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,
           const double* a, std::int64_t lda, const double* b, std::int64_t ldb, double beta,
           double* c, std::int64_t ldc) {
-  if (m * n * k <= kTinyMaxMacs) return tiny_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (macs(m, n, k) <= kTinyMaxMacs) return tiny_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   gemm_impl(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 

@@ -36,15 +36,21 @@ void require_same_dtype(const Tensor& a, const Tensor& b, const char* op) {
                                 std::string(dtype_name(b.dtype())) + ")");
 }
 
+// The start of t's storage (offsets are added by the caller); the mutable
+// one counts as a write to t (see Storage::mutable_data).
 template <class T>
-T* base_ptr(const Tensor& t) {
-  return static_cast<T*>(t.storage()->data());
+const T* base_ptr(const Tensor& t) {
+  return static_cast<const T*>(t.storage()->data());
+}
+template <class T>
+T* mutable_base_ptr(Tensor& t) {
+  return static_cast<T*>(t.storage()->mutable_data());
 }
 
 // out[i] = f(a[i], b[i]) over a common shape, any strides (b may be stride-0).
 template <class T, class F>
-void zip_into(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
-  T* o = base_ptr<T>(out);
+void zip_into(Tensor& out, const Tensor& a, const Tensor& b, F f) {
+  T* o = mutable_base_ptr<T>(out);
   const T* pa = base_ptr<T>(a);
   const T* pb = base_ptr<T>(b);
   if (out.is_contiguous() && a.is_contiguous() && b.is_contiguous() && a.shape() == out.shape() &&
@@ -63,8 +69,8 @@ void zip_into(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
 }
 
 template <class T, class F>
-void map_into(const Tensor& out, const Tensor& x, F f) {
-  T* o = base_ptr<T>(out);
+void map_into(Tensor& out, const Tensor& x, F f) {
+  T* o = mutable_base_ptr<T>(out);
   const T* px = base_ptr<T>(x);
   if (x.is_contiguous()) {
     o += out.offset();
@@ -151,16 +157,6 @@ Tensor scale(const Tensor& x, double factor) {
   return out;
 }
 
-void add_(Tensor& acc, const Tensor& x) {
-  if (acc.shape() != x.shape())
-    throw std::invalid_argument("add_: shapes " + shape_str(acc.shape()) + " and " +
-                                shape_str(x.shape()) + " differ");
-  require_same_dtype(acc, x, "add_");
-  dispatch_float(acc.dtype(), "add_", [&]<class T>() {
-    zip_into<T>(acc, acc, x, [](T s, T v) { return s + v; });
-  });
-}
-
 // Accumulate g into a zero tensor of the reduced shape, expanded (stride 0) over
 // the summed dims: one pass over g, whatever dims are reduced.
 Tensor sum_to(const Tensor& g, const Shape& shape) {
@@ -169,9 +165,9 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
     throw std::invalid_argument("sum_to: cannot reduce " + shape_str(g.shape()) + " to " +
                                 shape_str(shape));
   Tensor out = Tensor::zeros(shape, g.dtype());
-  const Tensor acc = out.expand(g.shape());
+  Tensor acc = out.expand(g.shape());
   dispatch_float(g.dtype(), "sum_to", [&]<class T>() {
-    T* o = base_ptr<T>(acc);
+    T* o = mutable_base_ptr<T>(acc);
     const T* pg = base_ptr<T>(g);
     detail::for_each_offsets<2>(g.shape(), {acc.strides(), g.strides()},
                                 {acc.offset(), g.offset()},
@@ -202,7 +198,7 @@ Tensor sum_all(const Tensor& x) {
     const T* p = base_ptr<T>(x);
     detail::for_each_offsets<1>(x.shape(), {x.strides()}, {x.offset()},
                                 [&](const std::array<std::int64_t, 1>& o) { s += p[o[0]]; });
-    *out.data<T>() = static_cast<T>(s);
+    *out.mutable_data<T>() = static_cast<T>(s);
   });
   return out;
 }
@@ -283,7 +279,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
         const auto gb = gemm_operand(k, n, b.stride(0), b.stride(1));
         if (ga.ok && !ga.trans) {
           gemm<T>(ga, gb, a2->size(0), n, k, a2->template data<T>(), b.template data<T>(),
-                  out.template data<T>());
+                  out.template mutable_data<T>());
           return;
         }
       }
@@ -302,7 +298,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
     const Shape so(out.strides().begin(), out.strides().end() - 2);
     const T* pa = base_ptr<T>(a);
     const T* pb = base_ptr<T>(b);
-    T* pc = base_ptr<T>(out);
+    T* pc = mutable_base_ptr<T>(out);
     std::vector<std::array<std::int64_t, 3>> offsets;
     offsets.reserve(static_cast<std::size_t>(shape_numel(batch)));
     detail::for_each_offsets<3>(batch, {std::span<const std::int64_t>(sa),
@@ -358,7 +354,7 @@ Tensor softmax(const Tensor& x, std::int64_t dim) {
     const std::int64_t n = rows.size(-1);
     const std::int64_t r = n == 0 ? 0 : rows.numel() / n;
     const T* in = rows.template data<T>();
-    T* o = out.template data<T>();
+    T* o = out.template mutable_data<T>();
     parallel_for(r, [&](std::int64_t r0, std::int64_t r1, int) {
       for (std::int64_t i = r0; i < r1; ++i) {
         const T* row = in + i * n;
@@ -382,7 +378,7 @@ Tensor softmax_backward(const Tensor& y_in, const Tensor& dy_in, std::int64_t di
     const std::int64_t r = n == 0 ? 0 : y.numel() / n;
     const T* py = y.template data<T>();
     const T* pdy = dy.template data<T>();
-    T* pdx = dx.template data<T>();
+    T* pdx = dx.template mutable_data<T>();
     parallel_for(r, [&](std::int64_t r0, std::int64_t r1, int) {
       for (std::int64_t i = r0; i < r1; ++i)
         softmax_backward_row(py + i * n, pdy + i * n, pdx + i * n, n, T(1));
@@ -402,7 +398,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   Tensor out = Tensor::empty(x.shape(), x.dtype());
   const Tensor m = mask.expand(shape);
   dispatch_float(x.dtype(), "masked_fill", [&]<class T>() {
-    T* o = base_ptr<T>(out);
+    T* o = mutable_base_ptr<T>(out);
     const T* px = base_ptr<T>(x);
     const bool* pm = static_cast<const bool*>(m.storage()->data());
     const T v = static_cast<T>(value);
@@ -464,7 +460,7 @@ Tensor masked_softmax(const Tensor& x_in, double scale, const Tensor& attend, bo
     constexpr T neg_inf = -std::numeric_limits<T>::infinity();
     const T f = static_cast<T>(scale);
     const T* in = x.template data<T>();
-    T* o = out.template data<T>();
+    T* o = out.template mutable_data<T>();
     parallel_for(rows, [&](std::int64_t r0, std::int64_t r1, int) {
       for (std::int64_t r = r0; r < r1; ++r) {
         const T* row = in + r * n;
@@ -509,7 +505,7 @@ Tensor masked_softmax_backward(const Tensor& y_in, const Tensor& dy_in, double s
     const T f = static_cast<T>(scale);
     const T* py = y.template data<T>();
     const T* pdy = dy.template data<T>();
-    T* pdx = dx.template data<T>();
+    T* pdx = dx.template mutable_data<T>();
     parallel_for(rows, [&](std::int64_t r0, std::int64_t r1, int) {
       for (std::int64_t r = r0; r < r1; ++r) {
         // y = softmax(x * scale) with masked y = 0: dx = scale * softmax's dx

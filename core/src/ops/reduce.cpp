@@ -15,18 +15,18 @@ std::int64_t checked_dim(const Variable& x, std::int64_t dim, const char* op) {
 }  // namespace
 
 Variable sum(const Variable& x) {
-  return Variable::from_op("sum", kernels::sum_all(x.data()), {x},
-                           [](const Tensor& g, std::vector<Variable>& in) {
-                             in[0].accumulate_grad(g.expand(in[0].shape()));
+  return Variable::from_op("sum", kernels::sum_all(x.data()), {x}, {},
+                           [](const Tensor& g, const BackwardContext& c) {
+                             return std::vector<Tensor>{g.expand(c.input_shapes[0])};
                            });
 }
 
 Variable sum(const Variable& x, std::int64_t dim, bool keepdim) {
   const std::int64_t d = checked_dim(x, dim, "sum");
-  return Variable::from_op("sum", kernels::sum_dim(x.data(), d, keepdim), {x},
-                           [d, keepdim](const Tensor& g, std::vector<Variable>& in) {
+  return Variable::from_op("sum", kernels::sum_dim(x.data(), d, keepdim), {x}, {},
+                           [d, keepdim](const Tensor& g, const BackwardContext& c) {
                              const Tensor gk = keepdim ? g : g.unsqueeze(d);
-                             in[0].accumulate_grad(gk.expand(in[0].shape()));
+                             return std::vector<Tensor>{gk.expand(c.input_shapes[0])};
                            });
 }
 

@@ -127,7 +127,7 @@ Tensor rotate(const Tensor& x_any, const RopeTables& tb, double sign) {
   Tensor out = Tensor::empty(x.shape(), x.dtype());
   dispatch_float(x.dtype(), "rope", [&]<class T>() {
     const T* src = x.data<T>();
-    T* dst = out.data<T>();
+    T* dst = out.mutable_data<T>();
     const std::int64_t pairs = tb.r / 2, slab = tb.t * tb.d;
     const std::int64_t n_rows = slab > 0 ? x.numel() / slab : 0;
     // pair k is dims (2k, 2k+1) interleaved, (k, k + r/2) half
@@ -158,10 +158,11 @@ Tensor rotate(const Tensor& x_any, const RopeTables& tb, double sign) {
 Variable rope(const Variable& x, const RopeSpec& spec) {
   std::shared_ptr<const RopeTables> tables = make_tables(x, spec);
   Tensor out = rotate(x.data(), *tables, 1.0);
-  return Variable::from_op("rope", std::move(out), {x},
-                           [tables](const Tensor& g, std::vector<Variable>& in) {
+  // The tables are not tensors of the graph: the closure owns them.
+  return Variable::from_op("rope", std::move(out), {x}, {},
+                           [tables](const Tensor& g, const BackwardContext&) {
                              // in the forward pass this was: out = R x; so dx = R^T dy
-                             in[0].accumulate_grad(rotate(g, *tables, -1.0));
+                             return std::vector<Tensor>{rotate(g, *tables, -1.0)};
                            });
 }
 

@@ -18,29 +18,29 @@ std::int64_t checked_dim(std::int64_t dim, std::int64_t ndim, const Shape& shape
 
 // The gradient of any reshape is the upstream gradient in the input's shape.
 BackwardFn reshape_back() {
-  return [](const Tensor& g, std::vector<Variable>& in) {
-    in[0].accumulate_grad(g.reshape(in[0].shape()));
+  return [](const Tensor& g, const BackwardContext& c) {
+    return std::vector<Tensor>{g.reshape(c.input_shapes[0])};
   };
 }
 }  // namespace
 
 Variable view(const Variable& x, const Shape& shape) {
-  return Variable::from_op("view", x.data().view(shape), {x}, reshape_back());
+  return Variable::from_op("view", x.data().view(shape), {x}, {}, reshape_back());
 }
 
 Variable reshape(const Variable& x, const Shape& shape) {
-  return Variable::from_op("reshape", x.data().reshape(shape), {x}, reshape_back());
+  return Variable::from_op("reshape", x.data().reshape(shape), {x}, {}, reshape_back());
 }
 
 Variable contiguous(const Variable& x) {
-  return Variable::from_op("contiguous", x.data().contiguous(), {x},
-                           [](const Tensor& g, std::vector<Variable>& in) { in[0].accumulate_grad(g); });
+  return Variable::from_op("contiguous", x.data().contiguous(), {x}, {},
+                           [](const Tensor& g, const BackwardContext&) { return std::vector<Tensor>{g}; });
 }
 
 Variable transpose(const Variable& x, std::int64_t d0, std::int64_t d1) {
-  return Variable::from_op("transpose", x.data().transpose(d0, d1), {x},
-                           [d0, d1](const Tensor& g, std::vector<Variable>& in) {
-                             in[0].accumulate_grad(g.transpose(d0, d1));
+  return Variable::from_op("transpose", x.data().transpose(d0, d1), {x}, {},
+                           [d0, d1](const Tensor& g, const BackwardContext&) {
+                             return std::vector<Tensor>{g.transpose(d0, d1)};
                            });
 }
 
@@ -51,20 +51,20 @@ Variable permute(const Variable& x, const Shape& dims) {
     const std::int64_t d = dims[i] < 0 ? dims[i] + x.dim() : dims[i];
     inverse[d] = static_cast<std::int64_t>(i);
   }
-  return Variable::from_op("permute", std::move(out), {x},
-                           [inverse](const Tensor& g, std::vector<Variable>& in) {
-                             in[0].accumulate_grad(g.permute(inverse));
+  return Variable::from_op("permute", std::move(out), {x}, {},
+                           [inverse](const Tensor& g, const BackwardContext&) {
+                             return std::vector<Tensor>{g.permute(inverse)};
                            });
 }
 
 Variable narrow(const Variable& x, std::int64_t dim, std::int64_t start, std::int64_t length) {
   Tensor out = x.data().narrow(dim, start, length);
   const std::int64_t d = checked_dim(dim, x.dim(), x.shape(), "narrow");
-  return Variable::from_op("narrow", std::move(out), {x},
-                           [d, start, length](const Tensor& g, std::vector<Variable>& in) {
-                             Tensor full = Tensor::zeros(in[0].shape(), g.dtype());
+  return Variable::from_op("narrow", std::move(out), {x}, {},
+                           [d, start, length](const Tensor& g, const BackwardContext& c) {
+                             Tensor full = Tensor::zeros(c.input_shapes[0], g.dtype());
                              full.narrow(d, start, length).copy_(g);
-                             in[0].accumulate_grad(full);
+                             return std::vector<Tensor>{full};
                            });
 }
 
@@ -92,10 +92,13 @@ Variable cat(const std::vector<Variable>& xs, std::int64_t dim) {
     out.narrow(d, at, x.size(d)).copy_(x.data());
     at += x.size(d);
   }
-  return Variable::from_op("cat", std::move(out), xs,
-                           [d, starts](const Tensor& g, std::vector<Variable>& in) {
-                             for (std::size_t i = 0; i < in.size(); ++i)
-                               in[i].accumulate_grad(g.narrow(d, starts[i], in[i].size(d)));
+  return Variable::from_op("cat", std::move(out), xs, {},
+                           [d, starts](const Tensor& g, const BackwardContext& c) {
+                             std::vector<Tensor> grads(starts.size());
+                             for (std::size_t i = 0; i < grads.size(); ++i)
+                               if (c.needs_input_grad[i])
+                                 grads[i] = g.narrow(d, starts[i], c.input_shapes[i][d]);
+                             return grads;
                            });
 }
 
@@ -115,9 +118,9 @@ Variable stack(const std::vector<Variable>& xs, std::int64_t dim) {
 }
 
 Variable expand(const Variable& x, const Shape& shape) {
-  return Variable::from_op("expand", x.data().expand(shape), {x},
-                           [](const Tensor& g, std::vector<Variable>& in) {
-                             in[0].accumulate_grad(kernels::sum_to(g, in[0].shape()));
+  return Variable::from_op("expand", x.data().expand(shape), {x}, {},
+                           [](const Tensor& g, const BackwardContext& c) {
+                             return std::vector<Tensor>{kernels::sum_to(g, c.input_shapes[0])};
                            });
 }
 
@@ -132,9 +135,9 @@ Variable repeat_interleave(const Variable& x, std::int64_t repeats, std::int64_t
   Shape out_shape = x.shape();
   out_shape[d] *= repeats;
   Tensor out = x.data().unsqueeze(d + 1).expand(wide).reshape(out_shape);
-  return Variable::from_op("repeat_interleave", std::move(out), {x},
-                           [d, wide](const Tensor& g, std::vector<Variable>& in) {
-                             in[0].accumulate_grad(kernels::sum_dim(g.reshape(wide), d + 1, false));
+  return Variable::from_op("repeat_interleave", std::move(out), {x}, {},
+                           [d, wide](const Tensor& g, const BackwardContext&) {
+                             return std::vector<Tensor>{kernels::sum_dim(g.reshape(wide), d + 1, false)};
                            });
 }
 

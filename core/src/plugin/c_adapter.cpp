@@ -43,7 +43,9 @@ struct CView {
     t.ndim = static_cast<std::int32_t>(shape.size());
     t.shape = shape.data();
     t.strides = strides.data();
-    t.data = static_cast<char*>(x.storage()->data()) +
+    // hg_tensor has one (writable) pointer for inputs and outputs alike; the
+    // outputs it is written through are fresh tensors made by this adapter.
+    t.data = static_cast<char*>(const_cast<void*>(x.storage()->data())) +
              x.offset() * static_cast<std::int64_t>(dtype_size(x.dtype()));
   }
   CView(const CView&) = delete;

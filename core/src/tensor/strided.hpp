@@ -1,4 +1,8 @@
 // Internal: walking the elements of strided tensors in row-major order.
+//
+// Shapes and strides here come from Tensors, whose constructor checked that
+// the product of the sizes and every element's offset fit int64 (tensor.cpp):
+// no product below can wrap.
 #pragma once
 
 #include <algorithm>

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <numbers>
 #include <sstream>
 #include <stdexcept>
@@ -59,13 +60,34 @@ std::string shape_str(std::span<const std::int64_t> shape) {
   return s + "]";
 }
 
-std::int64_t shape_numel(std::span<const std::int64_t> shape) {
+namespace {
+// The product of the sizes, each taken as at least 1 (what the outermost
+// contiguous stride would be), or an error naming the shape: sizes are checked
+// here, never wrapped. Negative sizes are rejected.
+std::int64_t extent_product(std::span<const std::int64_t> shape, bool& has_zero) {
   std::int64_t n = 1;
-  for (auto s : shape) n *= s;
+  has_zero = false;
+  for (auto s : shape) {
+    if (s < 0) throw std::invalid_argument("shape " + shape_str(shape) + " has a negative size");
+    has_zero = has_zero || s == 0;
+    if (__builtin_mul_overflow(n, std::max<std::int64_t>(s, 1), &n))
+      throw std::invalid_argument("shape " + shape_str(shape) +
+                                  ": the product of its sizes overflows int64");
+  }
   return n;
+}
+}  // namespace
+
+std::int64_t shape_numel(std::span<const std::int64_t> shape) {
+  bool has_zero = false;
+  const std::int64_t n = extent_product(shape, has_zero);
+  return has_zero ? 0 : n;
 }
 
 Shape unravel_index(std::int64_t flat, std::span<const std::int64_t> shape) {
+  if (flat < 0 || flat >= shape_numel(shape))
+    throw std::out_of_range("unravel_index: flat index " + std::to_string(flat) +
+                            " out of range for shape " + shape_str(shape));
   Shape index(shape.size());
   for (std::size_t d = shape.size(); d-- > 0;) {
     index[d] = flat % shape[d];
@@ -75,6 +97,8 @@ Shape unravel_index(std::int64_t flat, std::span<const std::int64_t> shape) {
 }
 
 Shape contiguous_strides(std::span<const std::int64_t> shape) {
+  bool has_zero = false;
+  (void)extent_product(shape, has_zero);  // every partial product below then fits
   Shape strides(shape.size());
   std::int64_t s = 1;
   for (std::size_t i = shape.size(); i-- > 0;) {
@@ -99,19 +123,38 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, std
   if (shape_.size() != strides_.size())
     throw std::logic_error("Tensor: shape " + shape_str(shape_) + " and strides " +
                            shape_str(strides_) + " differ in rank");
+  if (shape_numel(shape_) == 0 || !storage_) return;  // validates the sizes
+  // Every element must lie inside the storage: the lowest and highest element
+  // offsets, computed without wrapping, so that no later index can wrap.
+  std::int64_t lo = offset_, hi = offset_;
+  bool wrapped = offset_ < 0;
+  for (std::size_t d = 0; d < shape_.size() && !wrapped; ++d) {
+    std::int64_t reach = 0;
+    wrapped = __builtin_mul_overflow(shape_[d] - 1, strides_[d], &reach) ||
+              __builtin_add_overflow(reach < 0 ? lo : hi, reach, reach < 0 ? &lo : &hi);
+  }
+  const auto capacity = static_cast<std::int64_t>(storage_->nbytes() / dtype_size(dtype_));
+  if (wrapped || lo < 0 || hi >= capacity)
+    throw std::invalid_argument("Tensor: shape " + shape_str(shape_) + " with strides " +
+                                shape_str(strides_) + " and offset " + std::to_string(offset_) +
+                                " reaches outside its storage of " + std::to_string(capacity) +
+                                " " + std::string(dtype_name(dtype_)) + " elements");
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype) {
-  for (auto s : shape)
-    if (s < 0) throw std::invalid_argument("Tensor::empty: negative size in " + shape_str(shape));
-  auto storage = std::make_shared<Storage>(static_cast<std::size_t>(shape_numel(shape)) *
-                                           dtype_size(dtype));
+  const std::int64_t n = shape_numel(shape);  // rejects negative and overflowing sizes
+  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
+  if (n > std::numeric_limits<std::int64_t>::max() / elem)
+    throw std::invalid_argument("Tensor::empty: shape " + shape_str(shape) + " of " +
+                                std::string(dtype_name(dtype)) +
+                                " needs more bytes than int64 can count");
+  auto storage = std::make_shared<Storage>(static_cast<std::size_t>(n * elem));
   return Tensor(std::move(storage), shape, contiguous_strides(shape), 0, dtype);
 }
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype) {
   Tensor t = empty(shape, dtype);
-  std::memset(t.storage_->data(), 0, t.storage_->nbytes());
+  std::memset(t.storage_->mutable_data(), 0, t.storage_->nbytes());
   return t;
 }
 
@@ -184,10 +227,15 @@ Tensor Tensor::permute(const Shape& dims) const {
 
 Tensor Tensor::narrow(std::int64_t d, std::int64_t start, std::int64_t length) const {
   d = normalize_dim(d, dim(), "narrow");
-  if (start < 0 || length < 0 || start + length > shape_[d])
-    throw std::invalid_argument("narrow: [" + std::to_string(start) + ", " +
-                                std::to_string(start + length) + ") out of range for dim " +
-                                std::to_string(d) + " of shape " + shape_str(shape_));
+  if (start < 0 || length < 0 || start > shape_[d] || length > shape_[d] - start) {
+    std::int64_t end = 0;
+    const std::string end_str = __builtin_add_overflow(start, length, &end)
+                                    ? std::to_string(start) + " + " + std::to_string(length)
+                                    : std::to_string(end);
+    throw std::invalid_argument("narrow: [" + std::to_string(start) + ", " + end_str +
+                                ") out of range for dim " + std::to_string(d) + " of shape " +
+                                shape_str(shape_));
+  }
   Shape shape = shape_;
   shape[d] = length;
   return Tensor(storage_, std::move(shape), strides_, offset_ + start * strides_[d], dtype_);
@@ -204,8 +252,9 @@ Shape infer_shape(const Shape& requested, std::int64_t numel, const Shape& from,
       infer = static_cast<std::int64_t>(i);
     } else if (shape[i] < 0) {
       throw std::invalid_argument(std::string(op) + ": negative size in " + shape_str(requested));
-    } else {
-      known *= shape[i];
+    } else if (__builtin_mul_overflow(known, shape[i], &known)) {
+      throw std::invalid_argument(std::string(op) + ": shape " + shape_str(requested) +
+                                  ": the product of its sizes overflows int64");
     }
   }
   if (infer >= 0) {
@@ -223,8 +272,8 @@ Shape infer_shape(const Shape& requested, std::int64_t numel, const Shape& from,
 }
 
 // PyTorch's computeStride: split the old dims into chunks that are contiguous
-// among themselves; each chunk may be re-split freely. Empty optional when the
-// new shape would need elements of two chunks to interleave.
+// among themselves; each chunk may be re-split freely. False when the new
+// shape would need elements of two chunks to interleave.
 bool view_strides(const Shape& old_shape, const Shape& old_strides, const Shape& new_shape,
                   Shape& new_strides) {
   new_strides.assign(new_shape.size(), 0);
@@ -309,7 +358,10 @@ Tensor Tensor::expand(const Shape& shape) const {
 Tensor Tensor::unsqueeze(std::int64_t d) const {
   d = normalize_dim(d, dim() + 1, "unsqueeze");
   Shape shape = shape_, strides = strides_;
-  std::int64_t st = d < dim() ? strides_[d] * shape_[d] : 1;
+  // The new size-1 dim's stride is free; this one keeps the tensor contiguous
+  // when it was (1 where the product would wrap: a zero-element tensor's strides).
+  std::int64_t st = 1;
+  if (d < dim() && __builtin_mul_overflow(strides_[d], shape_[d], &st)) st = 1;
   shape.insert(shape.begin() + d, 1);
   strides.insert(strides.begin() + d, st);
   return Tensor(storage_, std::move(shape), std::move(strides), offset_, dtype_);
@@ -331,7 +383,7 @@ Tensor Tensor::squeeze(std::int64_t d) const {
 namespace {
 template <class Dst, class Src>
 void copy_typed(const Tensor& dst, const Tensor& src) {
-  Dst* d = static_cast<Dst*>(dst.storage()->data());
+  Dst* d = static_cast<Dst*>(dst.storage()->mutable_data());
   const Src* s = static_cast<const Src*>(src.storage()->data());
   if (dst.is_contiguous() && src.is_contiguous()) {
     Dst* dp = d + dst.offset();
@@ -407,10 +459,11 @@ double read_at(const Tensor& t, std::int64_t off) {
   return 0.0;
 }
 void write_at(const Tensor& t, std::int64_t off, double v) {
+  void* base = t.storage()->mutable_data();
   switch (t.dtype()) {
-    case DType::float32: static_cast<float*>(t.storage()->data())[off] = static_cast<float>(v); break;
-    case DType::float64: static_cast<double*>(t.storage()->data())[off] = v; break;
-    case DType::boolean: static_cast<bool*>(t.storage()->data())[off] = v != 0.0; break;
+    case DType::float32: static_cast<float*>(base)[off] = static_cast<float>(v); break;
+    case DType::float64: static_cast<double*>(base)[off] = v; break;
+    case DType::boolean: static_cast<bool*>(base)[off] = v != 0.0; break;
   }
 }
 }  // namespace
@@ -455,7 +508,7 @@ void Tensor::set_flat(std::int64_t i, double value) { write_at(*this, flat_to_of
 
 void Tensor::fill_(double value) {
   dispatch_any(dtype_, [&]<class T>() {
-    T* base = static_cast<T*>(storage_->data());
+    T* base = static_cast<T*>(storage_->mutable_data());
     const T v = static_cast<T>(value);
     detail::for_each_offsets<1>(shape_, {strides_}, {offset_},
                                 [&](const std::array<std::int64_t, 1>& o) { base[o[0]] = v; });
