@@ -23,8 +23,10 @@
 #include <headgrad/npy.hpp>
 #include <nlohmann/json.hpp>
 
+#include "analysis/analyze.hpp"
 #include "bench.hpp"
 #include "runner/report.hpp"
+#include "runner/inputs.hpp"
 #include "runner/run.hpp"
 #include "runner/suite.hpp"
 #include "template/template.hpp"
@@ -36,6 +38,7 @@
 namespace fs = std::filesystem;
 using namespace headgrad;
 using namespace headgrad::runner;
+using headgrad::analysis::run_suite;
 
 namespace {
 
@@ -297,7 +300,7 @@ int cmd_export(const ExportArgs& a) {
   }
   check_capabilities({&c}, registry);
 
-  check_case_files(c);
+  load_case_files(c);
   const CaseInputs inputs = make_inputs(c);
   ExecOptions exec;
   exec.isolate = !a.no_isolation;

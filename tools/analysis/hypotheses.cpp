@@ -1,4 +1,4 @@
-#include "hypotheses.hpp"
+#include "analysis/hypotheses.hpp"
 
 #include <cmath>
 #include <stdexcept>
