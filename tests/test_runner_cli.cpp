@@ -208,6 +208,27 @@ TEST_F(Cli, ReferenceDirectoryMissingAFileOrWithAWrongShape) {
   EXPECT_NE(r.err.find("ref/wv.npy has shape [8, 4], expected [8, 8]"), std::string::npos) << r.err;
 }
 
+// A reference input that cannot be checked against is the user's to fix: exit 2, the file named.
+TEST_F(Cli, ReferenceInputsWithNanOrNoElementsExitTwo) {
+  const Outcome ex = headgrad({"export", (kFixtures / "pass.yaml").string(), "--case", "closed-book", "--out",
+                               (dir_ / "ref").string()});
+  ASSERT_EQ(ex.code, 0) << ex.out << ex.err;
+  std::ofstream(dir_ / "s.yaml") << "cases:\n  - name: r\n    compare: [per_head]\n    reference: ref\n    causal: true\n"
+                                    "    shape: {H: 2}\n";
+  const headgrad::Tensor r = headgrad::read_npy(dir_ / "ref" / "r.npy");
+  headgrad::Tensor nan_r = r.clone();
+  nan_r.set({0, 0, 0}, std::nan(""));
+  headgrad::write_npy(dir_ / "ref" / "r.npy", nan_r);
+  Outcome o = headgrad({"run", (dir_ / "s.yaml").string()});
+  EXPECT_EQ(o.code, 2) << o.out << o.err;
+  EXPECT_NE(o.err.find("s.yaml:4:16: case 'r': ref/r.npy holds NaN at [0, 0, 0]"), std::string::npos) << o.err;
+  headgrad::write_npy(dir_ / "ref" / "r.npy", headgrad::Tensor::zeros({0, 3, 8}, headgrad::DType::float64));
+  o = headgrad({"run", (dir_ / "s.yaml").string()});
+  EXPECT_EQ(o.code, 2) << o.out << o.err;
+  EXPECT_NE(o.err.find("ref/r.npy has shape [0, 3, 8], a zero-size dim"), std::string::npos) << o.err;
+  EXPECT_EQ(o.out, "");  // nothing ran
+}
+
 TEST_F(Cli, UsageErrorsExitTwo) {
   EXPECT_EQ(headgrad({}).code, 2);                                        // no subcommand
   EXPECT_EQ(headgrad({"frobnicate"}).code, 2);                            // unknown subcommand

@@ -254,6 +254,194 @@ TEST_F(RunnerTest, CoreReferenceWithMask) {
   EXPECT_EQ(run_case(unmasked.cases[0], *registry_, {}).status, CaseStatus::fail);
 }
 
+// ---- a case's files: read once, and checked ----
+
+// Each reference is read once per case: when the suite loads. Running the
+// cases (a failing one analyzed, its localization and diagnosis included)
+// reads none of them again.
+TEST_F(RunnerTest, EachReferenceIsReadOncePerCase) {
+  const fs::path ref = fs::path(HEADGRAD_SOURCE_ROOT) / "configs" / "refs" / "mha_B2_T5_D12_H3_causal_float64";
+  std::size_t files = 0;
+  for (const auto& e : fs::directory_iterator(ref)) files += e.path().extension() == ".npy" ? 1 : 0;
+  ASSERT_EQ(files, 12u);
+  fs::copy_file(kFixtures / "mask_B2_Tq5_Tk7.npy", dir_ / "mask.npy");
+  const std::size_t before = case_files_read();
+  const Suite s = suite_from("cases:\n"
+                             "  - {name: ok, compare: [batched], reference: " + ref.string() + ", shape: {H: 3}, causal: true}\n"
+                             "  - {name: bug, compare: [mutant_kv_swapped], reference: " + ref.string() +
+                             ", shape: {H: 3}, causal: true, expect: {fail: true, diagnosis: kv_swapped}}\n"
+                             "  - {name: masked, level: core, compare: [per_head, mutant_no_scale], mask: mask.npy, "
+                             "shape: {B: 2, H: 3, Tq: 5, Tk: 7, d: 4}, expect: {fail: true, diagnosis: no_scale}}\n");
+  EXPECT_EQ(case_files_read() - before, 2 * files + 1);  // two references, one mask file
+  const SuiteResult r = run_suite(s, *registry_, {});
+  EXPECT_EQ(case_files_read() - before, 2 * files + 1);  // no file read again
+  ASSERT_EQ(r.cases.size(), 3u);
+  EXPECT_EQ(r.cases[0].status, CaseStatus::pass) << r.cases[0].cause;
+  EXPECT_EQ(r.cases[1].status, CaseStatus::xfail) << r.cases[1].cause;
+  EXPECT_EQ(r.cases[2].status, CaseStatus::xfail) << r.cases[2].cause;
+  ASSERT_TRUE(r.cases[2].localization);
+  EXPECT_FALSE(r.cases[2].localization->rows.empty());  // re-run at other shapes, from the mask already read
+}
+
+// A reference given as one .npz file holding the same members as a directory
+// (tests/runner/mha_B2_T3_D8_H2_causal.npz: configs/refs/mha_B2_T3_D8_H2_causal_float64's
+// .npy files zipped, stored, as numpy.savez writes them).
+TEST_F(RunnerTest, NpzReferenceChecksLikeItsDirectory) {
+  fs::copy_file(kFixtures / "mha_B2_T3_D8_H2_causal.npz", dir_ / "case.npz");
+  const std::string dir = (fs::path(HEADGRAD_SOURCE_ROOT) / "configs" / "refs" / "mha_B2_T3_D8_H2_causal_float64").string();
+  const std::size_t before = case_files_read();
+  const Suite s = suite_from("cases:\n"
+                             "  - {name: npz, compare: [batched], reference: case.npz, shape: {H: 2}, causal: true}\n"
+                             "  - {name: dir, compare: [batched], reference: " + dir + ", shape: {H: 2}, causal: true}\n"
+                             "  - {name: bug, compare: [mutant_no_scale], reference: case.npz, shape: {H: 2}, causal: true}\n");
+  EXPECT_EQ(case_files_read() - before, 1 + 12 + 1);  // an archive is one read
+  EXPECT_EQ(s.cases[0].dims.B, 2);
+  EXPECT_EQ(s.cases[0].dims.T, 3);
+  EXPECT_EQ(s.cases[0].dims.D, 8);
+  EXPECT_EQ(s.cases[0].check, s.cases[1].check);
+  RunOptions keep;
+  keep.keep_tensors = true;
+  const CaseResult npz = run_case(s.cases[0], *registry_, keep), from_dir = run_case(s.cases[1], *registry_, keep);
+  ASSERT_EQ(npz.status, CaseStatus::pass) << npz.cause;
+  ASSERT_EQ(npz.tensors.size(), 6u);
+  for (std::size_t i = 0; i < npz.tensors.size(); ++i) {
+    EXPECT_EQ(npz.tensors[i].max_abs, from_dir.tensors[i].max_abs) << npz.tensors[i].name;
+    EXPECT_EQ(npz.rhs[i].tensor.to_vector(), from_dir.rhs[i].tensor.to_vector()) << npz.tensors[i].name;
+  }
+  const CaseResult bad = run_case(s.cases[2], *registry_, {});
+  EXPECT_EQ(bad.status, CaseStatus::fail);
+  EXPECT_EQ(bad.rhs_label, "case.npz");
+}
+
+TEST_F(RunnerTest, NpzReferenceErrorsNameTheMember) {
+  fs::copy_file(kFixtures / "mha_B2_T3_D8_H2_causal.npz", dir_ / "case.npz");
+  auto error = [&](const std::string& y) -> std::string {
+    try {
+      suite_from(y);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  EXPECT_EQ(error("cases:\n  - {name: r, compare: [per_head], reference: case.npz, shape: {H: 3}}\n"),
+            (dir_ / "suite.yaml").string() + ":2:47: case 'r': member x has D=8, which is not divisible by H=3");
+  EXPECT_EQ(error("cases:\n  - {name: r, level: core, compare: [per_head], reference: case.npz}\n"),
+            (dir_ / "suite.yaml").string() + ":2:60: case 'r': reference file case.npz has no q member (a "
+                                             "core-level reference needs q, k, v)");
+  std::ofstream(dir_ / "broken.npz") << "not a zip archive";
+  EXPECT_NE(error("cases:\n  - {name: r, compare: [per_head], reference: broken.npz, shape: {H: 2}}\n")
+                .find("case 'r': reference file " + (dir_ / "broken.npz").string()),
+            std::string::npos);
+  EXPECT_NE(error("cases:\n  - {name: r, compare: [per_head], reference: none.npz, shape: {H: 2}}\n")
+                .find("case 'r': reference file " + (dir_ / "none.npz").string() + " does not exist"),
+            std::string::npos);
+}
+
+// Reference inputs a plugin could not be checked on: exit code 2 (a
+// ConfigError), naming the file, never a plugin failure or a comparison.
+TEST_F(RunnerTest, BadReferenceInputsNameTheFile) {
+  Suite gen = suite_from("cases:\n  - {name: g, compare: [per_head, batched], shape: {B: 1, T: 2, D: 4, H: 2}}\n");
+  write_reference(gen.cases[0], dir_ / "ref");
+  const Tensor x = read_npy(dir_ / "ref" / "x.npy"), wq = read_npy(dir_ / "ref" / "wq.npy");
+  const std::string yaml = "cases:\n  - name: r\n    compare: [per_head]\n    reference: ref\n    shape: {H: 2}\n";
+  auto error = [&]() -> std::string {
+    try {
+      suite_from(yaml);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  const std::string where = (dir_ / "suite.yaml").string() + ":4:16: case 'r': ";
+  ASSERT_EQ(error(), "(no error)");
+
+  Tensor nan_x = x.clone();
+  nan_x.set({0, 1, 2}, std::nan(""));
+  write_npy(dir_ / "ref" / "x.npy", nan_x);
+  EXPECT_EQ(error(), where + "ref/x.npy holds NaN at [0, 1, 2]: reference inputs must be finite");
+  write_npy(dir_ / "ref" / "x.npy", x);
+
+  Tensor inf_wq = wq.clone();
+  inf_wq.set({3, 0}, -INFINITY);
+  write_npy(dir_ / "ref" / "wq.npy", inf_wq);
+  EXPECT_EQ(error(), where + "ref/wq.npy holds Inf at [3, 0]: reference inputs must be finite");
+  write_npy(dir_ / "ref" / "wq.npy", wq);
+
+  write_npy(dir_ / "ref" / "x.npy", Tensor::zeros({1, 0, 4}, DType::float64));
+  EXPECT_EQ(error(), where + "ref/x.npy has shape [1, 0, 4], a zero-size dim: an input needs elements");
+  write_npy(dir_ / "ref" / "x.npy", x);
+  ASSERT_EQ(error(), "(no error)");
+
+  // core level: a mask that is not bool
+  fs::copy_file(kFixtures / "mask_B2_Tq5_Tk7.npy", dir_ / "mask.npy");
+  Suite core = suite_from("cases:\n  - {name: g, level: core, compare: [per_head, batched], mask: mask.npy, "
+                          "shape: {B: 2, H: 3, Tq: 5, Tk: 7, d: 4}}\n");
+  write_reference(core.cases[0], dir_ / "core");
+  const Tensor mask = read_npy(dir_ / "core" / "mask.npy");
+  Tensor float_mask = Tensor::zeros(mask.shape(), DType::float64);
+  float_mask.copy_(mask);
+  write_npy(dir_ / "core" / "mask.npy", float_mask);
+  try {
+    suite_from("cases:\n  - {name: c, level: core, compare: [batched], reference: core}\n");
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("case 'c': core/mask.npy must hold bools (True = attend), got float64"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// ---- each side gets its own copy of the inputs ----
+
+// Writes into every input it is handed, then computes a correct attention on
+// what it wrote: a plugin that corrupts its inputs in place.
+class WritesIntoItsInputs final : public Attention {
+ public:
+  PluginInfo info() const override {
+    PluginInfo i;
+    i.name = "writes_into_its_inputs";
+    i.capabilities.mha = true;
+    return i;
+  }
+  Variable mha_forward(const Variable& x, const MhaWeights& w, const AttentionSpec& spec) const override {
+    for (const Variable* v : {&x, &w.wq, &w.wk, &w.wv, &w.wo}) {
+      Tensor data = v->data();  // shares the storage
+      data.fill_(0.5);
+    }
+    return batched_mha(x, w, spec, attention_core);
+  }
+};
+
+TEST_F(RunnerTest, ASideThatWritesIntoItsInputsDoesNotReachTheOtherSide) {
+  const Suite s = suite_from("cases:\n  - {name: c, compare: [per_head, batched], input_layout: sliced, causal: true, "
+                             "shape: {B: 2, T: 3, D: 8, H: 2}}\n");
+  const CaseSpec& c = s.cases[0];
+  const CaseInputs in = make_inputs(c);
+  const TensorSet before = input_tensors(in);  // copies of the values
+  LoadedPlugin writer;
+  writer.attention = std::make_shared<WritesIntoItsInputs>();
+  writer.info = writer.attention->info();
+  const LoadedPlugin& per_head = registry_->get("per_head");
+  const TensorSet fresh = compute_side(c, make_inputs(c), *per_head.attention);
+  for (const bool isolate : {false, true}) {
+    ExecOptions exec;
+    exec.isolate = isolate;
+    const SideResult w = run_side(c, in, writer, exec);
+    ASSERT_EQ(w.status, SideStatus::ok) << w.cause;
+    // the shared inputs hold what they held ...
+    for (const auto& [name, t] : input_tensors(in))
+      EXPECT_EQ(t.to_vector(), find_tensor(before, name)->to_vector()) << name << (isolate ? " isolated" : "");
+    // ... so the other side computes what it computes on fresh inputs
+    const SideResult other = run_side(c, in, per_head, exec);
+    ASSERT_EQ(other.status, SideStatus::ok) << other.cause;
+    for (const auto& [name, t] : other.tensors)
+      EXPECT_EQ(t.to_vector(), find_tensor(fresh, name)->to_vector()) << name << (isolate ? " isolated" : "");
+  }
+  // the writer's own result is attention on its 0.5-filled inputs, not on the case's
+  const TensorSet written = compute_side(c, in, *writer.attention);
+  EXPECT_NE(find_tensor(written, "out")->to_vector(), find_tensor(fresh, "out")->to_vector());
+}
+
 // ---- isolation: each misbehaving plugin fails its own case ----
 
 TEST_F(RunnerTest, MisbehavingPluginsFailTheirCaseWithTheCauseNamed) {

@@ -369,7 +369,9 @@ SideResult run_in_process(const CaseSpec& c, const CaseInputs& in, const LoadedP
 
 }  // namespace
 
-TensorSet compute_side(const CaseSpec& c, const CaseInputs& in, const Attention& plugin) {
+TensorSet compute_side(const CaseSpec& c, const CaseInputs& shared, const Attention& plugin) {
+  // This side's own copy: what the plugin writes into its inputs stays here.
+  const CaseInputs in = private_copy(shared, c.layout);
   const AttentionSpec spec = attention_spec(c, in);
   const Variable r(in.r);
   auto backward = [&](const Variable& out) {
