@@ -209,11 +209,8 @@ Sdpa<T> make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const At
     throw std::invalid_argument("fused_sdpa: dropout_p " + std::to_string(spec.dropout_p) +
                                 " is not in [0, 1)");
   Sdpa<T> a;
-  const auto lead_of = [](const Tensor& t) {
-    return Shape(t.shape().begin(), t.shape().end() - 2);
-  };
-  a.lead = broadcast_shapes(broadcast_shapes(lead_of(q), lead_of(k), "fused_sdpa"), lead_of(v),
-                            "fused_sdpa");
+  a.lead = broadcast_shapes(broadcast_shapes(lead_dims(q.shape()), lead_dims(k.shape()), "fused_sdpa"),
+                            lead_dims(v.shape()), "fused_sdpa");
   a.n = shape_numel(a.lead);
   a.tq = q.size(-2);
   a.tk = k.size(-2);
@@ -395,13 +392,6 @@ void sdpa_backward_block(const Sdpa<T>& a, const Rows<T>& dout, const T* lse, co
 }
 
 // ---------------------------------------------------------------- the op
-
-Shape with_last2(const Shape& lead, std::int64_t r, std::int64_t c) {
-  Shape s = lead;
-  s.push_back(r);
-  s.push_back(c);
-  return s;
-}
 
 template <class T>
 Variable fused_core(const Variable& q, const Variable& k, const Variable& v,

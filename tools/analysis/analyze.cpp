@@ -78,7 +78,7 @@ std::vector<double> slot_max(const Tensor& a, const Tensor& b, std::int64_t dim,
   const Tensor da = a.contiguous(), db = b.contiguous();
   const Shape& shape = da.shape();
   const std::int64_t nd = da.dim();
-  const std::int64_t axis = dim < 0 ? dim + nd : dim;
+  const std::int64_t axis = normalize_dim(dim, nd, shape, "slot_max");
   const std::int64_t n = block > 0 ? shape[axis] / block : shape[axis];
   std::vector<double> out(static_cast<std::size_t>(std::max<std::int64_t>(n, 0)), 0.0);
   const auto va = da.to_vector(), vb = db.to_vector();

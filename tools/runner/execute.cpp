@@ -405,7 +405,7 @@ SideResult run_side(const CaseSpec& c, const CaseInputs& in, const LoadedPlugin&
     if (const auto bad = first_non_finite(t, c.level, name, c.dims.H)) {
       res.status = SideStatus::non_finite;
       res.cause = "plugin " + plugin.info.name + " returned " + (std::isnan(bad->lhs) ? "NaN" : "Inf") + " in " +
-                  name + " at " + index_str(bad->index) + " (" + bad->where + ")";
+                  name + " at " + shape_str(bad->index) + " (" + bad->where + ")";
       break;
     }
   }

@@ -210,7 +210,7 @@ std::string html_case_section(const CaseResult& r, std::size_t index) {
            format_figure(t.max_rel) + "</td><td>" + std::to_string(t.mismatched) + " / " + std::to_string(t.numel) +
            "</td><td>" + format_figure(t.tolerance.atol) + "</td><td>" + format_figure(t.tolerance.rtol) + "</td>";
       if (t.worst)
-        h += "<td>" + esc(index_str(t.worst->index)) + " " + esc(t.worst->where) + "</td><td>" +
+        h += "<td>" + esc(shape_str(t.worst->index)) + " " + esc(t.worst->where) + "</td><td>" +
              format_value(t.worst->lhs) + "</td><td>" + format_value(t.worst->rhs) + "</td>";
       else
         h += "<td></td><td></td><td></td>";

@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <optional>
 
 #include "headgrad/ops.hpp"
@@ -33,7 +32,6 @@ struct AttentionSpec {
   // Combined with `causal` when both are set (a key is attended when both allow it).
   Tensor mask;
   RopeSpec rope;
-  std::map<std::string, double> options;  // room for settings that come later
 
   std::int64_t head_dim() const { return d_model / num_heads; }
   std::int64_t kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }
