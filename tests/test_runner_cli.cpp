@@ -78,6 +78,15 @@ class Cli : public ::testing::Test {
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
+
+  // ref/: per_head's tensors for pass.yaml's closed-book case; s.yaml checks per_head against them.
+  void export_reference() {
+    const Outcome ex = headgrad({"export", (kFixtures / "pass.yaml").string(), "--case", "closed-book", "--out",
+                                 (dir_ / "ref").string()});
+    ASSERT_EQ(ex.code, 0) << ex.out << ex.err;
+    std::ofstream(dir_ / "s.yaml") << "cases:\n  - name: r\n    compare: [per_head]\n    reference: ref\n    causal: true\n"
+                                      "    shape: {H: 2}\n";
+  }
   fs::path dir_;
 };
 
@@ -192,11 +201,7 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 TEST_F(Cli, ReferenceDirectoryMissingAFileOrWithAWrongShape) {
-  const Outcome ex = headgrad({"export", (kFixtures / "pass.yaml").string(), "--case", "closed-book", "--out",
-                           (dir_ / "ref").string()});
-  ASSERT_EQ(ex.code, 0) << ex.out << ex.err;
-  std::ofstream(dir_ / "s.yaml") << "cases:\n  - name: r\n    compare: [per_head]\n    reference: ref\n    causal: true\n"
-                                    "    shape: {H: 2}\n";
+  ASSERT_NO_FATAL_FAILURE(export_reference());
   EXPECT_EQ(headgrad({"run", (dir_ / "s.yaml").string()}).code, 0);
   fs::remove(dir_ / "ref" / "wv.npy");
   Outcome r = headgrad({"run", (dir_ / "s.yaml").string()});
@@ -210,11 +215,7 @@ TEST_F(Cli, ReferenceDirectoryMissingAFileOrWithAWrongShape) {
 
 // A reference input that cannot be checked against is the user's to fix: exit 2, the file named.
 TEST_F(Cli, ReferenceInputsWithNanOrNoElementsExitTwo) {
-  const Outcome ex = headgrad({"export", (kFixtures / "pass.yaml").string(), "--case", "closed-book", "--out",
-                               (dir_ / "ref").string()});
-  ASSERT_EQ(ex.code, 0) << ex.out << ex.err;
-  std::ofstream(dir_ / "s.yaml") << "cases:\n  - name: r\n    compare: [per_head]\n    reference: ref\n    causal: true\n"
-                                    "    shape: {H: 2}\n";
+  ASSERT_NO_FATAL_FAILURE(export_reference());
   const headgrad::Tensor r = headgrad::read_npy(dir_ / "ref" / "r.npy");
   headgrad::Tensor nan_r = r.clone();
   nan_r.set({0, 0, 0}, std::nan(""));

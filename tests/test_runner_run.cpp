@@ -50,6 +50,15 @@ class RunnerTest : public ::testing::Test {
     std::ofstream(file) << yaml;
     return load_suite(file);
   }
+  // The ConfigError loading `yaml` gives, or "(no error)".
+  std::string load_error(const std::string& yaml) {
+    try {
+      suite_from(yaml);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "(no error)";
+  }
 
   // A reference directory holding per_head's tensors for `c` (as export does).
   void write_reference(const CaseSpec& c, const fs::path& out) {
@@ -208,32 +217,24 @@ TEST_F(RunnerTest, ReferenceDirectoryErrorsNameTheFileAndShape) {
   Suite gen = suite_from("cases:\n  - {name: g, compare: [per_head, batched], shape: {B: 1, T: 2, D: 4, H: 2}}\n");
   write_reference(gen.cases[0], dir_ / "ref");
   const std::string yaml = "cases:\n  - name: r\n    compare: [per_head]\n    reference: ref\n    shape: {H: 2}\n";
-  auto error = [&](const std::string& y) -> std::string {
-    try {
-      suite_from(y);
-    } catch (const ConfigError& e) {
-      return e.what();
-    }
-    return "(no error)";
-  };
   const std::string where = (dir_ / "suite.yaml").string() + ":4:16: case 'r': ";
   fs::remove(dir_ / "ref" / "wk.npy");
-  EXPECT_EQ(error(yaml), where + "reference directory ref has no wk.npy (an mha-level reference needs x, wq, wk, wv, wo)");
+  EXPECT_EQ(load_error(yaml), where + "reference directory ref has no wk.npy (an mha-level reference needs x, wq, wk, wv, wo)");
   write_npy(dir_ / "ref" / "wk.npy", Tensor::zeros({4, 3}, DType::float64));
-  EXPECT_EQ(error(yaml), where + "ref/wk.npy has shape [4, 3], expected [4, 4] (D=4 from x.npy [1, 2, 4])");
+  EXPECT_EQ(load_error(yaml), where + "ref/wk.npy has shape [4, 3], expected [4, 4] (D=4 from x.npy [1, 2, 4])");
   write_npy(dir_ / "ref" / "wk.npy", Tensor::zeros({4, 4}, DType::float32));
-  EXPECT_EQ(error(yaml), where + "ref/wk.npy is float32 but x.npy is float64; every file of a reference must share one dtype");
+  EXPECT_EQ(load_error(yaml), where + "ref/wk.npy is float32 but x.npy is float64; every file of a reference must share one dtype");
   write_npy(dir_ / "ref" / "wk.npy", Tensor::zeros({4, 4}, DType::float64));
-  EXPECT_EQ(error("cases:\n  - name: r\n    compare: [per_head]\n    reference: ref\n    shape: {H: 3}\n"),
+  EXPECT_EQ(load_error("cases:\n  - name: r\n    compare: [per_head]\n    reference: ref\n    shape: {H: 3}\n"),
             where + "x.npy has D=4, which is not divisible by H=3");
-  EXPECT_EQ(error("cases:\n  - name: r\n    compare: [per_head]\n    reference: ref\n    shape: {H: 2, T: 5}\n"),
+  EXPECT_EQ(load_error("cases:\n  - name: r\n    compare: [per_head]\n    reference: ref\n    shape: {H: 2, T: 5}\n"),
             where + "shape gives T=5 but x.npy has T=2");
   write_npy(dir_ / "ref" / "dx.npy", Tensor::zeros({1, 3, 4}, DType::float64));
-  EXPECT_EQ(error(yaml), where + "ref/dx.npy has shape [1, 3, 4], expected [1, 2, 4] (x.npy is [1, 2, 4])");
+  EXPECT_EQ(load_error(yaml), where + "ref/dx.npy has shape [1, 3, 4], expected [1, 2, 4] (x.npy is [1, 2, 4])");
   std::ofstream(dir_ / "ref" / "dx.npy") << "not an npy file";
-  EXPECT_NE(error(yaml).find(where + "reference file "), std::string::npos);
+  EXPECT_NE(load_error(yaml).find(where + "reference file "), std::string::npos);
   fs::remove_all(dir_ / "ref");
-  EXPECT_EQ(error(yaml), where + "reference directory " + (dir_ / "ref").string() + " does not exist");
+  EXPECT_EQ(load_error(yaml), where + "reference directory " + (dir_ / "ref").string() + " does not exist");
 }
 
 TEST_F(RunnerTest, CoreReferenceWithMask) {
@@ -315,24 +316,16 @@ TEST_F(RunnerTest, NpzReferenceChecksLikeItsDirectory) {
 
 TEST_F(RunnerTest, NpzReferenceErrorsNameTheMember) {
   fs::copy_file(kFixtures / "mha_B2_T3_D8_H2_causal.npz", dir_ / "case.npz");
-  auto error = [&](const std::string& y) -> std::string {
-    try {
-      suite_from(y);
-    } catch (const ConfigError& e) {
-      return e.what();
-    }
-    return "(no error)";
-  };
-  EXPECT_EQ(error("cases:\n  - {name: r, compare: [per_head], reference: case.npz, shape: {H: 3}}\n"),
+  EXPECT_EQ(load_error("cases:\n  - {name: r, compare: [per_head], reference: case.npz, shape: {H: 3}}\n"),
             (dir_ / "suite.yaml").string() + ":2:47: case 'r': member x has D=8, which is not divisible by H=3");
-  EXPECT_EQ(error("cases:\n  - {name: r, level: core, compare: [per_head], reference: case.npz}\n"),
+  EXPECT_EQ(load_error("cases:\n  - {name: r, level: core, compare: [per_head], reference: case.npz}\n"),
             (dir_ / "suite.yaml").string() + ":2:60: case 'r': reference file case.npz has no q member (a "
                                              "core-level reference needs q, k, v)");
   std::ofstream(dir_ / "broken.npz") << "not a zip archive";
-  EXPECT_NE(error("cases:\n  - {name: r, compare: [per_head], reference: broken.npz, shape: {H: 2}}\n")
+  EXPECT_NE(load_error("cases:\n  - {name: r, compare: [per_head], reference: broken.npz, shape: {H: 2}}\n")
                 .find("case 'r': reference file " + (dir_ / "broken.npz").string()),
             std::string::npos);
-  EXPECT_NE(error("cases:\n  - {name: r, compare: [per_head], reference: none.npz, shape: {H: 2}}\n")
+  EXPECT_NE(load_error("cases:\n  - {name: r, compare: [per_head], reference: none.npz, shape: {H: 2}}\n")
                 .find("case 'r': reference file " + (dir_ / "none.npz").string() + " does not exist"),
             std::string::npos);
 }
@@ -344,33 +337,25 @@ TEST_F(RunnerTest, BadReferenceInputsNameTheFile) {
   write_reference(gen.cases[0], dir_ / "ref");
   const Tensor x = read_npy(dir_ / "ref" / "x.npy"), wq = read_npy(dir_ / "ref" / "wq.npy");
   const std::string yaml = "cases:\n  - name: r\n    compare: [per_head]\n    reference: ref\n    shape: {H: 2}\n";
-  auto error = [&]() -> std::string {
-    try {
-      suite_from(yaml);
-    } catch (const ConfigError& e) {
-      return e.what();
-    }
-    return "(no error)";
-  };
   const std::string where = (dir_ / "suite.yaml").string() + ":4:16: case 'r': ";
-  ASSERT_EQ(error(), "(no error)");
+  ASSERT_EQ(load_error(yaml), "(no error)");
 
   Tensor nan_x = x.clone();
   nan_x.set({0, 1, 2}, std::nan(""));
   write_npy(dir_ / "ref" / "x.npy", nan_x);
-  EXPECT_EQ(error(), where + "ref/x.npy holds NaN at [0, 1, 2]: reference inputs must be finite");
+  EXPECT_EQ(load_error(yaml), where + "ref/x.npy holds NaN at [0, 1, 2]: reference inputs must be finite");
   write_npy(dir_ / "ref" / "x.npy", x);
 
   Tensor inf_wq = wq.clone();
   inf_wq.set({3, 0}, -INFINITY);
   write_npy(dir_ / "ref" / "wq.npy", inf_wq);
-  EXPECT_EQ(error(), where + "ref/wq.npy holds Inf at [3, 0]: reference inputs must be finite");
+  EXPECT_EQ(load_error(yaml), where + "ref/wq.npy holds Inf at [3, 0]: reference inputs must be finite");
   write_npy(dir_ / "ref" / "wq.npy", wq);
 
   write_npy(dir_ / "ref" / "x.npy", Tensor::zeros({1, 0, 4}, DType::float64));
-  EXPECT_EQ(error(), where + "ref/x.npy has shape [1, 0, 4], a zero-size dim: an input needs elements");
+  EXPECT_EQ(load_error(yaml), where + "ref/x.npy has shape [1, 0, 4], a zero-size dim: an input needs elements");
   write_npy(dir_ / "ref" / "x.npy", x);
-  ASSERT_EQ(error(), "(no error)");
+  ASSERT_EQ(load_error(yaml), "(no error)");
 
   // core level: a mask that is not bool
   fs::copy_file(kFixtures / "mask_B2_Tq5_Tk7.npy", dir_ / "mask.npy");
