@@ -1,4 +1,4 @@
-// Localization, diagnosis, mutation score and weak-suite warnings (issue 5),
+// Localization, diagnosis, mutation score and weak-suite warnings,
 // on the mutant plugins, whose bugs are known: each test states the signature
 // the bug must show and checks the runner finds exactly that.
 #include <gtest/gtest.h>

@@ -159,7 +159,7 @@ TEST_F(Cli, MissingPluginExitsThreeAndTheOtherCasesRun) {
   EXPECT_NE(r.err.find("plugin ghost_plugin is not loaded"), std::string::npos) << r.err;
 }
 
-// Each malformed input of issue 4 item 7: exit 2, FILE:LINE:COL and the reason.
+// Each malformed input: exit 2, FILE:LINE:COL and the reason.
 struct BadInput {
   const char* file;
   const char* message;
@@ -177,7 +177,7 @@ TEST_P(CliBadInput, ExitsTwoNamingFileLineAndColumn) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Item7, CliBadInput,
+    BadSuites, CliBadInput,
     ::testing::Values(
         BadInput{"malformed.yaml", "5:10: malformed YAML: end of sequence flow not found"},
         BadInput{"unknown_key.yaml", "5:5: case 'typo': unknown key 'dtyp' in the case (did you mean 'dtype'?)"},

@@ -7,7 +7,7 @@ OPENBLAS_NUM_THREADS=N (Debian's PyTorch calls OpenBLAS, which ignores the forme
 Each side's own GEMM rate (gemm_size^3) is printed too: headgrad links BLIS by
 default, Debian's PyTorch links OpenBLAS through libblas.so.3.
 
-A developer tool (issue 6), never needed to build or test headgrad. It needs
+A developer tool, never needed to build or test headgrad. It needs
 Debian's python3-torch, so run it with the system Python:
 
     /usr/bin/python3 tools/bench_pytorch.py --threads 1 --dtype float32

@@ -12,7 +12,7 @@
 // plugins and export live here, each as its args struct, its cmd_<name>
 // function and its add_<name>_command; bench and new-plugin in their modules.
 //
-// Exit codes (DESIGN.md): 0 every case as expected; 1 a comparison failed;
+// Exit codes (docs/design.md): 0 every case as expected; 1 a comparison failed;
 // 2 bad usage, config or input file; 3 a plugin could not be loaded or crashed.
 #include <unistd.h>
 

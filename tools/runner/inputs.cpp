@@ -241,10 +241,7 @@ class ReferenceReader {
                    name == "out" || name == "dx" ? act_why : from_x);
       if (e.defined()) ref.expected.push_back({name, e});
     }
-    ref.dims.B = b;
-    ref.dims.T = t;
-    ref.dims.D = dm;
-    ref.dims.H = h;
+    ref.dims = Dims{.B = b, .T = t, .D = dm, .H = h};
     ref.dtype = dtype_;
     return ref;
   }
@@ -282,11 +279,7 @@ class ReferenceReader {
                         "a gradient has its input's shape");
       if (e.defined()) ref.expected.push_back({name, e});
     }
-    ref.dims.B = b;
-    ref.dims.H = h;
-    ref.dims.Tq = tq;
-    ref.dims.Tk = tk;
-    ref.dims.d = d;
+    ref.dims = Dims{.B = b, .H = h, .Tq = tq, .Tk = tk, .d = d};
     ref.dtype = dtype_;
     return ref;
   }

@@ -8,7 +8,7 @@
 //
 // Every ConfigError message starts with FILE:LINE:COL: (1-based, from
 // yaml-cpp's marks) and says what was expected. The keys are the contract of
-// DESIGN.md; `timeout` (seconds per plugin run) and `description` are extras.
+// docs/design.md; `timeout` (seconds per plugin run) and `description` are extras.
 //
 // Shape legend: B batch, T sequence, D model width, H heads, d = D / H head
 // width; at core level Tq/Tk query/key lengths and d the head width.
