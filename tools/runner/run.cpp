@@ -192,6 +192,7 @@ CaseResult run_case(const CaseSpec& spec, const PluginRegistry& registry, const 
 
 void keep_report_data(CaseResult& r, bool keep_tensors) {
   if (r.status != CaseStatus::pass) r.error_maps = error_maps(r.spec, r.tensors, r.lhs, r.rhs);
+  r.spec.files.reset();  // the suite's to keep, not each result's
   if (keep_tensors) return;
   r.lhs = TensorSet();
   r.rhs = TensorSet();

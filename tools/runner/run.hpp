@@ -110,7 +110,8 @@ CaseResult run_case(const CaseSpec& spec, const PluginRegistry& registry, const 
 
 // What the reports need of a case that did not pass: its error maps (the HTML
 // heatmaps), made from lhs and rhs; then lhs and rhs are dropped unless
-// keep_tensors. The worst indices and figures are in r.tensors already.
+// keep_tensors, and so is r.spec's hold on the case's files. The worst
+// indices and per-tensor figures are in r.tensors already.
 void keep_report_data(CaseResult& r, bool keep_tensors);
 
 }  // namespace headgrad::runner
