@@ -8,8 +8,8 @@
 
 #include <headgrad/loader.hpp>
 
-#include "catalog.hpp"
-#include "hypotheses.hpp"
+#include "analysis/catalog.hpp"
+#include "analysis/hypotheses.hpp"
 
 using namespace headgrad;
 using namespace headgrad::diagnosis;

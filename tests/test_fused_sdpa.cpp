@@ -52,12 +52,6 @@ constexpr double kRtol32 = 1e-4;
 
 // ---------------------------------------------------------------- helpers
 
-Shape with_last2(Shape lead, std::int64_t r, std::int64_t c) {
-  lead.push_back(r);
-  lead.push_back(c);
-  return lead;
-}
-
 // A bool mask (True = attend) with each entry attended with probability `p`.
 Tensor random_mask(const Shape& shape, double p, std::uint64_t seed) {
   Generator gen(seed);

@@ -8,11 +8,12 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "runner/analyze.hpp"
+#include "analysis/analyze.hpp"
 #include "runner/run.hpp"
 
 using namespace headgrad;
 using namespace headgrad::runner;
+using namespace headgrad::analysis;
 
 namespace {
 
@@ -33,7 +34,7 @@ class Analysis : public ::testing::Test {
     const std::string yaml = "suite: t\ncases:\n  - name: c\n    compare: [" + lhs +
                              ", per_head]\n    shape: {B: 2, T: 3, D: 8, H: 2}\n    causal: true\n" + yaml_extra;
     const Suite s = parse_suite(yaml, "analysis.yaml");
-    return run_case(s.cases.at(0), *registry_, {});
+    return check_case(s.cases.at(0), *registry_, {});
   }
 
   static bool has(const std::vector<std::string>& v, const std::string& x) {
@@ -140,8 +141,8 @@ TEST_F(Analysis, ReferenceCaseGetsDiagnosisButNoReRuns) {
       "suite: t\ncases:\n  - name: ref\n    compare: [mutant_kv_swapped]\n    reference: " HEADGRAD_SOURCE_ROOT
       "/configs/refs/mha_B2_T5_D12_H3_causal_float64\n    shape: {H: 3}\n    causal: true\n";
   Suite s = parse_suite(yaml, "ref.yaml");
-  check_case_files(s.cases.at(0));
-  const CaseResult r = run_case(s.cases.at(0), *registry_, {});
+  load_case_files(s.cases.at(0));
+  const CaseResult r = check_case(s.cases.at(0), *registry_, {});
   ASSERT_EQ(r.status, CaseStatus::fail);
   EXPECT_EQ(r.diagnosis->best(), "kv_swapped");
   EXPECT_TRUE(r.localization->rows.empty());

@@ -82,6 +82,15 @@ class Cli : public ::testing::Test {
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
+
+  // ref/: per_head's tensors for pass.yaml's closed-book case; s.yaml checks per_head against them.
+  void export_reference() {
+    const Outcome ex = headgrad({"export", (kFixtures / "pass.yaml").string(), "--case", "closed-book", "--out",
+                                 (dir_ / "ref").string()});
+    ASSERT_EQ(ex.code, 0) << ex.out << ex.err;
+    std::ofstream(dir_ / "s.yaml") << "cases:\n  - name: r\n    compare: [per_head]\n    reference: ref\n    causal: true\n"
+                                      "    shape: {H: 2}\n";
+  }
   fs::path dir_;
 };
 
@@ -172,7 +181,7 @@ TEST_P(CliBadInput, ExitsTwoNamingFileLineAndColumn) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Item7, CliBadInput,
+    BadSuites, CliBadInput,
     ::testing::Values(
         BadInput{"malformed.yaml", "5:10: malformed YAML: end of sequence flow not found"},
         BadInput{"unknown_key.yaml", "5:5: case 'typo': unknown key 'dtyp' in the case (did you mean 'dtype'?)"},
@@ -382,11 +391,7 @@ TEST_F(Cli, ReportsAreWrittenAtomicallyAndNeverOverAnInput) {
 }
 
 TEST_F(Cli, ReferenceDirectoryMissingAFileOrWithAWrongShape) {
-  const Outcome ex = headgrad({"export", (kFixtures / "pass.yaml").string(), "--case", "closed-book", "--out",
-                           (dir_ / "ref").string()});
-  ASSERT_EQ(ex.code, 0) << ex.out << ex.err;
-  std::ofstream(dir_ / "s.yaml") << "cases:\n  - name: r\n    compare: [per_head]\n    reference: ref\n    causal: true\n"
-                                    "    shape: {H: 2}\n";
+  ASSERT_NO_FATAL_FAILURE(export_reference());
   EXPECT_EQ(headgrad({"run", (dir_ / "s.yaml").string()}).code, 0);
   fs::remove(dir_ / "ref" / "wv.npy");
   Outcome r = headgrad({"run", (dir_ / "s.yaml").string()});
@@ -396,6 +401,23 @@ TEST_F(Cli, ReferenceDirectoryMissingAFileOrWithAWrongShape) {
   r = headgrad({"run", (dir_ / "s.yaml").string()});
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("ref/wv.npy has shape [8, 4], expected [8, 8]"), std::string::npos) << r.err;
+}
+
+// A reference input that cannot be checked against is the user's to fix: exit 2, the file named.
+TEST_F(Cli, ReferenceInputsWithNanOrNoElementsExitTwo) {
+  ASSERT_NO_FATAL_FAILURE(export_reference());
+  const headgrad::Tensor r = headgrad::read_npy(dir_ / "ref" / "r.npy");
+  headgrad::Tensor nan_r = r.clone();
+  nan_r.set({0, 0, 0}, std::nan(""));
+  headgrad::write_npy(dir_ / "ref" / "r.npy", nan_r);
+  Outcome o = headgrad({"run", (dir_ / "s.yaml").string()});
+  EXPECT_EQ(o.code, 2) << o.out << o.err;
+  EXPECT_NE(o.err.find("s.yaml:4:16: case 'r': ref/r.npy holds NaN at [0, 0, 0]"), std::string::npos) << o.err;
+  headgrad::write_npy(dir_ / "ref" / "r.npy", headgrad::Tensor::zeros({0, 3, 8}, headgrad::DType::float64));
+  o = headgrad({"run", (dir_ / "s.yaml").string()});
+  EXPECT_EQ(o.code, 2) << o.out << o.err;
+  EXPECT_NE(o.err.find("ref/r.npy has shape [0, 3, 8], a zero-size dim"), std::string::npos) << o.err;
+  EXPECT_EQ(o.out, "");  // nothing ran
 }
 
 TEST_F(Cli, UsageErrorsExitTwo) {

@@ -41,7 +41,7 @@ TEST(DescribeIndex, CoreNamesQueryOrKeyPositions) {
   EXPECT_EQ(describe_index(Level::core, "dk", k, Shape{0, 0, 6, 1}, 0), "b=0, h=0, k=6, ch=1");
   EXPECT_EQ(describe_index(Level::core, "dv", k, Shape{1, 0, 3, 2}, 0), "b=1, h=0, k=3, ch=2");
   EXPECT_EQ(describe_index(Level::core, "out", {3, 5, 4}, Shape{2, 1, 0}, 0), "i0=2, q=1, ch=0");
-  EXPECT_EQ(index_str(Shape{1, 2, 3}), "[1, 2, 3]");
+  EXPECT_EQ(shape_str(Shape{1, 2, 3}), "[1, 2, 3]");
 }
 
 // ---- figures ----

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "analysis/analyze.hpp"
 #include "runner/report.hpp"
 
 namespace fs = std::filesystem;
@@ -222,7 +223,7 @@ cases:
 )";
     const Suite suite = load_suite(file);
     fs::remove(file);
-    result_ = new SuiteResult(run_suite(suite, *registry_, {}));
+    result_ = new SuiteResult(headgrad::analysis::run_suite(suite, *registry_, {}));
   }
   static void TearDownTestSuite() {
     delete result_;

@@ -12,6 +12,7 @@
 
 #include <headgrad/npy.hpp>
 
+#include "analysis/analyze.hpp"
 #include "runner/run.hpp"
 
 namespace fs = std::filesystem;
@@ -20,6 +21,7 @@ namespace {
 
 using namespace headgrad;
 using namespace headgrad::runner;
+using headgrad::analysis::run_suite;
 
 const fs::path kFixtures = RUNNER_FIXTURES;
 
@@ -47,6 +49,15 @@ class RunnerTest : public ::testing::Test {
     const fs::path file = dir_ / "suite.yaml";
     std::ofstream(file) << yaml;
     return load_suite(file);
+  }
+  // The ConfigError loading `yaml` gives, or "(no error)".
+  std::string load_error(const std::string& yaml) {
+    try {
+      suite_from(yaml);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "(no error)";
   }
 
   // A reference directory holding per_head's tensors for `c` (as export does).
@@ -79,25 +90,41 @@ TEST_F(RunnerTest, PassingSuitePasses) {
 }
 
 TEST_F(RunnerTest, ImpossiblyTightToleranceFailsAndExpectedFailuresCount) {
-  RunOptions options;
-  std::vector<std::string> hooked;  // the diagnosis stage's hook sees each failing case with its inputs
-  options.on_failure = [&](CaseResult& r, const CaseInputs& in) {
-    hooked.push_back(r.spec.name);
-    EXPECT_EQ(in.x.shape(), (Shape{2, 4, 8}));
-  };
-  const SuiteResult r = run_suite(load_suite(kFixtures / "tight.yaml"), *registry_, options);
-  EXPECT_EQ(hooked, (std::vector<std::string>{"impossibly-tight", "expected-to-fail"}));
+  const Suite suite = load_suite(kFixtures / "tight.yaml");
+  // run_case hands back the inputs both sides were copied from (for the analysis)
+  CaseInputs in;
+  const CaseResult one = run_case(suite.cases[0], *registry_, {}, &in);
+  EXPECT_EQ(in.x.shape(), (Shape{2, 4, 8}));
+  EXPECT_EQ(one.status, CaseStatus::fail);
+  EXPECT_FALSE(one.lhs.empty());  // until keep_report_data
+
+  const SuiteResult r = run_suite(suite, *registry_, {});
   ASSERT_EQ(r.cases.size(), 2u);
   const CaseResult& tight = r.cases[0];
   EXPECT_EQ(tight.status, CaseStatus::fail);
   EXPECT_GT(tight.differing_tensors(), 0u);
   EXPECT_NE(tight.cause.find("tensors differ"), std::string::npos) << tight.cause;
-  EXPECT_FALSE(tight.lhs.empty());  // kept for reports
+  // A failing case keeps what the reports need, not both sides' tensors.
+  EXPECT_TRUE(tight.lhs.empty());
+  EXPECT_TRUE(tight.rhs.empty());
+  ASSERT_EQ(tight.error_maps.size(), tight.tensors.size());
   for (const auto& t : tight.tensors)
     if (!t.allclose) {
       ASSERT_TRUE(t.worst);
       EXPECT_NE(t.worst->lhs, t.worst->rhs);
     }
+  // The error maps hold |lhs - rhs|: out [B=2, T=4, D=8] is one 4 x 8 map per
+  // batch item, and its largest cell is the largest difference.
+  const TensorErrorMaps& out = tight.error_maps[0];
+  EXPECT_EQ(out.tensor, "out");
+  ASSERT_EQ(out.maps.size(), 2u);
+  EXPECT_EQ(out.maps[0].cell_rows, 4);
+  EXPECT_EQ(out.maps[0].cell_cols, 8);
+  double biggest = 0;
+  for (const auto& m : out.maps)
+    for (double v : m.cells) biggest = std::max(biggest, v);
+  EXPECT_DOUBLE_EQ(biggest, tight.tensors[0].max_abs);
+  EXPECT_DOUBLE_EQ(out.vmax, tight.tensors[0].max_abs);
   EXPECT_EQ(r.cases[1].status, CaseStatus::xfail);
   EXPECT_EQ(r.passed(), 1u);
   EXPECT_EQ(r.exit_code(), 1);
@@ -154,6 +181,7 @@ TEST_F(RunnerTest, ReferenceDirectoryRoundTripAndAMutatedFile) {
   Tensor out = read_npy(dir_ / "ref" / "out.npy");
   out.set({1, 2, 5}, out.at({1, 2, 5}) + 1e-3);
   write_npy(dir_ / "ref" / "out.npy", out);
+  s = suite_from(yaml);  // the files are read when the suite loads, once
   CaseResult bad = run_case(s.cases[0], *registry_, {});
   EXPECT_EQ(bad.status, CaseStatus::fail);
   ASSERT_EQ(bad.tensors[0].name, "out");
@@ -189,32 +217,24 @@ TEST_F(RunnerTest, ReferenceDirectoryErrorsNameTheFileAndShape) {
   Suite gen = suite_from("cases:\n  - {name: g, compare: [per_head, batched], shape: {B: 1, T: 2, D: 4, H: 2}}\n");
   write_reference(gen.cases[0], dir_ / "ref");
   const std::string yaml = "cases:\n  - name: r\n    compare: [per_head]\n    reference: ref\n    shape: {H: 2}\n";
-  auto error = [&](const std::string& y) -> std::string {
-    try {
-      suite_from(y);
-    } catch (const ConfigError& e) {
-      return e.what();
-    }
-    return "(no error)";
-  };
   const std::string where = (dir_ / "suite.yaml").string() + ":4:16: case 'r': ";
   fs::remove(dir_ / "ref" / "wk.npy");
-  EXPECT_EQ(error(yaml), where + "reference directory ref has no wk.npy (an mha-level reference needs x, wq, wk, wv, wo)");
+  EXPECT_EQ(load_error(yaml), where + "reference directory ref has no wk.npy (an mha-level reference needs x, wq, wk, wv, wo)");
   write_npy(dir_ / "ref" / "wk.npy", Tensor::zeros({4, 3}, DType::float64));
-  EXPECT_EQ(error(yaml), where + "ref/wk.npy has shape [4, 3], expected [4, 4] (D=4 from x.npy [1, 2, 4])");
+  EXPECT_EQ(load_error(yaml), where + "ref/wk.npy has shape [4, 3], expected [4, 4] (D=4 from x.npy [1, 2, 4])");
   write_npy(dir_ / "ref" / "wk.npy", Tensor::zeros({4, 4}, DType::float32));
-  EXPECT_EQ(error(yaml), where + "ref/wk.npy is float32 but x.npy is float64; every file of a reference must share one dtype");
+  EXPECT_EQ(load_error(yaml), where + "ref/wk.npy is float32 but x.npy is float64; every file of a reference must share one dtype");
   write_npy(dir_ / "ref" / "wk.npy", Tensor::zeros({4, 4}, DType::float64));
-  EXPECT_EQ(error("cases:\n  - name: r\n    compare: [per_head]\n    reference: ref\n    shape: {H: 3}\n"),
+  EXPECT_EQ(load_error("cases:\n  - name: r\n    compare: [per_head]\n    reference: ref\n    shape: {H: 3}\n"),
             where + "x.npy has D=4, which is not divisible by H=3");
-  EXPECT_EQ(error("cases:\n  - name: r\n    compare: [per_head]\n    reference: ref\n    shape: {H: 2, T: 5}\n"),
+  EXPECT_EQ(load_error("cases:\n  - name: r\n    compare: [per_head]\n    reference: ref\n    shape: {H: 2, T: 5}\n"),
             where + "shape gives T=5 but x.npy has T=2");
   write_npy(dir_ / "ref" / "dx.npy", Tensor::zeros({1, 3, 4}, DType::float64));
-  EXPECT_EQ(error(yaml), where + "ref/dx.npy has shape [1, 3, 4], expected [1, 2, 4] (x.npy is [1, 2, 4])");
+  EXPECT_EQ(load_error(yaml), where + "ref/dx.npy has shape [1, 3, 4], expected [1, 2, 4] (x.npy is [1, 2, 4])");
   std::ofstream(dir_ / "ref" / "dx.npy") << "not an npy file";
-  EXPECT_NE(error(yaml).find(where + "reference file "), std::string::npos);
+  EXPECT_NE(load_error(yaml).find(where + "reference file "), std::string::npos);
   fs::remove_all(dir_ / "ref");
-  EXPECT_EQ(error(yaml), where + "reference directory " + (dir_ / "ref").string() + " does not exist");
+  EXPECT_EQ(load_error(yaml), where + "reference directory " + (dir_ / "ref").string() + " does not exist");
 }
 
 TEST_F(RunnerTest, CoreReferenceWithMask) {
@@ -233,6 +253,178 @@ TEST_F(RunnerTest, CoreReferenceWithMask) {
   fs::remove(dir_ / "ref" / "mask.npy");
   Suite unmasked = suite_from("cases:\n  - {name: c, level: core, compare: [batched], reference: ref}\n");
   EXPECT_EQ(run_case(unmasked.cases[0], *registry_, {}).status, CaseStatus::fail);
+}
+
+// ---- a case's files: read once, and checked ----
+
+// Each reference is read once per case: when the suite loads. Running the
+// cases (a failing one analyzed, its localization and diagnosis included)
+// reads none of them again.
+TEST_F(RunnerTest, EachReferenceIsReadOncePerCase) {
+  const fs::path ref = fs::path(HEADGRAD_SOURCE_ROOT) / "configs" / "refs" / "mha_B2_T5_D12_H3_causal_float64";
+  std::size_t files = 0;
+  for (const auto& e : fs::directory_iterator(ref)) files += e.path().extension() == ".npy" ? 1 : 0;
+  ASSERT_EQ(files, 12u);
+  fs::copy_file(kFixtures / "mask_B2_Tq5_Tk7.npy", dir_ / "mask.npy");
+  const std::size_t before = case_files_read();
+  const Suite s = suite_from("cases:\n"
+                             "  - {name: ok, compare: [batched], reference: " + ref.string() + ", shape: {H: 3}, causal: true}\n"
+                             "  - {name: bug, compare: [mutant_kv_swapped], reference: " + ref.string() +
+                             ", shape: {H: 3}, causal: true, expect: {fail: true, diagnosis: kv_swapped}}\n"
+                             "  - {name: masked, level: core, compare: [per_head, mutant_no_scale], mask: mask.npy, "
+                             "shape: {B: 2, H: 3, Tq: 5, Tk: 7, d: 4}, expect: {fail: true, diagnosis: no_scale}}\n");
+  EXPECT_EQ(case_files_read() - before, 2 * files + 1);  // two references, one mask file
+  const SuiteResult r = run_suite(s, *registry_, {});
+  EXPECT_EQ(case_files_read() - before, 2 * files + 1);  // no file read again
+  ASSERT_EQ(r.cases.size(), 3u);
+  EXPECT_EQ(r.cases[0].status, CaseStatus::pass) << r.cases[0].cause;
+  EXPECT_EQ(r.cases[1].status, CaseStatus::xfail) << r.cases[1].cause;
+  EXPECT_EQ(r.cases[2].status, CaseStatus::xfail) << r.cases[2].cause;
+  ASSERT_TRUE(r.cases[2].localization);
+  EXPECT_FALSE(r.cases[2].localization->rows.empty());  // re-run at other shapes, from the mask already read
+}
+
+// A reference given as one .npz file holding the same members as a directory
+// (tests/runner/mha_B2_T3_D8_H2_causal.npz: configs/refs/mha_B2_T3_D8_H2_causal_float64's
+// .npy files zipped, stored, as numpy.savez writes them).
+TEST_F(RunnerTest, NpzReferenceChecksLikeItsDirectory) {
+  fs::copy_file(kFixtures / "mha_B2_T3_D8_H2_causal.npz", dir_ / "case.npz");
+  const std::string dir = (fs::path(HEADGRAD_SOURCE_ROOT) / "configs" / "refs" / "mha_B2_T3_D8_H2_causal_float64").string();
+  const std::size_t before = case_files_read();
+  const Suite s = suite_from("cases:\n"
+                             "  - {name: npz, compare: [batched], reference: case.npz, shape: {H: 2}, causal: true}\n"
+                             "  - {name: dir, compare: [batched], reference: " + dir + ", shape: {H: 2}, causal: true}\n"
+                             "  - {name: bug, compare: [mutant_no_scale], reference: case.npz, shape: {H: 2}, causal: true}\n");
+  EXPECT_EQ(case_files_read() - before, 1 + 12 + 1);  // an archive is one read
+  EXPECT_EQ(s.cases[0].dims.B, 2);
+  EXPECT_EQ(s.cases[0].dims.T, 3);
+  EXPECT_EQ(s.cases[0].dims.D, 8);
+  EXPECT_EQ(s.cases[0].check, s.cases[1].check);
+  RunOptions keep;
+  keep.keep_tensors = true;
+  const CaseResult npz = run_case(s.cases[0], *registry_, keep), from_dir = run_case(s.cases[1], *registry_, keep);
+  ASSERT_EQ(npz.status, CaseStatus::pass) << npz.cause;
+  ASSERT_EQ(npz.tensors.size(), 6u);
+  for (std::size_t i = 0; i < npz.tensors.size(); ++i) {
+    EXPECT_EQ(npz.tensors[i].max_abs, from_dir.tensors[i].max_abs) << npz.tensors[i].name;
+    EXPECT_EQ(npz.rhs[i].tensor.to_vector(), from_dir.rhs[i].tensor.to_vector()) << npz.tensors[i].name;
+  }
+  const CaseResult bad = run_case(s.cases[2], *registry_, {});
+  EXPECT_EQ(bad.status, CaseStatus::fail);
+  EXPECT_EQ(bad.rhs_label, "case.npz");
+}
+
+TEST_F(RunnerTest, NpzReferenceErrorsNameTheMember) {
+  fs::copy_file(kFixtures / "mha_B2_T3_D8_H2_causal.npz", dir_ / "case.npz");
+  EXPECT_EQ(load_error("cases:\n  - {name: r, compare: [per_head], reference: case.npz, shape: {H: 3}}\n"),
+            (dir_ / "suite.yaml").string() + ":2:47: case 'r': member x has D=8, which is not divisible by H=3");
+  EXPECT_EQ(load_error("cases:\n  - {name: r, level: core, compare: [per_head], reference: case.npz}\n"),
+            (dir_ / "suite.yaml").string() + ":2:60: case 'r': reference file case.npz has no q member (a "
+                                             "core-level reference needs q, k, v)");
+  std::ofstream(dir_ / "broken.npz") << "not a zip archive";
+  EXPECT_NE(load_error("cases:\n  - {name: r, compare: [per_head], reference: broken.npz, shape: {H: 2}}\n")
+                .find("case 'r': reference file " + (dir_ / "broken.npz").string()),
+            std::string::npos);
+  EXPECT_NE(load_error("cases:\n  - {name: r, compare: [per_head], reference: none.npz, shape: {H: 2}}\n")
+                .find("case 'r': reference file " + (dir_ / "none.npz").string() + " does not exist"),
+            std::string::npos);
+}
+
+// Reference inputs a plugin could not be checked on: exit code 2 (a
+// ConfigError), naming the file, never a plugin failure or a comparison.
+TEST_F(RunnerTest, BadReferenceInputsNameTheFile) {
+  Suite gen = suite_from("cases:\n  - {name: g, compare: [per_head, batched], shape: {B: 1, T: 2, D: 4, H: 2}}\n");
+  write_reference(gen.cases[0], dir_ / "ref");
+  const Tensor x = read_npy(dir_ / "ref" / "x.npy"), wq = read_npy(dir_ / "ref" / "wq.npy");
+  const std::string yaml = "cases:\n  - name: r\n    compare: [per_head]\n    reference: ref\n    shape: {H: 2}\n";
+  const std::string where = (dir_ / "suite.yaml").string() + ":4:16: case 'r': ";
+  ASSERT_EQ(load_error(yaml), "(no error)");
+
+  Tensor nan_x = x.clone();
+  nan_x.set({0, 1, 2}, std::nan(""));
+  write_npy(dir_ / "ref" / "x.npy", nan_x);
+  EXPECT_EQ(load_error(yaml), where + "ref/x.npy holds NaN at [0, 1, 2]: reference inputs must be finite");
+  write_npy(dir_ / "ref" / "x.npy", x);
+
+  Tensor inf_wq = wq.clone();
+  inf_wq.set({3, 0}, -INFINITY);
+  write_npy(dir_ / "ref" / "wq.npy", inf_wq);
+  EXPECT_EQ(load_error(yaml), where + "ref/wq.npy holds Inf at [3, 0]: reference inputs must be finite");
+  write_npy(dir_ / "ref" / "wq.npy", wq);
+
+  write_npy(dir_ / "ref" / "x.npy", Tensor::zeros({1, 0, 4}, DType::float64));
+  EXPECT_EQ(load_error(yaml), where + "ref/x.npy has shape [1, 0, 4], a zero-size dim: an input needs elements");
+  write_npy(dir_ / "ref" / "x.npy", x);
+  ASSERT_EQ(load_error(yaml), "(no error)");
+
+  // core level: a mask that is not bool
+  fs::copy_file(kFixtures / "mask_B2_Tq5_Tk7.npy", dir_ / "mask.npy");
+  Suite core = suite_from("cases:\n  - {name: g, level: core, compare: [per_head, batched], mask: mask.npy, "
+                          "shape: {B: 2, H: 3, Tq: 5, Tk: 7, d: 4}}\n");
+  write_reference(core.cases[0], dir_ / "core");
+  const Tensor mask = read_npy(dir_ / "core" / "mask.npy");
+  Tensor float_mask = Tensor::zeros(mask.shape(), DType::float64);
+  float_mask.copy_(mask);
+  write_npy(dir_ / "core" / "mask.npy", float_mask);
+  try {
+    suite_from("cases:\n  - {name: c, level: core, compare: [batched], reference: core}\n");
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("case 'c': core/mask.npy must hold bools (True = attend), got float64"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// ---- each side gets its own copy of the inputs ----
+
+// Writes into every input it is handed, then computes a correct attention on
+// what it wrote: a plugin that corrupts its inputs in place.
+class WritesIntoItsInputs final : public Attention {
+ public:
+  PluginInfo info() const override {
+    PluginInfo i;
+    i.name = "writes_into_its_inputs";
+    i.capabilities.mha = true;
+    return i;
+  }
+  Variable mha_forward(const Variable& x, const MhaWeights& w, const AttentionSpec& spec) const override {
+    for (const Variable* v : {&x, &w.wq, &w.wk, &w.wv, &w.wo}) {
+      Tensor data = v->data();  // shares the storage
+      data.fill_(0.5);
+    }
+    return batched_mha(x, w, spec, attention_core);
+  }
+};
+
+TEST_F(RunnerTest, ASideThatWritesIntoItsInputsDoesNotReachTheOtherSide) {
+  const Suite s = suite_from("cases:\n  - {name: c, compare: [per_head, batched], input_layout: sliced, causal: true, "
+                             "shape: {B: 2, T: 3, D: 8, H: 2}}\n");
+  const CaseSpec& c = s.cases[0];
+  const CaseInputs in = make_inputs(c);
+  const TensorSet before = input_tensors(in);  // copies of the values
+  LoadedPlugin writer;
+  writer.attention = std::make_shared<WritesIntoItsInputs>();
+  writer.info = writer.attention->info();
+  const LoadedPlugin& per_head = registry_->get("per_head");
+  const TensorSet fresh = compute_side(c, make_inputs(c), *per_head.attention);
+  for (const bool isolate : {false, true}) {
+    ExecOptions exec;
+    exec.isolate = isolate;
+    const SideResult w = run_side(c, in, writer, exec);
+    ASSERT_EQ(w.status, SideStatus::ok) << w.cause;
+    // the shared inputs hold what they held ...
+    for (const auto& [name, t] : input_tensors(in))
+      EXPECT_EQ(t.to_vector(), find_tensor(before, name)->to_vector()) << name << (isolate ? " isolated" : "");
+    // ... so the other side computes what it computes on fresh inputs
+    const SideResult other = run_side(c, in, per_head, exec);
+    ASSERT_EQ(other.status, SideStatus::ok) << other.cause;
+    for (const auto& [name, t] : other.tensors)
+      EXPECT_EQ(t.to_vector(), find_tensor(fresh, name)->to_vector()) << name << (isolate ? " isolated" : "");
+  }
+  // the writer's own result is attention on its 0.5-filled inputs, not on the case's
+  const TensorSet written = compute_side(c, in, *writer.attention);
+  EXPECT_NE(find_tensor(written, "out")->to_vector(), find_tensor(fresh, "out")->to_vector());
 }
 
 // ---- isolation: each misbehaving plugin fails its own case ----

@@ -12,7 +12,7 @@ Debian's python3-torch, so run it with the system Python:
 
     /usr/bin/python3 tools/bench_pytorch.py --threads 1 --dtype float32
     /usr/bin/python3 tools/bench_pytorch.py --shape 4,512,512,8 --dtype float64 \
-        --bench build/tools/bench/headgrad-bench --json side_by_side.json
+        --bench build/tools/headgrad --json side_by_side.json
 
 For each shape and dtype it times PyTorch (causal MHA written the usual batched
 way: project, view, transpose, q k^T / sqrt(d), masked_fill, softmax, @ v,
@@ -131,8 +131,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--plugin", action="append", help="headgrad plugins (default batched, per_head, fused_sdpa)")
-    ap.add_argument("--bench", default=os.path.join(REPO, "build", "tools", "bench", "headgrad-bench"),
-                    help="the headgrad-bench (or headgrad) program")
+    ap.add_argument("--bench", default=os.path.join(REPO, "build", "tools", "headgrad"),
+                    help="the headgrad program (run as: headgrad bench ...)")
     ap.add_argument("--gemm-size", type=int, default=2048, help="headgrad's yardstick GEMM size")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write every figure and ratio to this file")

@@ -227,12 +227,9 @@ Sdpa<T> make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const At
   Sdpa<T> a;
   a.br = tiles.rows;
   a.bc = tiles.keys;
-  const auto lead_of = [](const Tensor& t) {
-    return Shape(t.shape().begin(), t.shape().end() - 2);
-  };
   // Grouped KV heads: k and v agree on Hkv heads at dim -3, fewer than q's H
   // (more is plain broadcasting of q). The lead is then broadcast with Hkv read as H.
-  Shape lead_k = lead_of(k), lead_v = lead_of(v);
+  Shape lead_k = lead_dims(k.shape()), lead_v = lead_dims(v.shape());
   if (q.dim() >= 3 && k.dim() >= 3 && v.dim() >= 3 && k.size(-3) == v.size(-3) &&
       k.size(-3) < q.size(-3)) {
     const std::int64_t h = q.size(-3), hkv = k.size(-3);
@@ -244,7 +241,7 @@ Sdpa<T> make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const At
     lead_k.back() = h;
     lead_v.back() = h;
   }
-  a.lead = broadcast_shapes(broadcast_shapes(lead_of(q), lead_k, "fused_sdpa"), lead_v,
+  a.lead = broadcast_shapes(broadcast_shapes(lead_dims(q.shape()), lead_k, "fused_sdpa"), lead_v,
                             "fused_sdpa");
   a.n = shape_numel(a.lead);
   a.kv_lead = a.lead;
@@ -455,13 +452,6 @@ void sdpa_backward_block(const Sdpa<T>& a, const Rows<T>& dout, const T* lse, co
 }
 
 // ---------------------------------------------------------------- the op
-
-Shape with_last2(const Shape& lead, std::int64_t r, std::int64_t c) {
-  Shape s = lead;
-  s.push_back(r);
-  s.push_back(c);
-  return s;
-}
 
 template <class T>
 Variable fused_core(const Variable& q, const Variable& k, const Variable& v,

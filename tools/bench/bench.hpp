@@ -20,6 +20,10 @@
 // Core level counts the core alone. GFLOP/s figures use the dense count
 // unless named *_causal.
 //
+// Files: bench_config.cpp (the YAML file, shapes, validation), bench_run.cpp
+// (inputs, GEMM, timing, environment), bench_report.cpp (the table),
+// bench_command.cpp (the subcommand's flags).
+//
 // Shape legend: B batch, T sequence, D model width, H heads, d = D / H.
 #pragma once
 
@@ -66,6 +70,10 @@ struct BenchConfig {
 BenchConfig load_bench_config(const std::filesystem::path& file);
 // "B,T,D,H" (also "(B,T,D,H)"); throws BenchConfigError.
 BenchShape parse_shape(const std::string& text);
+DType parse_dtype(const std::string& name);  // float32 | float64; throws BenchConfigError
+std::vector<std::string> default_plugins();  // batched, per_head, fused_sdpa
+// Throws BenchConfigError for the first setting out of range.
+void validate(const BenchConfig& c);
 
 struct Flops {
   double fwd_dense = 0, fwd_causal = 0;  // backward = 2x, forward + backward = 3x
@@ -82,6 +90,8 @@ nlohmann::json run_bench(const BenchConfig& config, std::ostream* log);
 
 // The aligned table of a run_bench result.
 void print_table(std::ostream& out, const nlohmann::json& result);
+std::string printf_figure(const char* format, double v);  // printf_figure("%.3f", 1.5) == "1.500"
+
 
 // Registers `bench` on app; when it runs, exit_code is set (0 ok, 2 bad usage
 // or config, 3 a plugin missing or failing).

@@ -4,6 +4,13 @@
 //                [--junit FILE] [--html FILE] [--timeout SEC] [--max-memory SIZE] [--no-isolation] [-v | -q]
 //   headgrad plugins [--plugin-path DIR]... [--all] [--json]
 //   headgrad export SUITE.yaml --case NAME [--plugin NAME] --out DIR [--max-memory SIZE]
+//   headgrad bench [SUITE.yaml] ...          (tools/bench)
+//   headgrad new-plugin NAME DIR             (tools/template)
+//
+// Every subcommand is wired the same way: add_<name>_command(app, exit_code)
+// declares its flags and a callback that runs it and sets exit_code. run,
+// plugins and export live here, each as its args struct, its cmd_<name>
+// function and its add_<name>_command; bench and new-plugin in their modules.
 //
 // Exit codes (docs/design.md): 0 every case as expected; 1 a comparison failed;
 // 2 bad usage, config or input file; 3 a plugin could not be loaded or crashed.
@@ -12,6 +19,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -23,9 +31,11 @@
 #include <headgrad/npy.hpp>
 #include <nlohmann/json.hpp>
 
+#include "analysis/analyze.hpp"
 #include "bench.hpp"
 #include "runner/budget.hpp"
 #include "runner/report.hpp"
+#include "runner/inputs.hpp"
 #include "runner/run.hpp"
 #include "runner/suite.hpp"
 #include "template/template.hpp"
@@ -37,6 +47,7 @@
 namespace fs = std::filesystem;
 using namespace headgrad;
 using namespace headgrad::runner;
+using headgrad::analysis::run_suite;
 
 namespace {
 
@@ -224,6 +235,30 @@ int cmd_run(const RunArgs& a) {
   return result.exit_code();
 }
 
+void add_run_command(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<RunArgs>();
+  CLI::App* run = app.add_subcommand("run", "Run a YAML suite: each case compares two plugins, or one plugin "
+                                            "against a reference directory, on the output and every gradient.");
+  run->add_option("suite", args->suite, "the suite (YAML)")->required()->check(CLI::ExistingFile)->type_name("SUITE.yaml");
+  add_common(run, *args);
+  run->add_option("--filter", args->filter,
+                  "only the cases whose name matches this glob (*, ?, [..]); a sweep's points also match "
+                  "by the case's own name")
+      ->type_name("GLOB");
+  run->add_option("--json", args->json, "write the JSON report here")->type_name("FILE");
+  run->add_option("--junit", args->junit, "write a JUnit XML report here (for CI)")->type_name("FILE");
+  run->add_option("--html", args->html, "write a self-contained HTML report here")->type_name("FILE");
+  run->add_option("--timeout", args->timeout,
+                  "time limit in seconds for each plugin run; overrides every case's 'timeout' (default 60)")
+      ->type_name("SEC")
+      ->check(timeout_check());
+  add_max_memory(run, args->max_memory);
+  run->add_flag("--no-isolation", args->no_isolation,
+                "run plugins in this process instead of a forked child (for a debugger); a crash or hang then "
+                "takes the runner down and --timeout has no effect");
+  run->callback([args, &exit_code] { exit_code = cmd_run(*args); });
+}
+
 int cmd_plugins(const PluginsArgs& a) {
   apply_verbosity(a);
   const std::vector<fs::path> dirs = search_path(a);
@@ -278,6 +313,17 @@ int cmd_plugins(const PluginsArgs& a) {
   for (const auto& d : dirs) searched += (searched.empty() ? "" : ", ") + d.string();
   std::cout << "searched: " << searched << "\n";
   return code;
+}
+
+void add_plugins_command(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<PluginsArgs>();
+  CLI::App* plugins = app.add_subcommand(
+      "plugins", "List the plugins found: name, version, ABI, capabilities, file; and each rejected library with "
+                 "its reason (exit code 3 if any was rejected).");
+  add_common(plugins, *args);
+  plugins->add_flag("--all", args->all, "also list mutant plugins (deliberately wrong variants)");
+  plugins->add_flag("--json", args->json, "print JSON instead of a table");
+  plugins->callback([args, &exit_code] { exit_code = cmd_plugins(*args); });
 }
 
 // A YAML double-quoted string.
@@ -341,7 +387,7 @@ int cmd_export(const ExportArgs& a) {
   }
   check_capabilities({&c}, registry);
 
-  check_case_files(c);
+  load_case_files(c);
   const CaseInputs inputs = make_inputs(c);
   if (fs::is_directory(a.out)) {  // a folder made here holds no input
     std::vector<std::pair<std::string, fs::path>> outputs;
@@ -391,6 +437,27 @@ int cmd_export(const ExportArgs& a) {
   return kExitOk;
 }
 
+void add_export_command(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<ExportArgs>();
+  CLI::App* exp = app.add_subcommand(
+      "export", "Run one plugin on one case and write its inputs, output and gradients as a reference directory "
+                "(.npy files: x, wq, wk, wv, wo, r, out, dx, dwq, dwk, dwv, dwo; or q, k, v, mask, r, out, dq, dk, "
+                "dv), plus a suite.yaml that checks the plugin against it.");
+  exp->add_option("suite", args->suite, "the suite (YAML)")->required()->check(CLI::ExistingFile)->type_name("SUITE.yaml");
+  exp->add_option("--case", args->case_name, "the case's name as reports show it (a sweep point: name[B=2,T=5])")
+      ->required()
+      ->type_name("NAME");
+  exp->add_option("--plugin", args->plugin, "the plugin to run (default: the case's first)")->type_name("NAME");
+  exp->add_option("--out", args->out, "the folder to write (created if missing)")->required()->type_name("DIR");
+  exp->add_option("--timeout", args->timeout, "time limit in seconds (default: the case's)")
+      ->type_name("SEC")
+      ->check(timeout_check());
+  add_max_memory(exp, args->max_memory);
+  exp->add_flag("--no-isolation", args->no_isolation, "run the plugin in this process");
+  add_common(exp, *args);
+  exp->callback([args, &exit_code] { exit_code = cmd_export(*args); });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -405,76 +472,22 @@ int main(int argc, char** argv) {
       "Environment: HEADGRAD_PLUGIN_PATH (plugin folders, colon-separated), HEADGRAD_LOG_LEVEL (trace, debug,\n"
       "info, warn, error, off), NO_COLOR.");
 
-  RunArgs run_args;
-  CLI::App* run = app.add_subcommand("run", "Run a YAML suite: each case compares two plugins, or one plugin "
-                                            "against a reference directory, on the output and every gradient.");
-  run->add_option("suite", run_args.suite, "the suite (YAML)")->required()->check(CLI::ExistingFile)->type_name("SUITE.yaml");
-  add_common(run, run_args);
-  run->add_option("--filter", run_args.filter,
-                  "only the cases whose name matches this glob (*, ?, [..]); a sweep's points also match "
-                  "by the case's own name")
-      ->type_name("GLOB");
-  run->add_option("--json", run_args.json, "write the JSON report here")->type_name("FILE");
-  run->add_option("--junit", run_args.junit, "write a JUnit XML report here (for CI)")->type_name("FILE");
-  run->add_option("--html", run_args.html, "write a self-contained HTML report here")->type_name("FILE");
-  run->add_option("--timeout", run_args.timeout,
-                  "time limit in seconds for each plugin run; overrides every case's 'timeout' (default 60)")
-      ->type_name("SEC")
-      ->check(timeout_check());
-  add_max_memory(run, run_args.max_memory);
-  run->add_flag("--no-isolation", run_args.no_isolation,
-                "run plugins in this process instead of a forked child (for a debugger); a crash or hang then "
-                "takes the runner down and --timeout has no effect");
-
-  PluginsArgs plugins_args;
-  CLI::App* plugins = app.add_subcommand(
-      "plugins", "List the plugins found: name, version, ABI, capabilities, file; and each rejected library with "
-                 "its reason (exit code 3 if any was rejected).");
-  add_common(plugins, plugins_args);
-  plugins->add_flag("--all", plugins_args.all, "also list mutant plugins (deliberately wrong variants)");
-  plugins->add_flag("--json", plugins_args.json, "print JSON instead of a table");
-
-  ExportArgs export_args;
-  CLI::App* exp = app.add_subcommand(
-      "export", "Run one plugin on one case and write its inputs, output and gradients as a reference directory "
-                "(.npy files: x, wq, wk, wv, wo, r, out, dx, dwq, dwk, dwv, dwo; or q, k, v, mask, r, out, dq, dk, "
-                "dv), plus a suite.yaml that checks the plugin against it.");
-  exp->add_option("suite", export_args.suite, "the suite (YAML)")->required()->check(CLI::ExistingFile)->type_name("SUITE.yaml");
-  exp->add_option("--case", export_args.case_name, "the case's name as reports show it (a sweep point: name[B=2,T=5])")
-      ->required()
-      ->type_name("NAME");
-  exp->add_option("--plugin", export_args.plugin, "the plugin to run (default: the case's first)")->type_name("NAME");
-  exp->add_option("--out", export_args.out, "the folder to write (created if missing)")->required()->type_name("DIR");
-  exp->add_option("--timeout", export_args.timeout, "time limit in seconds (default: the case's)")
-      ->type_name("SEC")
-      ->check(timeout_check());
-  add_max_memory(exp, export_args.max_memory);
-  exp->add_flag("--no-isolation", export_args.no_isolation, "run the plugin in this process");
-  add_common(exp, export_args);
-
-  // Subcommands that live in their own modules: their callbacks set the code.
-  int module_exit = kExitUsage;
-  headgrad::bench::add_bench_command(app, module_exit);
-  headgrad::templates::add_new_plugin_command(app, module_exit);
+  // Each subcommand's callback runs it and sets the exit code.
+  int exit_code = kExitUsage;
+  add_run_command(app, exit_code);
+  add_plugins_command(app, exit_code);
+  add_export_command(app, exit_code);
+  headgrad::bench::add_bench_command(app, exit_code);
+  headgrad::templates::add_new_plugin_command(app, exit_code);
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? kExitOk : kExitUsage;
-  }
-
-  try {
-    if (*run) return cmd_run(run_args);
-    if (*plugins) return cmd_plugins(plugins_args);
-    if (*exp) return cmd_export(export_args);
-    return module_exit;
-  } catch (const ConfigError& e) {
-    error(e.what());
-    return kExitUsage;
-  } catch (const std::exception& e) {
+  } catch (const std::exception& e) {  // ConfigError and any other bad input: the user's to fix
     error(e.what());
     return kExitUsage;
   }
-  return kExitUsage;
+  return exit_code;
 }

@@ -11,16 +11,10 @@ std::string kv(const char* key, std::int64_t value) { return std::string(key) + 
 
 }  // namespace
 
-std::string index_str(std::span<const std::int64_t> index) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < index.size(); ++i) s += (i ? ", " : "") + std::to_string(index[i]);
-  return s + "]";
-}
-
 std::string describe_index(Level level, std::string_view tensor, const Shape& shape,
                            std::span<const std::int64_t> index, std::int64_t heads) {
   const std::size_t n = index.size();
-  if (n != shape.size() || n == 0) return index_str(index);
+  if (n != shape.size() || n == 0) return shape_str(index);
   if (level == Level::mha) {
     const std::int64_t dm = shape.back();
     const std::int64_t d = heads > 0 && dm % heads == 0 ? dm / heads : dm;
@@ -31,10 +25,10 @@ std::string describe_index(Level level, std::string_view tensor, const Shape& sh
       return kv("head", index[0] / d) + ", " + kv("row", index[0] % d) + ", " + kv("in", index[1]);
     if (tensor == "dwo" && n == 2)
       return kv("out", index[0]) + ", " + kv("head", index[1] / d) + ", " + kv("col", index[1] % d);
-    return index_str(index);
+    return shape_str(index);
   }
   // core: [..., T, d] with [B, H] leading when 4-D
-  if (n < 2) return index_str(index);
+  if (n < 2) return shape_str(index);
   std::string s;
   if (n == 4) {
     s = kv("b", index[0]) + ", " + kv("h", index[1]) + ", ";

@@ -49,7 +49,6 @@ struct TensorComparison {
 // `heads` is H (mha level; used to name head blocks), ignored at core level.
 std::string describe_index(Level level, std::string_view tensor, const Shape& shape,
                            std::span<const std::int64_t> index, std::int64_t heads);
-std::string index_str(std::span<const std::int64_t> index);  // "[1, 2, 5]"
 
 TensorComparison compare_tensor(const std::string& name, const Tensor& lhs, const Tensor& rhs,
                                 Tolerance tol, Level level, std::int64_t heads);

@@ -432,7 +432,9 @@ SideResult run_in_process(const CaseSpec& c, const CaseInputs& in, const LoadedP
 
 }  // namespace
 
-TensorSet compute_side(const CaseSpec& c, const CaseInputs& in, const Attention& plugin) {
+TensorSet compute_side(const CaseSpec& c, const CaseInputs& shared, const Attention& plugin) {
+  // This side's own copy: what the plugin writes into its inputs stays here.
+  const CaseInputs in = private_copy(shared, c.layout);
   const AttentionSpec spec = attention_spec(c, in);
   const Variable r(in.r);
   auto backward = [&](const Variable& out) {
@@ -468,7 +470,7 @@ SideResult run_side(const CaseSpec& c, const CaseInputs& in, const LoadedPlugin&
     if (const auto bad = first_non_finite(t, c.level, name, c.dims.H)) {
       res.status = SideStatus::non_finite;
       res.cause = "plugin " + plugin.info.name + " returned " + (std::isnan(bad->lhs) ? "NaN" : "Inf") + " in " +
-                  name + " at " + index_str(bad->index) + " (" + bad->where + ")";
+                  name + " at " + shape_str(bad->index) + " (" + bad->where + ")";
       break;
     }
   }

@@ -1,5 +1,7 @@
-// Running one side of a case: one plugin, fresh leaf variables holding the
-// shared inputs, forward, loss = sum(out * r), backward.
+// Running one side of a case: one plugin, fresh leaf variables holding this
+// side's own copy of the shared inputs (private_copy: what a plugin writes
+// into its inputs never reaches the other side, isolated or not), forward,
+// loss = sum(out * r), backward.
 //
 //   SideResult s = run_side(c, inputs, registry.get("batched"), {.timeout_s = 5});
 //   if (s.status != SideStatus::ok) std::cout << s.cause;   // "plugin batched crashed (SIGSEGV)"

@@ -1,5 +1,5 @@
-// What the analysis of a failing case found (analyze.hpp computes it; the
-// reports print it): where the error lives, what it depends on, which known
+// What the analysis of a failing case found (tools/analysis computes it; the
+// reports print it, needing nothing else of the analysis): where the error lives, what it depends on, which known
 // bug reproduces it; and what a suite cannot expose.
 #pragma once
 
@@ -45,6 +45,7 @@ struct Localization {
 
 struct HypothesisFit {
   std::string bug;       // catalog name
+  std::string explanation, fix;  // the catalog's lines for it
   std::string side;      // the plugin whose tensors it reproduces
   double worst_ratio = 0;  // max over tensors of |a - b| / (atol + rtol |b|): <= 1 fits
   double max_abs = 0;

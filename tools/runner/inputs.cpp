@@ -1,8 +1,13 @@
 #include "runner/inputs.hpp"
 
+#include <atomic>
 #include <cmath>
+#include <fstream>
 #include <limits>
+#include <map>
+#include <memory>
 #include <set>
+#include <sstream>
 
 #include <headgrad/log.hpp>
 #include <headgrad/npy.hpp>
@@ -11,6 +16,24 @@
 namespace fs = std::filesystem;
 
 namespace headgrad::runner {
+
+namespace {
+
+std::atomic<std::size_t> g_files_read{0};
+
+// Every read of a case's file goes through these two.
+Tensor read_case_npy(const fs::path& file) {
+  ++g_files_read;
+  return read_npy(file);
+}
+std::map<std::string, Tensor> read_case_npz(const fs::path& file) {
+  ++g_files_read;
+  return read_npz(file);
+}
+
+}  // namespace
+
+std::size_t case_files_read() { return g_files_read.load(); }
 
 const Tensor* find_tensor(const TensorSet& set, std::string_view name) {
   for (const auto& nt : set)
@@ -48,6 +71,21 @@ void check_mask_shape(const CaseSpec& c, const std::string& key, const Tensor& m
                                         ", which does not broadcast to [B, H, Tq, Tk] = " + shape_str(target));
 }
 
+// "[2, 0, 8]" has no element: a reference input like that is a mistake, not a case.
+bool has_zero_dim(const Tensor& t) {
+  for (std::int64_t s : t.shape())
+    if (s == 0) return true;
+  return false;
+}
+
+// The row-major index of the first NaN or Inf, if any.
+std::optional<std::int64_t> first_non_finite_at(const Tensor& t) {
+  const std::vector<double> v = t.to_vector();
+  for (std::size_t i = 0; i < v.size(); ++i)
+    if (!std::isfinite(v[i])) return static_cast<std::int64_t>(i);
+  return std::nullopt;
+}
+
 struct ReferenceData {
   TensorSet inputs;    // x, wq, ... | q, k, v, [mask], [r]
   TensorSet expected;  // every expected file present
@@ -55,15 +93,24 @@ struct ReferenceData {
   DType dtype = DType::float64;
 };
 
-// Reads and checks a reference directory against the case's level and dims.
+// Reads and checks a reference (a directory of .npy files or one .npz)
+// against the case's level and dims. Each file is read once.
 class ReferenceReader {
  public:
-  explicit ReferenceReader(const CaseSpec& c) : c_(c) {}
+  explicit ReferenceReader(const CaseSpec& c) : c_(c), npz_(c.reference.extension() == ".npz") {}
 
   ReferenceData read() {
     std::error_code ec;
-    if (!fs::is_directory(c_.reference, ec))
+    if (npz_) {
+      if (!fs::is_regular_file(c_.reference, ec)) fail("reference file " + c_.reference.string() + " does not exist");
+      try {
+        members_ = read_case_npz(c_.reference);
+      } catch (const std::exception& e) {
+        fail(std::string("reference file ") + e.what());
+      }
+    } else if (!fs::is_directory(c_.reference, ec)) {
       fail("reference directory " + c_.reference.string() + " does not exist");
+    }
     warn_unknown_files();
     return c_.level == Level::mha ? read_mha() : read_core();
   }
@@ -72,45 +119,71 @@ class ReferenceReader {
   [[noreturn]] void fail(const std::string& problem) const {
     throw ConfigError(c_.where("reference"), "case '" + c_.name + "': " + problem);
   }
-  std::string dir() const { return c_.reference_text.empty() ? c_.reference.string() : c_.reference_text; }
+  std::string ref() const { return c_.reference_text.empty() ? c_.reference.string() : c_.reference_text; }
+  // How a member is named in messages: "refs/case1/x.npy" or "refs/case1.npz member x".
+  std::string file(const std::string& stem) const {
+    return npz_ ? ref() + " member " + stem : ref() + "/" + stem + ".npy";
+  }
+  // Its short name, where the reference was just named: "x.npy" or "member x".
+  std::string part(const std::string& stem) const { return npz_ ? "member " + stem : stem + ".npy"; }
   fs::path path(const std::string& stem) const { return c_.reference / (stem + ".npy"); }
   bool has(const std::string& stem) const {
+    if (npz_) return members_.count(stem) > 0;
     std::error_code ec;
     return fs::is_regular_file(path(stem), ec);
   }
 
   Tensor load(const std::string& stem, bool required, const std::string& needs) {
     if (!has(stem)) {
-      if (required) fail("reference directory " + dir() + " has no " + stem + ".npy (" + needs + ")");
+      if (required)
+        fail((npz_ ? "reference file " : "reference directory ") + ref() + " has no " + stem +
+             (npz_ ? " member" : ".npy") + " (" + needs + ")");
       return {};
     }
     Tensor t;
-    try {
-      t = read_npy(path(stem));
-    } catch (const std::exception& e) {
-      fail(std::string("reference file ") + e.what());
+    if (npz_) {
+      t = members_.at(stem);
+    } else {
+      try {
+        t = read_case_npy(path(stem));
+      } catch (const std::exception& e) {
+        fail(std::string("reference file ") + e.what());
+      }
     }
     if (stem == "mask") {
       if (t.dtype() != DType::boolean)
-        fail(dir() + "/mask.npy must hold bools (True = attend), got " + std::string(dtype_name(t.dtype())));
+        fail(file("mask") + " must hold bools (True = attend), got " + std::string(dtype_name(t.dtype())));
       return t;
     }
-    if (t.dtype() == DType::boolean) fail(dir() + "/" + stem + ".npy holds bools; expected float32 or float64");
+    if (t.dtype() == DType::boolean) fail(file(stem) + " holds bools; expected float32 or float64");
     if (!dtype_set_) {
       dtype_ = t.dtype();
       dtype_from_ = stem;
       dtype_set_ = true;
     } else if (t.dtype() != dtype_) {
-      fail(dir() + "/" + stem + ".npy is " + std::string(dtype_name(t.dtype())) + " but " + dtype_from_ +
-           ".npy is " + std::string(dtype_name(dtype_)) + "; every file of a reference must share one dtype");
+      fail(file(stem) + " is " + std::string(dtype_name(t.dtype())) + " but " + part(dtype_from_) + " is " +
+           std::string(dtype_name(dtype_)) + "; every file of a reference must share one dtype");
+    }
+    return t;
+  }
+
+  // An input the plugins will get: it must have elements and finite values.
+  Tensor load_input(const std::string& stem, bool required, const std::string& needs) {
+    Tensor t = load(stem, required, needs);
+    if (!t.defined()) return t;
+    if (has_zero_dim(t))
+      fail(file(stem) + " has shape " + shape_str(t.shape()) + ", a zero-size dim: an input needs elements");
+    if (const auto at = first_non_finite_at(t)) {
+      const double v = t.flat(*at);
+      fail(file(stem) + " holds " + (std::isnan(v) ? "NaN" : "Inf") + " at " +
+           shape_str(unravel_index(*at, t.shape())) + ": reference inputs must be finite");
     }
     return t;
   }
 
   void expect_shape(const std::string& stem, const Tensor& t, const Shape& want, const std::string& why) {
     if (t.defined() && t.shape() != want)
-      fail(dir() + "/" + stem + ".npy has shape " + shape_str(t.shape()) + ", expected " + shape_str(want) +
-           " (" + why + ")");
+      fail(file(stem) + " has shape " + shape_str(t.shape()) + ", expected " + shape_str(want) + " (" + why + ")");
   }
 
   void expect_dim(const char* name, std::int64_t from_files, const std::string& source) const {
@@ -125,36 +198,41 @@ class ReferenceReader {
     for (const auto& n : tensor_names(c_.level)) known.insert(n);
     if (c_.level == Level::mha) known.insert({"x", "wq", "wk", "wv", "wo"});
     else known.insert({"q", "k", "v", "mask"});
-    std::error_code ec;
-    for (const auto& entry : fs::directory_iterator(c_.reference, ec)) {
-      const fs::path& p = entry.path();
-      if (p.extension() == ".npy" && !known.count(p.stem().string()))
-        logging::runner()->warn("{}: {} is not a reference file name at {} level; ignored", c_.where("reference").str(),
-                                p.filename().string(), level_name(c_.level));
+    std::vector<std::string> stems;
+    if (npz_) {
+      for (const auto& [name, t] : members_) stems.push_back(name);
+    } else {
+      std::error_code ec;
+      for (const auto& entry : fs::directory_iterator(c_.reference, ec))
+        if (entry.path().extension() == ".npy") stems.push_back(entry.path().stem().string());
     }
+    for (const auto& stem : stems)
+      if (!known.count(stem))
+        logging::runner()->warn("{}: {} is not a reference file name at {} level; ignored", c_.where("reference").str(),
+                                npz_ ? "member " + stem : stem + ".npy", level_name(c_.level));
   }
 
   ReferenceData read_mha() {
     ReferenceData ref;
     const std::string needs = "an mha-level reference needs x, wq, wk, wv, wo";
-    Tensor x = load("x", true, needs);
-    if (x.dim() != 3) fail(dir() + "/x.npy has shape " + shape_str(x.shape()) + ", expected [B, T, D]");
+    Tensor x = load_input("x", true, needs);
+    if (x.dim() != 3) fail(file("x") + " has shape " + shape_str(x.shape()) + ", expected [B, T, D]");
     const std::int64_t b = x.size(0), t = x.size(1), dm = x.size(2), h = c_.dims.H;
-    const std::string from_x = "D=" + std::to_string(dm) + " from x.npy " + shape_str(x.shape());
+    const std::string from_x = "D=" + std::to_string(dm) + " from " + part("x") + " " + shape_str(x.shape());
     if (dm % h != 0)
-      fail("x.npy has D=" + std::to_string(dm) + ", which is not divisible by H=" + std::to_string(h));
-    expect_dim("B", b, "x.npy");
-    expect_dim("T", t, "x.npy");
-    expect_dim("D", dm, "x.npy");
+      fail(part("x") + " has D=" + std::to_string(dm) + ", which is not divisible by H=" + std::to_string(h));
+    expect_dim("B", b, part("x"));
+    expect_dim("T", t, part("x"));
+    expect_dim("D", dm, part("x"));
     ref.inputs.push_back({"x", x});
     for (const char* w : {"wq", "wk", "wv", "wo"}) {
-      Tensor wt = load(w, true, needs);
+      Tensor wt = load_input(w, true, needs);
       expect_shape(w, wt, {dm, dm}, from_x);
       ref.inputs.push_back({w, wt});
     }
     const Shape act = {b, t, dm};
-    const std::string act_why = "x.npy is " + shape_str(x.shape());
-    Tensor r = load("r", false, "");
+    const std::string act_why = part("x") + " is " + shape_str(x.shape());
+    Tensor r = load_input("r", false, "");
     expect_shape("r", r, act, act_why);
     if (r.defined()) ref.inputs.push_back({"r", r});
     for (const auto& name : tensor_names(Level::mha)) {
@@ -163,10 +241,7 @@ class ReferenceReader {
                    name == "out" || name == "dx" ? act_why : from_x);
       if (e.defined()) ref.expected.push_back({name, e});
     }
-    ref.dims.B = b;
-    ref.dims.T = t;
-    ref.dims.D = dm;
-    ref.dims.H = h;
+    ref.dims = Dims{.B = b, .T = t, .D = dm, .H = h};
     ref.dtype = dtype_;
     return ref;
   }
@@ -174,28 +249,27 @@ class ReferenceReader {
   ReferenceData read_core() {
     ReferenceData ref;
     const std::string needs = "a core-level reference needs q, k, v";
-    Tensor q = load("q", true, needs), k = load("k", true, needs), v = load("v", true, needs);
+    Tensor q = load_input("q", true, needs), k = load_input("k", true, needs), v = load_input("v", true, needs);
     for (const auto& [stem, t] : {std::pair<const char*, Tensor&>{"q", q}, {"k", k}, {"v", v}})
-      if (t.dim() != 4)
-        fail(dir() + "/" + stem + ".npy has shape " + shape_str(t.shape()) + ", expected [B, H, T, d]");
+      if (t.dim() != 4) fail(file(stem) + " has shape " + shape_str(t.shape()) + ", expected [B, H, T, d]");
     const std::int64_t b = q.size(0), h = q.size(1), tq = q.size(2), d = q.size(3);
     const std::int64_t tk = k.size(2), dv = v.size(3);
-    const std::string from_q = "q.npy is " + shape_str(q.shape());
+    const std::string from_q = part("q") + " is " + shape_str(q.shape());
     expect_shape("k", k, {b, h, tk, d}, from_q + ", so k must be [B, H, Tk, d]");
-    expect_shape("v", v, {b, h, tk, dv}, "k.npy is " + shape_str(k.shape()) + ", so v must be [B, H, Tk, dv]");
-    expect_dim("B", b, "q.npy");
-    expect_dim("H", h, "q.npy");
-    expect_dim("Tq", tq, "q.npy");
-    expect_dim("Tk", tk, "k.npy");
-    expect_dim("d", d, "q.npy");
+    expect_shape("v", v, {b, h, tk, dv}, part("k") + " is " + shape_str(k.shape()) + ", so v must be [B, H, Tk, dv]");
+    expect_dim("B", b, part("q"));
+    expect_dim("H", h, part("q"));
+    expect_dim("Tq", tq, part("q"));
+    expect_dim("Tk", tk, part("k"));
+    expect_dim("d", d, part("q"));
     ref.inputs = {{"q", q}, {"k", k}, {"v", v}};
     Tensor mask = load("mask", false, "");
     if (mask.defined()) {
-      check_mask_shape(c_, "reference", mask, {b, h, tq, tk}, dir() + "/mask.npy");
+      check_mask_shape(c_, "reference", mask, {b, h, tq, tk}, file("mask"));
       ref.inputs.push_back({"mask", mask});
     }
     const Shape out_shape = {b, h, tq, dv};
-    Tensor r = load("r", false, "");
+    Tensor r = load_input("r", false, "");
     expect_shape("r", r, out_shape, "the output is [B, H, Tq, dv]");
     if (r.defined()) ref.inputs.push_back({"r", r});
     for (const auto& name : tensor_names(Level::core)) {
@@ -205,16 +279,14 @@ class ReferenceReader {
                         "a gradient has its input's shape");
       if (e.defined()) ref.expected.push_back({name, e});
     }
-    ref.dims.B = b;
-    ref.dims.H = h;
-    ref.dims.Tq = tq;
-    ref.dims.Tk = tk;
-    ref.dims.d = d;
+    ref.dims = Dims{.B = b, .H = h, .Tq = tq, .Tk = tk, .d = d};
     ref.dtype = dtype_;
     return ref;
   }
 
   const CaseSpec& c_;
+  const bool npz_;
+  std::map<std::string, Tensor> members_;  // an .npz reference, read whole
   DType dtype_ = DType::float64;
   std::string dtype_from_;
   bool dtype_set_ = false;
@@ -228,7 +300,7 @@ Tensor read_mask_file(const CaseSpec& c) {
   if (!fs::is_regular_file(c.mask_file, ec)) fail("mask file " + c.mask_file.string() + " does not exist");
   Tensor mask;
   try {
-    mask = read_npy(c.mask_file);
+    mask = read_case_npy(c.mask_file);
   } catch (const std::exception& e) {
     fail(std::string("mask file ") + e.what());
   }
@@ -238,20 +310,29 @@ Tensor read_mask_file(const CaseSpec& c) {
   return mask;
 }
 
+Shape mask_target(const Dims& d) { return {d.B, d.H, d.Tq, d.Tk}; }
+
+std::string mask_key(const CaseSpec& c) { return c.key_source.count("mask") ? "mask" : "reference"; }
+
 }  // namespace
 
-void check_case_files(CaseSpec& c) {
+bool needs_files(const CaseSpec& c) { return c.is_reference() || !c.mask_file.empty(); }
+
+void load_case_files(CaseSpec& c) {
+  if (!needs_files(c) || c.files) return;
+  auto files = std::make_shared<CaseFiles>();
   if (c.is_reference()) {
-    ReferenceReader reader(c);
-    const ReferenceData ref = reader.read();
+    ReferenceData ref = ReferenceReader(c).read();
     c.dims = ref.dims;
     c.dtype = ref.dtype;
-    if (find_tensor(ref.inputs, "mask")) {
+    if (const Tensor* mask = find_tensor(ref.inputs, "mask")) {
       const fs::path ref_mask = c.reference / "mask.npy";
       if (!c.mask_file.empty() && c.mask_file != ref_mask)
         throw ConfigError(c.where("mask"), "case '" + c.name + "': both 'mask' and " + c.reference_text +
-                                               "/mask.npy give a mask; keep one");
+                                               (c.reference.extension() == ".npz" ? " member mask" : "/mask.npy") +
+                                               " give a mask; keep one");
       c.mask_file = ref_mask;
+      files->mask = *mask;
     }
     std::vector<std::string> present;
     for (const auto& name : c.check) {
@@ -263,31 +344,67 @@ void check_case_files(CaseSpec& c) {
     if (present.empty()) {
       std::string wanted;
       for (const auto& n : c.check) wanted += (wanted.empty() ? "" : ", ") + n + ".npy";
-      throw ConfigError(c.where("reference"), "case '" + c.name + "': reference directory " + c.reference_text +
+      throw ConfigError(c.where("reference"), "case '" + c.name + "': reference " + c.reference_text +
                                                   " holds none of the expected files " + wanted);
     }
     c.check = present;
+    for (auto& nt : ref.inputs)
+      if (nt.name != "mask") files->inputs.push_back(std::move(nt));
+    for (const auto& name : c.check) files->expected.push_back({name, *find_tensor(ref.expected, name)});
   }
-  if (!c.mask_file.empty()) {
-    const Tensor mask = read_mask_file(c);
-    check_mask_shape(c, c.key_source.count("mask") ? "mask" : "reference", mask,
-                     {c.dims.B, c.dims.H, c.dims.Tq, c.dims.Tk}, "mask file " + c.mask_file.string());
+  if (!files->mask.defined() && !c.mask_file.empty()) files->mask = read_mask_file(c);
+  if (files->mask.defined())
+    check_mask_shape(c, mask_key(c), files->mask, mask_target(c.dims), "mask file " + c.mask_file.string());
+  c.files = std::move(files);
+}
+
+Suite load_suite(const fs::path& file) {
+  check_suite_file(file);
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw ConfigError({file.string(), 0, 0}, "cannot read the suite file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  Suite suite = parse_suite(ss.str(), file);
+  for (CaseSpec& c : suite.cases) load_case_files(c);
+  return suite;
+}
+
+CaseInputs seeded_inputs(Level level, const Dims& d, DType dt, std::uint64_t seed) {
+  Generator gen(seed);
+  CaseInputs in;
+  in.level = level;
+  if (level == Level::mha) {
+    const double w_std = 1.0 / std::sqrt(static_cast<double>(d.D));  // N(0, 1/D)
+    in.x = randn({d.B, d.T, d.D}, dt, gen);
+    in.wq = randn({d.D, d.D}, dt, gen, w_std);
+    in.wk = randn({d.D, d.D}, dt, gen, w_std);
+    in.wv = randn({d.D, d.D}, dt, gen, w_std);
+    in.wo = randn({d.D, d.D}, dt, gen, w_std);
+    in.r = randn({d.B, d.T, d.D}, dt, gen);
+  } else {
+    in.q = randn({d.B, d.H, d.Tq, d.d}, dt, gen);
+    in.k = randn({d.B, d.H, d.Tk, d.d}, dt, gen);
+    in.v = randn({d.B, d.H, d.Tk, d.d}, dt, gen);
+    in.r = randn({d.B, d.H, d.Tq, d.d}, dt, gen);
   }
+  return in;
 }
 
 CaseInputs make_inputs(const CaseSpec& spec) {
-  CaseSpec c = spec;
-  check_case_files(c);
+  std::shared_ptr<const CaseFiles> files = spec.files;
+  if (!files && needs_files(spec)) {
+    CaseSpec loaded = spec;
+    load_case_files(loaded);
+    files = loaded.files;
+  }
   CaseInputs in;
-  in.level = c.level;
-  const DType dt = c.dtype;
-  if (c.is_reference()) {
-    ReferenceData ref = ReferenceReader(c).read();
+  if (spec.is_reference()) {
+    in.level = spec.level;
     auto get = [&](const char* name) {
-      const Tensor* t = find_tensor(ref.inputs, name);
+      const Tensor* t = find_tensor(files->inputs, name);
       return t ? *t : Tensor();
     };
-    if (c.level == Level::mha) {
+    if (spec.level == Level::mha) {
       in.x = get("x");
       in.wq = get("wq");
       in.wk = get("wk");
@@ -297,43 +414,48 @@ CaseInputs make_inputs(const CaseSpec& spec) {
       in.q = get("q");
       in.k = get("k");
       in.v = get("v");
-      in.mask = get("mask");
     }
     in.r = get("r");
     if (!in.r.defined()) {
-      Shape out_shape = c.level == Level::mha ? in.x.shape() : in.q.shape();
-      if (c.level == Level::core) out_shape.back() = in.v.size(-1);
-      in.r = Tensor::ones(out_shape, ref.dtype);
+      Shape out_shape = spec.level == Level::mha ? in.x.shape() : in.q.shape();
+      if (spec.level == Level::core) out_shape.back() = in.v.size(-1);
+      in.r = Tensor::ones(out_shape, spec.dtype);
     }
-    for (const auto& name : c.check) in.expected.push_back({name, *find_tensor(ref.expected, name)});
+    in.expected = files->expected;
   } else {
-    Generator gen(c.seed);
-    const Dims& d = c.dims;
-    if (c.level == Level::mha) {
-      const double w_std = 1.0 / std::sqrt(static_cast<double>(d.D));  // N(0, 1/D)
-      in.x = randn({d.B, d.T, d.D}, dt, gen);
-      in.wq = randn({d.D, d.D}, dt, gen, w_std);
-      in.wk = randn({d.D, d.D}, dt, gen, w_std);
-      in.wv = randn({d.D, d.D}, dt, gen, w_std);
-      in.wo = randn({d.D, d.D}, dt, gen, w_std);
-      in.r = randn({d.B, d.T, d.D}, dt, gen);
-    } else {
-      in.q = randn({d.B, d.H, d.Tq, d.d}, dt, gen);
-      in.k = randn({d.B, d.H, d.Tk, d.d}, dt, gen);
-      in.v = randn({d.B, d.H, d.Tk, d.d}, dt, gen);
-      in.r = randn({d.B, d.H, d.Tq, d.d}, dt, gen);
-      if (!c.mask_file.empty()) in.mask = read_mask_file(c);
-    }
+    in = seeded_inputs(spec.level, spec.dims, spec.dtype, spec.seed);
   }
-  if (in.mask.defined() == false && c.is_reference() && !c.mask_file.empty()) in.mask = read_mask_file(c);
-  if (c.level == Level::mha) {
-    in.x = with_layout(in.x, c.layout);
+  if (files && files->mask.defined()) {
+    // a localization variant keeps the mask of a case whose dims it changed
+    check_mask_shape(spec, mask_key(spec), files->mask, mask_target(spec.dims), "mask file " + spec.mask_file.string());
+    in.mask = files->mask;
+  }
+  if (spec.level == Level::mha) {
+    in.x = with_layout(in.x, spec.layout);
   } else {
-    in.q = with_layout(in.q, c.layout);
-    in.k = with_layout(in.k, c.layout);
-    in.v = with_layout(in.v, c.layout);
+    in.q = with_layout(in.q, spec.layout);
+    in.k = with_layout(in.k, spec.layout);
+    in.v = with_layout(in.v, spec.layout);
   }
   return in;
+}
+
+CaseInputs private_copy(const CaseInputs& in, InputLayout layout) {
+  auto own = [](const Tensor& t) { return t.defined() ? t.clone() : t; };
+  auto own_laid_out = [&](const Tensor& t) { return t.defined() ? with_layout(t.clone(), layout) : t; };
+  CaseInputs out;
+  out.level = in.level;
+  out.x = own_laid_out(in.x);
+  out.q = own_laid_out(in.q);
+  out.k = own_laid_out(in.k);
+  out.v = own_laid_out(in.v);
+  out.wq = own(in.wq);
+  out.wk = own(in.wk);
+  out.wv = own(in.wv);
+  out.wo = own(in.wo);
+  out.mask = own(in.mask);
+  out.r = own(in.r);
+  return out;
 }
 
 AttentionSpec attention_spec(const CaseSpec& c, const CaseInputs& in) {

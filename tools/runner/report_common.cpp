@@ -60,7 +60,7 @@ std::string tensor_details(const TensorComparison& t, const CaseResult& r, std::
                   format_figure(t.tolerance.rtol) + " * |b|\n";
   if (t.worst) {
     s += pad + std::string(t.name.size() + 2, ' ') + (t.allclose ? "closest to the limit " : "worst ") +
-         index_str(t.worst->index) + " (" + t.worst->where + "): " + r.lhs_label + " " + format_value(t.worst->lhs) +
+         shape_str(t.worst->index) + " (" + t.worst->where + "): " + r.lhs_label + " " + format_value(t.worst->lhs) +
          " vs " + r.rhs_label + " " + format_value(t.worst->rhs) + "\n";
   }
   return s;

@@ -16,7 +16,6 @@
 #include <cstdint>
 #include <cstdio>
 
-#include "catalog.hpp"
 #include "runner/report.hpp"
 
 namespace headgrad::runner {
@@ -33,22 +32,9 @@ std::string fmt(double x, const char* f = "%.1f") {
   return buf;
 }
 
-// ---- heatmaps ----
+// ---- heatmaps (data: error_maps.hpp) ----
 
-constexpr std::int64_t kMaxRows = 48;   // grid cells, after downsampling
-constexpr std::int64_t kMaxCols = 72;
-constexpr std::int64_t kMaxBatch = 4;   // batch items drawn per tensor
-constexpr double kLeft = 34, kTop = 18; // room for the labels
-
-// One 2D map of |lhs - rhs| in the original units.
-struct Map {
-  std::string title;                // "b=0"
-  std::int64_t rows = 0, cols = 0;
-  std::vector<double> v;            // row-major, NaN where a side is not finite
-  std::int64_t row_block = 0;       // head block height (0: none)
-  std::int64_t col_block = 0;       // head block width (0: none)
-  bool position_rows = false;       // label the rows t0, t1, ...
-};
+constexpr double kLeft = 34, kTop = 18;  // room for the labels
 
 // White -> red -> dark red.
 std::string color(double t) {
@@ -68,16 +54,14 @@ std::string color(double t) {
   return buf;
 }
 
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
-
 // Labels every `step`-th block so that they do not overlap.
 std::int64_t label_step(double block_px, double min_px) {
   return std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(min_px / std::max(block_px, 1e-9))));
 }
 
-std::string svg_map(const Map& m, double vmax) {
-  const std::int64_t fr = ceil_div(m.rows, kMaxRows), fc = ceil_div(m.cols, kMaxCols);
-  const std::int64_t gr = ceil_div(m.rows, fr), gc = ceil_div(m.cols, fc);
+std::string svg_map(const ErrorMap& m, double vmax) {
+  const std::int64_t fr = m.row_step, fc = m.col_step;
+  const std::int64_t gr = m.cell_rows, gc = m.cell_cols;
   const double cell = (gr <= 24 && gc <= 24) ? 14 : 11;
   const double W = kLeft + gc * cell + 4, Hh = kTop + gr * cell + 4;
   const bool tips = gr * gc <= 1024;
@@ -86,14 +70,8 @@ std::string svg_map(const Map& m, double vmax) {
                   "\" font-family=\"monospace\" font-size=\"10\">\n";
   for (std::int64_t i = 0; i < gr; ++i)
     for (std::int64_t j = 0; j < gc; ++j) {
-      double x = 0;
-      bool any_nan = false;
-      for (std::int64_t a = i * fr; a < std::min(m.rows, (i + 1) * fr); ++a)
-        for (std::int64_t b = j * fc; b < std::min(m.cols, (j + 1) * fc); ++b) {
-          const double e = m.v[a * m.cols + b];
-          if (std::isnan(e)) any_nan = true;
-          else x = std::max(x, e);
-        }
+      const double x = m.cells[static_cast<std::size_t>(i * gc + j)];
+      const bool any_nan = std::isnan(x);
       const double t = any_nan ? NAN : (vmax > 0 ? x / vmax : 0);
       s += "<rect x=\"" + fmt(kLeft + j * cell, "%.0f") + "\" y=\"" + fmt(kTop + i * cell, "%.0f") + "\" width=\"" +
            fmt(cell, "%.0f") + "\" height=\"" + fmt(cell, "%.0f") + "\" fill=\"" + color(t) + "\"";
@@ -142,96 +120,26 @@ std::string svg_map(const Map& m, double vmax) {
   return s;
 }
 
-// |a - b| row-major; NaN where either side is not finite.
-std::vector<double> abs_diff(const Tensor& a, const Tensor& b) {
-  std::vector<double> v(static_cast<std::size_t>(a.numel()));
-  for (std::int64_t i = 0; i < a.numel(); ++i) {
-    const double x = a.flat(i), y = b.flat(i);
-    v[i] = (std::isfinite(x) && std::isfinite(y)) ? std::abs(x - y) : NAN;
-  }
-  return v;
-}
-
-// The maps of one tensor, cut as its level and name say; `axes` describes them.
-std::vector<Map> tensor_maps(const CaseSpec& spec, const std::string& name, const Shape& shape,
-                             const std::vector<double>& diff, std::string& axes, std::int64_t& batches) {
-  std::vector<Map> maps;
-  batches = 0;
-  if (spec.level == Level::mha && shape.size() == 3) {  // out, dx [B, T, D]
-    const std::int64_t B = shape[0], T = shape[1], D = shape[2], H = spec.dims.H;
-    const std::int64_t d = (H > 1 && D % H == 0) ? D / H : 0;
-    batches = B;
-    axes = "rows: positions t; columns: heads &times; channels (d = " + std::to_string(d > 0 ? d : D) + ")";
-    for (std::int64_t b = 0; b < std::min(B, kMaxBatch); ++b) {
-      Map m{"b=" + std::to_string(b), T, D, {}, 0, d, true};
-      m.v.assign(diff.begin() + b * T * D, diff.begin() + (b + 1) * T * D);
-      maps.push_back(std::move(m));
-    }
-  } else if (spec.level == Level::mha && shape.size() == 2) {  // dW [D, D]
-    const std::int64_t R = shape[0], C = shape[1], H = spec.dims.H;
-    const bool cols = name == "dwo";
-    const std::int64_t n = cols ? C : R;
-    const std::int64_t d = (H > 1 && n % H == 0) ? n / H : 0;
-    axes = cols ? "rows: output features; columns: input features, head h owns columns [h&middot;d, (h+1)&middot;d)"
-                : "rows: output features, head h owns rows [h&middot;d, (h+1)&middot;d); columns: input features";
-    maps.push_back(Map{"", R, C, diff, cols ? 0 : d, cols ? d : 0, false});
-  } else if (spec.level == Level::core && shape.size() == 4) {  // [B, H, T, c]
-    const std::int64_t B = shape[0], H = shape[1], T = shape[2], c = shape[3];
-    batches = B;
-    axes = std::string("rows: ") + (name == "dk" || name == "dv" ? "key positions" : "query positions") +
-           "; columns: heads side by side, channels within each";
-    for (std::int64_t b = 0; b < std::min(B, kMaxBatch); ++b) {
-      Map m{"b=" + std::to_string(b), T, H * c, {}, 0, H > 1 ? c : 0, true};
-      m.v.resize(static_cast<std::size_t>(T * H * c));
-      for (std::int64_t h = 0; h < H; ++h)
-        for (std::int64_t t = 0; t < T; ++t)
-          for (std::int64_t ch = 0; ch < c; ++ch)
-            m.v[t * H * c + h * c + ch] = diff[((b * H + h) * T + t) * c + ch];
-      maps.push_back(std::move(m));
-    }
-  } else if (!shape.empty()) {  // anything else: all leading dims as rows
-    const std::int64_t C = shape.back();
-    const std::int64_t R = C > 0 ? static_cast<std::int64_t>(diff.size()) / C : 0;
-    axes = "rows: leading dims flattened; columns: last dim";
-    maps.push_back(Map{"", R, C, diff, 0, 0, false});
-  }
-  return maps;
-}
-
 std::string heatmaps(const CaseResult& r) {
   std::string h;
-  for (const auto& t : r.tensors) {
-    if (!t.problem.empty()) continue;
-    const Tensor* a = find_tensor(r.lhs, t.name);
-    const Tensor* b = find_tensor(r.rhs, t.name);
-    if (!a || !b || !a->defined() || !b->defined() || a->shape() != b->shape() || a->numel() == 0) continue;
-    const std::vector<double> diff = abs_diff(*a, *b);
-    double vmax = 0;
-    bool non_finite = false;
-    for (double x : diff) {
-      if (std::isnan(x)) non_finite = true;
-      else vmax = std::max(vmax, x);
-    }
-    std::string axes;
-    std::int64_t batches = 0;
-    const std::vector<Map> maps = tensor_maps(r.spec, t.name, a->shape(), diff, axes, batches);
-    if (maps.empty()) continue;
-    h += "<figure class=\"tensor\"><figcaption><b>" + esc(t.name) + "</b> " + esc(shape_str(a->shape())) +
+  for (const TensorErrorMaps& t : r.error_maps) {
+    const std::int64_t fr = t.maps[0].row_step, fc = t.maps[0].col_step;
+    h += "<figure class=\"tensor\"><figcaption><b>" + esc(t.tensor) + "</b> " + esc(shape_str(t.shape)) +
          " &middot; |" + esc(r.lhs_label) + " &minus; " + esc(r.rhs_label) + "| &middot; <span class=\"scale\">" +
-         "0 <span class=\"bar\"></span> " + format_figure(vmax) + "</span> max |&Delta;| = <b>" + format_figure(vmax) +
-         "</b>" + (t.allclose ? " (within tolerance)" : "") +
-         (non_finite ? " &middot; <span style=\"color:#2f5fd0\">blue: not finite</span>" : "") + "<br><small>" + axes;
-    const std::int64_t fr = ceil_div(maps[0].rows, kMaxRows), fc = ceil_div(maps[0].cols, kMaxCols);
+         "0 <span class=\"bar\"></span> " + format_figure(t.vmax) + "</span> max |&Delta;| = <b>" +
+         format_figure(t.vmax) + "</b>" + (t.allclose ? " (within tolerance)" : "") +
+         (t.non_finite ? " &middot; <span style=\"color:#2f5fd0\">blue: not finite</span>" : "") + "<br><small>" +
+         t.axes;
     if (fr > 1 || fc > 1)
       h += "; downsampled: each cell is the max over " + std::to_string(fr) + "&times;" + std::to_string(fc) +
            " elements";
-    if (batches > kMaxBatch)
-      h += "; the first " + std::to_string(kMaxBatch) + " of " + std::to_string(batches) + " batch items";
+    if (t.batches > kMaxMapBatch)
+      h += "; the first " + std::to_string(kMaxMapBatch) + " of " + std::to_string(t.batches) + " batch items";
     h += "</small></figcaption>\n<div class=\"maps\">";
-    for (const Map& m : maps) {
+    for (const ErrorMap& m : t.maps) {
       h += "<div class=\"map\">";
       if (!m.title.empty()) h += "<div class=\"mt\">" + esc(m.title) + "</div>";
-      h += svg_map(m, vmax) + "</div>\n";
+      h += svg_map(m, t.vmax) + "</div>\n";
     }
     h += "</div></figure>\n";
   }
@@ -253,14 +161,9 @@ std::string analysis_html(const CaseResult& r) {
       h += "<table>\n<tr><th>bug</th><th>reproduces</th><th>worst |&Delta;| / tolerance</th><th>max |&Delta;|</th>"
            "<th>what it is</th><th>fix</th></tr>\n";
       for (const auto& f : d.fits) {
-        std::string expl, fix;
-        if (auto bug = diagnosis::bug_from_name(f.bug)) {
-          expl = std::string(diagnosis::bug_info(*bug).explanation);
-          fix = std::string(diagnosis::bug_info(*bug).fix);
-        }
         h += "<tr><td class=\"bug\">" + esc(f.bug) + "</td><td>" + esc(f.side) + "</td><td>" +
              format_figure(f.worst_ratio) + "</td><td>" + format_figure(f.max_abs) + "</td><td class=\"txt\">" +
-             esc(expl) + "</td><td class=\"txt\">" + esc(fix) + "</td></tr>\n";
+             esc(f.explanation) + "</td><td class=\"txt\">" + esc(f.fix) + "</td></tr>\n";
       }
       h += "</table>\n";
     }
@@ -307,7 +210,7 @@ std::string html_case_section(const CaseResult& r, std::size_t index) {
            format_figure(t.max_rel) + "</td><td>" + std::to_string(t.mismatched) + " / " + std::to_string(t.numel) +
            "</td><td>" + format_figure(t.tolerance.atol) + "</td><td>" + format_figure(t.tolerance.rtol) + "</td>";
       if (t.worst)
-        h += "<td>" + esc(index_str(t.worst->index)) + " " + esc(t.worst->where) + "</td><td>" +
+        h += "<td>" + esc(shape_str(t.worst->index)) + " " + esc(t.worst->where) + "</td><td>" +
              format_value(t.worst->lhs) + "</td><td>" + format_value(t.worst->rhs) + "</td>";
       else
         h += "<td></td><td></td><td></td>";

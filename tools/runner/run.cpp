@@ -1,7 +1,5 @@
 #include "runner/run.hpp"
 
-#include "runner/analyze.hpp"
-
 #include <fnmatch.h>
 
 #include <chrono>
@@ -111,7 +109,8 @@ void join_cause(std::string& cause, const std::string& more) {
 
 }  // namespace
 
-CaseResult run_case(const CaseSpec& spec, const PluginRegistry& registry, const RunOptions& options) {
+CaseResult run_case(const CaseSpec& spec, const PluginRegistry& registry, const RunOptions& options,
+                    CaseInputs* inputs_out) {
   const auto t0 = Clock::now();
   CaseResult res;
   res.spec = spec;
@@ -119,15 +118,7 @@ CaseResult run_case(const CaseSpec& spec, const PluginRegistry& registry, const 
   res.rhs_label = spec.is_reference() ? spec.reference_text : spec.compare.at(1);
   auto finish = [&](CaseStatus status) {
     res.status = status;
-    if (spec.expect_fail && status == CaseStatus::fail) {
-      res.status = CaseStatus::xfail;
-      const std::string named = res.diagnosis ? res.diagnosis->best() : "";
-      if (!spec.expect_diagnosis.empty() && named != spec.expect_diagnosis) {
-        res.status = CaseStatus::fail;
-        join_cause(res.cause, "expected the diagnosis " + spec.expect_diagnosis + ", got " +
-                                  (named.empty() ? "none" : named));
-      }
-    }
+    if (spec.expect_fail && status == CaseStatus::fail) res.status = CaseStatus::xfail;
     if (spec.expect_fail && status == CaseStatus::pass) {
       res.status = CaseStatus::xpass;
       res.cause = "expected to fail (expect: {fail: true}), but every checked tensor matched";
@@ -157,7 +148,7 @@ CaseResult run_case(const CaseSpec& spec, const PluginRegistry& registry, const 
 
   CaseInputs inputs;
   try {
-    check_case_files(res.spec);  // fills a reference case's dims (load_suite did it too)
+    load_case_files(res.spec);  // a no-op when load_suite read them (dims filled in)
     inputs = make_inputs(res.spec);
   } catch (const std::exception& e) {
     res.cause = e.what();
@@ -182,22 +173,13 @@ CaseResult run_case(const CaseSpec& spec, const PluginRegistry& registry, const 
     comparable = comparable && (s.status == SideStatus::ok || s.status == SideStatus::non_finite);
   if (comparable) {
     res.lhs = std::move(res.sides[0].tensors);
-    res.rhs = spec.is_reference() ? std::move(inputs.expected) : std::move(res.sides[1].tensors);
+    res.rhs = spec.is_reference() ? inputs.expected : std::move(res.sides[1].tensors);
     res.tensors = compare_sets(res.lhs, res.rhs, res.spec, res.lhs_label, res.rhs_label);
   }
   for (auto& s : res.sides) s.tensors.clear();
-  const auto failed = [&](CaseStatus status) {
-    if (options.analyze && status == CaseStatus::fail && !res.tensors.empty()) {
-      RunOptions variant_options = options;
-      variant_options.analyze = false;  // the variants are not analyzed in turn
-      res.diagnosis = diagnose(res);
-      res.localization = localize(res, registry, variant_options);
-    }
-    if (options.on_failure) options.on_failure(res, inputs);
-    return finish(status);
-  };
-  if (plugin_error) return failed(CaseStatus::error);
-  if (wrong_output) return failed(CaseStatus::fail);
+  if (inputs_out) *inputs_out = std::move(inputs);
+  if (plugin_error) return finish(CaseStatus::error);
+  if (wrong_output) return finish(CaseStatus::fail);
 
   std::string differing;
   for (const auto& t : res.tensors)
@@ -205,23 +187,15 @@ CaseResult run_case(const CaseSpec& spec, const PluginRegistry& registry, const 
   if (differing.empty()) return finish(CaseStatus::pass);
   res.cause = std::to_string(res.differing_tensors()) + " of " + std::to_string(res.tensors.size()) +
               " tensors differ: " + differing;
-  return failed(CaseStatus::fail);
+  return finish(CaseStatus::fail);
 }
 
-SuiteResult run_suite(const Suite& suite, const PluginRegistry& registry, const RunOptions& options) {
-  const auto t0 = Clock::now();
-  SuiteResult result;
-  result.name = suite.name;
-  result.file = suite.file;
-  const std::vector<const CaseSpec*> cases = select_cases(suite, options.filter);
-  result.warnings = weak_suite_warnings(cases);
-  for (std::size_t i = 0; i < cases.size(); ++i) {
-    if (options.on_case_start) options.on_case_start(i, cases.size(), *cases[i]);
-    result.cases.push_back(run_case(*cases[i], registry, options));
-    if (options.on_case_done) options.on_case_done(result.cases.back());
-  }
-  result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  return result;
+void keep_report_data(CaseResult& r, bool keep_tensors) {
+  if (r.status != CaseStatus::pass) r.error_maps = error_maps(r.spec, r.tensors, r.lhs, r.rhs);
+  r.spec.files.reset();  // the suite's to keep, not each result's
+  if (keep_tensors) return;
+  r.lhs = TensorSet();
+  r.rhs = TensorSet();
 }
 
 }  // namespace headgrad::runner

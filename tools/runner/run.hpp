@@ -1,14 +1,14 @@
-// Running cases: shared inputs once per case, each side isolated, then the
-// tensor-by-tensor comparison and the case's verdict.
+// Running one case: its inputs made once, each side on its own copy of them
+// (isolated), then the tensor-by-tensor comparison and the case's verdict.
+// Nothing here analyzes a failure: tools/analysis runs cases through
+// run_case, then localizes and diagnoses those that fail (analysis/analyze.hpp
+// has run_suite, the whole job).
 //
 //   Suite suite = load_suite("configs/default.yaml");
 //   PluginRegistry registry;
 //   registry.load_directories(plugin_search_path({}));
-//   SuiteResult result = run_suite(suite, registry, {});
-//   return result.exit_code();   // 0 all as expected, 1 a comparison failed, 3 a plugin failed
-//
-// run_case() runs one CaseSpec on its own: the localization stage re-runs a
-// failing case at changed shapes through it (copy the spec, change its dims).
+//   CaseResult r = run_case(suite.cases[0], registry, {});
+//   keep_report_data(r, false);   // what reports need; the tensors go
 #pragma once
 
 #include <cstddef>
@@ -21,6 +21,7 @@
 #include <headgrad/loader.hpp>
 
 #include "runner/compare.hpp"
+#include "runner/error_maps.hpp"
 #include "runner/execute.hpp"
 #include "runner/findings.hpp"
 #include "runner/inputs.hpp"
@@ -45,10 +46,13 @@ struct CaseResult {
   std::string lhs_label, rhs_label;  // "per_head" vs "batched" (or the reference dir)
   std::vector<SideResult> sides;     // one per plugin; their tensors moved into lhs/rhs
   std::vector<TensorComparison> tensors;  // one per checked tensor
-  TensorSet lhs, rhs;  // both sides' tensors, kept for cases that did not pass (or keep_tensors)
+  // Both sides' tensors, from run_case until keep_report_data (passing cases
+  // drop them at once unless keep_tensors).
+  TensorSet lhs, rhs;
+  std::vector<TensorErrorMaps> error_maps;  // set by keep_report_data for cases that did not pass
   double seconds = 0;
   std::string mutant;  // the compared plugin that is a deliberate mutant, if any
-  // Filled when the case failed on a comparison and analysis is on.
+  // Filled by the analysis (tools/analysis) when the case failed on a comparison.
   std::optional<Localization> localization;
   std::optional<Diagnosis> diagnosis;
 
@@ -60,16 +64,10 @@ struct RunOptions {
   bool isolate = true;
   std::optional<double> timeout_s;  // overrides every case's `timeout`
   std::string filter;               // glob on case names (see select_cases); empty: all
-  bool keep_tensors = false;        // keep lhs/rhs for passing cases too
+  bool keep_tensors = false;        // keep lhs/rhs (passing cases too, and past keep_report_data)
   std::function<void(std::size_t index, std::size_t total, const CaseSpec&)> on_case_start;
   std::function<void(const CaseResult&)> on_case_done;
   std::function<void()> on_wait;  // while a plugin runs in its child, about every 200 ms
-  // A case that did not pass, before it is returned, with the inputs both
-  // sides got: where localization and diagnosis hook in.
-  std::function<void(CaseResult&, const CaseInputs&)> on_failure;
-  // Localize and diagnose each case that fails a comparison (analyze.hpp);
-  // an `expect: {diagnosis: NAME}` is checked against the diagnosis.
-  bool analyze = true;
 };
 
 // Mutants caught (their case failed) and named (the diagnosis named the
@@ -103,7 +101,17 @@ std::vector<const CaseSpec*> select_cases(const Suite& suite, const std::string&
 // "plugin X is not loaded (did you mean 'Y'?); loaded: ...; rejected FILE: reason"
 std::string not_loaded_cause(const std::string& name, const PluginRegistry& registry);
 
-CaseResult run_case(const CaseSpec& spec, const PluginRegistry& registry, const RunOptions& options);
-SuiteResult run_suite(const Suite& suite, const PluginRegistry& registry, const RunOptions& options);
+// One case: its inputs (make_inputs, from the files load_case_files read, or
+// from the seed), both sides, the comparison, the verdict (expect: {fail:
+// true} gives xfail or xpass; an expected diagnosis is the analysis's to
+// check). `inputs`, when given, receives the inputs both sides were copied from.
+CaseResult run_case(const CaseSpec& spec, const PluginRegistry& registry, const RunOptions& options,
+                    CaseInputs* inputs = nullptr);
+
+// What the reports need of a case that did not pass: its error maps (the HTML
+// heatmaps), made from lhs and rhs; then lhs and rhs are dropped unless
+// keep_tensors, and so is r.spec's hold on the case's files. The worst
+// indices and per-tensor figures are in r.tensors already.
+void keep_report_data(CaseResult& r, bool keep_tensors);
 
 }  // namespace headgrad::runner

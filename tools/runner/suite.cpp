@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <fstream>
 #include <set>
 #include <sstream>
 
@@ -11,7 +10,6 @@
 #include <yaml-cpp/yaml.h>
 
 #include "runner/budget.hpp"
-#include "runner/inputs.hpp"
 
 namespace fs = std::filesystem;
 
@@ -109,6 +107,15 @@ std::string closest_match(std::string_view word, const std::vector<std::string>&
   return best;
 }
 
+std::string join(const std::vector<std::string>& items, std::string_view sep) {
+  std::string s;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (i) s += sep;
+    s += items[i];
+  }
+  return s;
+}
+
 std::string describe_case(const CaseSpec& c) {
   std::string s = c.level == Level::mha ? "MHA(" : "CORE(";
   bool first = true;
@@ -145,12 +152,6 @@ const std::vector<std::string> kExpectKeys = {"fail", "diagnosis"};
 const std::vector<std::string> kToleranceKeys = {"atol", "rtol"};
 // Keys whose map values merge (defaults first, the case's entries win).
 const std::set<std::string> kMergedKeys = {"shape", "sweep", "tolerance"};
-
-std::string join(const std::vector<std::string>& items, const char* sep = ", ") {
-  std::string s;
-  for (const auto& i : items) s += (s.empty() ? "" : sep) + i;
-  return s;
-}
 
 std::string kind_of(const YAML::Node& n) {
   switch (n.Type()) {
@@ -736,17 +737,6 @@ void check_memory(const std::vector<const CaseSpec*>& cases, double budget_bytes
                                      format_bytes(budget_bytes) + " (" + budget_source +
                                      "); use a smaller shape, or --max-memory SIZE");
   }
-}
-
-Suite load_suite(const fs::path& file) {
-  check_suite_file(file);
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw ConfigError({file.string(), 0, 0}, "cannot read the suite file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  Suite suite = parse_suite(ss.str(), file);
-  for (CaseSpec& c : suite.cases) check_case_files(c);
-  return suite;
 }
 
 std::vector<std::pair<std::string, std::string>> missing_capabilities(const CaseSpec& c,

@@ -1,8 +1,10 @@
-// Suites: the YAML file a user writes, parsed and validated into cases.
+// Suites: the YAML file a user writes, parsed and validated into cases. This
+// file reads no file: load_suite (inputs.hpp) reads the suite and the files
+// its cases name.
 //
-//   Suite s = load_suite("configs/default.yaml");  // throws ConfigError (exit 2)
-//   check_capabilities(s, registry);               // once plugins are loaded
-//   for (const CaseSpec& c : s.cases) ...          // defaults applied, sweeps expanded
+//   Suite s = parse_suite(text, "configs/default.yaml");  // throws ConfigError (exit 2)
+//   check_capabilities(cases, registry);                   // once plugins are loaded
+//   for (const CaseSpec& c : s.cases) ...                  // defaults applied, sweeps expanded
 //
 // Every ConfigError message starts with FILE:LINE:COL: (1-based, from
 // yaml-cpp's marks) and says what was expected. The keys are the contract of
@@ -15,6 +17,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -65,6 +68,8 @@ struct Dims {
 // The dims a level's `shape:` takes, in display order.
 const std::vector<std::string>& dim_names(Level level);
 
+struct CaseFiles;  // what a case's files hold (inputs.hpp)
+
 struct CaseSpec {
   std::string name;       // "layouts[B=2,T=5,H=4]" for a point of a sweep
   std::string base_name;  // "layouts"
@@ -90,6 +95,7 @@ struct CaseSpec {
   bool expect_fail = false;
   std::string expect_diagnosis;        // a bug's name; read, checked by the diagnosis stage
   double timeout_s = 60;               // per plugin run
+  std::shared_ptr<const CaseFiles> files;  // read once by load_case_files; null: none read
 
   bool is_reference() const { return !reference.empty(); }
   SourceLoc where(const std::string& key) const;  // that key's location, else the case's
@@ -119,15 +125,12 @@ inline constexpr std::size_t kMaxSuiteCases = 10000;
 // A suite file is a regular file of at most this many bytes.
 inline constexpr std::uintmax_t kMaxSuiteFileBytes = 16u << 20;
 
-// The YAML alone: no file other than the suite is read.
+// The YAML alone: no file is read (`file` names the suite in messages and
+// anchors the relative paths it holds).
 Suite parse_suite(std::string_view yaml_text, const std::filesystem::path& file);
-// Reads the file, parses it, then reads the files its cases name (mask files,
-// reference directories): their shapes are checked and a reference case's
-// dims are filled in from them.
-Suite load_suite(const std::filesystem::path& file);
 // ConfigError naming the path unless it is a regular file of at most
 // kMaxSuiteFileBytes (a device, a fifo, a directory are refused without
-// being opened, so nothing blocks or fills memory).
+// being opened, so nothing blocks or fills memory). load_suite calls it first.
 void check_suite_file(const std::filesystem::path& file);
 
 // Peak bytes the case needs (budget.hpp's estimate at its dims and dtype).
@@ -150,5 +153,8 @@ std::string describe_case(const CaseSpec& c);
 // The candidate nearest to `word` by edit distance when it is close enough to
 // be a likely typo; empty otherwise.
 std::string closest_match(std::string_view word, const std::vector<std::string>& candidates);
+
+// "a, b, c"
+std::string join(const std::vector<std::string>& items, std::string_view sep = ", ");
 
 }  // namespace headgrad::runner

@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -55,7 +54,6 @@ struct AttentionSpec {
   // Combined with `causal` when both are set (a key is attended when both allow it).
   Tensor mask;
   RopeSpec rope;
-  std::map<std::string, double> options;  // room for settings that come later
 
   std::int64_t head_dim() const { return head_width > 0 ? head_width : d_model / num_heads; }
   std::int64_t kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }

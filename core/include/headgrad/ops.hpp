@@ -73,6 +73,9 @@ Tensor causal_mask(std::int64_t tq, std::int64_t tk);
 // exactly the same values. attend: bool broadcast to x, or undefined.
 Variable masked_softmax(const Variable& x, double scale, const Tensor& attend, bool causal);
 Tensor logical_not(const Tensor& mask);
+// a && b on their broadcast shape (bool): two masks combined, a key attended
+// where both allow it.
+Tensor logical_and(const Tensor& a, const Tensor& b);
 
 // ---- rotary position embeddings (RoPE) ----
 struct RopeSpec;  // style, theta, rotary width, positions: headgrad/attention.hpp

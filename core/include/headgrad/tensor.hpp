@@ -43,6 +43,12 @@ Shape contiguous_strides(std::span<const std::int64_t> shape);
 // The index of row-major element `flat` of `shape`: 5 of [2, 3] is [1, 2].
 // Throws std::out_of_range unless 0 <= flat < shape_numel(shape).
 Shape unravel_index(std::int64_t flat, std::span<const std::int64_t> shape);
+// Dim `d` of an `ndim`-dim tensor, negative counting from the end (-1: the
+// last); throws std::invalid_argument naming `op` and `shape` when out of range.
+std::int64_t normalize_dim(std::int64_t d, std::int64_t ndim, std::span<const std::int64_t> shape, const char* op);
+// A stack of matrices [..., r, c]: its leading dims [...], and lead + [rows, cols].
+Shape lead_dims(std::span<const std::int64_t> shape);
+Shape with_last2(Shape lead, std::int64_t rows, std::int64_t cols);
 
 // Bytes owned by one or more tensors. Every allocation is counted so that the
 // engine's peak memory can be measured (benchmarks, the fused core's tests).

@@ -16,13 +16,7 @@ Tensor attention_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t t
                                 std::string(dtype_name(spec.mask.dtype())));
   if (!spec.causal) return has_mask ? spec.mask : Tensor();
   Tensor causal = causal_mask(tq, tk);
-  if (!has_mask) return causal;
-  // attend where both allow: !(!causal | !mask), computed on the broadcast shape
-  const Shape shape = broadcast_shapes(spec.mask.shape(), causal.shape(), "attention_mask");
-  Tensor both = Tensor::empty(shape, DType::boolean);
-  const Tensor a = spec.mask.expand(shape), c = causal.expand(shape);
-  for (std::int64_t i = 0; i < both.numel(); ++i) both.set_flat(i, a.flat(i) != 0 && c.flat(i) != 0);
-  return both;
+  return has_mask ? logical_and(spec.mask, causal) : causal;
 }
 
 MhaDims mha_dims(const Variable& x, const MhaWeights& w, const AttentionSpec& spec,

@@ -179,10 +179,7 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
 }
 
 Tensor sum_dim(const Tensor& x, std::int64_t dim, bool keepdim) {
-  const std::int64_t d = dim < 0 ? dim + x.dim() : dim;
-  if (d < 0 || d >= x.dim())
-    throw std::invalid_argument("sum: dim " + std::to_string(dim) + " out of range for shape " +
-                                shape_str(x.shape()));
+  const std::int64_t d = normalize_dim(dim, x.dim(), x.shape(), "sum");
   Shape kept = x.shape();
   kept[d] = 1;
   Tensor out = sum_to(x, kept);
@@ -338,11 +335,7 @@ Tensor dim_back(const Tensor& rows, std::int64_t d, std::int64_t nd) {
   return rows.transpose(d, -1).contiguous();
 }
 std::int64_t norm_dim(const Tensor& x, std::int64_t dim, const char* op) {
-  const std::int64_t d = dim < 0 ? dim + x.dim() : dim;
-  if (d < 0 || d >= x.dim())
-    throw std::invalid_argument(std::string(op) + ": dim " + std::to_string(dim) +
-                                " out of range for shape " + shape_str(x.shape()));
-  return d;
+  return normalize_dim(dim, x.dim(), x.shape(), op);
 }
 }  // namespace
 

@@ -6,11 +6,7 @@ namespace headgrad {
 
 namespace {
 std::int64_t checked_dim(const Variable& x, std::int64_t dim, const char* op) {
-  const std::int64_t d = dim < 0 ? dim + x.dim() : dim;
-  if (d < 0 || d >= x.dim())
-    throw std::invalid_argument(std::string(op) + ": dim " + std::to_string(dim) +
-                                " out of range for shape " + shape_str(x.shape()));
-  return d;
+  return normalize_dim(dim, x.dim(), x.shape(), op);
 }
 }  // namespace
 

@@ -9,11 +9,7 @@ namespace headgrad {
 
 namespace {
 std::int64_t checked_dim(std::int64_t dim, std::int64_t ndim, const Shape& shape, const char* op) {
-  const std::int64_t d = dim < 0 ? dim + ndim : dim;
-  if (d < 0 || d >= ndim)
-    throw std::invalid_argument(std::string(op) + ": dim " + std::to_string(dim) +
-                                " out of range for shape " + shape_str(shape));
-  return d;
+  return normalize_dim(dim, ndim, shape, op);
 }
 
 // The gradient of any reshape is the upstream gradient in the input's shape.

@@ -52,13 +52,7 @@ struct CView {
   CView& operator=(const CView&) = delete;
 };
 
-Shape lead_of(const Tensor& x) { return Shape(x.shape().begin(), x.shape().end() - 2); }
-
-Shape with_last2(Shape lead, std::int64_t rows, std::int64_t cols) {
-  lead.push_back(rows);
-  lead.push_back(cols);
-  return lead;
-}
+Shape lead_of(const Tensor& x) { return lead_dims(x.shape()); }
 
 // What a call needs besides q, k, v: fixed when core_forward is called, and
 // captured by the op's forward and backward.

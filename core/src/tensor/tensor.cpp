@@ -175,12 +175,28 @@ Tensor Tensor::from_values(std::span<const double> values, const Shape& shape, D
 
 // ---------------------------------------------------------------- geometry
 
-std::int64_t Tensor::normalize_dim(std::int64_t d, std::int64_t ndim, const char* op) const {
-  std::int64_t r = d < 0 ? d + ndim : d;
+std::int64_t normalize_dim(std::int64_t d, std::int64_t ndim, std::span<const std::int64_t> shape, const char* op) {
+  const std::int64_t r = d < 0 ? d + ndim : d;
   if (r < 0 || r >= ndim)
     throw std::invalid_argument(std::string(op) + ": dim " + std::to_string(d) +
-                                " out of range for shape " + shape_str(shape_));
+                                " out of range for shape " + shape_str(shape));
   return r;
+}
+
+Shape lead_dims(std::span<const std::int64_t> shape) {
+  if (shape.size() < 2)
+    throw std::invalid_argument("lead_dims: shape " + shape_str(shape) + " is not a stack of matrices [..., r, c]");
+  return Shape(shape.begin(), shape.end() - 2);
+}
+
+Shape with_last2(Shape lead, std::int64_t rows, std::int64_t cols) {
+  lead.push_back(rows);
+  lead.push_back(cols);
+  return lead;
+}
+
+std::int64_t Tensor::normalize_dim(std::int64_t d, std::int64_t ndim, const char* op) const {
+  return headgrad::normalize_dim(d, ndim, shape_, op);
 }
 
 std::int64_t Tensor::size(std::int64_t d) const { return shape_[normalize_dim(d, dim(), "size")]; }

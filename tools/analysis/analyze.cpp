@@ -1,28 +1,25 @@
-#include "runner/analyze.hpp"
+#include "analysis/analyze.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <optional>
 #include <sstream>
 
 #include <headgrad/log.hpp>
 
-#include "catalog.hpp"
-#include "hypotheses.hpp"
+#include "analysis/catalog.hpp"
+#include "analysis/hypotheses.hpp"
 
-namespace headgrad::runner {
+namespace headgrad::analysis {
+
+using namespace runner;
 
 namespace {
 
 using diagnosis::Bug;
 using diagnosis::bug_catalog;
 using diagnosis::bug_info;
-
-std::string join(const std::vector<std::string>& parts, const std::string& sep) {
-  std::string s;
-  for (const auto& p : parts) s += (s.empty() ? "" : sep) + p;
-  return s;
-}
 
 std::string fmt_g(double v) {
   std::ostringstream o;
@@ -81,7 +78,7 @@ std::vector<double> slot_max(const Tensor& a, const Tensor& b, std::int64_t dim,
   const Tensor da = a.contiguous(), db = b.contiguous();
   const Shape& shape = da.shape();
   const std::int64_t nd = da.dim();
-  const std::int64_t axis = dim < 0 ? dim + nd : dim;
+  const std::int64_t axis = normalize_dim(dim, nd, shape, "slot_max");
   const std::int64_t n = block > 0 ? shape[axis] / block : shape[axis];
   std::vector<double> out(static_cast<std::size_t>(std::max<std::int64_t>(n, 0)), 0.0);
   const auto va = da.to_vector(), vb = db.to_vector();
@@ -174,10 +171,8 @@ Localization localize(const CaseResult& failed, const PluginRegistry& registry,
   loc.rows.push_back({"as failed", describe_case(c), CaseStatus::fail, failed.max_abs(), ""});
   RunOptions quiet = options;
   quiet.keep_tensors = false;
-  quiet.on_case_start = nullptr;
+  quiet.on_case_start = nullptr;  // the callbacks are the caller's, for the cases it asked for
   quiet.on_case_done = nullptr;
-  quiet.on_failure = nullptr;  // the hook is the caller's, for the case it asked for
-  quiet.analyze = false;       // variants are not analyzed in turn
   std::vector<std::string> depends, independent;
   for (auto& v : variants_of(c)) {
     CaseResult r;
@@ -269,7 +264,7 @@ std::pair<double, double> fit_ratio(const TensorSet& side, const TensorSet& hyp,
 
 }  // namespace
 
-Diagnosis diagnose(const CaseResult& failed) {
+Diagnosis diagnose(const CaseResult& failed, const CaseInputs& in) {
   Diagnosis dx;
   const CaseSpec& c = failed.spec;
   struct Side {
@@ -281,14 +276,6 @@ Diagnosis diagnose(const CaseResult& failed) {
   if (!c.is_reference() && !failed.rhs.empty()) sides.push_back({failed.rhs_label, &failed.rhs});
   if (sides.empty()) {
     dx.sentence = "No tensors to diagnose: " + (failed.cause.empty() ? "no side produced a result" : failed.cause);
-    return dx;
-  }
-
-  CaseInputs in;
-  try {
-    in = make_inputs(c);
-  } catch (const std::exception& e) {
-    dx.sentence = std::string("Diagnosis could not rebuild the case's inputs: ") + e.what();
     return dx;
   }
 
@@ -309,7 +296,8 @@ Diagnosis diagnose(const CaseResult& failed) {
     for (const auto& s : sides) {
       if (s.label == dx.correct_side) continue;
       const auto [ratio, max_abs] = fit_ratio(*s.tensors, hyp, c);
-      HypothesisFit fit{std::string(info.name), s.label, ratio, max_abs};
+      HypothesisFit fit{std::string(info.name), std::string(info.explanation), std::string(info.fix), s.label,
+                        ratio, max_abs};
       if (ratio <= 1.0) dx.fits.push_back(fit);
       else if (!closest || ratio < closest->worst_ratio) closest = fit;
     }
@@ -382,4 +370,42 @@ std::vector<WeakSuiteWarning> weak_suite_warnings(const std::vector<const CaseSp
   return out;
 }
 
-}  // namespace headgrad::runner
+// ---------------------------------------------------------------- the job
+
+CaseResult check_case(const CaseSpec& spec, const PluginRegistry& registry, const RunOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  CaseInputs inputs;
+  CaseResult res = run_case(spec, registry, options, &inputs);
+  const bool failed = res.status == CaseStatus::fail || res.status == CaseStatus::xfail;
+  if (failed && !res.tensors.empty()) {
+    res.diagnosis = diagnose(res, inputs);
+    res.localization = localize(res, registry, options);
+    const std::string named = res.diagnosis->best();
+    if (res.status == CaseStatus::xfail && !spec.expect_diagnosis.empty() && named != spec.expect_diagnosis) {
+      res.status = CaseStatus::fail;
+      res.cause += (res.cause.empty() ? "" : "; ") + std::string("expected the diagnosis ") +
+                   spec.expect_diagnosis + ", got " + (named.empty() ? "none" : named);
+    }
+  }
+  keep_report_data(res, options.keep_tensors);
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return res;
+}
+
+SuiteResult run_suite(const Suite& suite, const PluginRegistry& registry, const RunOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  SuiteResult result;
+  result.name = suite.name;
+  result.file = suite.file;
+  const std::vector<const CaseSpec*> cases = select_cases(suite, options.filter);
+  result.warnings = weak_suite_warnings(cases);
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    if (options.on_case_start) options.on_case_start(i, cases.size(), *cases[i]);
+    result.cases.push_back(check_case(*cases[i], registry, options));
+    if (options.on_case_done) options.on_case_done(result.cases.back());
+  }
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return result;
+}
+
+}  // namespace headgrad::analysis

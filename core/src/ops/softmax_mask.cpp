@@ -52,4 +52,15 @@ Tensor logical_not(const Tensor& mask) {
   return out;
 }
 
+Tensor logical_and(const Tensor& a, const Tensor& b) {
+  if (a.dtype() != DType::boolean || b.dtype() != DType::boolean)
+    throw std::invalid_argument("logical_and: expected bool tensors, got " + std::string(dtype_name(a.dtype())) +
+                                " and " + std::string(dtype_name(b.dtype())));
+  const Shape shape = broadcast_shapes(a.shape(), b.shape(), "logical_and");
+  Tensor both = Tensor::empty(shape, DType::boolean);
+  const Tensor ea = a.expand(shape), eb = b.expand(shape);
+  for (std::int64_t i = 0; i < both.numel(); ++i) both.set_flat(i, ea.flat(i) != 0 && eb.flat(i) != 0);
+  return both;
+}
+
 }  // namespace headgrad

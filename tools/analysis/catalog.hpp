@@ -10,20 +10,9 @@
 namespace headgrad::diagnosis {
 
 enum class Bug {
-  split_without_transpose,
-  merge_without_transpose,
-  scale_one_over_d,
-  scale_model_dim,
-  no_scale,
-  softmax_over_queries,
-  missing_causal_mask,
-  causal_mask_excludes_diagonal,
-  causal_mask_inverted,
-  missing_output_projection,
-  weights_not_transposed,
-  interleaved_head_slices,
-  kv_swapped,
-  batch_mixing,
+#define HEADGRAD_BUG(name) name,
+#include "analysis/bug_names.def"
+#undef HEADGRAD_BUG
   count_,  // keep last
 };
 
@@ -39,7 +28,7 @@ struct Visibility {
 
 struct BugInfo {
   Bug bug;
-  std::string_view name;         // stable: what suites write in expect.diagnosis
+  std::string_view name;         // stable: what suites write in expect.diagnosis (from bug_names.def)
   std::string_view explanation;  // one line
   std::string_view fix;          // one line
   Visibility visibility;

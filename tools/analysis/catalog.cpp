@@ -1,70 +1,84 @@
-#include "catalog.hpp"
+#include "analysis/catalog.hpp"
 
 #include <array>
 
 namespace headgrad::diagnosis {
 
 namespace {
+constexpr std::string_view kNames[] = {
+#define HEADGRAD_BUG(name) #name,
+#include "analysis/bug_names.def"
+#undef HEADGRAD_BUG
+};
+
 // Field order: needs_heads, needs_seq, needs_batch, needs_causal, needs_d_lt_D, mha_only
-constexpr std::array<BugInfo, static_cast<std::size_t>(Bug::count_)> kCatalog{{
-    {Bug::split_without_transpose, "split_without_transpose",
+// Each entry's name is filled in from bug_names.def below.
+constexpr std::array<BugInfo, static_cast<std::size_t>(Bug::count_)> kEntries{{
+    {Bug::split_without_transpose, {},
      "[B, T, D] was reshaped straight to [B, H, T, d]: each head reads a block of tokens, not its own features",
      "view as [B, T, H, d] first, then transpose(1, 2)",
      {true, true, false, false, false, true}},
-    {Bug::merge_without_transpose, "merge_without_transpose",
+    {Bug::merge_without_transpose, {},
      "[B, H, T, d] was reshaped straight to [B, T, D]: tokens and heads are mixed in the output",
      "transpose(1, 2) to [B, T, H, d] first, then reshape to [B, T, D]",
      {true, true, false, false, false, true}},
-    {Bug::scale_one_over_d, "scale_one_over_d",
+    {Bug::scale_one_over_d, {},
      "scores are scaled by 1/d instead of 1/sqrt(d)",
      "multiply q k^T by 1/sqrt(d), d the head width",
      {false, true, false, false, false, false}},
-    {Bug::scale_model_dim, "scale_model_dim",
+    {Bug::scale_model_dim, {},
      "scores are scaled by 1/sqrt(D), the model width, instead of 1/sqrt(d), the head width",
      "use d = D / H in the scale",
      {false, true, false, false, true, true}},
-    {Bug::no_scale, "no_scale",
+    {Bug::no_scale, {},
      "scores q k^T are not scaled at all",
      "multiply q k^T by 1/sqrt(d) before the softmax",
      {false, true, false, false, false, false}},
-    {Bug::softmax_over_queries, "softmax_over_queries",
+    {Bug::softmax_over_queries, {},
      "the softmax runs over the query dim (-2) instead of the key dim (-1)",
      "softmax(scores, dim=-1)",
      {false, true, false, false, false, false}},
-    {Bug::missing_causal_mask, "missing_causal_mask",
+    {Bug::missing_causal_mask, {},
      "the causal mask is not applied: queries see future keys",
      "mask scores where key j > query i with -inf before the softmax",
      {false, true, false, true, false, false}},
-    {Bug::causal_mask_excludes_diagonal, "causal_mask_excludes_diagonal",
+    {Bug::causal_mask_excludes_diagonal, {},
      "the causal mask also hides the diagonal (j < i instead of j <= i): a token cannot see itself",
      "keep j <= i (torch.tril(ones), diagonal included)",
      {false, false, false, true, false, false}},
-    {Bug::causal_mask_inverted, "causal_mask_inverted",
+    {Bug::causal_mask_inverted, {},
      "the causal mask is inverted: queries see the future and not the past",
      "attend where j <= i, mask where j > i (True = attend)",
      {false, true, false, true, false, false}},
-    {Bug::missing_output_projection, "missing_output_projection",
+    {Bug::missing_output_projection, {},
      "the output projection Wo is never applied",
      "return merge(heads) @ Wo^T",
      {false, false, false, false, false, true}},
-    {Bug::weights_not_transposed, "weights_not_transposed",
+    {Bug::weights_not_transposed, {},
      "projections compute x W instead of x W^T (W is [out, in])",
      "use x @ W.T (linear), not x @ W",
      {false, false, false, false, false, true}},
-    {Bug::interleaved_head_slices, "interleaved_head_slices",
+    {Bug::interleaved_head_slices, {},
      "head h takes features h, h+H, h+2H, ... instead of the block [h*d, (h+1)*d)",
      "view as [B, T, H, d] (heads outermost), not [B, T, d, H]",
      {true, false, false, false, false, true}},
-    {Bug::kv_swapped, "kv_swapped",
+    {Bug::kv_swapped, {},
      "keys and values are swapped: scores use V and the output weights K",
      "scores = q k^T, output = softmax(scores) v",
      {false, false, false, false, false, false}},
-    {Bug::batch_mixing, "batch_mixing",
+    {Bug::batch_mixing, {},
      "attention weights of one batch item are applied to another (a gather or reshape across the batch)",
      "keep the batch dim outermost and untouched in every reshape",
      {false, false, true, false, false, false}},
 }};
 
+constexpr auto kCatalog = [] {
+  auto named = kEntries;
+  for (auto& b : named) b.name = kNames[static_cast<std::size_t>(b.bug)];
+  return named;
+}();
+
+static_assert(std::size(kNames) == kCatalog.size(), "one catalog entry per line of bug_names.def");
 static_assert([] {
   for (std::size_t i = 0; i < kCatalog.size(); ++i)
     if (static_cast<std::size_t>(kCatalog[i].bug) != i) return false;

@@ -13,7 +13,7 @@
 
 #include <headgrad/attention.hpp>
 
-#include "catalog.hpp"
+#include "analysis/catalog.hpp"
 
 namespace headgrad::diagnosis {
 

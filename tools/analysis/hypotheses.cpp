@@ -1,4 +1,4 @@
-#include "hypotheses.hpp"
+#include "analysis/hypotheses.hpp"
 
 #include <cmath>
 #include <stdexcept>
@@ -21,14 +21,8 @@ Tensor hypothesis_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t 
   for (std::int64_t i = 0; i < tq; ++i)
     for (std::int64_t j = 0; j < tk; ++j)
       m.set({i, j}, is(bug, Bug::causal_mask_excludes_diagonal) ? j < i : j >= i);
-  if (const Tensor extra = attention_mask(s, tq, tk); extra.defined()) {
-    const Shape shape = broadcast_shapes(extra.shape(), m.shape(), "hypothesis mask");
-    Tensor both = Tensor::empty(shape, DType::boolean);
-    const Tensor a = extra.expand(shape), c = m.expand(shape);
-    for (std::int64_t i = 0; i < both.numel(); ++i) both.set_flat(i, a.flat(i) != 0 && c.flat(i) != 0);
-    return both;
-  }
-  return m;
+  const Tensor extra = attention_mask(s, tq, tk);
+  return extra.defined() ? logical_and(extra, m) : m;
 }
 
 double hypothesis_scale(const AttentionSpec& spec, std::int64_t d, std::optional<Bug> bug) {

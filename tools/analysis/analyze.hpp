@@ -1,0 +1,68 @@
+// The analysis: a layer above running. It runs cases through the runner
+// (runner/run.hpp), and for each case that fails a comparison says where the
+// error lives, which dimensions it depends on, and which known bug reproduces
+// it; before a suite runs, which bug classes it cannot expose.
+//
+//   SuiteResult result = run_suite(load_suite("configs/mutants.yaml"), registry, {});
+//   // or, one case at a time:
+//   CaseInputs in;
+//   CaseResult r = run_case(c, registry, options, &in);   // runner: failed
+//   Diagnosis dx = diagnose(r, in);                       // bug hypotheses on the same inputs
+//   Localization loc = localize(r, registry, options);   // re-runs at B/T/H = 1 and > 1
+//   for (auto& w : weak_suite_warnings(cases)) std::cout << w.message;
+//
+// Signatures used (the bug catalog, analysis/catalog.hpp): a head-layout bug
+// is invisible at H = 1 and at T = 1; a wrong scale at T = 1; a batch mix-up
+// at B = 1; a wrong causal mask without causal.
+//
+// Shape legend: B batch, T sequence, D model width, H heads, d = D / H.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <headgrad/loader.hpp>
+
+#include "runner/findings.hpp"
+#include "runner/run.hpp"
+
+namespace headgrad::analysis {
+
+using runner::CaseInputs;
+using runner::CaseResult;
+using runner::CaseSpec;
+using runner::Diagnosis;
+using runner::Localization;
+using runner::RunOptions;
+using runner::Suite;
+using runner::SuiteResult;
+using runner::WeakSuiteWarning;
+
+// ---- the job ----
+
+// The selected cases of `suite` (options.filter), each run, analyzed when it
+// fails a comparison (an `expect: {diagnosis: NAME}` is checked against the
+// diagnosis), then cut down to what the reports need (keep_report_data).
+SuiteResult run_suite(const Suite& suite, const PluginRegistry& registry, const RunOptions& options);
+
+// One case as run_suite runs it.
+CaseResult check_case(const CaseSpec& spec, const PluginRegistry& registry, const RunOptions& options);
+
+// ---- localization ----
+
+// Re-runs the failing case's pair at changed shapes (same seed recipe) and
+// reads the spread from its tensors (failed.lhs, failed.rhs). A reference case
+// cannot be re-run at other shapes: its localization holds the spread alone.
+Localization localize(const CaseResult& failed, const PluginRegistry& registry, const RunOptions& options);
+
+// ---- diagnosis ----
+
+// Runs every catalog hypothesis on the inputs the case's sides got and keeps
+// those that reproduce one side's output and gradients within the case's tolerance.
+Diagnosis diagnose(const CaseResult& failed, const CaseInputs& inputs);
+
+// ---- weak suites ----
+
+std::vector<WeakSuiteWarning> weak_suite_warnings(const std::vector<const CaseSpec*>& cases);
+
+}  // namespace headgrad::analysis

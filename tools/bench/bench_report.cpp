@@ -1,0 +1,81 @@
+// headgrad bench, the report: the aligned table of a run (bench.hpp).
+#include <cstdio>
+
+#include "bench.hpp"
+
+namespace headgrad::bench {
+
+using nlohmann::json;
+
+std::string printf_figure(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
+void print_table(std::ostream& out, const json& result) {
+  const std::vector<std::string> head{"plugin", "shape (B,T,D,H)", "dtype", "thr",
+                                      "fwd ms med", "fwd ms min", "fwd+bwd ms med",
+                                      "fwd+bwd ms min", "GFLOP/s f+b", "of gemm",
+                                      "GFLOP/s f+b causal", "of gemm", "of adj. gemm",
+                                      "peak MiB"};
+  std::vector<std::vector<std::string>> cells;
+  for (const auto& r : result["rows"]) {
+    const auto& s = r["shape"];
+    const BenchShape shape{s["B"].get<std::int64_t>(), s["T"].get<std::int64_t>(), s["D"].get<std::int64_t>(),
+                           s["H"].get<std::int64_t>()};
+    std::vector<std::string> line{r["plugin"].get<std::string>(), shape.str(), r["dtype"].get<std::string>(),
+                                  std::to_string(r["threads"].get<int>())};
+    if (r.contains("error") || r.contains("skipped")) {
+      line.push_back(r.contains("error") ? "error: " + r["error"].get<std::string>()
+                                         : "skipped: " + r["skipped"].get<std::string>());
+    } else {
+      line.push_back(printf_figure("%.3f", r["fwd_ms"].get<double>()));
+      line.push_back(printf_figure("%.3f", r["fwd_min_ms"].get<double>()));
+      line.push_back(printf_figure("%.3f", r["fwdbwd_ms"].get<double>()));
+      line.push_back(printf_figure("%.3f", r["fwdbwd_min_ms"].get<double>()));
+      line.push_back(printf_figure("%.2f", r["gflops_fwdbwd"].get<double>()));
+      line.push_back(printf_figure("%.2f", r["gemm_fraction_fwdbwd"].get<double>()));
+      line.push_back(printf_figure("%.2f", r["gflops_fwdbwd_causal"].get<double>()));
+      line.push_back(printf_figure("%.2f", r["gemm_fraction_fwdbwd_causal"].get<double>()));
+      line.push_back(printf_figure("%.2f", r["gemm_fraction_fwdbwd_adjacent"].get<double>()));
+      line.push_back(printf_figure("%.1f", static_cast<double>(r["peak_bytes"].get<std::size_t>()) / (1 << 20)));
+    }
+    cells.push_back(line);
+  }
+  std::vector<std::size_t> width(head.size());
+  for (std::size_t i = 0; i < head.size(); ++i) width[i] = head[i].size();
+  for (const auto& line : cells)
+    for (std::size_t i = 0; i < line.size() && i < head.size(); ++i)
+      if (line.size() == head.size()) width[i] = std::max(width[i], line[i].size());
+  auto emit = [&](const std::vector<std::string>& line) {
+    std::string text;
+    for (std::size_t i = 0; i < line.size(); ++i) {
+      const bool left = i < 3;
+      const std::size_t w = line.size() == head.size() || i < 4 ? width[i] : 0;
+      std::string cell = line[i];
+      if (cell.size() < w) cell = left ? cell + std::string(w - cell.size(), ' ')
+                                       : std::string(w - cell.size(), ' ') + cell;
+      text += (i ? "  " : "") + cell;
+    }
+    while (!text.empty() && text.back() == ' ') text.pop_back();
+    out << text << "\n";
+  };
+  emit(head);
+  for (const auto& line : cells) emit(line);
+  out << "\n";
+  for (const auto& g : result["gemm"])
+    out << g["routine"].get<std::string>() << " " << g["size"].get<std::int64_t>() << "^3, "
+        << g["threads"].get<int>() << " thread(s): " << printf_figure("%.2f", g["gflops"].get<double>())
+        << " GFLOP/s (" << printf_figure("%.1f", g["ms"].get<double>()) << " ms)\n";
+  const auto& env = result["environment"];
+  out << "BLAS " << env["blas_library"].get<std::string>() << " "
+      << env["blas_version"].get<std::string>() << " (kernels " << env["blas_kernel"].get<std::string>()
+      << "), allocator "
+      << env["allocator"].get<std::string>() << "\n";
+  out << "FLOPs: projections 4 x 2BTD^2, core 2 x 2BT^2D dense (causal: T(T+1)/2 of T^2);"
+         " backward = 2 x forward. 'of gemm' = GFLOP/s / the run's GEMM GFLOP/s\n"
+         "(above); 'of adj. gemm' = the f+b GFLOP/s / the mean of GEMMs timed right before and after the row.\n";
+}
+
+}  // namespace headgrad::bench

@@ -1,0 +1,332 @@
+// headgrad bench, the runs: the yardstick GEMM, each plugin x shape x dtype x
+// thread count timed, the environment (bench.hpp).
+//
+// Shape legend: B batch, T sequence, D model width, H heads, d = D / H.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+
+#include <headgrad/blas.hpp>
+#include <headgrad/loader.hpp>
+#include <headgrad/parallel.hpp>
+
+#include "bench.hpp"
+#include "runner/inputs.hpp"
+
+namespace headgrad::bench {
+
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// ---------------------------------------------------------------- inputs
+
+// Leaves and the loss weights of one case: the runner's seeded recipe
+// (runner/inputs.hpp), made once.
+struct BenchInputs {
+  std::vector<Variable> leaves;  // mha: x, wq, wk, wv, wo; core: q, k, v
+  Tensor r;                      // out's shape
+};
+
+BenchInputs bench_inputs(const BenchShape& s, DType dtype, const std::string& level, std::uint64_t seed) {
+  runner::Dims d;
+  d.B = s.B;
+  d.H = s.H;
+  const bool mha = level == "mha";
+  if (mha) {
+    d.T = s.T;
+    d.D = s.D;
+  } else {
+    d.Tq = d.Tk = s.T;
+    d.d = s.D / s.H;
+  }
+  const runner::CaseInputs in = runner::seeded_inputs(mha ? runner::Level::mha : runner::Level::core, d, dtype, seed);
+  BenchInputs out;
+  for (const Tensor& t : mha ? std::vector<Tensor>{in.x, in.wq, in.wk, in.wv, in.wo} : std::vector<Tensor>{in.q, in.k, in.v})
+    out.leaves.emplace_back(t, true);
+  out.r = in.r;
+  return out;
+}
+
+Variable run_forward(const Attention& a, const BenchInputs& in, const AttentionSpec& spec,
+                     const std::string& level) {
+  const auto& l = in.leaves;
+  if (level == "mha") return a.mha_forward(l[0], MhaWeights{l[1], l[2], l[3], l[4]}, spec);
+  return a.core_forward(l[0], l[1], l[2], spec);
+}
+
+// ---------------------------------------------------------------- GEMM
+
+// Median GFLOP/s of C = A B, all [n, n], through the same BLAS the engine uses.
+json time_gemm(DType dtype, std::int64_t n, int threads) {
+  const Shape shape{n, n};
+  Tensor a = Tensor::empty(shape, dtype), b = Tensor::empty(shape, dtype), c = Tensor::empty(shape, dtype);
+  std::vector<double> ms;
+  dispatch_float(dtype, "gemm", [&]<class T>() {
+    T* pa = a.mutable_data<T>();
+    T* pb = b.mutable_data<T>();
+    for (std::int64_t i = 0; i < n * n; ++i) {
+      pa[i] = static_cast<T>((i % 7) * 0.125 - 0.375);
+      pb[i] = static_cast<T>((i % 5) * 0.25 - 0.5);
+    }
+    auto once = [&] { blas::gemm(false, false, n, n, n, T{1}, pa, n, pb, n, T{0}, c.mutable_data<T>(), n); };
+    once();  // warm-up: pages touched, BLAS buffers made
+    for (int rep = 0; rep < 3; ++rep) {
+      const auto t0 = Clock::now();
+      once();
+      ms.push_back(ms_since(t0));
+    }
+  });
+  const double med = median(ms);
+  const double flops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
+  return json{{"dtype", std::string(dtype_name(dtype))},
+              {"threads", threads},
+              {"size", n},
+              {"routine", dtype == DType::float32 ? "sgemm" : "dgemm"},
+              {"ms", med},
+              {"gflops", flops / (med * 1e6)}};
+}
+
+// ---------------------------------------------------------------- one case
+
+std::string capability_gap(const Capabilities& caps, DType dtype, const std::string& level,
+                           bool causal) {
+  if (level == "mha" && !caps.mha) return "no mha level";
+  if (level == "core" && !caps.core) return "no core level";
+  if (dtype == DType::float32 && !caps.float32) return "no float32";
+  if (dtype == DType::float64 && !caps.float64) return "no float64";
+  if (causal && !caps.causal) return "no causal mask";
+  return "";
+}
+
+json time_case(const LoadedPlugin& plugin, const BenchShape& s, DType dtype, int threads,
+              const BenchConfig& c, double gemm_gflops) {
+  json row{{"plugin", plugin.info.name},
+           {"level", c.level},
+           {"shape", {{"B", s.B}, {"T", s.T}, {"D", s.D}, {"H", s.H}}},
+           {"dtype", std::string(dtype_name(dtype))},
+           {"threads", threads},
+           {"causal", c.causal},
+           {"repeats", c.repeats},
+           {"warmup", c.warmup}};
+  if (const std::string gap = capability_gap(plugin.info.capabilities, dtype, c.level, c.causal);
+      !gap.empty()) {
+    row["skipped"] = gap;
+    return row;
+  }
+  AttentionSpec spec;
+  spec.d_model = s.D;
+  spec.num_heads = s.H;
+  spec.causal = c.causal;
+  BenchInputs in = bench_inputs(s, dtype, c.level, c.seed);
+  const Attention& a = *plugin.attention;
+  const Variable r(in.r);
+
+  auto fwd_once = [&] {
+    const auto t0 = Clock::now();
+    Variable out = run_forward(a, in, spec, c.level);
+    const double ms = ms_since(t0);
+    return ms;  // the graph is freed after the clock stops
+  };
+  auto fwdbwd_once = [&] {
+    for (auto& leaf : in.leaves) leaf.zero_grad();
+    const auto t0 = Clock::now();
+    {
+      Variable loss = sum(mul(run_forward(a, in, spec, c.level), r));
+      loss.backward();
+    }
+    return ms_since(t0);  // includes freeing the graph: part of every training step
+  };
+
+  for (int i = 0; i < c.warmup; ++i) fwdbwd_once();
+  std::vector<double> fwd, fwdbwd;
+  for (int i = 0; i < c.repeats; ++i) fwd.push_back(fwd_once());
+  for (int i = 0; i < c.repeats; ++i) fwdbwd.push_back(fwdbwd_once());
+
+  // Peak extra memory of one forward + backward: live tensor bytes above what
+  // the inputs already hold (gradients of the leaves included).
+  for (auto& leaf : in.leaves) leaf.zero_grad();
+  const MemoryStats before = memory_stats();
+  reset_peak_memory();
+  fwdbwd_once();
+  const MemoryStats after = memory_stats();
+  for (auto& leaf : in.leaves) leaf.zero_grad();
+
+  const Flops f = count_flops(s, c.level);
+  const double fwd_ms = median(fwd), fwdbwd_ms = median(fwdbwd);
+  const double gf_fwd = f.fwd_dense / (fwd_ms * 1e6);
+  const double gf_fb = 3 * f.fwd_dense / (fwdbwd_ms * 1e6);
+  const double gf_fb_causal = 3 * f.fwd_causal / (fwdbwd_ms * 1e6);
+  row["fwd_ms"] = fwd_ms;
+  row["fwd_min_ms"] = *std::min_element(fwd.begin(), fwd.end());
+  row["fwdbwd_ms"] = fwdbwd_ms;
+  row["fwdbwd_min_ms"] = *std::min_element(fwdbwd.begin(), fwdbwd.end());
+  row["fwd_samples_ms"] = fwd;
+  row["fwdbwd_samples_ms"] = fwdbwd;
+  row["flops"] = {{"fwd_dense", f.fwd_dense},
+                  {"fwd_causal", f.fwd_causal},
+                  {"fwdbwd_dense", 3 * f.fwd_dense},
+                  {"fwdbwd_causal", 3 * f.fwd_causal}};
+  row["gflops_fwd"] = gf_fwd;
+  row["gflops_fwdbwd"] = gf_fb;
+  row["gflops_fwdbwd_causal"] = gf_fb_causal;
+  row["gemm_gflops"] = gemm_gflops;
+  row["gemm_fraction_fwd"] = gf_fwd / gemm_gflops;
+  row["gemm_fraction_fwdbwd"] = gf_fb / gemm_gflops;
+  row["gemm_fraction_fwdbwd_causal"] = gf_fb_causal / gemm_gflops;
+  row["peak_bytes"] = after.peak_bytes - before.current_bytes;
+  row["peak_reserved_bytes"] = after.peak_reserved_bytes > before.reserved_bytes
+                                   ? after.peak_reserved_bytes - before.reserved_bytes
+                                   : 0;
+  return row;
+}
+
+// ---------------------------------------------------------------- environment
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      return colon == std::string::npos ? line : line.substr(colon + 2);
+    }
+  return "unknown";
+}
+
+json environment() {
+  auto env_or_null = [](const char* name) -> json {
+    const char* v = std::getenv(name);
+    return v ? json(v) : json(nullptr);
+  };
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return json{{"cpu", cpu_model()},
+              {"cores", static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN))},
+              {"host", host},
+              {"date", date},
+              {"blas_library", blas::info().library},
+              {"blas_version", blas::info().version},
+              {"blas_kernel", blas::info().kernel},
+              {"OPENBLAS_CORETYPE", env_or_null("OPENBLAS_CORETYPE")},
+              {"allocator", std::string(allocator_name())},
+              {"HEADGRAD_ALLOCATOR", env_or_null("HEADGRAD_ALLOCATOR")},
+              {"MALLOC_MMAP_THRESHOLD_", env_or_null("MALLOC_MMAP_THRESHOLD_")},
+              {"MALLOC_TRIM_THRESHOLD_", env_or_null("MALLOC_TRIM_THRESHOLD_")},
+              {"MALLOC_TOP_PAD_", env_or_null("MALLOC_TOP_PAD_")}};
+}
+
+}  // namespace
+
+Flops count_flops(const BenchShape& s, const std::string& level) {
+  const double B = static_cast<double>(s.B), T = static_cast<double>(s.T),
+               D = static_cast<double>(s.D);
+  const double proj = level == "mha" ? 4 * 2 * B * T * D * D : 0.0;
+  Flops f;
+  f.fwd_dense = proj + 2 * 2 * B * T * T * D;
+  f.fwd_causal = proj + 2 * 2 * B * D * T * (T + 1) / 2;
+  return f;
+}
+
+json run_bench(const BenchConfig& c, std::ostream* log) {
+  validate(c);
+  PluginRegistry registry;
+  registry.load_directories(plugin_search_path(c.plugin_paths));
+  std::vector<const LoadedPlugin*> plugins;
+  for (const auto& name : c.plugins) {
+    const LoadedPlugin* p = registry.find(name);
+    if (!p) {
+      std::string known, rejected;
+      for (const auto& q : registry.plugins()) known += (known.empty() ? "" : ", ") + q.info.name;
+      for (const auto& r : registry.rejections())
+        rejected += "\n  rejected " + r.file.string() + ": " + r.reason;
+      throw PluginMissing("plugin '" + name + "' not found (known: " +
+                          (known.empty() ? "none" : known) + ")" + rejected);
+    }
+    plugins.push_back(p);
+  }
+
+  json result{{"tool", "headgrad bench"}, {"environment", environment()}};
+  json cfg{{"level", c.level}, {"causal", c.causal}, {"repeats", c.repeats},
+           {"warmup", c.warmup}, {"gemm_size", c.gemm_size}, {"seed", c.seed},
+           {"plugins", c.plugins}, {"threads", c.threads}};
+  for (DType dt : c.dtypes) cfg["dtypes"].push_back(std::string(dtype_name(dt)));
+  for (const auto& s : c.shapes) cfg["shapes"].push_back({{"B", s.B}, {"T", s.T}, {"D", s.D}, {"H", s.H}});
+  result["config"] = cfg;
+  result["rows"] = json::array();
+  result["gemm"] = json::array();
+
+  const int threads_before = num_threads();
+  for (DType dtype : c.dtypes) {
+    for (int threads : c.threads) {
+      set_num_threads(threads);
+      json gemm = time_gemm(dtype, c.gemm_size, threads);
+      if (log)
+        *log << "gemm " << gemm["routine"].get<std::string>() << " " << c.gemm_size << "^3, "
+             << threads << " thread(s): " << printf_figure("%.1f", gemm["gflops"].get<double>())
+             << " GFLOP/s\n";
+      const double gemm_gflops = gemm["gflops"].get<double>();
+      if (result["gemm"].empty()) result["gemm_gflops"] = gemm_gflops;
+      result["gemm"].push_back(gemm);
+      for (const auto& shape : c.shapes) {
+        for (const LoadedPlugin* p : plugins) {
+          if (log)
+            *log << "  " << p->info.name << " " << shape.str() << " " << dtype_name(dtype) << " x"
+                 << threads << " ..." << std::flush;
+          json row;
+          try {
+            // The machine's load may change during a run: each row is also
+            // compared with a GEMM timed right before and right after it.
+            const double before = time_gemm(dtype, c.gemm_size, threads)["gflops"].get<double>();
+            row = time_case(*p, shape, dtype, threads, c, gemm_gflops);
+            if (!row.contains("skipped")) {
+              const double after = time_gemm(dtype, c.gemm_size, threads)["gflops"].get<double>();
+              const double near = 0.5 * (before + after);
+              row["gemm_gflops_adjacent"] = near;
+              row["gemm_fraction_fwdbwd_adjacent"] = row["gflops_fwdbwd"].get<double>() / near;
+            }
+          } catch (const std::exception& e) {
+            row = json{{"plugin", p->info.name},
+                       {"level", c.level},
+                       {"shape", {{"B", shape.B}, {"T", shape.T}, {"D", shape.D}, {"H", shape.H}}},
+                       {"dtype", std::string(dtype_name(dtype))},
+                       {"threads", threads},
+                       {"error", e.what()}};
+          }
+          empty_cache();  // the next case starts from the same (empty) cache
+          if (log) {
+            if (row.contains("error")) *log << " error: " << row["error"].get<std::string>() << "\n";
+            else if (row.contains("skipped")) *log << " skipped: " << row["skipped"].get<std::string>() << "\n";
+            else
+              *log << " fwd " << printf_figure("%.3f", row["fwd_ms"].get<double>()) << " ms, fwd+bwd "
+                   << printf_figure("%.3f", row["fwdbwd_ms"].get<double>()) << " ms\n";
+          }
+          result["rows"].push_back(row);
+        }
+      }
+    }
+  }
+  set_num_threads(threads_before);
+  return result;
+}
+
+}  // namespace headgrad::bench
