@@ -109,8 +109,9 @@ bool is_loaded(const fs::path& file) {
 class MixedFolder : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = copy_test_plugins("mixed", {"dup_a", "dup_b", "good_toy", "no_factory",
-                                       "not_a_plugin", "throws_on_info", "wrong_abi"});
+    dir_ = copy_test_plugins("mixed", {"dup_a", "dup_b", "good_toy", "no_factory", "not_a_plugin",
+                                       "old_abi_symbol", "old_string_abi", "stale_layout", "throws_on_info",
+                                       "wrong_abi"});
     std::ofstream(dir_ / "fake.so") << "this is a text file, not a shared library\n";
     {  // the first bytes of a real plugin: a valid ELF magic, then nothing
       std::ifstream in(dir_ / "good_toy.so", std::ios::binary);
@@ -152,9 +153,29 @@ class MixedFolder : public ::testing::Test {
 };
 
 TEST_F(MixedFolder, WrongAbiVersionIsSkipped) {
-  // "ABI version 2, expected 1" while the ABI is 1
-  expect_rejected("wrong_abi.so", "ABI version " + std::to_string(hg::plugin_abi_version + 1) +
-                                      ", expected " + std::to_string(hg::plugin_abi_version));
+  // "built for plugin ABI version 3 (headgrad 0.1.0), headgrad uses 2"
+  expect_rejected("wrong_abi.so", "built for plugin ABI version " + std::to_string(hg::plugin_abi_version + 1) +
+                                      " (headgrad " HEADGRAD_VERSION_STRING "), headgrad uses " +
+                                      std::to_string(hg::plugin_abi_version));
+}
+
+// good_toy compiled with -D_GLIBCXX_USE_CXX11_ABI=0: it would load (no
+// std::string in the symbols it imports) and then free headgrad's strings
+// with the other ABI's code.
+TEST_F(MixedFolder, OtherStdStringAbiIsSkippedNamingTheMacro) {
+  expect_rejected("old_string_abi.so", "built with _GLIBCXX_USE_CXX11_ABI=0, headgrad uses 1");
+  expect_rejected("old_string_abi.so", "sizeof(std::string) is 8 in the plugin, 32 in headgrad");
+  EXPECT_EQ(registry_->find("old_string_abi"), nullptr);
+}
+
+TEST_F(MixedFolder, ChangedPublicStructIsSkippedNamingTheType) {
+  expect_rejected("stale_layout.so", "sizeof(MemoryStats) is 16 in the plugin, " +
+                                         std::to_string(sizeof(hg::MemoryStats)) + " in headgrad");
+  EXPECT_EQ(registry_->find("stale_layout"), nullptr);
+}
+
+TEST_F(MixedFolder, PluginOfTheFirstSdkIsToldToRebuild) {
+  expect_rejected("old_abi_symbol.so", "built for an older headgrad: it exports 'headgrad_plugin_abi_version'");
 }
 
 TEST_F(MixedFolder, MissingFactoryIsSkipped) {
@@ -164,7 +185,7 @@ TEST_F(MixedFolder, MissingFactoryIsSkipped) {
 
 TEST_F(MixedFolder, LibraryWithoutHeadgradSymbolsIsSkipped) {
   expect_rejected("not_a_plugin.so", "not a headgrad plugin");
-  expect_rejected("not_a_plugin.so", "headgrad_plugin_abi_version");
+  expect_rejected("not_a_plugin.so", "headgrad_plugin_build");
 }
 
 TEST_F(MixedFolder, DuplicateNameKeepsTheFirstFileInSortedOrder) {
@@ -193,7 +214,7 @@ TEST_F(MixedFolder, GoodPluginsStillLoad) {
   EXPECT_EQ(toy.abi_version, hg::plugin_abi_version);
   EXPECT_TRUE(toy.info.capabilities.core);
   EXPECT_FALSE(toy.info.capabilities.mha);
-  EXPECT_EQ(registry_->rejections().size(), 7u);  // every other file, each once
+  EXPECT_EQ(registry_->rejections().size(), 10u);  // every other file, each once
 }
 
 TEST_F(MixedFolder, UnknownNameThrowsListingTheLoadedOnes) {
@@ -204,7 +225,7 @@ TEST_F(MixedFolder, UnknownNameThrowsListingTheLoadedOnes) {
     const std::string msg = e.what();
     EXPECT_TRUE(contains(msg, "'nope'"));
     EXPECT_TRUE(contains(msg, "loaded: duplicate, toy"));
-    EXPECT_TRUE(contains(msg, "wrong_abi.so: ABI version "));  // and why others are missing
+    EXPECT_TRUE(contains(msg, "wrong_abi.so: built for plugin ABI version "));  // and why others are missing
   }
   EXPECT_EQ(registry_->find("nope"), nullptr);
 }
@@ -352,7 +373,7 @@ TEST(BuiltPlugins, ExportOnlyTheirEntryPoints) {
     }
     std::sort(headgrad_symbols.begin(), headgrad_symbols.end());
     EXPECT_EQ(headgrad_symbols,
-              (std::vector<std::string>{"headgrad_create_plugin", "headgrad_plugin_abi_version"}))
+              (std::vector<std::string>{"headgrad_create_plugin", "headgrad_plugin_build"}))
         << symbols;
   }
 }

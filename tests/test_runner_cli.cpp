@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 
+#include <headgrad/abi.hpp>
 #include <headgrad/npy.hpp>
 #include <nlohmann/json.hpp>
 
@@ -284,7 +285,7 @@ TEST_F(Cli, PluginsListsNameVersionAbiCapabilitiesFile) {
     if (p["name"] != "limited") continue;
     found = true;
     EXPECT_EQ(p["capabilities"], "mha, float64");
-    EXPECT_EQ(p["abi"], 1);
+    EXPECT_EQ(p["abi"], HEADGRAD_PLUGIN_ABI_VERSION);
     EXPECT_NE(p["file"].get<std::string>().find("limited.so"), std::string::npos);
   }
   EXPECT_TRUE(found) << json.out;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <headgrad/blas.hpp>
 #include <headgrad/log.hpp>
 #include <headgrad/npy.hpp>
 #include <nlohmann/json.hpp>
@@ -343,6 +344,7 @@ int cmd_export(const ExportArgs& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  headgrad::blas::select_kernels_for_this_cpu();  // first: BLIS reads its choice at its first call
   CLI::App app{"headgrad: cross-check attention implementations (plugins) on identical weights, for the output "
                "and the gradients of X, Wq, Wk, Wv, Wo.",
                "headgrad"};

@@ -62,6 +62,17 @@ class PluginRegistry {
   std::vector<PluginRejection> rejections_;
 };
 
+// A plugin's build description against headgrad's (<headgrad/abi.hpp>).
+struct BuildComparison {
+  std::vector<std::string> mismatches;  // each rejects the plugin: "built with _GLIBCXX_USE_CXX11_ABI=0, headgrad uses 1"
+  std::vector<std::string> notes;       // differences that are allowed (compiler, library release), logged
+  bool compatible() const { return mismatches.empty(); }
+  std::string reason() const;  // the mismatches, "; "-separated
+};
+BuildComparison compare_builds(const headgrad_build_info& plugin, const headgrad_build_info& host);
+// headgrad's own build, as HEADGRAD_PLUGIN describes a plugin's.
+const headgrad_build_info& host_build_info();
+
 // "mha, core, causal, mask, Tq!=Tk, float32, float64"
 std::string capabilities_str(const Capabilities& caps);
 

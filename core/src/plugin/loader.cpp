@@ -42,8 +42,11 @@ struct PluginKeeper {
   std::shared_ptr<Attention> object;
 };
 
-// What a C plugin exports instead of the C++ factory (<headgrad/c_plugin.h>).
+// What a C plugin exports instead of the C++ symbols (<headgrad/c_plugin.h>).
+constexpr const char* c_abi_symbol = "headgrad_c_abi_version";
 constexpr const char* c_plugin_symbol = "headgrad_c_plugin";
+// What plugins of the first SDK (ABI 1) exported instead of a build description.
+constexpr const char* old_abi_symbol = "headgrad_plugin_abi_version";
 
 bool is_shared_library(const fs::path& p) {
   const std::string name = p.filename().string();
@@ -103,20 +106,32 @@ bool PluginRegistry::load_file(const fs::path& file) {
   if (ec) return reject("cannot load the library: " + ec.message());
 
   // The ABI check comes first and is a plain C call: nothing of C++ crosses the
-  // boundary until both sides agree on the layout of the SDK's types.
-  if (!library->has(plugin_abi_symbol))
-    return reject(std::string("not a headgrad plugin: no symbol '") + plugin_abi_symbol + "'");
-  const int abi = library->get<int()>(plugin_abi_symbol)();
-  // A C plugin (<headgrad/c_plugin.h>) has no C++ factory but a C descriptor;
-  // its version is the C ABI's, which does not move with the C++ types.
-  const bool c_plugin = !library->has(plugin_factory_symbol) && library->has(c_plugin_symbol);
-  if (c_plugin && abi != HEADGRAD_C_ABI_VERSION)
-    return reject("C ABI version " + std::to_string(abi) + ", expected " +
-                  std::to_string(HEADGRAD_C_ABI_VERSION) +
-                  "; rebuild the plugin against this headgrad's <headgrad/c_plugin.h>");
-  if (!c_plugin && abi != plugin_abi_version)
-    return reject("ABI version " + std::to_string(abi) + ", expected " +
-                  std::to_string(plugin_abi_version) + "; rebuild the plugin against this headgrad");
+  // boundary until both sides agree on how their builds lay out the SDK's types.
+  // A C plugin (<headgrad/c_plugin.h>) has its own symbols and version, which
+  // do not move with the C++ types.
+  const bool c_plugin = library->has(c_abi_symbol) && library->has(c_plugin_symbol);
+  int abi = 0;
+  if (c_plugin) {
+    abi = library->get<int()>(c_abi_symbol)();
+    if (abi != HEADGRAD_C_ABI_VERSION)
+      return reject("C ABI version " + std::to_string(abi) + ", expected " +
+                    std::to_string(HEADGRAD_C_ABI_VERSION) +
+                    "; rebuild the plugin against this headgrad's <headgrad/c_plugin.h>");
+  } else if (library->has(plugin_build_symbol)) {
+    const headgrad_build_info* build = library->get<const headgrad_build_info*()>(plugin_build_symbol)();
+    if (build == nullptr) return reject(std::string(plugin_build_symbol) + "() returned NULL");
+    const BuildComparison cmp = compare_builds(*build, host_build_info());
+    if (!cmp.compatible())
+      return reject(cmp.reason() + "; rebuild the plugin with headgrad's toolchain (docs/plugin-guide.md)");
+    for (const auto& note : cmp.notes) logging::plugins()->info("plugin {}: {}", file.string(), note);
+    abi = static_cast<int>(build->abi_version);
+  } else if (library->has(old_abi_symbol)) {
+    return reject(std::string("built for an older headgrad: it exports '") + old_abi_symbol + "', not '" +
+                  plugin_build_symbol + "'; rebuild the plugin against this headgrad");
+  } else {
+    return reject(std::string("not a headgrad plugin: no symbol '") + plugin_build_symbol + "' (C++) or '" +
+                  c_abi_symbol + "' (C)");
+  }
   if (!c_plugin && !library->has(plugin_factory_symbol))
     return reject(std::string("no factory: the symbol '") + plugin_factory_symbol +
                   "' is missing (export it with HEADGRAD_PLUGIN(YourClass))");
