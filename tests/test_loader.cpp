@@ -124,7 +124,7 @@ class MixedFolder : public ::testing::Test {
     auto logger = hg::logging::plugins();
     auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log_);
     const auto level = logger->level();
-    logger->set_level(spdlog::level::info);
+    logger->set_level(spdlog::level::debug);  // libraries that are no plugin are logged at debug
     logger->sinks().push_back(sink);
     registry_ = new hg::PluginRegistry();
     registry_->load_directories({dir_});
@@ -189,7 +189,7 @@ TEST_F(MixedFolder, LibraryWithoutHeadgradSymbolsIsSkipped) {
 }
 
 TEST_F(MixedFolder, DuplicateNameKeepsTheFirstFileInSortedOrder) {
-  expect_rejected("dup_b.so", "already loaded from " + (dir_ / "dup_a.so").string());
+  expect_rejected("dup_b.so", "already provided by " + (dir_ / "dup_a.so").string());
   expect_rejected("dup_b.so", "'duplicate'");
   const auto names = plugin_names(*registry_);
   EXPECT_EQ(std::count(names.begin(), names.end(), "duplicate"), 1);
@@ -281,6 +281,74 @@ TEST(LoaderLifetime, ObjectKeepsItsLibraryLoadedAfterTheRegistryIsGone) {
   EXPECT_FALSE(is_loaded(file)) << "the library stayed loaded after its last object died";
 }
 
+// ---- probing: nothing of a library runs in this process until it is needed ----
+
+TEST(LoaderProbe, ProbingFindsPluginsWithoutLoadingThem) {
+  const fs::path dir = copy_test_plugins("probe_only", {"dup_a", "good_toy", "wrong_abi"});
+  hg::PluginRegistry reg;
+  reg.probe_directories({dir});
+  ASSERT_EQ(reg.found().size(), 2u);
+  EXPECT_EQ(reg.found()[0].info.name, "duplicate");
+  EXPECT_EQ(reg.found()[1].info.name, "toy");
+  EXPECT_EQ(reg.found()[1].abi_version, hg::plugin_abi_version);
+  EXPECT_TRUE(reg.found()[1].info.capabilities.core);
+  EXPECT_FALSE(reg.found()[1].info.capabilities.mha);
+  EXPECT_TRUE(reg.plugins().empty());
+  EXPECT_FALSE(is_loaded(dir / "good_toy.so"));
+  EXPECT_FALSE(is_loaded(dir / "dup_a.so"));
+
+  reg.load({"toy", "no_such_plugin"});
+  EXPECT_EQ(plugin_names(reg), std::vector<std::string>{"toy"});
+  EXPECT_TRUE(is_loaded(dir / "good_toy.so"));
+  EXPECT_FALSE(is_loaded(dir / "dup_a.so"));  // never needed, never opened here
+  EXPECT_EQ(reg.find("duplicate"), nullptr);
+  ASSERT_NE(reg.find_found("duplicate"), nullptr);
+  ASSERT_EQ(reg.rejections().size(), 1u);  // wrong_abi, from its probe
+  EXPECT_TRUE(contains(reg.rejections()[0].reason, "built for plugin ABI version"));
+}
+
+TEST(LoaderProbe, RejectionsForANameMatchDeclaredNamesAndFileNames) {
+  const fs::path dir = copy_test_plugins("rejections_for", {"dup_a", "dup_b", "wrong_abi"});
+  hg::PluginRegistry reg;
+  reg.probe_directories({dir});
+  const auto by_name = reg.rejections_for("duplicate");  // dup_b declared it
+  ASSERT_EQ(by_name.size(), 1u);
+  EXPECT_EQ(by_name[0]->file, dir / "dup_b.so");
+  EXPECT_EQ(by_name[0]->name, "duplicate");
+  const auto by_file = reg.rejections_for("wrong_abi");  // rejected before it said its name
+  ASSERT_EQ(by_file.size(), 1u);
+  EXPECT_EQ(by_file[0]->file, dir / "wrong_abi.so");
+  EXPECT_TRUE(reg.rejections_for("toy").empty());
+}
+
+TEST(LoaderProbe, AFolderOrFileReachedTwiceIsProbedOnce) {
+  const fs::path dir = copy_test_plugins("twice", {"good_toy"});
+  hg::PluginRegistry reg;
+  reg.probe_directories({dir, dir / "good_toy.so", dir / "." / ".."/ "twice"});
+  EXPECT_EQ(reg.found().size(), 1u);
+  EXPECT_TRUE(reg.rejections().empty()) << reg.rejections()[0].reason;
+}
+
+// The folder of the C library: thousands of shared libraries that are no
+// plugins, among them runtimes that exit the process they are loaded into
+// (the sanitizers'). Probing it must leave this process standing and reject
+// each library with a reason.
+TEST(LoaderProbe, TheSystemLibraryFolderIsSurvived) {
+  Dl_info where{};
+  ASSERT_NE(::dladdr(reinterpret_cast<void*>(&::fputs), &where), 0);
+  const fs::path system_dir = fs::canonical(where.dli_fname).parent_path();
+  hg::PluginRegistry reg;
+  reg.probe_directories({system_dir});
+  EXPECT_GT(reg.rejections().size(), 50u) << system_dir;
+  std::size_t not_plugins = 0;
+  for (const auto& r : reg.rejections()) {
+    EXPECT_FALSE(r.reason.empty()) << r.file;
+    not_plugins += r.not_a_plugin;
+  }
+  EXPECT_GT(not_plugins, 50u);
+  EXPECT_TRUE(reg.plugins().empty());
+}
+
 // ---- the search path ----
 
 TEST(LoaderSearchPath, CliDirsThenEnvironmentThenBuiltFolder) {
@@ -312,7 +380,7 @@ TEST(LoaderSearchPath, EarlierFolderWinsANameClash) {
   ASSERT_NE(reg.find("toy"), nullptr);
   const hg::PluginRejection* r = rejection_for(reg, "dup_a.so");
   ASSERT_NE(r, nullptr);
-  EXPECT_TRUE(contains(r->reason, "already loaded from " + (first / "dup_b.so").string()));
+  EXPECT_TRUE(contains(r->reason, "already provided by " + (first / "dup_b.so").string()));
 }
 
 // ---- the real plugins ----
