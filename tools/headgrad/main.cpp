@@ -165,6 +165,16 @@ void report_missing_plugins(const std::vector<const CaseSpec*>& cases, const Plu
   }
 }
 
+// A plugin taken from an earlier folder than another library of the same
+// name: said, so that a shadowed oracle never goes unnoticed.
+void report_shadowed_plugins(const PluginRegistry& registry) {
+  for (const auto& p : registry.plugins())
+    for (const PluginRejection* r : registry.rejections_for(p.info.name))
+      if (r->shadowed_by == p.file)
+        std::cerr << "headgrad: plugin " << p.info.name << " comes from " << p.file.string() << ", which shadows "
+                  << r->file.string() << " (earlier folders on the search path win)\n";
+}
+
 int cmd_run(const RunArgs& a) {
   apply_verbosity(a);
   const Suite suite = load_suite(a.suite);
@@ -179,6 +189,7 @@ int cmd_run(const RunArgs& a) {
   PluginRegistry registry = probed_registry(a);
   registry.load(plugins_named_by(selected));
   report_missing_plugins(selected, registry);
+  report_shadowed_plugins(registry);
   check_capabilities(selected, registry);
   if (a.no_isolation && a.timeout)
     logging::runner()->warn("--timeout has no effect with --no-isolation (plugins run in this process)");

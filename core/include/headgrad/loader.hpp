@@ -45,6 +45,7 @@ struct PluginRejection {
   std::string reason;  // "built with _GLIBCXX_USE_CXX11_ABI=0, headgrad uses 1", "crashed with signal 11 ...", ...
   std::string name;    // the name the plugin declared, when its probe got that far
   bool not_a_plugin = false;  // a shared library without any headgrad symbol
+  std::filesystem::path shadowed_by;  // a name clash: the earlier file that provides `name`
 };
 
 struct ProbeOptions {
@@ -92,8 +93,7 @@ class PluginRegistry {
   std::vector<const PluginRejection*> rejections_for(const std::string& name) const;
 
  private:
-  void reject(const std::filesystem::path& file, std::string reason, std::string name = {},
-              bool not_a_plugin = false);
+  void reject(PluginRejection r);
   bool load_found(const FoundPlugin& found);
 
   ProbeOptions options_;

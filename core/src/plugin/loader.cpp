@@ -198,6 +198,13 @@ FoundPlugin decode(const fs::path& file, const std::map<std::string, std::vector
   return p;
 }
 
+PluginRejection rejection(const fs::path& file, std::string reason) {
+  PluginRejection r;
+  r.file = file;
+  r.reason = std::move(reason);
+  return r;
+}
+
 // While alive, this process's stdout goes to /dev/null: a plugin loaded here
 // (its static constructors, factory, info()) must not write into headgrad's
 // own output. The loader runs before headgrad starts its threads.
@@ -238,11 +245,11 @@ std::vector<fs::path> plugin_search_path(const std::vector<fs::path>& cli_dirs) 
   return dirs;
 }
 
-void PluginRegistry::reject(const fs::path& file, std::string reason, std::string name, bool not_a_plugin) {
+void PluginRegistry::reject(PluginRejection r) {
   // A library without headgrad symbols is no news in a system folder: debug only.
-  logging::plugins()->log(not_a_plugin ? spdlog::level::debug : spdlog::level::warn, "skipped plugin {}: {}",
-                          file.string(), reason);
-  rejections_.push_back({file, std::move(reason), std::move(name), not_a_plugin});
+  logging::plugins()->log(r.not_a_plugin ? spdlog::level::debug : spdlog::level::warn, "skipped plugin {}: {}",
+                          r.file.string(), r.reason);
+  rejections_.push_back(std::move(r));
 }
 
 void PluginRegistry::probe_directories(const std::vector<fs::path>& dirs) {
@@ -265,7 +272,7 @@ void PluginRegistry::probe_directories(const std::vector<fs::path>& dirs) {
     }
     if (!fs::is_directory(dir, ec)) {
       if (dir.has_extension() && is_shared_library(dir)) {
-        reject(dir, "no such file");
+        reject(rejection(dir, "no such file"));
         continue;
       }
       logging::plugins()->warn("plugin folder {} does not exist; skipped", dir.string());
@@ -288,13 +295,14 @@ void PluginRegistry::probe_directories(const std::vector<fs::path>& dirs) {
   for (std::size_t i = 0; i < files.size(); ++i) {
     const detail::ElfExports exports = detail::read_elf_exports(files[i]);
     if (!exports.problem.empty()) {
-      unopened[i] = PluginRejection{files[i], exports.problem, {}, false};
+      unopened[i] = rejection(files[i], exports.problem);
       continue;
     }
     if (exports.symbols_known) {
       const detail::Classified c = detail::classify_exports(exports);
       if (!c.kind) {
-        unopened[i] = PluginRejection{files[i], c.reason, {}, c.not_a_plugin};
+        unopened[i] = rejection(files[i], c.reason);
+        unopened[i]->not_a_plugin = c.not_a_plugin;
         continue;
       }
     }
@@ -309,28 +317,31 @@ void PluginRegistry::probe_directories(const std::vector<fs::path>& dirs) {
   for (std::size_t i = 0; i < files.size(); ++i) {
     const fs::path& file = files[i];
     if (unopened[i]) {
-      reject(file, unopened[i]->reason, {}, unopened[i]->not_a_plugin);
+      reject(*unopened[i]);
       continue;
     }
     const detail::ProbeOutcome& o = outcomes[probed++];
     if (!o.failure.empty()) {
-      reject(file, o.failure);
+      reject(rejection(file, o.failure));
       continue;
     }
     if (const auto it = o.fields.find("reject"); it != o.fields.end() && !it->second.empty()) {
-      reject(file, it->second.front());
+      reject(rejection(file, it->second.front()));
       continue;
     }
     FoundPlugin p;
     try {
       p = decode(file, o.fields);
     } catch (const Rejected& e) {
-      reject(file, e.what());
+      reject(rejection(file, e.what()));
       continue;
     }
     if (const FoundPlugin* other = find_found(p.info.name)) {
-      reject(file, "a plugin named '" + p.info.name + "' is already provided by " + other->file.string() +
-                       "; names must be unique", p.info.name);
+      PluginRejection r = rejection(file, "a plugin named '" + p.info.name + "' is already provided by " +
+                                              other->file.string() + "; names must be unique");
+      r.name = p.info.name;
+      r.shadowed_by = other->file;
+      reject(std::move(r));
       continue;
     }
     if (const auto it = o.fields.find("note"); it != o.fields.end())
@@ -346,12 +357,16 @@ bool PluginRegistry::load_found(const FoundPlugin& found) {
     const StdoutSilenced quiet;
     o = open_plugin(found.file, [](const char*) {});
   } catch (const Rejected& e) {
-    reject(found.file, std::string("passed its probe, then: ") + e.what(), found.info.name);
+    PluginRejection r = rejection(found.file, std::string("passed its probe, then: ") + e.what());
+    r.name = found.info.name;
+    reject(std::move(r));
     return false;
   }
   if (o.info.name != found.info.name) {
-    reject(found.file, "declared the name '" + found.info.name + "' in its probe and '" + o.info.name + "' here",
-           found.info.name);
+    PluginRejection r = rejection(found.file, "declared the name '" + found.info.name + "' in its probe and '" +
+                                                  o.info.name + "' here");
+    r.name = found.info.name;
+    reject(std::move(r));
     return false;
   }
   LoadedPlugin loaded;
@@ -384,7 +399,7 @@ void PluginRegistry::load_directories(const std::vector<fs::path>& dirs) {
 bool PluginRegistry::load_file(const fs::path& file) {
   std::error_code ec;
   if (!fs::exists(file, ec)) {
-    reject(file, "no such file");
+    reject(rejection(file, "no such file"));
     return false;
   }
   const std::size_t before = found_.size();

@@ -123,10 +123,11 @@ Parsed parse(const std::string& buf) {
 struct Running {
   std::size_t index = 0;
   pid_t pid = -1;
-  int out_fd = -1, err_fd = -1;
-  std::string out, err;
+  int out_fd = -1, err_fd = -1, stdout_fd = -1;  // the channel, the child's stderr and stdout
+  std::string out, err, printed;
   Clock::time_point deadline;
   bool overflow = false;
+  bool left_a_process = false;  // something of its process group outlived the child
 };
 
 void close_fd(int& fd) {
@@ -157,7 +158,14 @@ bool drain(int& fd, std::string& into, std::size_t cap, bool keep_tail, bool& ov
   }
 }
 
-[[noreturn]] void child_main(const std::filesystem::path& file, int out_w, int err_w,
+void drain_all(Running& r) {
+  bool ignored = false;
+  if (r.out_fd >= 0) drain(r.out_fd, r.out, kMaxAnswer, false, r.overflow);
+  if (r.err_fd >= 0) drain(r.err_fd, r.err, kStderrKept, true, ignored);
+  if (r.stdout_fd >= 0) drain(r.stdout_fd, r.printed, kStderrKept, false, ignored);
+}
+
+[[noreturn]] void child_main(const std::filesystem::path& file, int out_w, int err_w, int stdout_w,
                              const std::function<void(const std::filesystem::path&, ProbeChannel&)>& body) {
   ::setpgid(0, 0);
   for (int sig : {SIGINT, SIGTERM, SIGPIPE, SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL, SIGCHLD, SIGALRM})
@@ -167,10 +175,11 @@ bool drain(int& fd, std::string& into, std::size_t cap, bool keep_tail, bool& ov
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
   // Above the standard descriptors first, so that the dup2s below cannot clobber them.
   const int out = ::fcntl(out_w, F_DUPFD, 10), err = ::fcntl(err_w, F_DUPFD, 10);
+  const int printed = ::fcntl(stdout_w, F_DUPFD, 10);
   const int devnull = ::open("/dev/null", O_RDWR);
-  if (out < 0 || err < 0 || devnull < 0) ::_exit(120);
+  if (out < 0 || err < 0 || printed < 0 || devnull < 0) ::_exit(120);
   ::dup2(devnull, STDIN_FILENO);
-  ::dup2(devnull, STDOUT_FILENO);
+  ::dup2(printed, STDOUT_FILENO);
   ::dup2(err, STDERR_FILENO);
   ::dup2(out, kChannelFd);
   ::close_range(kChannelFd + 1, ~0U, 0);
@@ -206,6 +215,13 @@ ProbeOutcome finish(const Running& r, std::optional<int> status, double timeout_
     o.failure = "exited with code " + std::to_string(code) + where + " (a plugin must never exit)" + said;
   } else if (WIFEXITED(*status) && WEXITSTATUS(*status) != 0) {
     o.failure = "exited with code " + std::to_string(WEXITSTATUS(*status)) + " after answering" + said;
+  } else if (r.left_a_process) {
+    // It would fork in headgrad's process and in every run's child too.
+    o.failure = "left a process running after its probe (it forks while loading or in info()); killed";
+  } else if (!r.printed.empty()) {
+    // headgrad's reports go to stdout: a plugin that writes there corrupts them.
+    o.failure = "wrote on stdout while loading or in info() (\"" + last_line(r.printed.substr(0, 200)) +
+                "\"); a plugin must not write on stdout, where headgrad's reports go (use stderr)";
   } else {
     o.fields = p.fields;
   }
@@ -246,36 +262,33 @@ std::vector<ProbeOutcome> run_probes(const std::vector<std::filesystem::path>& f
   std::size_t next = 0;
 
   auto start = [&](std::size_t index) {
-    int out[2], err[2];
-    if (::pipe2(out, O_CLOEXEC) != 0) {
+    int pipes[3][2];  // the channel, stderr, stdout
+    for (int i = 0; i < 3; ++i) {
+      if (::pipe2(pipes[i], O_CLOEXEC) == 0) continue;
       outcomes[index].failure = std::string("cannot start a probe: pipe: ") + std::strerror(errno);
-      return;
-    }
-    if (::pipe2(err, O_CLOEXEC) != 0) {
-      ::close(out[0]);
-      ::close(out[1]);
-      outcomes[index].failure = std::string("cannot start a probe: pipe: ") + std::strerror(errno);
+      for (int j = 0; j < i; ++j) {
+        ::close(pipes[j][0]);
+        ::close(pipes[j][1]);
+      }
       return;
     }
     std::fflush(nullptr);  // nothing buffered in this process is written twice
     const pid_t pid = ::fork();
-    if (pid == 0) child_main(files[index], out[1], err[1], body);
-    ::close(out[1]);
-    ::close(err[1]);
+    if (pid == 0) child_main(files[index], pipes[0][1], pipes[1][1], pipes[2][1], body);
+    for (auto& p : pipes) ::close(p[1]);
     if (pid < 0) {
-      ::close(out[0]);
-      ::close(err[0]);
+      for (auto& p : pipes) ::close(p[0]);
       outcomes[index].failure = std::string("cannot start a probe: fork: ") + std::strerror(errno);
       return;
     }
     ::setpgid(pid, pid);  // the child does it too; whichever runs first
-    ::fcntl(out[0], F_SETFL, O_NONBLOCK);
-    ::fcntl(err[0], F_SETFL, O_NONBLOCK);
+    for (auto& p : pipes) ::fcntl(p[0], F_SETFL, O_NONBLOCK);
     Running r;
     r.index = index;
     r.pid = pid;
-    r.out_fd = out[0];
-    r.err_fd = err[0];
+    r.out_fd = pipes[0][0];
+    r.err_fd = pipes[1][0];
+    r.stdout_fd = pipes[2][0];
     r.deadline = Clock::now() + timeout;
     running.push_back(std::move(r));
   };
@@ -284,8 +297,8 @@ std::vector<ProbeOutcome> run_probes(const std::vector<std::filesystem::path>& f
     while (next < files.size() && running.size() < window) start(next++);
     std::vector<pollfd> fds;
     for (const auto& r : running) {
-      if (r.out_fd >= 0) fds.push_back({r.out_fd, POLLIN, 0});
-      if (r.err_fd >= 0) fds.push_back({r.err_fd, POLLIN, 0});
+      for (const int fd : {r.out_fd, r.err_fd, r.stdout_fd})
+        if (fd >= 0) fds.push_back({fd, POLLIN, 0});
     }
     // Short waits: a child's exit is noticed by waitpid below, not by end of
     // file (a grandchild may hold the pipes open).
@@ -293,8 +306,7 @@ std::vector<ProbeOutcome> run_probes(const std::vector<std::filesystem::path>& f
     const auto now = Clock::now();
     for (std::size_t i = 0; i < running.size();) {
       Running& r = running[i];
-      if (r.out_fd >= 0) drain(r.out_fd, r.out, kMaxAnswer, false, r.overflow);
-      if (r.err_fd >= 0) drain(r.err_fd, r.err, kStderrKept, true, r.overflow);
+      drain_all(r);
       int status = 0;
       const pid_t w = ::waitpid(r.pid, &status, WNOHANG);
       std::optional<int> ended;
@@ -303,16 +315,17 @@ std::vector<ProbeOutcome> run_probes(const std::vector<std::filesystem::path>& f
         ++i;
         continue;
       }
+      r.left_a_process = ended && ::kill(-r.pid, 0) == 0;
       ::kill(-r.pid, SIGKILL);  // the probe's group: the child if it hangs, and any grandchild
       if (!ended) {
         ::kill(r.pid, SIGKILL);
         while (::waitpid(r.pid, &status, 0) < 0 && errno == EINTR) {
         }
       }
-      if (r.out_fd >= 0) drain(r.out_fd, r.out, kMaxAnswer, false, r.overflow);
-      if (r.err_fd >= 0) drain(r.err_fd, r.err, kStderrKept, true, r.overflow);
+      drain_all(r);
       close_fd(r.out_fd);
       close_fd(r.err_fd);
+      close_fd(r.stdout_fd);
       outcomes[r.index] = finish(r, ended, timeout_s);
       running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
     }

@@ -1,7 +1,7 @@
 // Running untrusted code in a forked probe (internal to core): the loader
 // opens each library, checks its build and calls its factory and info() in
 // a child process with a time limit, so that a library that crashes, hangs,
-// exits or chatters takes nothing down but its probe.
+// exits, forks or chatters takes nothing down but its probe.
 #pragma once
 
 #include <filesystem>
@@ -44,11 +44,12 @@ struct ProbeSettings {
 // "load" -> "while loading the library (its static constructors)", ...
 std::string stage_phrase(std::string_view stage);
 
-// Runs body(file, channel) in a forked child for each file: stdin and stdout
-// are /dev/null, stderr is captured (its last line joins a failure), other
-// descriptors are closed, the child is its own process group (killed whole at
-// the end, so a grandchild cannot outlive it holding a pipe). The child ends
-// with _exit(0) after body returns; body must catch its exceptions.
+// Runs body(file, channel) in a forked child for each file: stdin is
+// /dev/null, stdout and stderr are captured (anything on stdout is a failure;
+// stderr's last line joins one), other descriptors are closed, the child is
+// its own process group (killed whole at the end, so a grandchild cannot
+// outlive it holding a pipe; one that was still there is a failure). The
+// child ends with _exit(0) after body returns; body must catch its exceptions.
 std::vector<ProbeOutcome> run_probes(const std::vector<std::filesystem::path>& files,
                                      const std::function<void(const std::filesystem::path&, ProbeChannel&)>& body,
                                      const ProbeSettings& settings);
