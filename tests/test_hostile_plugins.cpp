@@ -135,6 +135,21 @@ TEST_F(HostilePlugins, TheDefaultSuiteStillRunsEveryCase) {
   EXPECT_TRUE(contains(run_.out, "plugins: per_head 0.0.1-shadow, batched 1.0.0, fused_sdpa 1.0.0\n")) << run_.out;
 }
 
+// A suite that names a hostile plugin: the run says which rejected library
+// it skipped for that name and why; the case fails as a plugin error.
+TEST_F(HostilePlugins, RunNamesTheRejectedLibraryItSkipped) {
+  const fs::path suite = scratch() / "wants_hostile.yaml";
+  std::ofstream(suite) << "suite: wants-hostile\ncases:\n"
+                          "  - {name: core, level: core, compare: [segfault_in_info, batched], "
+                          "shape: {B: 1, H: 1, Tq: 2, Tk: 2, d: 2}}\n";
+  const Outcome r = headgrad({"run", suite.string(), "--plugin-path", kHostile.string(), "--probe-timeout", kProbeTimeout});
+  EXPECT_EQ(r.code, 3) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "plugin segfault_in_info is not loaded; skipped the rejected library " +
+                                  (kHostile / "segfault_in_info.so").string() +
+                                  ": crashed with signal 11 (Segmentation fault) in info()"))
+      << r.err;
+}
+
 TEST_F(HostilePlugins, GrandchildrenDoNotOutliveTheirProbe) {
   for (const char* name : {"grandchild_at_load", "grandchild_in_info"}) {
     SCOPED_TRACE(name);
