@@ -383,6 +383,21 @@ TEST(LoaderSearchPath, EarlierFolderWinsANameClash) {
   EXPECT_TRUE(contains(r->reason, "already provided by " + (first / "dup_b.so").string()));
 }
 
+// ---- the core library itself ----
+
+// Loading libheadgrad sets nothing in the environment (choosing BLIS's
+// kernels is the headgrad program's job, in its main()). Checked in a fresh
+// copy of this test program, started without BLIS_ARCH_TYPE.
+TEST(CoreLibrary, LoadingItSetsNoEnvironmentVariable) {
+  if (std::getenv("HEADGRAD_TEST_FRESH_COPY")) {
+    EXPECT_EQ(std::getenv("BLIS_ARCH_TYPE"), nullptr) << "set while libheadgrad loaded";
+    return;
+  }
+  const std::string cmd = "env -u BLIS_ARCH_TYPE HEADGRAD_TEST_FRESH_COPY=1 /proc/" + std::to_string(::getpid()) +
+                          "/exe --gtest_filter=CoreLibrary.LoadingItSetsNoEnvironmentVariable > /dev/null 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+}
+
 // ---- the real plugins ----
 
 TEST(BuiltPlugins, LoadWithMhaAndCoreLevels) {

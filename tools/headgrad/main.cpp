@@ -1,8 +1,9 @@
 // headgrad: the command-line program.
 //
 //   headgrad run SUITE.yaml [--plugin-path DIR]... [--filter GLOB] [--json FILE]
-//                [--junit FILE] [--html FILE] [--timeout SEC] [--no-isolation] [-v | -q]
-//   headgrad plugins [--plugin-path DIR]... [--all] [--json] [--strict]
+//                [--junit FILE] [--html FILE] [--timeout SEC] [--no-isolation]
+//                [--probe-timeout SEC] [-v | -q]
+//   headgrad plugins [--plugin-path DIR]... [--all] [--json] [--strict] [--probe-timeout SEC]
 //   headgrad export SUITE.yaml --case NAME [--plugin NAME] --out DIR
 //
 // Exit codes (DESIGN.md): 0 every case as expected; 1 a comparison failed;

@@ -1,3 +1,6 @@
+// The plugin registry: the search path, the file check (what a library
+// exports), the forked probe of each library, and loading into this process
+// the plugins that are needed.
 #include "headgrad/loader.hpp"
 
 #include <fcntl.h>

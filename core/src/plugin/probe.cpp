@@ -315,6 +315,8 @@ std::vector<ProbeOutcome> run_probes(const std::vector<std::filesystem::path>& f
         ++i;
         continue;
       }
+      // The child is reaped, so only what it left can still be in its group.
+      // (Its pid is not reused this quickly: pids are handed out in turn.)
       r.left_a_process = ended && ::kill(-r.pid, 0) == 0;
       ::kill(-r.pid, SIGKILL);  // the probe's group: the child if it hangs, and any grandchild
       if (!ended) {
