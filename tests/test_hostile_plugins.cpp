@@ -160,6 +160,26 @@ TEST_F(HostilePlugins, GrandchildrenDoNotOutliveTheirProbe) {
   }
 }
 
+// A plugin that needs the AddressSanitizer runtime, which exits a process it
+// was not loaded first into: the probe contains the exit and passes on the
+// runtime's own words. (In an ASan build of headgrad it loads like any other.)
+TEST(AsanRuntime, InAPluginItExitsOnlyTheProbe) {
+  const fs::path dir = ASAN_PLUGIN_DIR;
+  if (dir.empty()) GTEST_SKIP() << "libasan not installed: the plugin that needs it was not built";
+  const Outcome r = headgrad::test::headgrad({"plugins", "--plugin-path", dir.string()});
+  EXPECT_EQ(r.code, 0) << r.err;
+#if defined(__SANITIZE_ADDRESS__)
+  EXPECT_TRUE(contains(r.out, "needs_asan_runtime")) << r.out;
+  EXPECT_FALSE(contains(r.out, "rejected  " + (dir / "needs_asan_runtime.so").string())) << r.out;
+#else
+  EXPECT_TRUE(contains(r.out, "rejected  " + (dir / "needs_asan_runtime.so").string() +
+                                  ": exited with code 1 while loading the library (its static constructors)"))
+      << r.out;
+  EXPECT_TRUE(contains(r.out, "its last words on stderr: ==")) << r.out;
+  EXPECT_TRUE(contains(r.out, "ASan runtime does not come first")) << r.out;
+#endif
+}
+
 // The same libraries probed by a registry in this test's own process.
 TEST(HostileRegistry, ProbingLeavesThisProcessStanding) {
   hg::ProbeOptions options;
