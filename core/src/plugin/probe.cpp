@@ -311,6 +311,7 @@ std::vector<ProbeOutcome> run_probes(const std::vector<std::filesystem::path>& f
       const pid_t w = ::waitpid(r.pid, &status, WNOHANG);
       std::optional<int> ended;
       if (w == r.pid) ended = status;
+      else if (w < 0 && errno == ECHILD) ended = 0;  // reaped elsewhere (SIGCHLD ignored): judge by its answer
       else if (now < r.deadline) {
         ++i;
         continue;
