@@ -347,6 +347,12 @@ TEST(LoaderProbe, TheSystemLibraryFolderIsSurvived) {
   }
   EXPECT_GT(not_plugins, 50u);
   EXPECT_TRUE(reg.plugins().empty());
+  // libc.so, where the C library's development files are installed, is a linker script.
+  const hg::PluginRejection* script = rejection_for(reg, "libc.so");
+  if (script && fs::file_size(script->file) < 4096) {
+    EXPECT_TRUE(script->not_a_plugin);
+    EXPECT_EQ(script->reason, "not a library: a linker script");
+  }
 }
 
 // ---- the search path ----

@@ -273,7 +273,7 @@ int cmd_plugins(const PluginsArgs& a) {
     std::cout << line << "\n";
   }
   if (shown.empty()) std::cout << "(no plugins)\n";
-  // Libraries that are no plugin at all (a system folder holds thousands):
+  // Files that are no plugin at all (a system folder holds thousands):
   // one line for them unless -v asks for each.
   std::size_t not_plugins = 0;
   for (const auto& r : registry.rejections()) {
@@ -284,8 +284,8 @@ int cmd_plugins(const PluginsArgs& a) {
     std::cout << "rejected  " << r.file.string() << ": " << r.reason << "\n";
   }
   if (not_plugins)
-    std::cout << "(" << not_plugins << " librar" << (not_plugins > 1 ? "ies" : "y")
-              << " without headgrad symbols skipped; -v lists them)\n";
+    std::cout << "(" << not_plugins << " file" << (not_plugins > 1 ? "s" : "")
+              << " without headgrad symbols (libraries, linker scripts) skipped; -v lists them)\n";
   if (hidden) std::cout << "(" << hidden << " mutant plugin" << (hidden > 1 ? "s" : "") << " hidden; --all lists them)\n";
   std::string searched;
   for (const auto& d : dirs) searched += (searched.empty() ? "" : ", ") + d.string();

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string_view>
 
@@ -70,7 +71,13 @@ ElfExports read_elf_exports(const std::filesystem::path& file) {
   }
   Elf64_Ehdr eh{};
   if (!f.read(0, eh) || std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0) {
-    out.problem = "cannot load the library: not an ELF file";
+    const std::string_view head(f.chars(0), std::min<std::size_t>(f.size(), 256));
+    // Text naming the linker's commands: what system folders keep as libc.so.
+    const bool text = head.find('\0') == std::string_view::npos;
+    out.linker_script = text && (head.find("INPUT") != std::string_view::npos ||
+                                 head.find("GROUP") != std::string_view::npos ||
+                                 head.find("ld script") != std::string_view::npos);
+    out.problem = out.linker_script ? "not a library: a linker script" : "cannot load the library: not an ELF file";
     return out;
   }
   if (eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_ident[EI_DATA] != ELFDATA2LSB) {

@@ -21,6 +21,7 @@ enum class SymbolKind { function, data, other, unknown };
 
 struct ElfExports {
   std::string problem;  // why the file is not a loadable ELF shared object; empty: it is
+  bool linker_script = false;  // libc.so and the like in a system folder: text for the linker
   bool symbols_known = false;  // false: no section table to read them from (the probe will tell)
   std::map<std::string, SymbolKind> headgrad;  // defined, visible symbols named headgrad_*
 };

@@ -299,6 +299,7 @@ void PluginRegistry::probe_directories(const std::vector<fs::path>& dirs) {
     const detail::ElfExports exports = detail::read_elf_exports(files[i]);
     if (!exports.problem.empty()) {
       unopened[i] = rejection(files[i], exports.problem);
+      unopened[i]->not_a_plugin = exports.linker_script;
       continue;
     }
     if (exports.symbols_known) {
