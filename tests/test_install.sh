@@ -58,7 +58,7 @@ pcdir=$root/$libdir/pkgconfig
 
 step "the installed SDK headers are the plugin-facing ones only"
 headers=$(cd "$root/include/headgrad" && ls | tr '\n' ' ')
-want="attention.hpp blas.hpp c_plugin.h kernels.hpp ops.hpp parallel.hpp plugin.hpp tensor.hpp tensor_inl.hpp variable.hpp "
+want="abi.hpp attention.hpp blas.hpp c_plugin.h kernels.hpp ops.hpp parallel.hpp plugin.hpp tensor.hpp tensor_inl.hpp variable.hpp version.h "
 [[ $headers == "$want" ]] || fail "installed headers: '$headers', expected '$want'"
 
 step "the installed program runs from its new place with its own library and plugins"
@@ -117,6 +117,16 @@ code=0
 "$headgrad" run suite.yaml --plugin-path build >"$tmp/run_ok.log" 2>&1 || code=$?
 tail -n 5 "$tmp/run_ok.log"
 [[ $code == 0 ]] || { cat "$tmp/run_ok.log"; fail "the generated plugin's suite exited $code, expected 0"; }
+
+step "built with the other std::string ABI it is rejected, naming the macro, and nothing crashes"
+mkdir -p "$tmp/old_abi"
+run "$tmp/old_abi.log" c++ -std=c++20 -O1 -shared -fPIC -fvisibility=hidden -D_GLIBCXX_USE_CXX11_ABI=0 \
+  myattn.cpp -o "$tmp/old_abi/myattn.so" $cflags $libs
+code=0
+"$headgrad" plugins --all --plugin-path "$tmp/old_abi" >"$tmp/old_abi_list.log" 2>&1 || code=$?
+[[ $code == 0 ]] || { cat "$tmp/old_abi_list.log"; fail "plugins --all with an old-ABI plugin exited $code, expected 0"; }
+grep -qF "rejected  $tmp/old_abi/myattn.so: built with _GLIBCXX_USE_CXX11_ABI=0, headgrad uses 1" \
+  "$tmp/old_abi_list.log" || { cat "$tmp/old_abi_list.log"; fail "the old-ABI plugin is not rejected naming the macro"; }
 
 step "break it: merge without the transpose"
 grep -q 'reshape(transpose(o, 1, 2), {b, t, dm})' myattn.cpp || fail "the merge line is not in myattn.cpp"

@@ -109,8 +109,9 @@ bool is_loaded(const fs::path& file) {
 class MixedFolder : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = copy_test_plugins("mixed", {"dup_a", "dup_b", "good_toy", "no_factory",
-                                       "not_a_plugin", "throws_on_info", "wrong_abi"});
+    dir_ = copy_test_plugins("mixed", {"dup_a", "dup_b", "good_toy", "no_factory", "not_a_plugin",
+                                       "old_abi_symbol", "old_string_abi", "stale_layout", "throws_on_info",
+                                       "wrong_abi"});
     std::ofstream(dir_ / "fake.so") << "this is a text file, not a shared library\n";
     {  // the first bytes of a real plugin: a valid ELF magic, then nothing
       std::ifstream in(dir_ / "good_toy.so", std::ios::binary);
@@ -123,7 +124,7 @@ class MixedFolder : public ::testing::Test {
     auto logger = hg::logging::plugins();
     auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log_);
     const auto level = logger->level();
-    logger->set_level(spdlog::level::info);
+    logger->set_level(spdlog::level::debug);  // libraries that are no plugin are logged at debug
     logger->sinks().push_back(sink);
     registry_ = new hg::PluginRegistry();
     registry_->load_directories({dir_});
@@ -152,9 +153,29 @@ class MixedFolder : public ::testing::Test {
 };
 
 TEST_F(MixedFolder, WrongAbiVersionIsSkipped) {
-  // "ABI version 2, expected 1" while the ABI is 1
-  expect_rejected("wrong_abi.so", "ABI version " + std::to_string(hg::plugin_abi_version + 1) +
-                                      ", expected " + std::to_string(hg::plugin_abi_version));
+  // "built for plugin ABI version 3 (headgrad 0.1.0), headgrad uses 2"
+  expect_rejected("wrong_abi.so", "built for plugin ABI version " + std::to_string(hg::plugin_abi_version + 1) +
+                                      " (headgrad " HEADGRAD_VERSION_STRING "), headgrad uses " +
+                                      std::to_string(hg::plugin_abi_version));
+}
+
+// good_toy compiled with -D_GLIBCXX_USE_CXX11_ABI=0: it would load (no
+// std::string in the symbols it imports) and then free headgrad's strings
+// with the other ABI's code.
+TEST_F(MixedFolder, OtherStdStringAbiIsSkippedNamingTheMacro) {
+  expect_rejected("old_string_abi.so", "built with _GLIBCXX_USE_CXX11_ABI=0, headgrad uses 1");
+  expect_rejected("old_string_abi.so", "sizeof(std::string) is 8 in the plugin, 32 in headgrad");
+  EXPECT_EQ(registry_->find("old_string_abi"), nullptr);
+}
+
+TEST_F(MixedFolder, ChangedPublicStructIsSkippedNamingTheType) {
+  expect_rejected("stale_layout.so", "sizeof(MemoryStats) is 16 in the plugin, " +
+                                         std::to_string(sizeof(hg::MemoryStats)) + " in headgrad");
+  EXPECT_EQ(registry_->find("stale_layout"), nullptr);
+}
+
+TEST_F(MixedFolder, PluginOfTheFirstSdkIsToldToRebuild) {
+  expect_rejected("old_abi_symbol.so", "built for an older headgrad: it exports 'headgrad_plugin_abi_version'");
 }
 
 TEST_F(MixedFolder, MissingFactoryIsSkipped) {
@@ -164,11 +185,11 @@ TEST_F(MixedFolder, MissingFactoryIsSkipped) {
 
 TEST_F(MixedFolder, LibraryWithoutHeadgradSymbolsIsSkipped) {
   expect_rejected("not_a_plugin.so", "not a headgrad plugin");
-  expect_rejected("not_a_plugin.so", "headgrad_plugin_abi_version");
+  expect_rejected("not_a_plugin.so", "headgrad_plugin_build");
 }
 
 TEST_F(MixedFolder, DuplicateNameKeepsTheFirstFileInSortedOrder) {
-  expect_rejected("dup_b.so", "already loaded from " + (dir_ / "dup_a.so").string());
+  expect_rejected("dup_b.so", "already provided by " + (dir_ / "dup_a.so").string());
   expect_rejected("dup_b.so", "'duplicate'");
   const auto names = plugin_names(*registry_);
   EXPECT_EQ(std::count(names.begin(), names.end(), "duplicate"), 1);
@@ -193,7 +214,7 @@ TEST_F(MixedFolder, GoodPluginsStillLoad) {
   EXPECT_EQ(toy.abi_version, hg::plugin_abi_version);
   EXPECT_TRUE(toy.info.capabilities.core);
   EXPECT_FALSE(toy.info.capabilities.mha);
-  EXPECT_EQ(registry_->rejections().size(), 7u);  // every other file, each once
+  EXPECT_EQ(registry_->rejections().size(), 10u);  // every other file, each once
 }
 
 TEST_F(MixedFolder, UnknownNameThrowsListingTheLoadedOnes) {
@@ -204,7 +225,7 @@ TEST_F(MixedFolder, UnknownNameThrowsListingTheLoadedOnes) {
     const std::string msg = e.what();
     EXPECT_TRUE(contains(msg, "'nope'"));
     EXPECT_TRUE(contains(msg, "loaded: duplicate, toy"));
-    EXPECT_TRUE(contains(msg, "wrong_abi.so: ABI version "));  // and why others are missing
+    EXPECT_TRUE(contains(msg, "wrong_abi.so: built for plugin ABI version "));  // and why others are missing
   }
   EXPECT_EQ(registry_->find("nope"), nullptr);
 }
@@ -260,6 +281,80 @@ TEST(LoaderLifetime, ObjectKeepsItsLibraryLoadedAfterTheRegistryIsGone) {
   EXPECT_FALSE(is_loaded(file)) << "the library stayed loaded after its last object died";
 }
 
+// ---- probing: nothing of a library runs in this process until it is needed ----
+
+TEST(LoaderProbe, ProbingFindsPluginsWithoutLoadingThem) {
+  const fs::path dir = copy_test_plugins("probe_only", {"dup_a", "good_toy", "wrong_abi"});
+  hg::PluginRegistry reg;
+  reg.probe_directories({dir});
+  ASSERT_EQ(reg.found().size(), 2u);
+  EXPECT_EQ(reg.found()[0].info.name, "duplicate");
+  EXPECT_EQ(reg.found()[1].info.name, "toy");
+  EXPECT_EQ(reg.found()[1].abi_version, hg::plugin_abi_version);
+  EXPECT_TRUE(reg.found()[1].info.capabilities.core);
+  EXPECT_FALSE(reg.found()[1].info.capabilities.mha);
+  EXPECT_TRUE(reg.plugins().empty());
+  EXPECT_FALSE(is_loaded(dir / "good_toy.so"));
+  EXPECT_FALSE(is_loaded(dir / "dup_a.so"));
+
+  reg.load({"toy", "no_such_plugin"});
+  EXPECT_EQ(plugin_names(reg), std::vector<std::string>{"toy"});
+  EXPECT_TRUE(is_loaded(dir / "good_toy.so"));
+  EXPECT_FALSE(is_loaded(dir / "dup_a.so"));  // never needed, never opened here
+  EXPECT_EQ(reg.find("duplicate"), nullptr);
+  ASSERT_NE(reg.find_found("duplicate"), nullptr);
+  ASSERT_EQ(reg.rejections().size(), 1u);  // wrong_abi, from its probe
+  EXPECT_TRUE(contains(reg.rejections()[0].reason, "built for plugin ABI version"));
+}
+
+TEST(LoaderProbe, RejectionsForANameMatchDeclaredNamesAndFileNames) {
+  const fs::path dir = copy_test_plugins("rejections_for", {"dup_a", "dup_b", "wrong_abi"});
+  hg::PluginRegistry reg;
+  reg.probe_directories({dir});
+  const auto by_name = reg.rejections_for("duplicate");  // dup_b declared it
+  ASSERT_EQ(by_name.size(), 1u);
+  EXPECT_EQ(by_name[0]->file, dir / "dup_b.so");
+  EXPECT_EQ(by_name[0]->name, "duplicate");
+  const auto by_file = reg.rejections_for("wrong_abi");  // rejected before it said its name
+  ASSERT_EQ(by_file.size(), 1u);
+  EXPECT_EQ(by_file[0]->file, dir / "wrong_abi.so");
+  EXPECT_TRUE(reg.rejections_for("toy").empty());
+}
+
+TEST(LoaderProbe, AFolderOrFileReachedTwiceIsProbedOnce) {
+  const fs::path dir = copy_test_plugins("twice", {"good_toy"});
+  hg::PluginRegistry reg;
+  reg.probe_directories({dir, dir / "good_toy.so", dir / "." / ".."/ "twice"});
+  EXPECT_EQ(reg.found().size(), 1u);
+  EXPECT_TRUE(reg.rejections().empty()) << reg.rejections()[0].reason;
+}
+
+// The folder of the C library: thousands of shared libraries that are no
+// plugins, among them runtimes that exit the process they are loaded into
+// (the sanitizers'). Probing it must leave this process standing and reject
+// each library with a reason.
+TEST(LoaderProbe, TheSystemLibraryFolderIsSurvived) {
+  Dl_info where{};
+  ASSERT_NE(::dladdr(reinterpret_cast<void*>(&::fputs), &where), 0);
+  const fs::path system_dir = fs::canonical(where.dli_fname).parent_path();
+  hg::PluginRegistry reg;
+  reg.probe_directories({system_dir});
+  EXPECT_GT(reg.rejections().size(), 50u) << system_dir;
+  std::size_t not_plugins = 0;
+  for (const auto& r : reg.rejections()) {
+    EXPECT_FALSE(r.reason.empty()) << r.file;
+    not_plugins += r.not_a_plugin;
+  }
+  EXPECT_GT(not_plugins, 50u);
+  EXPECT_TRUE(reg.plugins().empty());
+  // libc.so, where the C library's development files are installed, is a linker script.
+  const hg::PluginRejection* script = rejection_for(reg, "libc.so");
+  if (script && fs::file_size(script->file) < 4096) {
+    EXPECT_TRUE(script->not_a_plugin);
+    EXPECT_EQ(script->reason, "not a library: a linker script");
+  }
+}
+
 // ---- the search path ----
 
 TEST(LoaderSearchPath, CliDirsThenEnvironmentThenBuiltFolder) {
@@ -291,7 +386,22 @@ TEST(LoaderSearchPath, EarlierFolderWinsANameClash) {
   ASSERT_NE(reg.find("toy"), nullptr);
   const hg::PluginRejection* r = rejection_for(reg, "dup_a.so");
   ASSERT_NE(r, nullptr);
-  EXPECT_TRUE(contains(r->reason, "already loaded from " + (first / "dup_b.so").string()));
+  EXPECT_TRUE(contains(r->reason, "already provided by " + (first / "dup_b.so").string()));
+}
+
+// ---- the core library itself ----
+
+// Loading libheadgrad sets nothing in the environment (choosing BLIS's
+// kernels is the headgrad program's job, in its main()). Checked in a fresh
+// copy of this test program, started without BLIS_ARCH_TYPE.
+TEST(CoreLibrary, LoadingItSetsNoEnvironmentVariable) {
+  if (std::getenv("HEADGRAD_TEST_FRESH_COPY")) {
+    EXPECT_EQ(std::getenv("BLIS_ARCH_TYPE"), nullptr) << "set while libheadgrad loaded";
+    return;
+  }
+  const std::string cmd = "env -u BLIS_ARCH_TYPE HEADGRAD_TEST_FRESH_COPY=1 /proc/" + std::to_string(::getpid()) +
+                          "/exe --gtest_filter=CoreLibrary.LoadingItSetsNoEnvironmentVariable > /dev/null 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
 }
 
 // ---- the real plugins ----
@@ -321,9 +431,11 @@ TEST(BuiltPlugins, LoadWithMhaAndCoreLevels) {
   }
 }
 
-// Hidden visibility: a plugin exports its two entry points and nothing of
-// headgrad's or of its own classes (what remains are weak instantiations of
-// std and boost templates, which the compiler keeps default-visible).
+// Hidden visibility: a plugin exports its two entry points and nothing of its
+// own classes. Only C names (headgrad_*) are compared: which C++ symbols a
+// build exports besides (weak instantiations of std and boost templates over
+// headgrad's types, more of them without optimization, sanitizer metadata)
+// depends on the build type, not on the plugin.
 std::string defined_dynamic_symbols(const fs::path& lib) {
   const std::string cmd = "nm -DC --defined-only '" + lib.string() + "' 2>&1";
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen(cmd.c_str(), "r"), ::pclose);
@@ -347,12 +459,12 @@ TEST(BuiltPlugins, ExportOnlyTheirEntryPoints) {
     std::istringstream lines(symbols);
     for (std::string line; std::getline(lines, line);) {
       EXPECT_EQ(line.find(class_name), std::string::npos) << "exported: " << line;
-      if (line.find("headgrad") != std::string::npos)
-        headgrad_symbols.push_back(line.substr(line.rfind(' ') + 1));
+      const std::string name = line.substr(line.rfind(' ') + 1);
+      if (name.rfind("headgrad_", 0) == 0) headgrad_symbols.push_back(name);
     }
     std::sort(headgrad_symbols.begin(), headgrad_symbols.end());
     EXPECT_EQ(headgrad_symbols,
-              (std::vector<std::string>{"headgrad_create_plugin", "headgrad_plugin_abi_version"}))
+              (std::vector<std::string>{"headgrad_create_plugin", "headgrad_plugin_build"}))
         << symbols;
   }
 }

@@ -190,5 +190,5 @@ static const hg_c_plugin kNaive = {
     naive_backward,
 };
 
-HG_C_EXPORT int headgrad_plugin_abi_version(void) { return HEADGRAD_C_ABI_VERSION; }
+HG_C_EXPORT int headgrad_c_abi_version(void) { return HEADGRAD_C_ABI_VERSION; }
 HG_C_EXPORT const hg_c_plugin* headgrad_c_plugin(void) { return &kNaive; }

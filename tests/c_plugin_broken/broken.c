@@ -22,15 +22,15 @@ static int failing_forward(const hg_core_call* call, hg_tensor* out, hg_tensor* 
 #if BROKEN_KIND == 1
 static const hg_c_plugin kPlugin = {"failing_c", "0.0.1", "test plugin: every forward fails",
                                     HG_CAP_FLOAT64 | HG_CAP_CROSS_LENGTHS, 0, failing_forward, NULL};
-HG_C_EXPORT int headgrad_plugin_abi_version(void) { return HEADGRAD_C_ABI_VERSION; }
+HG_C_EXPORT int headgrad_c_abi_version(void) { return HEADGRAD_C_ABI_VERSION; }
 #elif BROKEN_KIND == 2
 static const hg_c_plugin kPlugin = {"c_wrong_abi", "0.0.1", "test plugin: a future C ABI",
                                     HG_CAP_FLOAT64, 0, failing_forward, NULL};
-HG_C_EXPORT int headgrad_plugin_abi_version(void) { return HEADGRAD_C_ABI_VERSION + 41; }
+HG_C_EXPORT int headgrad_c_abi_version(void) { return HEADGRAD_C_ABI_VERSION + 41; }
 #else
 static const hg_c_plugin kPlugin = {"c_no_forward", "0.0.1", "test plugin: no core_forward",
                                     HG_CAP_FLOAT64, 0, NULL, NULL};
-HG_C_EXPORT int headgrad_plugin_abi_version(void) { return HEADGRAD_C_ABI_VERSION; }
+HG_C_EXPORT int headgrad_c_abi_version(void) { return HEADGRAD_C_ABI_VERSION; }
 #endif
 
 HG_C_EXPORT const hg_c_plugin* headgrad_c_plugin(void) { return &kPlugin; }

@@ -1,8 +1,9 @@
 // headgrad: the command-line program.
 //
 //   headgrad run SUITE.yaml [--plugin-path DIR]... [--filter GLOB] [--json FILE]
-//                [--junit FILE] [--html FILE] [--timeout SEC] [--max-memory SIZE] [--no-isolation] [-v | -q]
-//   headgrad plugins [--plugin-path DIR]... [--all] [--json]
+//                [--junit FILE] [--html FILE] [--timeout SEC] [--max-memory SIZE] [--no-isolation]
+//                [--probe-timeout SEC] [-v | -q]
+//   headgrad plugins [--plugin-path DIR]... [--all] [--json] [--strict] [--probe-timeout SEC]
 //   headgrad export SUITE.yaml --case NAME [--plugin NAME] --out DIR [--max-memory SIZE]
 //   headgrad bench [SUITE.yaml] ...          (tools/bench)
 //   headgrad new-plugin NAME DIR             (tools/template)
@@ -21,12 +22,13 @@
 #include <iostream>
 #include <memory>
 #include <optional>
-#include <set>
+#include <algorithm>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <headgrad/blas.hpp>
 #include <headgrad/log.hpp>
 #include <headgrad/npy.hpp>
 #include <nlohmann/json.hpp>
@@ -55,6 +57,7 @@ constexpr int kExitOk = 0, kExitFailed = 1, kExitUsage = 2, kExitPlugin = 3;
 
 struct CommonArgs {
   std::vector<std::string> plugin_paths;
+  double probe_timeout = ProbeOptions{}.timeout_s;
   int verbose = 0;
   bool quiet = false;
 };
@@ -66,7 +69,7 @@ struct RunArgs : CommonArgs {
 };
 
 struct PluginsArgs : CommonArgs {
-  bool all = false, json = false;
+  bool all = false, json = false, strict = false;
 };
 
 struct ExportArgs : CommonArgs {
@@ -81,6 +84,12 @@ void add_common(CLI::App* cmd, CommonArgs& a, bool with_quiet = true) {
                   "HEADGRAD_PLUGIN_PATH (colon-separated) and the built or installed plugin folder")
       ->type_name("DIR")
       ->allow_extra_args(false);
+  cmd->add_option("--probe-timeout", a.probe_timeout,
+                  "time limit in seconds for probing each plugin library (loading it, its checks, its factory "
+                  "and info(), in a child process)")
+      ->type_name("SEC")
+      ->check(CLI::Range(0.01, 3600.0))
+      ->capture_default_str();
   CLI::Option* v = cmd->add_flag("-v,--verbose", a.verbose, "more detail (every tensor's figures); -vv: debug logs");
   if (with_quiet) {
     CLI::Option* q = cmd->add_flag("-q,--quiet", a.quiet, "only what did not go as expected, and the summary");
@@ -99,6 +108,24 @@ void apply_verbosity(const CommonArgs& a) {
 std::vector<fs::path> search_path(const CommonArgs& a) {
   std::vector<fs::path> dirs(a.plugin_paths.begin(), a.plugin_paths.end());
   return plugin_search_path(dirs);
+}
+
+// Every library on the search path probed (in child processes); none loaded here yet.
+PluginRegistry probed_registry(const CommonArgs& a) {
+  ProbeOptions options;
+  options.timeout_s = a.probe_timeout;
+  PluginRegistry registry(options);
+  registry.probe_directories(search_path(a));
+  return registry;
+}
+
+// The plugins these cases compare, each once, in order.
+std::vector<std::string> plugins_named_by(const std::vector<const CaseSpec*>& cases) {
+  std::vector<std::string> names;
+  for (const CaseSpec* c : cases)
+    for (const auto& name : c->compare)
+      if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+  return names;
 }
 
 bool stdout_colors() {
@@ -136,15 +163,29 @@ class Progress {
   std::chrono::steady_clock::time_point start_;
 };
 
-// Plugins that the cases name but that did not load: said once, up front.
+// Plugins that the cases name but that did not load: said once, up front,
+// with the rejected library that would have provided it, if one would.
 void report_missing_plugins(const std::vector<const CaseSpec*>& cases, const PluginRegistry& registry) {
-  std::set<std::string> missing;
-  for (const CaseSpec* c : cases)
-    for (const auto& name : c->compare)
-      if (!registry.find(name)) missing.insert(name);
-  for (const auto& name : missing)
-    std::cerr << "headgrad: " << terminal_safe(not_loaded_cause(name, registry))
-              << "; the cases that use it fail (exit code 3)\n";
+  for (const auto& name : plugins_named_by(cases)) {
+    if (registry.find(name)) continue;
+    const auto skipped = registry.rejections_for(name);
+    std::cerr << "headgrad: ";
+    if (skipped.empty()) std::cerr << not_loaded_cause(name, registry);
+    else std::cerr << "plugin " << name << " is not loaded";
+    for (const PluginRejection* r : skipped)
+      std::cerr << "; skipped the rejected library " << r->file.string() << ": " << r->reason;
+    std::cerr << "; the cases that use it fail (exit code 3)\n";
+  }
+}
+
+// A plugin taken from an earlier folder than another library of the same
+// name: said, so that a shadowed oracle never goes unnoticed.
+void report_shadowed_plugins(const PluginRegistry& registry) {
+  for (const auto& p : registry.plugins())
+    for (const PluginRejection* r : registry.rejections_for(p.info.name))
+      if (r->shadowed_by == p.file)
+        std::cerr << "headgrad: plugin " << p.info.name << " comes from " << p.file.string() << ", which shadows "
+                  << r->file.string() << " (earlier folders on the search path win)\n";
 }
 
 // Refuses (ConfigError, exit 2) a case that cannot fit, before any input is made.
@@ -198,9 +239,11 @@ int cmd_run(const RunArgs& a) {
     if (!a.html.empty()) outputs.emplace_back("--html", a.html);
     check_outputs(outputs, input_files(suite, selected));
   }
-  PluginRegistry registry;
-  registry.load_directories(search_path(a));
+  // Only the plugins the selected cases name are loaded into this process.
+  PluginRegistry registry = probed_registry(a);
+  registry.load(plugins_named_by(selected));
   report_missing_plugins(selected, registry);
+  report_shadowed_plugins(registry);
   check_capabilities(selected, registry);
   if (a.no_isolation && a.timeout)
     logging::runner()->warn("--timeout has no effect with --no-isolation (plugins run in this process)");
@@ -262,20 +305,21 @@ void add_run_command(CLI::App& app, int& exit_code) {
 int cmd_plugins(const PluginsArgs& a) {
   apply_verbosity(a);
   const std::vector<fs::path> dirs = search_path(a);
-  PluginRegistry registry;
-  registry.load_directories(dirs);
-  std::vector<const LoadedPlugin*> shown;
+  const PluginRegistry registry = probed_registry(a);  // listing needs no plugin code in this process
+  std::vector<const FoundPlugin*> shown;
   std::size_t hidden = 0;
-  for (const auto& p : registry.plugins()) {
+  for (const auto& p : registry.found()) {
     if (p.info.mutant && !a.all) ++hidden;
     else shown.push_back(&p);
   }
-  const int code = registry.rejections().empty() ? kExitOk : kExitPlugin;
+  // Rejections are listed, not fatal, unless asked for (--strict) or nothing is usable.
+  const bool fail = registry.found().empty() || (a.strict && !registry.rejections().empty());
+  const int code = fail ? kExitPlugin : kExitOk;
 
   if (a.json) {
     nlohmann::json j = {{"plugins", nlohmann::json::array()}, {"rejected", nlohmann::json::array()},
                         {"search_path", nlohmann::json::array()}, {"abi_version", plugin_abi_version}};
-    for (const LoadedPlugin* p : shown) {
+    for (const FoundPlugin* p : shown) {
       const Capabilities& c = p->info.capabilities;
       j["plugins"].push_back({{"name", p->info.name},
                               {"version", p->info.version},
@@ -286,14 +330,14 @@ int cmd_plugins(const PluginsArgs& a) {
                               {"file", p->file.string()}});
     }
     for (const auto& r : registry.rejections())
-      j["rejected"].push_back({{"file", r.file.string()}, {"reason", r.reason}});
+      j["rejected"].push_back({{"file", r.file.string()}, {"reason", r.reason}, {"not_a_plugin", r.not_a_plugin}});
     for (const auto& d : dirs) j["search_path"].push_back(d.string());
     std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return code;
   }
 
   std::vector<std::vector<std::string>> rows = {{"NAME", "VERSION", "ABI", "CAPABILITIES", "FILE"}};
-  for (const LoadedPlugin* p : shown)
+  for (const FoundPlugin* p : shown)
     rows.push_back({p->info.name + (p->info.mutant ? " (mutant)" : ""), p->info.version,
                     std::to_string(p->abi_version), capabilities_str(p->info.capabilities), p->file.string()});
   std::vector<std::size_t> width(rows[0].size(), 0);
@@ -306,12 +350,24 @@ int cmd_plugins(const PluginsArgs& a) {
     std::cout << line << "\n";
   }
   if (shown.empty()) std::cout << "(no plugins)\n";
-  for (const auto& r : registry.rejections())
+  // Files that are no plugin at all (a system folder holds thousands):
+  // one line for them unless -v asks for each.
+  std::size_t not_plugins = 0;
+  for (const auto& r : registry.rejections()) {
+    if (r.not_a_plugin && a.verbose == 0) {
+      ++not_plugins;
+      continue;
+    }
     std::cout << "rejected  " << r.file.string() << ": " << r.reason << "\n";
+  }
+  if (not_plugins)
+    std::cout << "(" << not_plugins << " file" << (not_plugins > 1 ? "s" : "")
+              << " without headgrad symbols (libraries, linker scripts) skipped; -v lists them)\n";
   if (hidden) std::cout << "(" << hidden << " mutant plugin" << (hidden > 1 ? "s" : "") << " hidden; --all lists them)\n";
   std::string searched;
   for (const auto& d : dirs) searched += (searched.empty() ? "" : ", ") + d.string();
   std::cout << "searched: " << searched << "\n";
+  if (registry.found().empty()) error("no plugin could be loaded from the search path");
   return code;
 }
 
@@ -319,10 +375,13 @@ void add_plugins_command(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<PluginsArgs>();
   CLI::App* plugins = app.add_subcommand(
       "plugins", "List the plugins found: name, version, ABI, capabilities, file; and each rejected library with "
-                 "its reason (exit code 3 if any was rejected).");
+                 "its reason. Each library is probed in a child process: one that crashes, hangs or exits is "
+                 "rejected, not fatal. Exit code 3 only when no plugin is usable, or with --strict when any library "
+                 "was rejected.");
   add_common(plugins, *args);
   plugins->add_flag("--all", args->all, "also list mutant plugins (deliberately wrong variants)");
   plugins->add_flag("--json", args->json, "print JSON instead of a table");
+  plugins->add_flag("--strict", args->strict, "exit with code 3 when any library was rejected");
   plugins->callback([args, &exit_code] { exit_code = cmd_plugins(*args); });
 }
 
@@ -378,8 +437,8 @@ int cmd_export(const ExportArgs& a) {
   c.compare = {plugin_name};
   if (!c.is_reference()) c.compare.push_back(plugin_name);  // keeps the spec well-formed
 
-  PluginRegistry registry;
-  registry.load_directories(search_path(a));
+  PluginRegistry registry = probed_registry(a);
+  registry.load({plugin_name});
   const LoadedPlugin* plugin = registry.find(plugin_name);
   if (!plugin) {
     report_missing_plugins({&c}, registry);
@@ -461,6 +520,7 @@ void add_export_command(CLI::App& app, int& exit_code) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  headgrad::blas::select_kernels_for_this_cpu();  // first: BLIS reads its choice at its first call
   CLI::App app{"headgrad: cross-check attention implementations (plugins) on identical weights, for the output "
                "and the gradients of X, Wq, Wk, Wv, Wo.",
                "headgrad"};

@@ -137,8 +137,9 @@ class @CLASS@ final : public Attention {
 
 }  // namespace
 
-// Exports the ABI version (a plain C function the loader checks before any C++
-// call) and the factory (a Boost.DLL alias).
+// Exports the description of this build (a plain C function the loader
+// checks before any C++ call: same compiler ABI, standard library, C++
+// standard and SDK layout as headgrad) and the factory (a Boost.DLL alias).
 HEADGRAD_PLUGIN(@CLASS@)
 )tmpl";
 
@@ -214,8 +215,10 @@ comparison failed (the report says which tensor, batch, head and position).
 - `mha_forward` gets x `[..., T, D]` and weights in PyTorch's layout (`[out, in]`,
   y = x W^T); `core_forward` gets q, k, v `[..., T, d]` already split.
 - Declare in `info()` only the capabilities you implement.
-- The plugin is built against headgrad's plugin ABI: after upgrading
-  headgrad, rebuild it (a mismatch is reported and the plugin skipped).
+- Build it with the toolchain headgrad was built with (compiler, standard
+  library and its settings such as `_GLIBCXX_USE_CXX11_ABI`, `-std=c++20`):
+  C++ objects cross the boundary. After upgrading headgrad, rebuild it. A
+  mismatch is reported, naming what differs, and the plugin is skipped.
 - `meson install -C build` copies it beside headgrad's own plugins, where
   headgrad finds it without `--plugin-path`.
 )tmpl";

@@ -22,6 +22,13 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
 void set_num_threads(int n);
 int num_threads();
 
+// For a program's main(), before its first matrix product and before it
+// starts threads: lets BLIS use its AVX-512 kernels on an AVX-512 CPU that it
+// would otherwise not trust with them (a virtual machine's), by setting
+// BLIS_ARCH_TYPE in the process environment unless the user set it. The
+// library never calls it itself: loading libheadgrad changes no environment.
+void select_kernels_for_this_cpu();
+
 struct Info {
   std::string library;  // "BLIS" or "OpenBLAS"
   std::string version;  // e.g. "0.9.0", or OpenBLAS's build configuration

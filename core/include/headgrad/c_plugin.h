@@ -14,11 +14,11 @@
  *       HG_CAP_CAUSAL | HG_CAP_BOOL_MASK | HG_CAP_FLOAT64,
  *       1,                          // stats_per_row: one log-sum-exp per query row
  *       my_forward, my_backward};
- *   HG_C_EXPORT int headgrad_plugin_abi_version(void) { return HEADGRAD_C_ABI_VERSION; }
+ *   HG_C_EXPORT int headgrad_c_abi_version(void) { return HEADGRAD_C_ABI_VERSION; }
  *   HG_C_EXPORT const hg_c_plugin* headgrad_c_plugin(void) { return &kPlugin; }
  *
- * headgrad's loader sees the two symbols (and no C++ factory), checks the
- * version first, then wraps the plugin as an Attention with the core level only:
+ * headgrad's loader sees the two symbols (its own names, apart from the C++
+ * SDK's), checks the version first, then wraps the plugin as an Attention with the core level only:
  * core_forward becomes a custom op whose forward calls `core_forward` and whose
  * backward calls `core_backward`.
  *
@@ -55,8 +55,10 @@
 #include <stdint.h>
 
 /* Bumped whenever a type below changes layout or meaning. A C plugin's
- * headgrad_plugin_abi_version() returns this (not the C++ SDK's version, which
- * moves with the C++ types); the loader skips a mismatch with a message. */
+ * headgrad_c_abi_version() returns this; it is apart from the C++ SDK's
+ * version (<headgrad/abi.hpp>), which moves with the C++ types. The loader
+ * skips a mismatch with a message. Only C crosses this boundary: a C plugin
+ * may be built by any C compiler for the same platform. */
 #define HEADGRAD_C_ABI_VERSION 1
 
 #if defined(_WIN32)
@@ -124,7 +126,7 @@ typedef struct hg_c_plugin {
 } hg_c_plugin;
 
 /* The symbols a C plugin exports (declared here so their types are checked). */
-HG_C_EXPORT_ATTR int headgrad_plugin_abi_version(void);
+HG_C_EXPORT_ATTR int headgrad_c_abi_version(void);
 HG_C_EXPORT_ATTR const hg_c_plugin* headgrad_c_plugin(void);
 
 #ifdef __cplusplus

@@ -28,12 +28,24 @@
 // A kernel written in C (or wrapped in C) uses <headgrad/c_plugin.h> instead.
 // The guide: docs/plugin-guide.md.
 //
+// Same toolchain: a C++ plugin must be compiled with the compiler ABI, the
+// C++ standard library and its settings (_GLIBCXX_USE_CXX11_ABI,
+// _GLIBCXX_DEBUG), the C++ standard (-std=c++20) and the SDK headers that
+// headgrad itself was built with: std::string, std::shared_ptr, std::function
+// and exceptions cross the boundary. HEADGRAD_PLUGIN compiles a description
+// of the plugin's build into it (<headgrad/abi.hpp>); the loader reads it
+// through a plain C function before any C++ call and rejects a plugin whose
+// build differs, naming what differs. `headgrad new-plugin` writes a project
+// that builds this way (meson with dependency('headgrad')).
+//
 // Shape legend: B batch, T sequence, Tq/Tk query/key lengths, D model width,
 // H query heads, Hkv key/value heads, d = D / H head width, [...] leading dims.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -42,13 +54,9 @@
 
 #include <boost/dll/alias.hpp>
 
+#include "headgrad/abi.hpp"
 #include "headgrad/attention.hpp"
 #include "headgrad/ops.hpp"
-
-// Bumped whenever a type below changes layout or meaning. The loader reads a
-// plugin's version through a plain C function before any C++ call and skips
-// the plugin on a mismatch (Boost.DLL promises no ABI stability of its own).
-#define HEADGRAD_PLUGIN_ABI_VERSION 1
 
 namespace headgrad {
 
@@ -100,22 +108,26 @@ class UnsupportedError : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
-// The two symbols every plugin exports.
-inline constexpr const char* plugin_abi_symbol = "headgrad_plugin_abi_version";
+// The two symbols every plugin exports: the build description (a plain C
+// function, checked first: Boost.DLL promises no ABI stability of its own)
+// and the factory (a Boost.DLL alias).
+inline constexpr const char* plugin_build_symbol = HEADGRAD_BUILD_INFO_SYMBOL;
 inline constexpr const char* plugin_factory_symbol = "headgrad_create_plugin";
 using PluginFactory = std::shared_ptr<Attention>();
 
 }  // namespace headgrad
 
-// Exports the ABI version as a plain C function and the factory as a Boost.DLL
-// alias. Use once per plugin library, at namespace scope.
+// Exports the build description (<headgrad/abi.hpp>) as a plain C function
+// and the factory as a Boost.DLL alias. Use once per plugin library, at
+// namespace scope.
 #define HEADGRAD_PLUGIN(ClassName)                                                  \
-  extern "C" BOOST_SYMBOL_EXPORT int headgrad_plugin_abi_version() {                \
-    return HEADGRAD_PLUGIN_ABI_VERSION;                                             \
-  }                                                                                 \
   namespace {                                                                       \
+  HEADGRAD_DEFINE_BUILD_INFO(headgrad_this_build);                                  \
   std::shared_ptr<::headgrad::Attention> headgrad_make_plugin() {                   \
     return std::make_shared<ClassName>();                                           \
   }                                                                                 \
+  }                                                                                 \
+  extern "C" BOOST_SYMBOL_EXPORT const ::headgrad_build_info* headgrad_plugin_build() { \
+    return &headgrad_this_build;                                                    \
   }                                                                                 \
   BOOST_DLL_ALIAS(headgrad_make_plugin, headgrad_create_plugin)

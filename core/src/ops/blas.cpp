@@ -56,22 +56,21 @@ void tiny_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
 // CPU's model name that the core has two FMA units; a virtual machine's
 // generic name ("Intel(R) Xeon(R) Processor") makes it fall back to its AVX2
 // kernels (haswell) at half the speed: sgemm 67 against 136 GFLOP/s on such
-// a machine. So an AVX-512 CPU gets skx unless the user chose otherwise
-// (BLIS_ARCH_TYPE, which BLIS 0.9 reads as a number: its arch_t id); with
-// one FMA unit skx does the same FLOPs per cycle as haswell. BLIS reads the
-// variable at its first call; this runs when libheadgrad is loaded, before any.
-const bool g_kernels_chosen = [] {
+// a machine. With one FMA unit skx does the same FLOPs per cycle as haswell,
+// so an AVX-512 CPU loses nothing with skx. BLIS 0.9 has no API to choose the
+// kernel set (its arch setter and context registry are not exported); it
+// reads BLIS_ARCH_TYPE (a number: its arch_t id) once, at its first call.
+bool avx512_kernels_wanted() {
   // BLIS_CONFIG_SKX: this BLIS was built with the skx kernels (naming an arch
   // it lacks would make it abort).
 #if defined(__x86_64__) && defined(__GNUC__) && defined(BLIS_CONFIG_SKX)
-  if (!std::getenv("BLIS_ARCH_TYPE") && __builtin_cpu_supports("avx512f") &&
-      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl"))
-    ::setenv("BLIS_ARCH_TYPE", std::to_string(static_cast<int>(BLIS_ARCH_SKX)).c_str(),
-             /*overwrite=*/0);
+  return !std::getenv("BLIS_ARCH_TYPE") && __builtin_cpu_supports("avx512f") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl");
+#else
+  return false;
 #endif
-  return true;
-}();
+}
 
 // BLIS takes a thread count per call (its runtime object), so the count lives
 // here rather than in BLIS's global state; 0 = not yet set: headgrad's default.
@@ -165,6 +164,13 @@ int num_threads() {
 void set_num_threads(int n) { openblas_set_num_threads(n > 0 ? n : headgrad::num_threads()); }
 int num_threads() { return openblas_get_num_threads(); }
 #endif
+
+void select_kernels_for_this_cpu() {
+#if defined(HEADGRAD_BLAS_BLIS)
+  if (avx512_kernels_wanted())
+    ::setenv("BLIS_ARCH_TYPE", std::to_string(static_cast<int>(BLIS_ARCH_SKX)).c_str(), /*overwrite=*/0);
+#endif
+}
 
 const Info& info() {
   static const Info i = make_info();

@@ -11,6 +11,11 @@
 #ifndef HEADGRAD_TOY_NAME
 #define HEADGRAD_TOY_NAME "toy"
 #endif
+// Called first in info(): the hostile plugins (tests/plugins/hostile) are this
+// toy with a misbehaviour here.
+#ifndef HEADGRAD_TOY_ON_INFO
+#define HEADGRAD_TOY_ON_INFO()
+#endif
 
 namespace {
 
@@ -19,6 +24,7 @@ using namespace headgrad;
 class Toy final : public Attention {
  public:
   PluginInfo info() const override {
+    HEADGRAD_TOY_ON_INFO();
     PluginInfo i;
     i.name = HEADGRAD_TOY_NAME;
     i.version = "0.0.1";

@@ -22,6 +22,8 @@ class NoFactory final : public Attention {
 
 }  // namespace
 
-extern "C" BOOST_SYMBOL_EXPORT int headgrad_plugin_abi_version() {
-  return HEADGRAD_PLUGIN_ABI_VERSION;
-}
+namespace {
+HEADGRAD_DEFINE_BUILD_INFO(this_build);
+}  // namespace
+
+extern "C" BOOST_SYMBOL_EXPORT const headgrad_build_info* headgrad_plugin_build() { return &this_build; }

@@ -28,7 +28,17 @@ std::shared_ptr<Attention> make_wrong_abi() { return std::make_shared<WrongAbi>(
 
 }  // namespace
 
-extern "C" BOOST_SYMBOL_EXPORT int headgrad_plugin_abi_version() {
-  return HEADGRAD_PLUGIN_ABI_VERSION + 1;
+namespace {
+HEADGRAD_DEFINE_BUILD_INFO(real_build);
+}  // namespace
+
+// This build's description, but with the next ABI version.
+extern "C" BOOST_SYMBOL_EXPORT const headgrad_build_info* headgrad_plugin_build() {
+  static const headgrad_build_info next = [] {
+    headgrad_build_info b = real_build;
+    b.abi_version = HEADGRAD_PLUGIN_ABI_VERSION + 1;
+    return b;
+  }();
+  return &next;
 }
 BOOST_DLL_ALIAS(make_wrong_abi, headgrad_create_plugin)
