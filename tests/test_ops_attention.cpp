@@ -8,16 +8,19 @@
 // and causal masks are [Tq, Tk] with True = attend (j <= i, aligned top-left).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <initializer_list>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "headgrad/attention.hpp"
 #include "headgrad/gradcheck.hpp"
+#include "headgrad/kernels.hpp"
 #include "headgrad/ops.hpp"
 #include "op_test_util.hpp"
 
@@ -139,6 +142,40 @@ TEST(Softmax, LargeInputsAreStable) {
   expect_values(softmax(x, -1).data(), {2, 2}, {1 / (1 + e), e / (1 + e), e / (1 + e), 1 / (1 + e)});
   const Tensor f = softmax(Variable(x.data().to(DType::float32)), -1).data();
   expect_values(f, {2, 2}, {1 / (1 + e), e / (1 + e), e / (1 + e), 1 / (1 + e)}, 1e-6);
+}
+
+// exp_shift_row's float32 top edge: within 2 ulp of std::exp up to
+// ln(FLT_MAX) = 88.72, and inf past it (a saturated exp(88) would let a
+// softmax without max subtraction pass for a finite one).
+TEST(ExpShiftRow, Float32OverflowsToInfinityPastItsRange) {
+  const float kFloatInf = std::numeric_limits<float>::infinity();
+  std::vector<float> x;
+  for (float v = 85.0f; v < 88.72f; v += 0.00731f) x.push_back(v);
+  x.push_back(std::nextafter(std::log(std::numeric_limits<float>::max()), 0.0f));
+  const std::size_t finite = x.size();
+  x.insert(x.end(), {88.75f, 89.0f, 100.0f, 1.0e30f, kFloatInf});
+  std::vector<float> y = x;
+  const float sum = kernels::exp_shift_row(y.data(), static_cast<std::int64_t>(y.size()), 0.0f);
+  EXPECT_EQ(sum, kFloatInf);
+  double worst_ulps = 0;
+  for (std::size_t i = 0; i < finite; ++i) {
+    const float want = std::exp(x[i]);
+    ASSERT_TRUE(std::isfinite(want)) << x[i];
+    ASSERT_TRUE(std::isfinite(y[i])) << "exp(" << x[i] << ") = " << y[i];
+    const float ulp = std::nextafter(want, kFloatInf) - want;
+    worst_ulps = std::max(worst_ulps, std::abs(double(y[i]) - double(want)) / double(ulp));
+  }
+  EXPECT_LE(worst_ulps, 2.0);
+  for (std::size_t i = finite; i < x.size(); ++i) {
+    EXPECT_EQ(std::exp(x[i]), kFloatInf) << x[i];
+    EXPECT_EQ(y[i], kFloatInf) << "exp(" << x[i] << ")";
+  }
+  // the shift moves the edge with it: exp(89 - 0.5) is finite, exp(89.5 - 0.25) is not
+  std::vector<float> z = {89.0f, 89.5f};
+  kernels::exp_shift_row(z.data(), 1, 0.5f);
+  kernels::exp_shift_row(z.data() + 1, 1, 0.25f);
+  EXPECT_FLOAT_EQ(z[0], std::exp(88.5f));
+  EXPECT_EQ(z[1], kFloatInf);
 }
 
 TEST(Softmax, DimOutOfRangeThrows) {

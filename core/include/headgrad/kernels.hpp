@@ -30,7 +30,8 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // x[j] := exp(x[j] - shift) for j < n; returns their sum: the exponential of
 // every softmax kernel (and of fused plugins, so that they agree with them).
 // float32 runs a vectorized polynomial within 2 ulp of std::exp that gives
-// exactly 0 below -87 (so for -inf); float64 runs std::exp. The sum is taken
+// exactly 0 below -87 (so for -inf) and inf above float's exp range
+// (ln(FLT_MAX) = 88.72, so for +inf); float64 runs std::exp. The sum is taken
 // in 16 lanes (j mod 16), so trailing zeros never change it.
 float exp_shift_row(float* x, std::int64_t n, float shift);
 double exp_shift_row(double* x, std::int64_t n, double shift);
