@@ -46,11 +46,14 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
 
 // Attention weights in one pass over [..., Tq, Tk]: softmax over the last dim of
 // x * scale, where keys are masked out when `attend` (bool, broadcast to x;
-// undefined = all) is false or, with causal, when key j > query i (top-left
-// aligned). Equals softmax(masked_fill(scale(x), !attend, -inf)) exactly; a row
-// with no attended key gives zeros.
-Tensor masked_softmax(const Tensor& x, double scale, const Tensor& attend, bool causal);
+// undefined = all) is false or, with causal, when key j > query i + shift
+// (shift 0: top-left aligned; Tk - Tq: bottom-right). Equals
+// softmax(masked_fill(scale(x), !attend, -inf)) exactly; a row with no
+// attended key gives zeros.
+Tensor masked_softmax(const Tensor& x, double scale, const Tensor& attend, bool causal,
+                      std::int64_t causal_shift = 0);
 // Its backward: dx = scale * y * (dy - sum(dy * y)); masked entries get 0.
-Tensor masked_softmax_backward(const Tensor& y, const Tensor& dy, double scale, bool causal);
+Tensor masked_softmax_backward(const Tensor& y, const Tensor& dy, double scale, bool causal,
+                               std::int64_t causal_shift = 0);
 
 }  // namespace headgrad::kernels
