@@ -1128,4 +1128,33 @@ TEST_F(PluginTest, CausalAlignmentsAreIdenticalExactlyWhenSquare) {
   }
 }
 
+// The mutant causal_alignment (bottom-right whatever it is asked) is the
+// correct plugin at Tq = Tk and differs from it at Tq != Tk, where it equals
+// the correct plugin asked for bottom-right.
+TEST_F(PluginTest, MutantCausalAlignmentShowsOnlyWhenTqDiffersFromTk) {
+  require_plugins({"per_head"});
+  // The build puts plugins/<name>/<name>.so and plugins/mutants/mutant_<bug>.so side by side.
+  const std::filesystem::path file =
+      test::real_plugin_files().front().parent_path().parent_path() / "mutants" /
+      "mutant_causal_alignment.so";
+  PluginRegistry reg;
+  ASSERT_TRUE(reg.load_file(file)) << file << ": " << reg.rejections().back().reason;
+  const LoadedPlugin& mutant = reg.get("mutant_causal_alignment");
+  EXPECT_TRUE(mutant.info.mutant);
+  const AttentionSpec top = aligned_spec(CausalAlignment::top_left);
+  const AttentionSpec bottom = aligned_spec(CausalAlignment::bottom_right);
+  const CoreInputs square = alignment_inputs(5, 5, 61);
+  expect_core_close(run_core(*mutant.attention, square, top), run_core(plugin("per_head"), square, top));
+  const MhaInputs in = make_mha_inputs({2, 4, 8}, 2, 2, Layout::contiguous, 67);
+  expect_mha_agree(run_mha(*mutant.attention, in, mha_spec(8, 2, true)),
+                   run_mha(plugin("per_head"), in, mha_spec(8, 2, true)));
+  for (const auto& [tq, tk] : {std::pair<std::int64_t, std::int64_t>{1, 7}, {6, 4}, {2, 5}}) {
+    SCOPED_TRACE("Tq " + std::to_string(tq) + ", Tk " + std::to_string(tk));
+    const CoreInputs cross = alignment_inputs(tq, tk, 71);
+    const CoreResult wrong = run_core(*mutant.attention, cross, top);
+    EXPECT_GT(max_abs_gap(wrong.out, run_core(plugin("per_head"), cross, top).out), 1e-3);
+    expect_core_close(wrong, run_core(plugin("per_head"), cross, bottom));
+  }
+}
+
 }  // namespace

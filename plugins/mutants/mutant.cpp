@@ -28,6 +28,7 @@ enum class Bug {
   INTERLEAVED_HEAD_SLICES,
   KV_SWAPPED,
   BATCH_MIXING,
+  CAUSAL_ALIGNMENT,
 };
 constexpr Bug kBug = Bug::HEADGRAD_MUTANT;
 
@@ -43,6 +44,8 @@ std::string lower(std::string s) {
 Tensor mutant_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t tk) {
   AttentionSpec s = spec;
   if (kBug == Bug::MISSING_CAUSAL_MASK) s.causal = false;  // BUG: the causal flag is ignored
+  if (kBug == Bug::CAUSAL_ALIGNMENT)  // BUG: FlashAttention's convention whatever is asked
+    s.causal_alignment = CausalAlignment::bottom_right;
   const bool wrong_causal =
       kBug == Bug::CAUSAL_MASK_EXCLUDES_DIAGONAL || kBug == Bug::CAUSAL_MASK_INVERTED;
   if (!s.causal || !wrong_causal) return attention_mask(s, tq, tk);
