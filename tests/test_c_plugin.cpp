@@ -214,6 +214,18 @@ TEST(CPluginCausal, APluginWithoutBottomRightNeverSeesItAndStillAgrees) {
   }
 }
 
+TEST(CPluginCausal, ANonBoolMaskIsRefusedNamingThePluginOnEveryPath) {
+  Generator gen(23);
+  const Variable q(randn({1, 1, 2, 4}, DType::float64, gen)), k(randn({1, 1, 5, 4}, DType::float64, gen));
+  AttentionSpec spec;
+  spec.causal = true;
+  spec.causal_alignment = CausalAlignment::bottom_right;
+  spec.mask = Tensor::zeros({2, 5}, DType::float64);
+  for (const char* name : {"naive_c", "naive_c_top_left"})
+    headgrad::test::expect_invalid([&] { (void)plugin(name).core_forward(q, k, k, spec); },
+                                   {"plugin '" + std::string(name) + "'", "must be bool", "float64"});
+}
+
 // ---------------------------------------------------------------- loading
 
 TEST(CPlugin, LoadsAsACoreLevelPlugin) {

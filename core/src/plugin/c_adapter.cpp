@@ -170,6 +170,9 @@ class CAttention final : public Attention {
                               "c plugin core");
     s.scale = spec.scale_for(q.size(-1));
     const std::int64_t tq = q.size(-2), tk = k.size(-2);
+    if (spec.mask.defined() && spec.mask.dtype() != DType::boolean)
+      throw std::invalid_argument(who + ": the attention mask must be bool (True = attend), got " +
+                                  std::string(dtype_name(spec.mask.dtype())));
     // A plugin that does not declare bottom-right never sees it: with Tq = Tk
     // it is top-left, otherwise it goes as the bool mask attention_mask builds.
     AttentionSpec as_given = spec;
@@ -188,9 +191,6 @@ class CAttention final : public Attention {
       }
     }
     if (as_given.mask.defined()) {
-      if (as_given.mask.dtype() != DType::boolean)
-        throw std::invalid_argument(who + ": the attention mask must be bool (True = attend), got " +
-                                    std::string(dtype_name(as_given.mask.dtype())));
       const Shape mask_shape = with_last2(s.lead, q.size(-2), k.size(-2));
       // The mask may add leading dims of its own: they join the broadcast.
       const Shape full = broadcast_shapes(as_given.mask.shape(), mask_shape, "c plugin mask");
