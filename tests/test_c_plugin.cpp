@@ -10,10 +10,14 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "headgrad/attention.hpp"
@@ -50,6 +54,7 @@ const PluginRegistry& registry() {
     auto r = std::make_unique<PluginRegistry>();
     r->load_file(kCPluginDir / "naive_c.so");
     r->load_file(kBrokenCPluginDir / "failing_c.so");
+    r->load_file(kBrokenCPluginDir / "naive_c_top_left.so");
     r->load_file(kBuiltPluginDir / "fused_sdpa" / "fused_sdpa.so");
     return r;
   }();
@@ -93,6 +98,7 @@ struct CoreCase {
   bool mask = false;
   bool transposed = false;   // q, k, v as transposed views of their storage
   bool broadcast_kv = false; // k, v with one batch: broadcast over B
+  CausalAlignment align = CausalAlignment::top_left;
 };
 
 std::string case_name(const ::testing::TestParamInfo<CoreCase>& info) { return info.param.name; }
@@ -105,6 +111,10 @@ const std::vector<CoreCase> kCases = {
     {"cross_causal", 2, 2, 7, 4, 3, 5, true},
     {"transposed", 2, 2, 6, 6, 4, 4, true, false, true},
     {"broadcast_kv", 2, 2, 4, 5, 3, 3, false, true, false, true},
+    {"bottom_right_decode", 2, 2, 1, 7, 4, 3, true, false, false, false, CausalAlignment::bottom_right},
+    // Tq > Tk: queries 0..2 attend no key (zeros, zero gradients)
+    {"bottom_right_tq_gt_tk_mask", 1, 2, 7, 4, 3, 5, true, true, false, false,
+     CausalAlignment::bottom_right},
 };
 
 struct Inputs {
@@ -124,6 +134,7 @@ Inputs make_inputs(const CoreCase& c, DType dtype, std::uint64_t seed) {
   in.k = make(bkv, c.Tk, c.d);
   in.v = make(bkv, c.Tk, c.dv);
   in.spec.causal = c.causal;
+  in.spec.causal_alignment = c.align;
   if (c.mask) in.spec.mask = random_mask(c.Tq, c.Tk, seed + 5, /*masked_row=*/1);
   return in;
 }
@@ -157,6 +168,63 @@ TEST_P(CPluginAgreement, PassesGradcheck) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, CPluginAgreement, ::testing::ValuesIn(kCases), case_name);
+
+// ---------------------------------------------------------------- causal alignment
+
+// [Tq, Tk] bool built by hand: query i attends keys j <= i + shift.
+Tensor diagonal_mask(std::int64_t tq, std::int64_t tk, std::int64_t shift) {
+  Tensor m = Tensor::empty({tq, tk}, DType::boolean);
+  for (std::int64_t i = 0; i < tq; ++i)
+    for (std::int64_t j = 0; j < tk; ++j) m.set({i, j}, j <= i + shift);
+  return m;
+}
+
+TEST(CPluginCausal, BottomRightEqualsItsMaskBuiltByHand) {
+  for (const auto& [tq, tk] : {std::pair<std::int64_t, std::int64_t>{1, 7}, {2, 5}, {5, 3}}) {
+    SCOPED_TRACE("Tq " + std::to_string(tq) + ", Tk " + std::to_string(tk));
+    Inputs in = make_inputs({"br", 2, 2, tq, tk, 4, 3, true}, DType::float64, 21);
+    in.spec.causal_alignment = CausalAlignment::bottom_right;
+    AttentionSpec by_hand;
+    by_hand.mask = diagonal_mask(tq, tk, tk - tq);
+    const CoreResult c = run_core(plugin("naive_c"), in.q, in.k, in.v, in.spec, 6);
+    expect_core_close(c, run_core(plugin("naive_c"), in.q, in.k, in.v, by_hand, 6), 1e-14, 1e-12);
+    // and it is not the top-left mask at these shapes
+    AttentionSpec top_left = in.spec;
+    top_left.causal_alignment = CausalAlignment::top_left;
+    const CoreResult t = run_core(plugin("naive_c"), in.q, in.k, in.v, top_left, 6);
+    const std::vector<double> a = c.out.to_vector(), b = t.out.to_vector();
+    double worst = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
+    EXPECT_GT(worst, 1e-3);
+  }
+}
+
+// A plugin that predates bottom-right (no HG_CAP_CAUSAL_BOTTOM_RIGHT) fails the
+// call if it sees HG_CAUSAL_BOTTOM_RIGHT; headgrad hands it a bool mask instead.
+TEST(CPluginCausal, APluginWithoutBottomRightNeverSeesItAndStillAgrees) {
+  const Capabilities& caps = registry().get("naive_c_top_left").info.capabilities;
+  EXPECT_TRUE(caps.causal && caps.bool_mask);
+  for (const auto& [tq, tk, mask] : {std::tuple<std::int64_t, std::int64_t, bool>{1, 7, false},
+                                     {6, 6, false}, {7, 4, true}}) {
+    SCOPED_TRACE("Tq " + std::to_string(tq) + ", Tk " + std::to_string(tk));
+    Inputs in = make_inputs({"old", 2, 2, tq, tk, 4, 3, true, mask}, DType::float64, 22);
+    in.spec.causal_alignment = CausalAlignment::bottom_right;
+    const CoreResult old = run_core(plugin("naive_c_top_left"), in.q, in.k, in.v, in.spec, 7);
+    expect_core_close(old, run_core(plugin("naive_c"), in.q, in.k, in.v, in.spec, 7), 1e-14, 1e-12);
+  }
+}
+
+TEST(CPluginCausal, ANonBoolMaskIsRefusedNamingThePluginOnEveryPath) {
+  Generator gen(23);
+  const Variable q(randn({1, 1, 2, 4}, DType::float64, gen)), k(randn({1, 1, 5, 4}, DType::float64, gen));
+  AttentionSpec spec;
+  spec.causal = true;
+  spec.causal_alignment = CausalAlignment::bottom_right;
+  spec.mask = Tensor::zeros({2, 5}, DType::float64);
+  for (const char* name : {"naive_c", "naive_c_top_left"})
+    headgrad::test::expect_invalid([&] { (void)plugin(name).core_forward(q, k, k, spec); },
+                                   {"plugin '" + std::string(name) + "'", "must be bool", "float64"});
+}
 
 // ---------------------------------------------------------------- loading
 

@@ -212,6 +212,7 @@ struct TiledCase {
   bool causal;
   double dropout_p;
   MaskKind mask = MaskKind::none;
+  CausalAlignment align = CausalAlignment::top_left;
 };
 
 void PrintTo(const TiledCase& c, std::ostream* os) { *os << c.name; }
@@ -222,6 +223,7 @@ CoreInputs make_tiled_inputs(const TiledCase& c, DType dtype, std::uint64_t seed
   CoreInputs in = make_inputs(CoreCase{c.name, {2}, c.tq, c.tk, 3, 2, c.causal, c.mask}, dtype, seed);
   in.spec.dropout_p = c.dropout_p;
   in.spec.dropout_seed = 4242;
+  in.spec.causal_alignment = c.align;
   return in;
 }
 
@@ -291,6 +293,16 @@ const std::vector<TiledCase> kTiledCases = {
     TiledCase{"tq7_tk10_br2_bc3_causal_dropout", 2, 3, 7, 10, true, 0.3},
     TiledCase{"tq9_tk10_br3_bc3_mask_causal", 3, 3, 9, 10, true, 0.0, MaskKind::per_slice},
     TiledCase{"tq5_tk4_br1_bc1_dropout", 1, 1, 5, 4, false, 0.5},
+    // bottom-right: the diagonal moves by Tk - Tq, and with Tq > Tk whole query
+    // blocks (rows 0..3 of 11 at Br = 3) see no key and are skipped
+    TiledCase{"tq7_tk11_br2_bc3_bottom_right", 2, 3, 7, 11, true, 0.0, MaskKind::none,
+              CausalAlignment::bottom_right},
+    TiledCase{"tq11_tk7_br3_bc2_bottom_right", 3, 2, 11, 7, true, 0.0, MaskKind::none,
+              CausalAlignment::bottom_right},
+    TiledCase{"tq11_tk7_br3_bc2_bottom_right_dropout", 3, 2, 11, 7, true, 0.3, MaskKind::none,
+              CausalAlignment::bottom_right},
+    TiledCase{"tq9_tk10_br3_bc3_mask_bottom_right", 3, 3, 9, 10, true, 0.0, MaskKind::per_slice,
+              CausalAlignment::bottom_right},
 };
 
 std::vector<TiledCase> without_dropout(const std::vector<TiledCase>& cases) {
@@ -303,6 +315,41 @@ std::vector<TiledCase> without_dropout(const std::vector<TiledCase>& cases) {
 std::string tiled_name(const ::testing::TestParamInfo<TiledCase>& info) { return info.param.name; }
 
 INSTANTIATE_TEST_SUITE_P(Tiles, FusedTiles, ::testing::ValuesIn(kTiledCases), tiled_name);
+
+// The kernel's causal tile logic (skipped tiles, diagonal tiles, empty query
+// blocks) against its own mask path: the same bottom-right mask built by hand
+// and given as a bool tensor, causal off. Equal to rounding, forward and backward,
+// and the queries with no key give zeros and zero dq.
+TEST(FusedKernel, BottomRightEqualsItsHandBuiltMaskAcrossTiles) {
+  for (const auto& [tq, tk] : {std::pair<std::int64_t, std::int64_t>{1, 7}, {7, 11}, {11, 7}, {10, 10}}) {
+    SCOPED_TRACE("Tq " + std::to_string(tq) + ", Tk " + std::to_string(tk));
+    Generator gen(31);
+    const Tensor q = randn({2, tq, 3}, DType::float64, gen);
+    const Tensor k = randn({2, tk, 3}, DType::float64, gen);
+    const Tensor v = randn({2, tk, 2}, DType::float64, gen);
+    const Tensor r = randn({2, tq, 2}, DType::float64, gen);
+    AttentionSpec causal;
+    causal.causal = true;
+    causal.causal_alignment = CausalAlignment::bottom_right;
+    AttentionSpec by_hand;
+    by_hand.mask = Tensor::empty({tq, tk}, DType::boolean);
+    for (std::int64_t i = 0; i < tq; ++i)
+      for (std::int64_t j = 0; j < tk; ++j) by_hand.mask.set({i, j}, j <= i + (tk - tq));
+    const auto run = [&](const AttentionSpec& spec) {
+      const Variable vq(q, true), vk(k, true), vv(v, true);
+      const Variable out = fused_sdpa::sdpa(vq, vk, vv, spec, {3, 2});
+      sum(mul(out, Variable(r))).backward();
+      return CoreResult{out.data(), vq.grad(), vk.grad(), vv.grad()};
+    };
+    const CoreResult a = run(causal), b = run(by_hand);
+    expect_core_close(a, b, 1e-13, 1e-12);
+    for (std::int64_t i = 0; i < tq - tk; ++i)
+      for (std::int64_t c = 0; c < 3; ++c) {
+        EXPECT_EQ(a.dq.at({0, i, c}), 0.0);
+        if (c < 2) EXPECT_EQ(a.out.at({1, i, c}), 0.0);
+      }
+  }
+}
 INSTANTIATE_TEST_SUITE_P(Tiles, FusedTilesExact, ::testing::ValuesIn(without_dropout(kTiledCases)),
                          tiled_name);
 

@@ -8,16 +8,19 @@
 // and causal masks are [Tq, Tk] with True = attend (j <= i, aligned top-left).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <initializer_list>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "headgrad/attention.hpp"
 #include "headgrad/gradcheck.hpp"
+#include "headgrad/kernels.hpp"
 #include "headgrad/ops.hpp"
 #include "op_test_util.hpp"
 
@@ -141,6 +144,40 @@ TEST(Softmax, LargeInputsAreStable) {
   expect_values(f, {2, 2}, {1 / (1 + e), e / (1 + e), e / (1 + e), 1 / (1 + e)}, 1e-6);
 }
 
+// exp_shift_row's float32 top edge: within 2 ulp of std::exp up to
+// ln(FLT_MAX) = 88.72, and inf past it (a saturated exp(88) would let a
+// softmax without max subtraction pass for a finite one).
+TEST(ExpShiftRow, Float32OverflowsToInfinityPastItsRange) {
+  const float kFloatInf = std::numeric_limits<float>::infinity();
+  std::vector<float> x;
+  for (float v = 85.0f; v < 88.72f; v += 0.00731f) x.push_back(v);
+  x.push_back(std::nextafter(std::log(std::numeric_limits<float>::max()), 0.0f));
+  const std::size_t finite = x.size();
+  x.insert(x.end(), {88.75f, 89.0f, 100.0f, 1.0e30f, kFloatInf});
+  std::vector<float> y = x;
+  const float sum = kernels::exp_shift_row(y.data(), static_cast<std::int64_t>(y.size()), 0.0f);
+  EXPECT_EQ(sum, kFloatInf);
+  double worst_ulps = 0;
+  for (std::size_t i = 0; i < finite; ++i) {
+    const float want = std::exp(x[i]);
+    ASSERT_TRUE(std::isfinite(want)) << x[i];
+    ASSERT_TRUE(std::isfinite(y[i])) << "exp(" << x[i] << ") = " << y[i];
+    const float ulp = std::nextafter(want, kFloatInf) - want;
+    worst_ulps = std::max(worst_ulps, std::abs(double(y[i]) - double(want)) / double(ulp));
+  }
+  EXPECT_LE(worst_ulps, 2.0);
+  for (std::size_t i = finite; i < x.size(); ++i) {
+    EXPECT_EQ(std::exp(x[i]), kFloatInf) << x[i];
+    EXPECT_EQ(y[i], kFloatInf) << "exp(" << x[i] << ")";
+  }
+  // the shift moves the edge with it: exp(89 - 0.5) is finite, exp(89.5 - 0.25) is not
+  std::vector<float> z = {89.0f, 89.5f};
+  kernels::exp_shift_row(z.data(), 1, 0.5f);
+  kernels::exp_shift_row(z.data() + 1, 1, 0.25f);
+  EXPECT_FLOAT_EQ(z[0], std::exp(88.5f));
+  EXPECT_EQ(z[1], kFloatInf);
+}
+
 TEST(Softmax, DimOutOfRangeThrows) {
   const Variable x(Tensor::zeros({2, 3}, DType::float64));
   expect_invalid([&] { softmax(x, 2); }, {"softmax", "2", "[2, 3]"});
@@ -171,6 +208,57 @@ TEST(CausalMask, SquareAndEdges) {
   expect_values(causal_mask(2, 2), {2, 2}, {1, 0, 1, 1});
   EXPECT_EQ(causal_mask(0, 3).numel(), 0);
   expect_invalid([] { causal_mask(-1, 2); }, {"causal_mask", "-1"});
+}
+
+// Bottom-right alignment (FlashAttention 2.1+): query i attends j <= i + (Tk - Tq).
+TEST(CausalMask, TwoByFiveBottomRight) {
+  AttentionSpec spec;
+  spec.causal = true;
+  spec.causal_alignment = CausalAlignment::bottom_right;
+  // shift 3: row 0 sees keys 0..3, row 1 (the last query) all five
+  expect_values(attention_mask(spec, 2, 5), {2, 5},
+                {1, 1, 1, 1, 0,
+                 1, 1, 1, 1, 1});
+  expect_values(causal_mask(2, 5, 3), {2, 5}, {1, 1, 1, 1, 0, 1, 1, 1, 1, 1});
+  spec.causal_alignment = CausalAlignment::top_left;
+  expect_values(attention_mask(spec, 2, 5), {2, 5},
+                {1, 0, 0, 0, 0,
+                 1, 1, 0, 0, 0});
+}
+
+TEST(CausalMask, FiveByThreeBottomRightHasEmptyRows) {
+  AttentionSpec spec;
+  spec.causal = true;
+  spec.causal_alignment = CausalAlignment::bottom_right;
+  // shift -2: rows 0 and 1 attend nothing, row 4 (the last query) every key
+  expect_values(attention_mask(spec, 5, 3), {5, 3},
+                {0, 0, 0,
+                 0, 0, 0,
+                 1, 0, 0,
+                 1, 1, 0,
+                 1, 1, 1});
+  // with a user mask both must allow: key 1 hidden from every query
+  spec.mask = bools({1, 0, 1}, {3});
+  expect_values(attention_mask(spec, 5, 3), {5, 3},
+                {0, 0, 0,
+                 0, 0, 0,
+                 1, 0, 0,
+                 1, 0, 0,
+                 1, 0, 1});
+}
+
+TEST(CausalMask, AlignmentsAgreeWhenSquare) {
+  AttentionSpec top, bottom;
+  top.causal = bottom.causal = true;
+  bottom.causal_alignment = CausalAlignment::bottom_right;
+  for (std::int64_t t : {1, 2, 4}) {
+    EXPECT_EQ(bottom.causal_shift(t, t), 0);
+    EXPECT_EQ(attention_mask(top, t, t).to_vector(), attention_mask(bottom, t, t).to_vector());
+  }
+  EXPECT_EQ(bottom.causal_shift(1, 7), 6);
+  EXPECT_EQ(top.causal_shift(1, 7), 0);
+  EXPECT_EQ(causal_alignment_name(CausalAlignment::top_left), "top_left");
+  EXPECT_EQ(causal_alignment_name(CausalAlignment::bottom_right), "bottom_right");
 }
 
 TEST(LogicalNot, Values) {
@@ -312,6 +400,32 @@ TEST(MaskedSoftmax, RectangularCausal) {
                                        DType::float64));
   const Variable p = softmax(masked_fill(s, logical_not(causal_mask(2, 3)), -kInf), -1);
   expect_values(p.data(), {2, 3}, {1, 0, 0, 0.25, 0.75, 0});
+}
+
+// The fused op's causal shift equals the same mask given as a tensor, rows
+// with no key included (zeros, zero gradient), for both alignments' shifts.
+TEST(MaskedSoftmax, CausalShiftEqualsItsMaskTensor) {
+  for (const auto& [tq, tk] : {std::pair<std::int64_t, std::int64_t>{2, 5}, {5, 3}, {1, 7}, {4, 4}}) {
+    SCOPED_TRACE(std::to_string(tq) + " x " + std::to_string(tk));
+    const std::int64_t shift = tk - tq;
+    const Tensor x = make({2, tq, tk}, Layout::contiguous, 8);
+    const Tensor r = make({2, tq, tk}, Layout::contiguous, 9);
+    Variable a(x, true), b(x, true);
+    const Variable pa = masked_softmax(a, 0.7, Tensor(), true, shift);
+    const Variable pb = masked_softmax(b, 0.7, causal_mask(tq, tk, shift), false);
+    sum(mul(pa, Variable(r))).backward();
+    sum(mul(pb, Variable(r))).backward();
+    EXPECT_EQ(pa.data().to_vector(), pb.data().to_vector());
+    EXPECT_EQ(a.grad().to_vector(), b.grad().to_vector());
+    for (std::int64_t i = 0; i < std::max<std::int64_t>(0, -shift); ++i)  // empty rows
+      for (std::int64_t j = 0; j < tk; ++j) {
+        EXPECT_EQ(pa.data().at({1, i, j}), 0.0);
+        EXPECT_EQ(a.grad().at({1, i, j}), 0.0);
+      }
+    expect_gradcheck(
+        [shift](const std::vector<Variable>& v) { return masked_softmax(v[0], 0.7, Tensor(), true, shift); },
+        {x});
+  }
 }
 
 class MaskedSoftmaxLayout : public ::testing::TestWithParam<Layout> {};

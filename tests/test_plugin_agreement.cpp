@@ -24,6 +24,7 @@
 #include <ostream>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "headgrad/attention.hpp"
@@ -994,6 +995,166 @@ TEST_F(PluginTest, RopePositionsOfTheWrongShapeAreRefused) {
   spec.rope.positions = positions_tensor({0, 1, 2, 3, 4}, {5});  // T = 5, not 7
   headgrad::test::expect_invalid([&] { run_mha(plugin("per_head"), in, spec); },
                                  {"positions [5]", "T = 7"});
+}
+
+// ---------------------------------------------------------------- causal alignment
+
+// [Tq, Tk] bool built by hand, True = attend: query i sees keys j <= i + shift
+// (shift 0 top-left, Tk - Tq bottom-right).
+Tensor hand_causal_mask(std::int64_t tq, std::int64_t tk, std::int64_t shift) {
+  Tensor m = Tensor::empty({tq, tk}, DType::boolean);
+  for (std::int64_t i = 0; i < tq; ++i)
+    for (std::int64_t j = 0; j < tk; ++j) m.set({i, j}, j <= i + shift);
+  return m;
+}
+
+CoreInputs alignment_inputs(std::int64_t tq, std::int64_t tk, std::uint64_t seed) {
+  Generator gen(seed);
+  // [B, H, Tq, d] = [2, 2, Tq, 3], v with dv = 4
+  return {randn({2, 2, tq, 3}, DType::float64, gen), randn({2, 2, tk, 3}, DType::float64, gen),
+          randn({2, 2, tk, 4}, DType::float64, gen), randn({2, 2, tq, 4}, DType::float64, gen)};
+}
+
+AttentionSpec aligned_spec(CausalAlignment alignment) {
+  AttentionSpec spec;
+  spec.causal = true;
+  spec.causal_alignment = alignment;
+  return spec;
+}
+
+double max_abs_gap(const Tensor& a, const Tensor& b) {
+  const std::vector<double> x = a.to_vector(), y = b.to_vector();
+  double worst = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(x[i] - y[i]));
+  return worst;
+}
+
+struct AlignmentShape {
+  std::string name;
+  std::int64_t tq, tk;
+};
+void PrintTo(const AlignmentShape& s, std::ostream* os) { *os << s.name; }
+
+using AlignmentCase = std::tuple<AlignmentShape, CausalAlignment, bool>;  // shape, alignment, user mask
+
+class CausalAlignmentAgreement : public PluginTest,
+                                 public ::testing::WithParamInterface<AlignmentCase> {};
+
+// Every plugin, given causal in one alignment, equals the composed core given
+// the same mask as an explicit bool tensor built by hand (causal off), and so
+// each other; with a user mask too, both combined.
+TEST_P(CausalAlignmentAgreement, EqualsTheHandBuiltMaskOnTheComposedCore) {
+  require_plugins(kPlugins);
+  const auto& [shape, alignment, with_mask] = GetParam();
+  const std::int64_t tq = shape.tq, tk = shape.tk;
+  const CoreInputs in = alignment_inputs(tq, tk, 41);
+  AttentionSpec spec = aligned_spec(alignment);
+  Tensor mask = hand_causal_mask(tq, tk, alignment == CausalAlignment::bottom_right ? tk - tq : 0);
+  if (with_mask) {
+    Generator gen(43);
+    const Tensor user = random_mask({2, 1, tq, tk}, gen);
+    spec.mask = user;
+    Tensor both = Tensor::empty({2, 1, tq, tk}, DType::boolean);
+    for (std::int64_t b = 0; b < 2; ++b)
+      for (std::int64_t i = 0; i < tq; ++i)
+        for (std::int64_t j = 0; j < tk; ++j)
+          both.set({b, 0, i, j}, user.at({b, 0, i, j}) != 0 && mask.at({i, j}) != 0);
+    mask = both;
+  }
+  AttentionSpec explicit_mask;
+  explicit_mask.mask = mask;
+  const Variable q(in.q, true), k(in.k, true), v(in.v, true);
+  const Variable out = attention_core(q, k, v, explicit_mask);
+  sum(mul(out, Variable(in.r))).backward();
+  const CoreResult composed{out.data(), q.grad(), k.grad(), v.grad()};
+  for (const auto& name : kPlugins) {
+    SCOPED_TRACE(name);
+    const CoreResult got = run_core(plugin(name), in, spec);
+    expect_core_close(got, composed, 1e-12, 1e-10);
+    // bottom-right with Tq > Tk: the first Tq - Tk queries see no key
+    if (alignment == CausalAlignment::bottom_right)
+      for (std::int64_t i = 0; i < tq - tk; ++i)
+        for (std::int64_t c = 0; c < 3; ++c) {
+          EXPECT_EQ(got.out.at({1, 1, i, c}), 0.0);
+          EXPECT_EQ(got.dq.at({1, 1, i, c}), 0.0);
+        }
+  }
+  for (const auto& [a, b] : kPairs) {
+    SCOPED_TRACE(a + " vs " + b);
+    expect_core_close(run_core(plugin(a), in, spec), run_core(plugin(b), in, spec));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Plugins, CausalAlignmentAgreement,
+    ::testing::Combine(::testing::Values(AlignmentShape{"decode_tq1_tk7", 1, 7},
+                                         AlignmentShape{"tq2_tk5", 2, 5},
+                                         AlignmentShape{"square_tq5_tk5", 5, 5},
+                                         AlignmentShape{"tq6_tk4", 6, 4}),
+                       ::testing::Values(CausalAlignment::top_left, CausalAlignment::bottom_right),
+                       ::testing::Bool()),
+    [](const ::testing::TestParamInfo<AlignmentCase>& info) {
+      return std::get<0>(info.param).name + "__" +
+             std::string(causal_alignment_name(std::get<1>(info.param))) +
+             (std::get<2>(info.param) ? "__mask" : "");
+    });
+
+// Tq = Tk: the two alignments are one mask, at the core level and (always
+// Tq = Tk) at the MHA level, bit for bit in every plugin; Tq != Tk: they differ.
+TEST_F(PluginTest, CausalAlignmentsAreIdenticalExactlyWhenSquare) {
+  require_plugins(kPlugins);
+  const AttentionSpec top = aligned_spec(CausalAlignment::top_left);
+  const AttentionSpec bottom = aligned_spec(CausalAlignment::bottom_right);
+  for (const auto& name : kPlugins) {
+    SCOPED_TRACE(name);
+    const CoreInputs square = alignment_inputs(5, 5, 47);
+    const CoreResult a = run_core(plugin(name), square, top), b = run_core(plugin(name), square, bottom);
+    EXPECT_EQ(a.out.to_vector(), b.out.to_vector());
+    EXPECT_EQ(a.dq.to_vector(), b.dq.to_vector());
+    EXPECT_EQ(a.dk.to_vector(), b.dk.to_vector());
+    EXPECT_EQ(a.dv.to_vector(), b.dv.to_vector());
+    for (const auto& [tq, tk] : {std::pair<std::int64_t, std::int64_t>{1, 7}, {6, 4}}) {
+      const CoreInputs cross = alignment_inputs(tq, tk, 53);
+      EXPECT_GT(max_abs_gap(run_core(plugin(name), cross, top).out,
+                            run_core(plugin(name), cross, bottom).out), 1e-3)
+          << "Tq " << tq << ", Tk " << tk;
+    }
+    const MhaInputs in = make_mha_inputs({2, 4, 8}, 2, 2, Layout::contiguous, 59);
+    AttentionSpec mha_top = mha_spec(8, 2, true), mha_bottom = mha_top;
+    mha_bottom.causal_alignment = CausalAlignment::bottom_right;
+    const MhaResult x = run_mha(plugin(name), in, mha_top), y = run_mha(plugin(name), in, mha_bottom);
+    EXPECT_EQ(x.out.to_vector(), y.out.to_vector());
+    EXPECT_EQ(x.dwq.to_vector(), y.dwq.to_vector());
+  }
+}
+
+// The mutant causal_alignment (bottom-right whatever it is asked) is the
+// correct plugin at Tq = Tk and differs from it at Tq != Tk, where it equals
+// the correct plugin asked for bottom-right.
+TEST_F(PluginTest, MutantCausalAlignmentShowsOnlyWhenTqDiffersFromTk) {
+  require_plugins({"per_head"});
+  // The build puts plugins/<name>/<name>.so and plugins/mutants/mutant_<bug>.so side by side.
+  const std::filesystem::path file =
+      test::real_plugin_files().front().parent_path().parent_path() / "mutants" /
+      "mutant_causal_alignment.so";
+  PluginRegistry reg;
+  ASSERT_TRUE(reg.load_file(file)) << file << ": " << reg.rejections().back().reason;
+  const LoadedPlugin& mutant = reg.get("mutant_causal_alignment");
+  EXPECT_TRUE(mutant.info.mutant);
+  const AttentionSpec top = aligned_spec(CausalAlignment::top_left);
+  const AttentionSpec bottom = aligned_spec(CausalAlignment::bottom_right);
+  const CoreInputs square = alignment_inputs(5, 5, 61);
+  expect_core_close(run_core(*mutant.attention, square, top), run_core(plugin("per_head"), square, top));
+  const MhaInputs in = make_mha_inputs({2, 4, 8}, 2, 2, Layout::contiguous, 67);
+  expect_mha_agree(run_mha(*mutant.attention, in, mha_spec(8, 2, true)),
+                   run_mha(plugin("per_head"), in, mha_spec(8, 2, true)));
+  for (const auto& [tq, tk] : {std::pair<std::int64_t, std::int64_t>{1, 7}, {6, 4}, {2, 5}}) {
+    SCOPED_TRACE("Tq " + std::to_string(tq) + ", Tk " + std::to_string(tk));
+    const CoreInputs cross = alignment_inputs(tq, tk, 71);
+    const CoreResult wrong = run_core(*mutant.attention, cross, top);
+    EXPECT_GT(max_abs_gap(wrong.out, run_core(plugin("per_head"), cross, top).out), 1e-3);
+    expect_core_close(wrong, run_core(plugin("per_head"), cross, bottom));
+  }
 }
 
 }  // namespace

@@ -20,8 +20,9 @@
 //   dQ += dS K * scale;  dK += dS^T Q * scale.
 // Extra memory grows with T, never with Tq * Tk: O, L, D, the gradients, and
 // per worker a few tiles of scratch. A bool mask is read through a strided view
-// of the user's mask (never densified); causal is decided from indices, and
-// causal tiles that lie entirely above the diagonal are skipped, not computed.
+// of the user's mask (never densified); causal is decided from indices (query
+// i attends keys j <= i + shift: shift 0 top-left, Tk - Tq bottom-right), and
+// causal tiles that lie entirely above that diagonal are skipped, not computed.
 //
 // Fully masked rows: a query row whose keys are all masked has l = 0 and
 // L = -inf. Its output is zeros and it sends zero (finite) gradients to q, k
@@ -171,14 +172,16 @@ struct Sdpa {
   std::int64_t br = 0, bc = 0;  // the tile: query rows x keys
   T scale = 1;
   bool causal = false;
+  std::int64_t shift = 0;  // causal: query i attends keys j <= i + shift
   Rows<T> q, k, v;  // [N, Tq, d], [Nkv, Tk, d], [Nkv, Tk, dv]
   MaskRows mask;
   Dropout dropout;
 
   // Keys a block of query rows [i0, i0 + br) can see: causal blocks stop at the
-  // diagonal, so the tiles above it are never computed.
+  // diagonal, so the tiles above it are never computed (bottom-right with
+  // Tq > Tk: the first blocks may see none).
   std::int64_t key_end(std::int64_t i0, std::int64_t br) const {
-    return causal ? std::min(tk, i0 + br) : tk;
+    return causal ? std::clamp<std::int64_t>(i0 + br + shift, 0, tk) : tk;
   }
 
   // s [br, bc] = scale * q[i0:i0+br] k[j0:j0+bc]^T, masked entries -inf.
@@ -187,7 +190,7 @@ struct Sdpa {
               std::int64_t bc, T* s) const {
     gemm(false, true, br, bc, d, scale, q.slice(nn) + i0 * q.ld, q.ld, k.slice(nn / group) + j0 * k.ld,
             k.ld, T(0), s, bc);
-    const bool diagonal = causal && j0 + bc - 1 > i0;  // some key j > query i in this tile
+    const bool diagonal = causal && j0 + bc - 1 > i0 + shift;  // some key j > i + shift here
     if (!diagonal && !mask.on) return;
     constexpr T neg_inf = -std::numeric_limits<T>::infinity();
     const bool* m = mask.on ? mask.slice(nn) : nullptr;
@@ -196,7 +199,7 @@ struct Sdpa {
       T* sr = s + r * bc;
       for (std::int64_t c = 0; c < bc; ++c) {
         const std::int64_t j = j0 + c;
-        if ((diagonal && j > i) || (m && !m[i * mask.si + j * mask.sj])) sr[c] = neg_inf;
+        if ((diagonal && j > i + shift) || (m && !m[i * mask.si + j * mask.sj])) sr[c] = neg_inf;
       }
     }
   }
@@ -252,6 +255,7 @@ Sdpa<T> make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const At
   a.dv = v.size(-1);
   a.scale = static_cast<T>(spec.scale_for(a.d));
   a.causal = spec.causal;
+  a.shift = spec.causal_shift(a.tq, a.tk);
   a.q = as_rows<T>(q, a.lead);
   a.k = as_rows<T>(k, a.kv_lead);
   a.v = as_rows<T>(v, a.kv_lead);

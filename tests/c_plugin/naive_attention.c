@@ -7,7 +7,7 @@
  * query/key lengths, d query/key width, dv value width.
  *
  * Forward, per leading index n and query row i, over the attended keys j
- * (causal: j <= i; mask: mask[i, j] != 0):
+ * (causal: j <= i, or j <= i + Tk - Tq bottom-right; mask: mask[i, j] != 0):
  *   s_j = scale * q_i . k_j;   m = max_j s_j;   l = sum_j exp(s_j - m)
  *   out_i = sum_j exp(s_j - m) / l * v_j;   stats_i = lse_i = m + log(l)
  * A row with no attended key has out_i = 0 and lse_i = -inf.
@@ -15,6 +15,10 @@
  * Backward, recomputing p_ij = exp(s_ij - lse_i) from the saved lse:
  *   D_i = dout_i . out_i;   dv_j += p_ij dout_i;   dp_ij = dout_i . v_j
  *   ds_ij = p_ij (dp_ij - D_i);   dq_i += scale ds_ij k_j;   dk_j += scale ds_ij q_i
+ *
+ * Built with NAIVE_C_TOP_LEFT_ONLY it is "naive_c_top_left", a plugin written
+ * before bottom-right alignment existed: it does not declare it and fails the
+ * call if it ever sees HG_CAUSAL_BOTTOM_RIGHT.
  *
  * Elements are read and written through the strides headgrad gives, in double
  * whatever the dtype (float32 buffers are converted on load and store).
@@ -58,13 +62,23 @@ static void add_to(const hg_tensor* t, int64_t base, int64_t r, int64_t c, doubl
 
 static int attends(const hg_core_call* call, int64_t mask_base, int64_t i, int64_t j) {
   const hg_tensor* m = call->mask;
-  if (call->causal && j > i) return 0;
+  const int64_t tq = call->q.shape[call->q.ndim - 2], tk = call->k.shape[call->k.ndim - 2];
+  const int64_t shift = call->causal == HG_CAUSAL_BOTTOM_RIGHT ? tk - tq : 0;
+  if (call->causal != HG_CAUSAL_NONE && j > i + shift) return 0;
   if (m) {
     const int64_t at = mask_base + i * m->strides[m->ndim - 2] + j * m->strides[m->ndim - 1];
     if (!((const uint8_t*)m->data)[at]) return 0;
   }
   return 1;
 }
+
+#ifdef NAIVE_C_TOP_LEFT_ONLY
+#define NAIVE_C_CAPS (HG_CAP_CAUSAL | HG_CAP_BOOL_MASK | HG_CAP_CROSS_LENGTHS | HG_CAP_FLOAT32 | HG_CAP_FLOAT64)
+#else
+#define NAIVE_C_CAPS                                                                              \
+  (HG_CAP_CAUSAL | HG_CAP_CAUSAL_BOTTOM_RIGHT | HG_CAP_BOOL_MASK | HG_CAP_CROSS_LENGTHS |       \
+   HG_CAP_FLOAT32 | HG_CAP_FLOAT64)
+#endif
 
 static int64_t leading_count(const hg_tensor* t) {
   int64_t n = 1;
@@ -106,6 +120,9 @@ static int naive_forward(const hg_core_call* call, hg_tensor* out, hg_tensor* st
   int64_t n, i, j, c;
   if (call->q.dtype != HG_FLOAT32 && call->q.dtype != HG_FLOAT64)
     return fail(call, 1, "naive_c: q must be float32 or float64");
+  if (call->causal != HG_CAUSAL_NONE && call->causal != HG_CAUSAL_TOP_LEFT &&
+      (!(NAIVE_C_CAPS & HG_CAP_CAUSAL_BOTTOM_RIGHT) || call->causal != HG_CAUSAL_BOTTOM_RIGHT))
+    return fail(call, 3, "naive_c: causal setting not declared in its capabilities");
   s = (double*)malloc((size_t)(tk > 0 ? tk : 1) * sizeof(double));
   if (!s) return fail(call, 2, "naive_c: out of memory for a row of scores");
   for (n = 0; n < n_lead; ++n) {
@@ -181,10 +198,16 @@ static int naive_backward(const hg_core_call* call, const hg_tensor* out, const 
 }
 
 static const hg_c_plugin kNaive = {
+#ifdef NAIVE_C_TOP_LEFT_ONLY
+    "naive_c_top_left",
+    "1.0.0",
+    "naive attention core in C99 (C ABI), top-left causal only",
+#else
     "naive_c",
     "1.0.0",
     "naive attention core in C99 with a hand-written backward (C ABI)",
-    HG_CAP_CAUSAL | HG_CAP_BOOL_MASK | HG_CAP_CROSS_LENGTHS | HG_CAP_FLOAT32 | HG_CAP_FLOAT64,
+#endif
+    NAIVE_C_CAPS,
     1, /* stats_per_row: the log-sum-exp */
     naive_forward,
     naive_backward,

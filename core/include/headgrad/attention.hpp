@@ -41,12 +41,22 @@ struct RopeSpec {
   std::int64_t q_offset = 0;
 };
 
+// Where the causal diagonal sits when Tq != Tk (the same when Tq = Tk).
+enum class CausalAlignment {
+  top_left,      // query i attends keys j <= i: PyTorch's is_causal, `causal: true`
+  bottom_right,  // j <= i + (Tk - Tq), the last query sees the last key: FlashAttention
+                 // 2.1+, PyTorch's causal_lower_right; with Tq > Tk the first
+                 // Tq - Tk queries attend nothing (zeros, zero gradients)
+};
+std::string_view causal_alignment_name(CausalAlignment alignment);  // "top_left" | "bottom_right"
+
 struct AttentionSpec {
   std::int64_t d_model = 0;       // D (mha level)
   std::int64_t num_heads = 1;     // H
   std::int64_t num_kv_heads = 0;  // Hkv; 0 means H (plain multi-head)
   std::int64_t head_width = 0;    // d; 0 means D / H (HF's head_dim may differ)
-  bool causal = false;            // query i attends keys j <= i, aligned top-left
+  bool causal = false;            // query i attends keys j <= i + causal_shift(Tq, Tk)
+  CausalAlignment causal_alignment = CausalAlignment::top_left;  // read only when causal
   std::optional<double> scale;    // default 1/sqrt(d)
   double dropout_p = 0.0;         // on the attention weights; 0 in every comparison
   std::uint64_t dropout_seed = 0;
@@ -57,6 +67,10 @@ struct AttentionSpec {
 
   std::int64_t head_dim() const { return head_width > 0 ? head_width : d_model / num_heads; }
   std::int64_t kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }
+  // Query i attends keys j <= i + shift under causal: 0 top-left, Tk - Tq bottom-right.
+  std::int64_t causal_shift(std::int64_t tq, std::int64_t tk) const {
+    return causal_alignment == CausalAlignment::bottom_right ? tk - tq : 0;
+  }
   double scale_for(std::int64_t d) const {
     return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(d));
   }
@@ -97,8 +111,9 @@ std::int64_t kv_group(const Variable& q, const Variable& k, const Variable& v,
 // [jG, (j+1)G) (repeat_interleave, not tile); the backward sums over the group.
 Variable expand_kv_heads(const Variable& kv, std::int64_t group);
 
-// The bool mask [..., Tq, Tk] (True = attend) that a spec asks for: causal,
-// spec.mask, both combined, or an undefined Tensor when every key is attended.
+// The bool mask [..., Tq, Tk] (True = attend) that a spec asks for: causal
+// (in spec.causal_alignment), spec.mask, both combined, or an undefined
+// Tensor when every key is attended.
 Tensor attention_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t tk);
 
 // RoPE inside attention, the one right way for every plugin: per head, after

@@ -84,6 +84,14 @@ typedef enum hg_dtype { HG_FLOAT32 = 0, HG_FLOAT64 = 1, HG_BOOL = 2 } hg_dtype;
 #define HG_CAP_CROSS_LENGTHS 0x04u /* Tq != Tk */
 #define HG_CAP_FLOAT32 0x08u
 #define HG_CAP_FLOAT64 0x10u
+#define HG_CAP_CAUSAL_BOTTOM_RIGHT 0x20u /* call->causal may be HG_CAUSAL_BOTTOM_RIGHT */
+
+/* call->causal. A plugin without HG_CAP_CAUSAL_BOTTOM_RIGHT never sees 2:
+ * headgrad passes bottom-right as 1 when Tq == Tk (the same mask) and
+ * otherwise as a bool mask (HG_CAP_BOOL_MASK), or refuses the call. */
+#define HG_CAUSAL_NONE 0
+#define HG_CAUSAL_TOP_LEFT 1     /* query i attends keys j <= i (PyTorch's is_causal) */
+#define HG_CAUSAL_BOTTOM_RIGHT 2 /* j <= i + (Tk - Tq) (FlashAttention 2.1+) */
 
 /* A strided view of a buffer. */
 typedef struct hg_tensor {
@@ -100,7 +108,7 @@ typedef struct hg_core_call {
   hg_tensor k;            /* [..., Tk, d] */
   hg_tensor v;            /* [..., Tk, dv] */
   const hg_tensor* mask;  /* NULL, or HG_BOOL [..., Tq, Tk], 1 = attend */
-  int32_t causal;         /* nonzero: query i attends keys j <= i */
+  int32_t causal;         /* HG_CAUSAL_*: 0 none, 1 top-left, 2 bottom-right */
   double scale;           /* scores = q k^T * scale (headgrad resolves the 1/sqrt(d) default) */
   char* error;            /* message buffer for a failure */
   size_t error_size;

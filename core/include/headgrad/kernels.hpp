@@ -30,7 +30,8 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // x[j] := exp(x[j] - shift) for j < n; returns their sum: the exponential of
 // every softmax kernel (and of fused plugins, so that they agree with them).
 // float32 runs a vectorized polynomial within 2 ulp of std::exp that gives
-// exactly 0 below -87 (so for -inf); float64 runs std::exp. The sum is taken
+// exactly 0 below -87 (so for -inf) and inf above float's exp range
+// (ln(FLT_MAX) = 88.72, so for +inf); float64 runs std::exp. The sum is taken
 // in 16 lanes (j mod 16), so trailing zeros never change it.
 float exp_shift_row(float* x, std::int64_t n, float shift);
 double exp_shift_row(double* x, std::int64_t n, double shift);
@@ -45,11 +46,14 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
 
 // Attention weights in one pass over [..., Tq, Tk]: softmax over the last dim of
 // x * scale, where keys are masked out when `attend` (bool, broadcast to x;
-// undefined = all) is false or, with causal, when key j > query i (top-left
-// aligned). Equals softmax(masked_fill(scale(x), !attend, -inf)) exactly; a row
-// with no attended key gives zeros.
-Tensor masked_softmax(const Tensor& x, double scale, const Tensor& attend, bool causal);
+// undefined = all) is false or, with causal, when key j > query i + shift
+// (shift 0: top-left aligned; Tk - Tq: bottom-right). Equals
+// softmax(masked_fill(scale(x), !attend, -inf)) exactly; a row with no
+// attended key gives zeros.
+Tensor masked_softmax(const Tensor& x, double scale, const Tensor& attend, bool causal,
+                      std::int64_t causal_shift = 0);
 // Its backward: dx = scale * y * (dy - sum(dy * y)); masked entries get 0.
-Tensor masked_softmax_backward(const Tensor& y, const Tensor& dy, double scale, bool causal);
+Tensor masked_softmax_backward(const Tensor& y, const Tensor& dy, double scale, bool causal,
+                               std::int64_t causal_shift = 0);
 
 }  // namespace headgrad::kernels

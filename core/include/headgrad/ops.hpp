@@ -64,14 +64,17 @@ Variable softmax(const Variable& x, std::int64_t dim);
 // (bool) broadcasts to x. !! Attention masks say True = attend, so masking
 // scores is masked_fill(s, logical_not(attend), -inf). !!
 Variable masked_fill(const Variable& x, const Tensor& mask, double value);
-// [Tq, Tk] bool, True where query i may attend key j: j <= i, aligned top-left
-// when Tq != Tk (PyTorch's is_causal).
-Tensor causal_mask(std::int64_t tq, std::int64_t tk);
+// [Tq, Tk] bool, True where query i may attend key j: j <= i + shift. Shift 0
+// aligns top-left when Tq != Tk (PyTorch's is_causal); shift Tk - Tq aligns
+// bottom-right (FlashAttention 2.1+, causal_lower_right), and then with
+// Tq > Tk the first Tq - Tk rows attend nothing.
+Tensor causal_mask(std::int64_t tq, std::int64_t tk, std::int64_t shift = 0);
 // softmax(masked_fill(scale(x, s), !attend, -inf), -1) as ONE op with one
 // backward: a single pass over [..., Tq, Tk] each way instead of three, no
-// mask tensor when causal (key j > query i is masked from the indices), and
-// exactly the same values. attend: bool broadcast to x, or undefined.
-Variable masked_softmax(const Variable& x, double scale, const Tensor& attend, bool causal);
+// mask tensor when causal (key j > query i + causal_shift is masked from the
+// indices), and exactly the same values. attend: bool broadcast to x, or undefined.
+Variable masked_softmax(const Variable& x, double scale, const Tensor& attend, bool causal,
+                        std::int64_t causal_shift = 0);
 Tensor logical_not(const Tensor& mask);
 // a && b on their broadcast shape (bool): two masks combined, a key attended
 // where both allow it.

@@ -9,13 +9,22 @@
 
 namespace headgrad {
 
+std::string_view causal_alignment_name(CausalAlignment alignment) {
+  switch (alignment) {
+    case CausalAlignment::top_left: return "top_left";
+    case CausalAlignment::bottom_right: return "bottom_right";
+  }
+  throw std::logic_error("causal_alignment_name: unknown alignment " +
+                         std::to_string(static_cast<int>(alignment)));
+}
+
 Tensor attention_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t tk) {
   const bool has_mask = spec.mask.defined();
   if (has_mask && spec.mask.dtype() != DType::boolean)
     throw std::invalid_argument("attention mask must be bool (True = attend), got " +
                                 std::string(dtype_name(spec.mask.dtype())));
   if (!spec.causal) return has_mask ? spec.mask : Tensor();
-  Tensor causal = causal_mask(tq, tk);
+  Tensor causal = causal_mask(tq, tk, spec.causal_shift(tq, tk));
   return has_mask ? logical_and(spec.mask, causal) : causal;
 }
 
@@ -172,7 +181,8 @@ Variable attention_core(const Variable& q, const Variable& k, const Variable& v,
   mask_only.causal = false;
   const Tensor attend = attention_mask(mask_only, tq, tk);
   const Variable p = masked_softmax(matmul(q, transpose(k, -2, -1)),
-                                    spec.scale_for(q.size(-1)), attend, spec.causal);
+                                    spec.scale_for(q.size(-1)), attend, spec.causal,
+                                    spec.causal_shift(tq, tk));
   return matmul(p, v);  // [..., Tq, dv]
 }
 

@@ -24,9 +24,11 @@ T add_lanes(const T* lane) {
 }
 
 // float32 exp: a branch-free Cephes-style polynomial within 2 ulp of
-// std::exp, exactly 0 below -87 (so for -inf).
+// std::exp over float's whole range, exactly 0 below -87 (so for -inf) and
+// inf above ln(FLT_MAX) = 88.72 (so for +inf).
 [[gnu::always_inline]] inline float exp_poly(float v) {
-  const float cv = std::min(std::max(v, -87.0f), 88.0f);
+  // 89 > ln(FLT_MAX): anything above overflows to inf like std::exp
+  const float cv = std::min(std::max(v, -87.0f), 89.0f);
   // 2^k with k = round(cv / ln 2) (the magic constant rounds to nearest)
   const float k = (cv * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   const float r = (cv - k * 0.693359375f) - k * -2.12194440e-4f;  // cv - k ln 2, in two parts
@@ -37,10 +39,14 @@ T add_lanes(const T* lane) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   const float e = p * r * r + r + 1.0f;
-  const std::int32_t bits = (static_cast<std::int32_t>(k) + 127) << 23;
+  // k reaches 128 near the top, past float's largest exponent (127): 2^127
+  // is built from bits and the extra factor 2 (exact) goes on e, so the one
+  // rounding is the final product, which overflows to inf where exp does.
+  const float k_low = std::min(k, 127.0f);
+  const std::int32_t bits = (static_cast<std::int32_t>(k_low) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof scale);
-  return v < -87.0f ? 0.0f : e * scale;
+  return v < -87.0f ? 0.0f : (e * (1.0f + (k - k_low))) * scale;
 }
 
 }  // namespace

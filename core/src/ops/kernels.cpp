@@ -432,9 +432,18 @@ void check_masked_softmax(const Tensor& x, const Tensor& attend, bool causal, co
                                 " does not broadcast to input " + shape_str(x.shape()));
 }
 
+// The keys [0, end) that row r (query r mod Tq) of [..., Tq, n] may attend:
+// all n, or under causal those with j <= i + shift.
+std::int64_t attended_end(std::int64_t r, std::int64_t tq, std::int64_t n, bool causal,
+                          std::int64_t shift) {
+  if (!causal) return n;
+  return std::clamp<std::int64_t>(r % tq + 1 + shift, 0, n);
+}
+
 }  // namespace
 
-Tensor masked_softmax(const Tensor& x_in, double scale, const Tensor& attend, bool causal) {
+Tensor masked_softmax(const Tensor& x_in, double scale, const Tensor& attend, bool causal,
+                      std::int64_t causal_shift) {
   check_masked_softmax(x_in, attend, causal, "masked_softmax");
   const Tensor x = x_in.contiguous();
   Tensor out = Tensor::empty(x.shape(), x.dtype());
@@ -459,7 +468,7 @@ Tensor masked_softmax(const Tensor& x_in, double scale, const Tensor& attend, bo
         const T* row = in + r * n;
         T* orow = o + r * n;
         // Keys at or past `end` are causally masked: their weight is exactly 0.
-        const std::int64_t end = causal ? std::min(n, r % tq + 1) : n;
+        const std::int64_t end = attended_end(r, tq, n, causal, causal_shift);
         const bool* mrow = pm ? pm + mask_rows[static_cast<std::size_t>(r)] : nullptr;
         T mx = neg_inf;
         if (mrow) {
@@ -483,7 +492,8 @@ Tensor masked_softmax(const Tensor& x_in, double scale, const Tensor& attend, bo
   return out;
 }
 
-Tensor masked_softmax_backward(const Tensor& y_in, const Tensor& dy_in, double scale, bool causal) {
+Tensor masked_softmax_backward(const Tensor& y_in, const Tensor& dy_in, double scale, bool causal,
+                               std::int64_t causal_shift) {
   if (y_in.shape() != dy_in.shape())
     throw std::invalid_argument("masked_softmax_backward: y " + shape_str(y_in.shape()) +
                                 " and dy " + shape_str(dy_in.shape()) + " differ");
@@ -503,7 +513,7 @@ Tensor masked_softmax_backward(const Tensor& y_in, const Tensor& dy_in, double s
       for (std::int64_t r = r0; r < r1; ++r) {
         // y = softmax(x * scale) with masked y = 0: dx = scale * softmax's dx
         T* dr = pdx + r * n;
-        const std::int64_t end = causal ? std::min(n, r % tq + 1) : n;
+        const std::int64_t end = attended_end(r, tq, n, causal, causal_shift);
         softmax_backward_row(py + r * n, pdy + r * n, dr, end, f);
         std::fill(dr + end, dr + n, T(0));
       }

@@ -20,23 +20,26 @@ Variable masked_fill(const Variable& x, const Tensor& mask, double value) {
                            });
 }
 
-Variable masked_softmax(const Variable& x, double scale, const Tensor& attend, bool causal) {
-  Tensor y = kernels::masked_softmax(x.data(), scale, attend, causal);
+Variable masked_softmax(const Variable& x, double scale, const Tensor& attend, bool causal,
+                        std::int64_t causal_shift) {
+  Tensor y = kernels::masked_softmax(x.data(), scale, attend, causal, causal_shift);
   // The backward needs the weights y only: the scores x are not kept.
   return Variable::from_op(
-      "masked_softmax", y, {x}, {y}, [scale, causal](const Tensor& g, const BackwardContext& c) {
-        return std::vector<Tensor>{kernels::masked_softmax_backward(c.saved[0], g, scale, causal)};
+      "masked_softmax", y, {x}, {y},
+      [scale, causal, causal_shift](const Tensor& g, const BackwardContext& c) {
+        return std::vector<Tensor>{
+            kernels::masked_softmax_backward(c.saved[0], g, scale, causal, causal_shift)};
       });
 }
 
-Tensor causal_mask(std::int64_t tq, std::int64_t tk) {
+Tensor causal_mask(std::int64_t tq, std::int64_t tk, std::int64_t shift) {
   if (tq < 0 || tk < 0)
     throw std::invalid_argument("causal_mask: negative length (" + std::to_string(tq) + ", " +
                                 std::to_string(tk) + ")");
   Tensor m = Tensor::empty({tq, tk}, DType::boolean);
   bool* p = m.mutable_data<bool>();
   for (std::int64_t i = 0; i < tq; ++i)
-    for (std::int64_t j = 0; j < tk; ++j) p[i * tk + j] = j <= i;  // top-left aligned
+    for (std::int64_t j = 0; j < tk; ++j) p[i * tk + j] = j <= i + shift;
   return m;
 }
 

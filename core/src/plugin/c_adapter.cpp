@@ -59,7 +59,7 @@ Shape lead_of(const Tensor& x) { return lead_dims(x.shape()); }
 struct CallSettings {
   Shape lead;   // [...] after broadcasting q, k, v (and the mask)
   Tensor mask;  // bool [..., Tq, Tk] (a broadcast view), or undefined
-  bool causal = false;
+  std::int32_t causal = HG_CAUSAL_NONE;  // HG_CAUSAL_*
   double scale = 1.0;
 };
 
@@ -79,6 +79,7 @@ class CAttention final : public Attention {
     c.cross_lengths = (f & HG_CAP_CROSS_LENGTHS) != 0;
     c.float32 = (f & HG_CAP_FLOAT32) != 0;
     c.float64 = (f & HG_CAP_FLOAT64) != 0;
+    bottom_right_ = (f & HG_CAP_CAUSAL_BOTTOM_RIGHT) != 0;
     c.extra = {"c-abi"};
   }
 
@@ -163,17 +164,34 @@ class CAttention final : public Attention {
     CallSettings s;
     s.lead = broadcast_shapes(lead_of(q), broadcast_shapes(lead_of(k), lead_of(v), "c plugin core"),
                               "c plugin core");
-    s.causal = spec.causal;
     s.scale = spec.scale_for(q.size(-1));
-    if (spec.mask.defined()) {
-      if (spec.mask.dtype() != DType::boolean)
-        throw std::invalid_argument(who + ": the attention mask must be bool (True = attend), got " +
-                                    std::string(dtype_name(spec.mask.dtype())));
+    const std::int64_t tq = q.size(-2), tk = k.size(-2);
+    if (spec.mask.defined() && spec.mask.dtype() != DType::boolean)
+      throw std::invalid_argument(who + ": the attention mask must be bool (True = attend), got " +
+                                  std::string(dtype_name(spec.mask.dtype())));
+    // A plugin that does not declare bottom-right never sees it: with Tq = Tk
+    // it is top-left, otherwise it goes as the bool mask attention_mask builds.
+    AttentionSpec as_given = spec;
+    if (spec.causal) {
+      const bool bottom_right = spec.causal_shift(tq, tk) != 0;
+      if (!bottom_right) {
+        s.causal = HG_CAUSAL_TOP_LEFT;
+      } else if (bottom_right_) {
+        s.causal = HG_CAUSAL_BOTTOM_RIGHT;
+      } else if (caps.bool_mask) {
+        as_given.mask = attention_mask(spec, tq, tk);
+        as_given.causal = false;
+      } else {
+        throw UnsupportedError(who + " does not support a bottom-right causal mask with Tq != Tk "
+                               "(neither HG_CAP_CAUSAL_BOTTOM_RIGHT nor HG_CAP_BOOL_MASK)");
+      }
+    }
+    if (as_given.mask.defined()) {
       const Shape mask_shape = with_last2(s.lead, q.size(-2), k.size(-2));
       // The mask may add leading dims of its own: they join the broadcast.
-      const Shape full = broadcast_shapes(spec.mask.shape(), mask_shape, "c plugin mask");
+      const Shape full = broadcast_shapes(as_given.mask.shape(), mask_shape, "c plugin mask");
       s.lead = Shape(full.begin(), full.end() - 2);
-      s.mask = spec.mask.expand(full);
+      s.mask = as_given.mask.expand(full);
     }
     return s;
   }
@@ -190,7 +208,7 @@ class CAttention final : public Attention {
     call.k = k.t;
     call.v = v.t;
     call.mask = s.mask.defined() ? &mask.t : nullptr;
-    call.causal = s.causal ? 1 : 0;
+    call.causal = s.causal;
     call.scale = s.scale;
     call.error = error.data();
     call.error_size = error.size();
@@ -208,6 +226,7 @@ class CAttention final : public Attention {
   const hg_c_plugin* desc_;
   std::shared_ptr<const void> library_;
   PluginInfo info_;
+  bool bottom_right_ = false;  // HG_CAP_CAUSAL_BOTTOM_RIGHT: call->causal may be 2
 };
 
 }  // namespace
