@@ -110,6 +110,29 @@ TEST_F(FusedSdpaTest, AdvertisesItsCapabilities) {
   EXPECT_TRUE(c.float32 && c.float64 && c.dropout && c.grouped_kv && c.rope);
 }
 
+// The kernel reads q, k and v again in its backward: writing one of them in
+// place between the forward and the backward is an error naming the op, not
+// silently wrong gradients.
+TEST_F(FusedSdpaTest, WritingAnInputInPlaceBeforeTheBackwardIsCaught) {
+  for (int which = 0; which < 3; ++which) {
+    SCOPED_TRACE("input " + std::to_string(which));
+    Generator gen(5);
+    Variable q(randn({2, 5, 4}, DType::float64, gen), true);
+    Variable k(randn({2, 6, 4}, DType::float64, gen), true);
+    Variable v(randn({2, 6, 3}, DType::float64, gen), true);
+    const Variable loss = sum(fused_sdpa::sdpa(q, k, v, AttentionSpec{}, {2, 2}));
+    Tensor written = (which == 0 ? q : which == 1 ? k : v).data();
+    written.fill_(0.5);
+    try {
+      loss.backward();
+      ADD_FAILURE() << "no error for an input written in place";
+    } catch (const std::logic_error& e) {
+      EXPECT_NE(std::string(e.what()).find("fused_sdpa"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("written in place"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST_F(FusedSdpaTest, RejectsBadInputsNamingTheOp) {
   Generator gen(1);
   const Variable q(randn({2, 3, 4}, DType::float64, gen));

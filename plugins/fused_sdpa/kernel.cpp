@@ -464,7 +464,7 @@ Variable fused_core(const Variable& q, const Variable& k, const Variable& v,
       make_problem<T>(q.data(), k.data(), v.data(), spec, tiles));
   const Shape q_shape = q.shape(), k_shape = k.shape(), v_shape = v.shape();
 
-  auto forward = [a](CustomOpContext& ctx, const std::vector<Tensor>&) {
+  auto forward = [a](CustomOpContext& ctx, const std::vector<Tensor>& in) {
     Tensor o = Tensor::empty(with_last2(a->lead, a->tq, a->dv), dtype_of<T>());  // [..., Tq, dv]
     Shape lse_shape = a->lead;
     lse_shape.push_back(a->tq);
@@ -483,7 +483,9 @@ Variable fused_core(const Variable& q, const Variable& k, const Variable& v,
       const std::int64_t nn = item / q_blocks, qb = q_blocks - 1 - item % q_blocks;
       sdpa_forward_block(*a, nn, qb * a->br, po, pl, ps + w * per);
     });
-    ctx.saved = {o, lse};
+    // q, k, v are read again by the backward (through `a`, which may view
+    // their storage): saved too, so an in-place write to one is caught.
+    ctx.saved = {o, lse, in[0], in[1], in[2]};
     return o;
   };
 

@@ -337,9 +337,12 @@ int cmd_plugins(const PluginsArgs& a) {
   }
 
   std::vector<std::vector<std::string>> rows = {{"NAME", "VERSION", "ABI", "CAPABILITIES", "FILE"}};
+  // Names and versions come from the plugins: control characters escaped, so
+  // that none can forge a line of this table.
   for (const FoundPlugin* p : shown)
-    rows.push_back({p->info.name + (p->info.mutant ? " (mutant)" : ""), p->info.version,
-                    std::to_string(p->abi_version), capabilities_str(p->info.capabilities), p->file.string()});
+    rows.push_back({terminal_safe(p->info.name) + (p->info.mutant ? " (mutant)" : ""),
+                    terminal_safe(p->info.version), std::to_string(p->abi_version),
+                    capabilities_str(p->info.capabilities), terminal_safe(p->file.string())});
   std::vector<std::size_t> width(rows[0].size(), 0);
   for (const auto& row : rows)
     for (std::size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
@@ -358,7 +361,7 @@ int cmd_plugins(const PluginsArgs& a) {
       ++not_plugins;
       continue;
     }
-    std::cout << "rejected  " << r.file.string() << ": " << r.reason << "\n";
+    std::cout << "rejected  " << terminal_safe(r.file.string()) << ": " << terminal_safe(r.reason) << "\n";
   }
   if (not_plugins)
     std::cout << "(" << not_plugins << " file" << (not_plugins > 1 ? "s" : "")
@@ -473,10 +476,11 @@ int cmd_export(const ExportArgs& a) {
   std::vector<std::string> written;
   try {
     for (const TensorSet& set : {input_tensors(inputs), side.tensors})
-      for (const auto& [name, t] : set) {
-        if (!t.defined()) continue;
-        write_file_atomically(fs::path(a.out) / (name + ".npy"), [&](const fs::path& tmp) { write_npy(tmp, t); });
-        written.push_back(name + ".npy");
+      for (const NamedTensor& nt : set) {  // (a lambda may not capture a structured binding in C++20)
+        if (!nt.tensor.defined()) continue;
+        write_file_atomically(fs::path(a.out) / (nt.name + ".npy"),
+                              [&](const fs::path& tmp) { write_npy(tmp, nt.tensor); });
+        written.push_back(nt.name + ".npy");
       }
     write_report(fs::path(a.out) / "suite.yaml", exported_suite(c, *plugin, a.suite));
   } catch (const std::exception& e) {

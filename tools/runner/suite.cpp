@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include <yaml-cpp/depthguard.h>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include "runner/budget.hpp"
@@ -396,15 +397,47 @@ void check_duplicate_keys(const YAML::Node& root, const fs::path& file) {
   }
 }
 
+// Whether a YAML document holds anything but null, and where it starts.
+class DocumentContent final : public YAML::EventHandler {
+ public:
+  bool any = false;
+  YAML::Mark mark;
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark& m, YAML::anchor_t) override { seen(m); }
+  void OnScalar(const YAML::Mark& m, const std::string&, YAML::anchor_t, const std::string&) override { seen(m); }
+  void OnSequenceStart(const YAML::Mark& m, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {
+    seen(m);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& m, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {
+    seen(m);
+  }
+  void OnMapEnd() override {}
+
+ private:
+  void seen(const YAML::Mark& m) {
+    if (!any) mark = m;
+    any = true;
+  }
+};
+
 Suite Parser::parse(std::string_view text) {
   YAML::Node root;
   try {
-    std::vector<YAML::Node> documents = YAML::LoadAll(std::string(text));
-    if (!documents.empty()) root = documents.front();
-    for (std::size_t i = 1; i < documents.size(); ++i)
-      if (!documents[i].IsNull())
-        fail(documents[i], "a second YAML document (after '---'): a suite file holds one document; "
-                           "put every case under one 'cases:' list, or use two files");
+    // The first document, then at most one more parse to see whether a
+    // second one holds anything: not YAML::LoadAll, which loops forever on
+    // some malformed input in yaml-cpp 0.7 (a document that consumes nothing).
+    const std::string yaml(text);
+    root = YAML::Load(yaml);
+    std::istringstream stream(yaml);
+    YAML::Parser parser(stream);
+    DocumentContent first, second;
+    if (parser.HandleNextDocument(first) && parser.HandleNextDocument(second) && second.any)
+      throw ConfigError({file_.string(), second.mark.line + 1, second.mark.column + 1},
+                        "a second YAML document (after '---'): a suite file holds one document; "
+                        "put every case under one 'cases:' list, or use two files");
   } catch (const YAML::Exception& e) {
     const SourceLoc where = e.mark.is_null() ? SourceLoc{file_.string(), 0, 0}
                                              : SourceLoc{file_.string(), e.mark.line + 1, e.mark.column + 1};
