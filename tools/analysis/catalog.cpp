@@ -11,7 +11,8 @@ constexpr std::string_view kNames[] = {
 #undef HEADGRAD_BUG
 };
 
-// Field order: needs_heads, needs_seq, needs_batch, needs_causal, needs_d_lt_D, mha_only
+// Field order: needs_heads, needs_seq, needs_batch, needs_causal, needs_d_lt_D, mha_only,
+// needs_tq_ne_tk (false when left out)
 // Each entry's name is filled in from bug_names.def below.
 constexpr std::array<BugInfo, static_cast<std::size_t>(Bug::count_)> kEntries{{
     {Bug::split_without_transpose, {},
@@ -70,6 +71,11 @@ constexpr std::array<BugInfo, static_cast<std::size_t>(Bug::count_)> kEntries{{
      "attention weights of one batch item are applied to another (a gather or reshape across the batch)",
      "keep the batch dim outermost and untouched in every reshape",
      {false, false, true, false, false, false}},
+    {Bug::causal_alignment, {},
+     "aligns the causal mask bottom-right; set causal: bottom_right if that is your convention",
+     "mask key j > query i (top-left, as is_causal), or declare the convention: causal: bottom_right "
+     "(query i attends j <= i + Tk - Tq)",
+     {false, false, false, true, false, false, true}},
 }};
 
 constexpr auto kCatalog = [] {

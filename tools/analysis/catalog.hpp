@@ -24,6 +24,7 @@ struct Visibility {
   bool needs_causal = false;   // invisible without a causal mask
   bool needs_d_lt_D = false;   // invisible when the head dim equals the model dim
   bool mha_only = false;       // lives in the projections or the head layout
+  bool needs_tq_ne_tk = false; // invisible when Tq = Tk (so at the mha level): core cases only
 };
 
 struct BugInfo {

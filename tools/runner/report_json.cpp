@@ -98,6 +98,7 @@ json case_json(const CaseResult& r) {
           {"description", describe_case(c)},
           {"dtype", dtype_name(c.dtype)},
           {"causal", c.causal},
+          {"causal_alignment", c.causal ? json(causal_alignment_name(c.causal_alignment)) : json(nullptr)},
           {"scale", c.scale ? json(*c.scale) : json(nullptr)},
           {"mask", c.mask_file.empty() ? json(nullptr) : json(c.mask_file.string())},
           {"input_layout", layout_name(c.layout)},
