@@ -214,6 +214,18 @@ TEST(Suite, CausalTakesEitherAlignment) {
             "top_left, as PyTorch's is_causal), got 'bottom-right'");
 }
 
+TEST(Suite, ExpectedDiagnosisIsACatalogNameOrNone) {
+  const std::string head = std::string("cases:\n  - name: a\n    ") + kPair +
+                           "\n    shape: {B: 1, T: 2, D: 4, H: 1}\n    expect: {fail: true, diagnosis: ";
+  EXPECT_EQ(only_case(parse(head + "none}\n")).expect_diagnosis, "none");
+  EXPECT_EQ(only_case(parse(head + "causal_alignment}\n")).expect_diagnosis, "causal_alignment");
+  EXPECT_EQ(error_of(head + "kv_swaped}\n"),
+            "t.yaml:5:37: case 'a': 'diagnosis' must be a known bug's name or none, got 'kv_swaped'; "
+            "did you mean 'kv_swapped'?");
+  const std::string far = error_of(head + "something_else_entirely}\n");
+  EXPECT_NE(far.find("got 'something_else_entirely'; the names: split_without_transpose, "), std::string::npos) << far;
+}
+
 TEST(Suite, PathsResolveAgainstTheSuitesFolder) {
   const Suite s = parse_suite(R"(
 cases:

@@ -209,6 +209,7 @@ class Parser {
   std::string string_value(const YAML::Node& v, const std::string& key) const;
   bool bool_value(const YAML::Node& v, const std::string& key) const;
   void read_causal(const YAML::Node& v, CaseSpec& c) const;
+  std::string diagnosis_name(const YAML::Node& v) const;
   double number_value(const YAML::Node& v, const std::string& key) const;
   std::int64_t int_value(const YAML::Node& v, const std::string& key) const;
   std::string choice(const YAML::Node& v, const std::string& key,
@@ -264,6 +265,21 @@ bool Parser::bool_value(const YAML::Node& v, const std::string& key) const {
   if (!v.IsScalar() || !YAML::convert<bool>::decode(v, b))
     fail(v, "'" + key + "' must be true or false, got " + kind_of(v));
   return b;
+}
+
+// expect.diagnosis: a name of the bug catalog (the one list, analysis/bug_names.def),
+// or none (no known bug may be named).
+std::string Parser::diagnosis_name(const YAML::Node& v) const {
+  static const std::vector<std::string> kBugNames = {
+#define HEADGRAD_BUG(name) #name,
+#include "analysis/bug_names.def"
+#undef HEADGRAD_BUG
+  };
+  const std::string name = string_value(v, "diagnosis");
+  if (name == "none" || std::find(kBugNames.begin(), kBugNames.end(), name) != kBugNames.end()) return name;
+  const std::string near = closest_match(name, kBugNames);
+  fail(v, "'diagnosis' must be a known bug's name or none, got '" + name + "'" +
+              (near.empty() ? "; the names: " + join(kBugNames) : "; did you mean '" + near + "'?"));
 }
 
 // causal: true | false | top_left | bottom_right (true is top-left, PyTorch's is_causal).
@@ -587,7 +603,7 @@ std::vector<CaseSpec> Parser::parse_case(const YAML::Node& node, std::size_t ind
   if (has("expect")) {
     for (const auto& [k, v] : entries(val("expect"), kExpectKeys, "'expect'")) {
       if (k.Scalar() == "fail") c.expect_fail = bool_value(v, "fail");
-      else c.expect_diagnosis = string_value(v, "diagnosis");
+      else c.expect_diagnosis = diagnosis_name(v);
     }
   }
 
