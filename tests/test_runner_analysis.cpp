@@ -259,6 +259,28 @@ TEST(Localize, MaskFileVariantsThatCannotRunAreSaidPlainly) {
   EXPECT_TRUE(mask_off_ran);  // the bug does not need the mask
 }
 
+// The default suite's edge cases (a decode step, Tq > Tk, a fully masked row,
+// large logits) catch and name the bugs that hide anywhere else: each mutant
+// put in place of fused_sdpa / batched in the default suite's core cases.
+TEST_F(Analysis, DefaultSuiteCatchesAndNamesTheEdgeCaseBugs) {
+  const Suite suite = load_suite(HEADGRAD_SOURCE_ROOT "/configs/default.yaml");
+  for (const std::string bug : {"mask_fill_finite", "softmax_no_max_subtraction", "causal_alignment"}) {
+    std::size_t caught = 0, named = 0;
+    for (CaseSpec c : suite.cases) {
+      if (c.level != Level::core || c.is_reference()) continue;
+      c.compare = {"mutant_" + bug, "per_head"};
+      const CaseResult r = check_case(c, *registry_, {});
+      if (r.status == CaseStatus::pass) continue;
+      ++caught;
+      if (r.diagnosis && r.diagnosis->best() == bug) ++named;
+      else ADD_FAILURE() << bug << " caught by " << c.name << " but not named: "
+                         << (r.diagnosis ? r.diagnosis->sentence : r.cause);
+    }
+    EXPECT_GT(caught, 0u) << bug << " passes the default suite";
+    EXPECT_EQ(named, caught) << bug;
+  }
+}
+
 std::vector<WeakSuiteWarning> warnings_for(const std::string& cases_yaml) {
   static Suite keep;  // the CaseSpec pointers live in it
   keep = parse_suite("suite: w\ncases:\n" + cases_yaml, "w.yaml");
@@ -323,10 +345,10 @@ TEST(MutantsSuiteCli, PrintsAFullMutationScore) {
   while (std::size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
   const int status = pclose(pipe);
   EXPECT_EQ(WEXITSTATUS(status), 0) << out;
-  EXPECT_NE(out.find("mutation score: 16/16 mutants caught (100%), 16/16 named correctly (100%)"),
+  EXPECT_NE(out.find("mutation score: 18/18 mutants caught (100%), 18/18 named correctly (100%)"),
             std::string::npos)
       << out;
-  EXPECT_NE(out.find("16 passed, 0 failed"), std::string::npos) << out;
+  EXPECT_NE(out.find("18 passed, 0 failed"), std::string::npos) << out;
 }
 
 }  // namespace

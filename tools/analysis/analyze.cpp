@@ -325,8 +325,12 @@ std::pair<double, double> fit_ratio(const TensorSet& side, const TensorSet& hyp,
     const Tolerance tol = c.tolerance_for(name);
     const auto va = av.to_vector(), vb = b->to_vector();
     for (std::size_t i = 0; i < va.size(); ++i) {
+      // A NaN or inf the hypothesis predicts where the side has it too is reproduced.
+      if (!std::isfinite(va[i]) || !std::isfinite(vb[i])) {
+        if ((std::isnan(va[i]) && std::isnan(vb[i])) || va[i] == vb[i]) continue;
+        return {INFINITY, INFINITY};
+      }
       const double e = std::abs(va[i] - vb[i]);
-      if (std::isnan(e)) return {INFINITY, INFINITY};
       max_abs = std::max(max_abs, e);
       worst = std::max(worst, e / (tol.atol + tol.rtol * std::abs(vb[i])));
     }
