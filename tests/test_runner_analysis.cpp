@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 
 #include "analysis/analyze.hpp"
 #include "runner/run.hpp"
@@ -314,7 +317,23 @@ TEST(WeakSuite, OtherBlindSpots) {
   EXPECT_TRUE(warns(ws, "every case has T = 1", "scale_one_over_d"));
   EXPECT_TRUE(warns(ws, "every case has B = 1", "batch_mixing"));
   EXPECT_TRUE(warns(ws, "no case is causal", "missing_causal_mask"));
+  EXPECT_TRUE(warns(ws, "no core case has Tq != Tk", "causal_alignment"));
+  EXPECT_TRUE(warns(ws, "no case has a query row whose keys are all masked", "mask_fill_finite"));
+  EXPECT_TRUE(warns(ws, "no case has logits past exp's range (a large scale)", "softmax_no_max_subtraction"));
   EXPECT_FALSE(ws.empty());
+  // each goes away with the case that covers it
+  const auto covered = warnings_for(
+      "  - {name: a, compare: [per_head, batched], level: core, causal: bottom_right, scale: 200, "
+      "shape: {B: 2, H: 2, Tq: 5, Tk: 3, d: 4}}\n");
+  EXPECT_FALSE(warns(covered, "no core case has Tq != Tk", "causal_alignment"));
+  EXPECT_FALSE(warns(covered, "no case has a query row whose keys are all masked", "mask_fill_finite"));
+  EXPECT_FALSE(warns(covered, "no case has logits past exp's range (a large scale)", "softmax_no_max_subtraction"));
+  // 3 * 20 * sqrt(4) = 120 is past float32's 88 but not float64's 709
+  const auto f64 = warnings_for("  - {name: a, compare: [per_head, batched], scale: 20, shape: {B: 1, T: 2, D: 4, H: 1}}\n");
+  EXPECT_TRUE(warns(f64, "no case has logits past exp's range (a large scale)", "softmax_no_max_subtraction"));
+  const auto f32 = warnings_for(
+      "  - {name: a, compare: [per_head, batched], dtype: float32, scale: 20, shape: {B: 1, T: 2, D: 4, H: 1}}\n");
+  EXPECT_FALSE(warns(f32, "no case has logits past exp's range (a large scale)", "softmax_no_max_subtraction"));
   bool gradients = false, contiguous = false;
   for (const auto& w : ws) {
     gradients = gradients || w.condition == "no case checks a gradient";
@@ -322,6 +341,23 @@ TEST(WeakSuite, OtherBlindSpots) {
   }
   EXPECT_TRUE(gradients);
   EXPECT_TRUE(contiguous);
+}
+
+// A mask file's rows are read: only a row of False counts as fully masked.
+TEST(WeakSuite, FullyMaskedRowIsReadFromTheMaskFile) {
+  auto warns_for_mask = [](const std::string& mask) {
+    const std::filesystem::path file =
+        std::filesystem::temp_directory_path() / ("headgrad_weak_mask_" + std::to_string(::getpid()) + ".yaml");
+    std::ofstream(file) << "suite: m\ncases:\n  - {name: a, compare: [per_head, batched], level: core, causal: false, "
+                           "mask: " HEADGRAD_SOURCE_ROOT "/configs/masks/" + mask + ", shape: {B: 2, H: 2, Tq: " +
+                               (mask[0] == 'e' ? "4, Tk: 6" : "5, Tk: 7") + ", d: 4}}\n";
+    const Suite s = load_suite(file);
+    std::filesystem::remove(file);
+    return warns(weak_suite_warnings({&s.cases.at(0)}), "no case has a query row whose keys are all masked",
+                 "mask_fill_finite");
+  };
+  EXPECT_FALSE(warns_for_mask("empty_row_B2_Tq4_Tk6.npy"));
+  EXPECT_TRUE(warns_for_mask("padding_B2_Tq5_Tk7.npy"));  // padding and holes, every row keeps a key
 }
 
 TEST(WeakSuite, DefaultSuiteHasNoBlindSpot) {

@@ -459,6 +459,34 @@ void confirm_with_variants(Diagnosis& dx, const std::vector<VariantRun>& runs) {
 
 // ---------------------------------------------------------------- weak suites
 
+namespace {
+
+// A query row with no key to attend: bottom-right causal with Tq > Tk, or a
+// mask (file or reference) with a row of False.
+bool has_fully_masked_row(const CaseSpec& c) {
+  if (c.level == Level::core && c.causal && c.causal_alignment == CausalAlignment::bottom_right &&
+      c.dims.Tq > c.dims.Tk)
+    return true;
+  if (!c.files || !c.files->mask.defined() || c.files->mask.dim() < 1) return false;
+  const std::int64_t tk = c.files->mask.size(-1);
+  const auto v = c.files->mask.contiguous().to_vector();
+  for (std::size_t row = 0; tk > 0 && row + static_cast<std::size_t>(tk) <= v.size(); row += static_cast<std::size_t>(tk))
+    if (std::all_of(v.begin() + static_cast<std::ptrdiff_t>(row), v.begin() + static_cast<std::ptrdiff_t>(row) + tk,
+                    [](double x) { return x == 0; }))
+      return true;
+  return false;
+}
+
+// Seeded q, k are unit normal, so |q.k| is about sqrt(d) and the largest score
+// a few times scale * sqrt(d): past ln(max) of the dtype, exp overflows.
+bool has_large_logits(const CaseSpec& c) {
+  if (!c.scale || c.is_reference()) return false;
+  const double limit = c.dtype == DType::float32 ? 88.7 : 709.8;
+  return 3 * *c.scale * std::sqrt(static_cast<double>(std::max<std::int64_t>(c.dims.head_dim(), 1))) > limit;
+}
+
+}  // namespace
+
 std::vector<WeakSuiteWarning> weak_suite_warnings(const std::vector<const CaseSpec*>& cases) {
   std::vector<WeakSuiteWarning> out;
   if (cases.empty()) return out;
@@ -488,6 +516,13 @@ std::vector<WeakSuiteWarning> weak_suite_warnings(const std::vector<const CaseSp
     add("the head dim equals the model dim in every mha case", bugs_where([](const auto& v) { return v.needs_d_lt_D; }));
   if (all([](const CaseSpec& c) { return c.level == Level::core; }))
     add("every case is at the core level", bugs_where([](const auto& v) { return v.mha_only; }));
+  if (all([](const CaseSpec& c) { return c.level != Level::core || c.dims.Tq == c.dims.Tk; }))
+    add("no core case has Tq != Tk", bugs_where([](const auto& v) { return v.needs_tq_ne_tk; }));
+  if (!std::any_of(cases.begin(), cases.end(), [](const CaseSpec* c) { return has_fully_masked_row(*c); }))
+    add("no case has a query row whose keys are all masked", bugs_where([](const auto& v) { return v.needs_empty_row; }));
+  if (!std::any_of(cases.begin(), cases.end(), [](const CaseSpec* c) { return has_large_logits(*c); }))
+    add("no case has logits past exp's range (a large scale)",
+        bugs_where([](const auto& v) { return v.needs_large_logits; }));
   if (all([](const CaseSpec& c) { return c.layout == InputLayout::contiguous && !c.is_reference(); }))
     add("every input is contiguous",
         {"kernels that ignore strides (a view read as if it were contiguous)"});
