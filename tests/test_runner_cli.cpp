@@ -134,6 +134,28 @@ TEST_F(Cli, UnmetExpectationSaysWhyInTheTerminal) {
       << r.out;
 }
 
+// The JSON report carries the alignment and what the diagnosis ruled out.
+TEST_F(Cli, JsonHoldsTheAlignmentAndTheRuledOutHypotheses) {
+  const fs::path dir = fs::temp_directory_path() / ("headgrad_cli_align_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "s.yaml") << "suite: a\ncases:\n  - {name: decode, level: core, causal: true, compare: "
+                                   "[mutant_causal_alignment, per_head], shape: {B: 2, H: 2, Tq: 1, Tk: 7, d: 4}}\n"
+                                   "  - {name: declared, level: core, causal: bottom_right, compare: "
+                                   "[mutant_causal_alignment, per_head], shape: {B: 2, H: 2, Tq: 1, Tk: 7, d: 4}}\n";
+  const Outcome r = headgrad({"run", (dir / "s.yaml").string(), "--json", (dir / "r.json").string()});
+  const nlohmann::json j = nlohmann::json::parse(slurp(dir / "r.json"));
+  fs::remove_all(dir);
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  ASSERT_EQ(j["cases"].size(), 2u);
+  EXPECT_EQ(j["cases"][0]["causal_alignment"], "top_left");
+  EXPECT_EQ(j["cases"][0]["diagnosis"]["best"], "causal_alignment");
+  ASSERT_EQ(j["cases"][0]["diagnosis"]["ruled_out"].size(), 2u);
+  EXPECT_EQ(j["cases"][0]["diagnosis"]["ruled_out"][0].get<std::string>().rfind("missing_causal_mask (", 0), 0u);
+  EXPECT_EQ(j["cases"][1]["causal_alignment"], "bottom_right");
+  EXPECT_EQ(j["cases"][1]["status"], "pass");
+  EXPECT_EQ(j["cases"][1]["description"], "CORE(B=2,H=2,Tq=1,Tk=7,d=4,causal=bottom_right)");
+}
+
 TEST_F(Cli, MissingPluginStopsTheRunBeforeAnyCase) {
   const Outcome r = headgrad({"run", (kFixtures / "missing_plugin.yaml").string(), "--plugin-path", kTestPlugins});
   EXPECT_EQ(r.code, 3) << r.out << r.err;

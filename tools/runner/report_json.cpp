@@ -46,6 +46,7 @@ json diagnosis_json(const Diagnosis& d) {
           {"fits", fits},
           {"judged_side", d.judged_side.empty() ? json(nullptr) : json(d.judged_side)},
           {"correct_side", d.correct_side.empty() ? json(nullptr) : json(d.correct_side)},
+          {"ruled_out", d.ruled_out},
           {"sentence", d.sentence}};
 }
 
