@@ -94,7 +94,13 @@ TEST_P(CatalogTest, HypothesisReproducesMutantAndDiffersFromCorrect) {
     distance_from_correct =
         std::max(distance_from_correct, max_abs_diff(hypothesis.tensors[i], correct.tensors[i]));
   }
-  EXPECT_GT(distance_from_correct, 1e-3) << info.name << " is invisible at B=2, T=3, D=8, H=2";
+  const auto& vis = info.visibility;
+  // Tq = Tk = T, no fully masked row, small logits here: such bugs cannot show
+  // (CrossLengthCatalogTest and EdgeCatalogTest show them).
+  if (vis.needs_tq_ne_tk || vis.needs_empty_row || vis.needs_large_logits)
+    EXPECT_LT(distance_from_correct, 1e-12) << info.name << " shows at B=2, T=3, D=8, H=2";
+  else
+    EXPECT_GT(distance_from_correct, 1e-3) << info.name << " is invisible at B=2, T=3, D=8, H=2";
 }
 
 // Only bugs that have a core-level form (not the projections or the head layout).
@@ -131,10 +137,112 @@ TEST_P(CoreCatalogTest, HypothesisReproducesMutant) {
   for (std::size_t i = 0; i < a.size(); ++i) EXPECT_LT(max_abs_diff(a[i], b[i]), 1e-12) << i;
 }
 
+// Bugs visible only at Tq != Tk, at a decode step (Tq = 1, Tk = 7) and at Tq > Tk
+// (Tq = 6, Tk = 4): the hypothesis reproduces the mutant and differs from the
+// correct attention, and at Tq = Tk = 4 the three agree.
+std::vector<BugInfo> cross_length_bugs() {
+  std::vector<BugInfo> out;
+  for (const auto& b : bug_catalog())
+    if (b.visibility.needs_tq_ne_tk) out.push_back(b);
+  return out;
+}
+
+class CrossLengthCatalogTest : public CatalogTest {};
+
+TEST_P(CrossLengthCatalogTest, HypothesisReproducesMutantOnlyWhereTqDiffersFromTk) {
+  const BugInfo& info = GetParam();
+  const LoadedPlugin* mutant = registry_->find("mutant_" + std::string(info.name));
+  ASSERT_NE(mutant, nullptr);
+  for (const auto [tq, tk] : {std::pair<std::int64_t, std::int64_t>{1, 7}, {6, 4}, {4, 4}}) {
+    Generator gen(5);
+    const Tensor q = randn({2, 2, tq, 3}, DType::float64, gen);
+    const Tensor k = randn({2, 2, tk, 3}, DType::float64, gen);
+    const Tensor v = randn({2, 2, tk, 3}, DType::float64, gen);
+    const Tensor r = randn({2, 2, tq, 3}, DType::float64, gen);
+    AttentionSpec spec;
+    spec.causal = true;
+    auto run = [&](auto&& forward) {
+      Variable vq(q, true), vk(k, true), vv(v, true);
+      Variable out = forward(vq, vk, vv);
+      sum(mul(out, Variable(r))).backward();
+      auto g = [](const Variable& x) { return x.grad().defined() ? x.grad() : Tensor::zeros(x.shape(), x.dtype()); };
+      return std::vector<Tensor>{out.data(), g(vq), g(vk), g(vv)};
+    };
+    const auto m = run([&](auto& x, auto& y, auto& z) { return mutant->attention->core_forward(x, y, z, spec); });
+    const auto h = run([&](auto& x, auto& y, auto& z) { return hypothesis_core(x, y, z, spec, info.bug); });
+    const auto c = run([&](auto& x, auto& y, auto& z) { return hypothesis_core(x, y, z, spec, std::nullopt); });
+    double from_correct = 0;
+    for (std::size_t i = 0; i < m.size(); ++i) {
+      EXPECT_LT(max_abs_diff(m[i], h[i]), 1e-12) << "tensor " << i << " at Tq=" << tq << " Tk=" << tk;
+      from_correct = std::max(from_correct, max_abs_diff(h[i], c[i]));
+    }
+    if (tq == tk) EXPECT_LT(from_correct, 1e-12) << "Tq = Tk = " << tq;
+    else EXPECT_GT(from_correct, 1e-3) << "Tq=" << tq << " Tk=" << tk;
+  }
+}
+
+// Bugs that need a query row with every key masked or logits past exp's
+// range: reproduced at a core shape that has one, and different from the
+// correct attention there (the correct one gives a fully masked row zeros
+// and stays finite at any logit).
+std::vector<BugInfo> edge_bugs() {
+  std::vector<BugInfo> out;
+  for (const auto& b : bug_catalog())
+    if (b.visibility.needs_empty_row || b.visibility.needs_large_logits) out.push_back(b);
+  return out;
+}
+
+class EdgeCatalogTest : public CatalogTest {};
+
+TEST_P(EdgeCatalogTest, HypothesisReproducesMutantWhereTheEdgeIs) {
+  const BugInfo& info = GetParam();
+  const LoadedPlugin* mutant = registry_->find("mutant_" + std::string(info.name));
+  ASSERT_NE(mutant, nullptr);
+  Generator gen(9);
+  const Tensor q = randn({2, 2, 4, 3}, DType::float64, gen);
+  const Tensor k = randn({2, 2, 5, 3}, DType::float64, gen);
+  const Tensor v = randn({2, 2, 5, 3}, DType::float64, gen);
+  const Tensor r = randn({2, 2, 4, 3}, DType::float64, gen);
+  AttentionSpec spec;
+  if (info.visibility.needs_empty_row) {  // [Tq, Tk]: query 2 sees no key, the others all but key 4
+    Tensor m = Tensor::empty({4, 5}, DType::boolean);
+    for (std::int64_t i = 0; i < 4; ++i)
+      for (std::int64_t j = 0; j < 5; ++j) m.set({i, j}, i != 2 && j != 4);
+    spec.mask = m;
+  }
+  if (info.visibility.needs_large_logits) spec.scale = 2000.0;  // |q.k| * 2000 passes 709
+  auto run = [&](auto&& forward) {
+    Variable vq(q, true), vk(k, true), vv(v, true);
+    Variable out = forward(vq, vk, vv);
+    sum(mul(out, Variable(r))).backward();
+    auto g = [](const Variable& x) { return x.grad().defined() ? x.grad() : Tensor::zeros(x.shape(), x.dtype()); };
+    return std::vector<Tensor>{out.data(), g(vq), g(vk), g(vv)};
+  };
+  // equal, NaN where the other has NaN included
+  auto same = [](const Tensor& a, const Tensor& b) {
+    const auto va = a.to_vector(), vb = b.to_vector();
+    for (std::size_t i = 0; i < va.size(); ++i)
+      if (!(std::isnan(va[i]) && std::isnan(vb[i])) && !(std::abs(va[i] - vb[i]) < 1e-12)) return false;
+    return true;
+  };
+  const auto m = run([&](auto& x, auto& y, auto& z) { return mutant->attention->core_forward(x, y, z, spec); });
+  const auto h = run([&](auto& x, auto& y, auto& z) { return hypothesis_core(x, y, z, spec, info.bug); });
+  const auto c = run([&](auto& x, auto& y, auto& z) { return hypothesis_core(x, y, z, spec, std::nullopt); });
+  bool differs = false;
+  for (std::size_t i = 0; i < m.size(); ++i) {
+    EXPECT_TRUE(same(m[i], h[i])) << "tensor " << i;
+    differs = differs || !same(h[i], c[i]);
+    for (double x : c[i].to_vector()) ASSERT_TRUE(std::isfinite(x)) << "the correct attention went non-finite";
+  }
+  EXPECT_TRUE(differs) << info.name << " is invisible at its edge";
+}
+
 auto bug_name = [](const auto& p) { return std::string(p.param.name); };
 INSTANTIATE_TEST_SUITE_P(Bugs, CatalogTest,
                          ::testing::ValuesIn(bug_catalog().begin(), bug_catalog().end()), bug_name);
 INSTANTIATE_TEST_SUITE_P(Bugs, CoreCatalogTest, ::testing::ValuesIn(core_level_bugs()), bug_name);
+INSTANTIATE_TEST_SUITE_P(Bugs, EdgeCatalogTest, ::testing::ValuesIn(edge_bugs()), bug_name);
+INSTANTIATE_TEST_SUITE_P(Bugs, CrossLengthCatalogTest, ::testing::ValuesIn(cross_length_bugs()), bug_name);
 
 TEST(Catalog, CorrectHypothesisMatchesPerHead) {
   PluginRegistry reg;

@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 
 #include "analysis/analyze.hpp"
 #include "runner/run.hpp"
@@ -21,7 +24,7 @@ class Analysis : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     registry_ = new PluginRegistry();
-    registry_->load_directories(plugin_search_path({}));
+    registry_->load_directories(plugin_search_path({RUNNER_TEST_PLUGIN_DIR}));
   }
   static void TearDownTestSuite() {
     delete registry_;
@@ -149,6 +152,138 @@ TEST_F(Analysis, ReferenceCaseGetsDiagnosisButNoReRuns) {
   EXPECT_FALSE(r.localization->where.empty());
 }
 
+// One core case under causal (top-left), `lhs` against the oracle.
+CaseResult run_core(const std::string& lhs, const std::string& shape, const std::string& extra = "") {
+  const std::string yaml = "suite: t\ndefaults:\n  causal: true\ncases:\n  - name: c\n    level: core\n"
+                           "    compare: [" + lhs + ", per_head]\n    shape: " + shape + "\n" + extra;
+  const Suite s = parse_suite(yaml, "analysis.yaml");
+  PluginRegistry reg;
+  reg.load_directories(plugin_search_path({RUNNER_TEST_PLUGIN_DIR}));
+  return check_case(s.cases.at(0), reg, {});
+}
+
+// A bottom-right plugin under a top-left suite: at a decode step (Tq = 1) and
+// at Tq = Tk + 1 missing_causal_mask, causal_mask_inverted or
+// causal_mask_excludes_diagonal also fit that one shape, but the failure
+// vanishes at Tq = Tk where they would still show: only causal_alignment stays.
+TEST(Confirm, AlignmentBugIsNamedAndTheLookalikesAreRuledOutByLocalization) {
+  for (const std::string shape : {"{B: 2, H: 2, Tq: 1, Tk: 7, d: 4}", "{B: 2, H: 2, Tq: 5, Tk: 4, d: 4}"}) {
+    const CaseResult r = run_core("mutant_causal_alignment", shape);
+    ASSERT_EQ(r.status, CaseStatus::fail) << shape;
+    ASSERT_TRUE(r.diagnosis && r.localization);
+    EXPECT_EQ(r.diagnosis->best(), "causal_alignment") << r.diagnosis->sentence;
+    EXPECT_EQ(r.diagnosis->fits.size(), 1u) << r.diagnosis->sentence;
+    EXPECT_NE(r.diagnosis->sentence.find("aligns the causal mask bottom-right; set causal: bottom_right if that "
+                                         "is your convention"),
+              std::string::npos);
+    EXPECT_FALSE(r.diagnosis->ruled_out.empty()) << shape;  // a lookalike fit at the failing shape alone
+    for (const auto& why : r.diagnosis->ruled_out)
+      EXPECT_NE(why.find("the failure vanishes at Tq = Tk = "), std::string::npos) << why;
+    // localization: Tq and Tk apart
+    EXPECT_NE(r.localization->sentence.find("needs Tq != Tk"), std::string::npos) << r.localization->sentence;
+    EXPECT_NE(std::find(r.localization->depends_on.begin(), r.localization->depends_on.end(), "Tq!=Tk"),
+              r.localization->depends_on.end());
+    EXPECT_NE(r.localization->sentence.find("only when causal"), std::string::npos) << r.localization->sentence;
+  }
+  // at the decode step exactly the lookalikes that fit there are ruled out
+  const CaseResult decode = run_core("mutant_causal_alignment", "{B: 2, H: 2, Tq: 1, Tk: 7, d: 4}");
+  ASSERT_EQ(decode.diagnosis->ruled_out.size(), 2u);
+  EXPECT_EQ(decode.diagnosis->ruled_out[0].rfind("missing_causal_mask ", 0), 0u) << decode.diagnosis->ruled_out[0];
+  EXPECT_EQ(decode.diagnosis->ruled_out[1].rfind("causal_mask_inverted ", 0), 0u) << decode.diagnosis->ruled_out[1];
+}
+
+// The same plugin under the suite's declared bottom-right convention agrees with per_head.
+TEST(Confirm, BottomRightSuiteAcceptsABottomRightPlugin) {
+  const CaseResult r = run_core("mutant_causal_alignment", "{B: 2, H: 2, Tq: 1, Tk: 7, d: 4}",
+                                "    causal: bottom_right\n");
+  EXPECT_EQ(r.status, CaseStatus::pass) << r.cause;
+}
+
+// Bugs outside the catalog: nothing is named, at mha and core shapes.
+TEST(Confirm, BugsOutsideTheCatalogNameNoCatalogBug) {
+  PluginRegistry reg;
+  reg.load_directories(plugin_search_path({RUNNER_TEST_PLUGIN_DIR}));
+  const std::vector<std::string> mha_shapes = {"{B: 2, T: 3, D: 8, H: 2}", "{B: 1, T: 5, D: 12, H: 3}"};
+  for (const std::string bug : {"heads_reversed", "wq_wk_swapped", "scale_after_softmax"}) {
+    for (const auto& shape : mha_shapes) {
+      const Suite s = parse_suite("suite: t\ncases:\n  - name: c\n    compare: [uncatalogued_" + bug +
+                                      ", per_head]\n    causal: true\n    shape: " + shape + "\n",
+                                  "u.yaml");
+      const CaseResult r = check_case(s.cases.at(0), reg, {});
+      ASSERT_EQ(r.status, CaseStatus::fail) << bug << " " << shape;
+      ASSERT_TRUE(r.diagnosis);
+      EXPECT_EQ(r.diagnosis->best(), "") << bug << " " << shape << ": " << r.diagnosis->sentence;
+      EXPECT_EQ(r.diagnosis->sentence.rfind("No known bug reproduces this failure", 0), 0u) << r.diagnosis->sentence;
+    }
+  }
+  for (const std::string bug : {"heads_reversed", "scale_after_softmax"})
+    for (const std::string shape : {"{B: 2, H: 2, Tq: 1, Tk: 7, d: 4}", "{B: 2, H: 2, Tq: 5, Tk: 4, d: 4}"}) {
+      const CaseResult r = run_core("uncatalogued_" + bug, shape);
+      ASSERT_EQ(r.status, CaseStatus::fail) << bug << " " << shape;
+      EXPECT_EQ(r.diagnosis->best(), "") << bug << " " << shape << ": " << r.diagnosis->sentence;
+    }
+}
+
+// "(closest: X)" is named only within 10x of the tolerance: rounding noise
+// under atol = rtol = 0 is infinitely far from every bug's fit.
+TEST(Confirm, NoClosestHintFarOutsideTheTolerance) {
+  const CaseResult r = run_core("uncatalogued_wq_wk_swapped", "{B: 2, H: 2, Tq: 4, Tk: 4, d: 4}");
+  ASSERT_EQ(r.status, CaseStatus::pass);  // at the core level there are no weights to swap
+  const CaseResult far = run_core("uncatalogued_scale_after_softmax", "{B: 2, H: 2, Tq: 4, Tk: 4, d: 4}");
+  ASSERT_EQ(far.status, CaseStatus::fail);
+  EXPECT_EQ(far.diagnosis->sentence.find("closest"), std::string::npos) << far.diagnosis->sentence;
+  EXPECT_TRUE(far.diagnosis->near.empty());
+}
+
+TEST(Confirm, ExpectDiagnosisNoneAssertsTheHonestAnswer) {
+  const CaseResult honest = run_core("uncatalogued_scale_after_softmax", "{B: 2, H: 2, Tq: 4, Tk: 5, d: 4}",
+                                     "    expect: {fail: true, diagnosis: none}\n");
+  EXPECT_EQ(honest.status, CaseStatus::xfail) << honest.cause;
+  const CaseResult named = run_core("mutant_causal_alignment", "{B: 2, H: 2, Tq: 1, Tk: 7, d: 4}",
+                                    "    expect: {fail: true, diagnosis: none}\n");
+  EXPECT_EQ(named.status, CaseStatus::fail);
+  EXPECT_NE(named.cause.find("expected the diagnosis none, got causal_alignment"), std::string::npos) << named.cause;
+}
+
+// With a mask file, the variants that change B, Tq or Tk cannot run: the
+// sentence says so instead of "every shape tried"; mask off is tried.
+TEST(Localize, MaskFileVariantsThatCannotRunAreSaidPlainly) {
+  const CaseResult r = run_core("uncatalogued_scale_after_softmax", "{B: 2, H: 3, Tq: 5, Tk: 7, d: 4}",
+                                "    causal: false\n    mask: " HEADGRAD_SOURCE_ROOT
+                                "/configs/masks/padding_B2_Tq5_Tk7.npy\n");
+  ASSERT_EQ(r.status, CaseStatus::fail) << r.cause;
+  const Localization& loc = *r.localization;
+  EXPECT_EQ(loc.sentence.find("every shape tried"), std::string::npos) << loc.sentence;
+  EXPECT_NE(loc.sentence.find("Could not run: B = 1"), std::string::npos) << loc.sentence;
+  EXPECT_NE(loc.sentence.find("the mask file fixes B, Tq and Tk"), std::string::npos) << loc.sentence;
+  bool mask_off_ran = false;
+  for (const auto& row : loc.rows)
+    if (row.change == "mask off") mask_off_ran = row.status == CaseStatus::fail;
+  EXPECT_TRUE(mask_off_ran);  // the bug does not need the mask
+}
+
+// The default suite's edge cases (a decode step, Tq > Tk, a fully masked row,
+// large logits) catch and name the bugs that hide anywhere else: each mutant
+// put in place of fused_sdpa / batched in the default suite's core cases.
+TEST_F(Analysis, DefaultSuiteCatchesAndNamesTheEdgeCaseBugs) {
+  const Suite suite = load_suite(HEADGRAD_SOURCE_ROOT "/configs/default.yaml");
+  for (const std::string bug : {"mask_fill_finite", "softmax_no_max_subtraction", "causal_alignment"}) {
+    std::size_t caught = 0, named = 0;
+    for (CaseSpec c : suite.cases) {
+      if (c.level != Level::core || c.is_reference()) continue;
+      c.compare = {"mutant_" + bug, "per_head"};
+      const CaseResult r = check_case(c, *registry_, {});
+      if (r.status == CaseStatus::pass) continue;
+      ++caught;
+      if (r.diagnosis && r.diagnosis->best() == bug) ++named;
+      else ADD_FAILURE() << bug << " caught by " << c.name << " but not named: "
+                         << (r.diagnosis ? r.diagnosis->sentence : r.cause);
+    }
+    EXPECT_GT(caught, 0u) << bug << " passes the default suite";
+    EXPECT_EQ(named, caught) << bug;
+  }
+}
+
 std::vector<WeakSuiteWarning> warnings_for(const std::string& cases_yaml) {
   static Suite keep;  // the CaseSpec pointers live in it
   keep = parse_suite("suite: w\ncases:\n" + cases_yaml, "w.yaml");
@@ -182,7 +317,23 @@ TEST(WeakSuite, OtherBlindSpots) {
   EXPECT_TRUE(warns(ws, "every case has T = 1", "scale_one_over_d"));
   EXPECT_TRUE(warns(ws, "every case has B = 1", "batch_mixing"));
   EXPECT_TRUE(warns(ws, "no case is causal", "missing_causal_mask"));
+  EXPECT_TRUE(warns(ws, "no core case has Tq != Tk", "causal_alignment"));
+  EXPECT_TRUE(warns(ws, "no case has a query row whose keys are all masked", "mask_fill_finite"));
+  EXPECT_TRUE(warns(ws, "no case has logits past exp's range (a large scale)", "softmax_no_max_subtraction"));
   EXPECT_FALSE(ws.empty());
+  // each goes away with the case that covers it
+  const auto covered = warnings_for(
+      "  - {name: a, compare: [per_head, batched], level: core, causal: bottom_right, scale: 200, "
+      "shape: {B: 2, H: 2, Tq: 5, Tk: 3, d: 4}}\n");
+  EXPECT_FALSE(warns(covered, "no core case has Tq != Tk", "causal_alignment"));
+  EXPECT_FALSE(warns(covered, "no case has a query row whose keys are all masked", "mask_fill_finite"));
+  EXPECT_FALSE(warns(covered, "no case has logits past exp's range (a large scale)", "softmax_no_max_subtraction"));
+  // 3 * 20 * sqrt(4) = 120 is past float32's 88 but not float64's 709
+  const auto f64 = warnings_for("  - {name: a, compare: [per_head, batched], scale: 20, shape: {B: 1, T: 2, D: 4, H: 1}}\n");
+  EXPECT_TRUE(warns(f64, "no case has logits past exp's range (a large scale)", "softmax_no_max_subtraction"));
+  const auto f32 = warnings_for(
+      "  - {name: a, compare: [per_head, batched], dtype: float32, scale: 20, shape: {B: 1, T: 2, D: 4, H: 1}}\n");
+  EXPECT_FALSE(warns(f32, "no case has logits past exp's range (a large scale)", "softmax_no_max_subtraction"));
   bool gradients = false, contiguous = false;
   for (const auto& w : ws) {
     gradients = gradients || w.condition == "no case checks a gradient";
@@ -190,6 +341,23 @@ TEST(WeakSuite, OtherBlindSpots) {
   }
   EXPECT_TRUE(gradients);
   EXPECT_TRUE(contiguous);
+}
+
+// A mask file's rows are read: only a row of False counts as fully masked.
+TEST(WeakSuite, FullyMaskedRowIsReadFromTheMaskFile) {
+  auto warns_for_mask = [](const std::string& mask) {
+    const std::filesystem::path file =
+        std::filesystem::temp_directory_path() / ("headgrad_weak_mask_" + std::to_string(::getpid()) + ".yaml");
+    std::ofstream(file) << "suite: m\ncases:\n  - {name: a, compare: [per_head, batched], level: core, causal: false, "
+                           "mask: " HEADGRAD_SOURCE_ROOT "/configs/masks/" + mask + ", shape: {B: 2, H: 2, Tq: " +
+                               (mask[0] == 'e' ? "4, Tk: 6" : "5, Tk: 7") + ", d: 4}}\n";
+    const Suite s = load_suite(file);
+    std::filesystem::remove(file);
+    return warns(weak_suite_warnings({&s.cases.at(0)}), "no case has a query row whose keys are all masked",
+                 "mask_fill_finite");
+  };
+  EXPECT_FALSE(warns_for_mask("empty_row_B2_Tq4_Tk6.npy"));
+  EXPECT_TRUE(warns_for_mask("padding_B2_Tq5_Tk7.npy"));  // padding and holes, every row keeps a key
 }
 
 TEST(WeakSuite, DefaultSuiteHasNoBlindSpot) {
@@ -213,10 +381,10 @@ TEST(MutantsSuiteCli, PrintsAFullMutationScore) {
   while (std::size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
   const int status = pclose(pipe);
   EXPECT_EQ(WEXITSTATUS(status), 0) << out;
-  EXPECT_NE(out.find("mutation score: 14/14 mutants caught (100%), 14/14 named correctly (100%)"),
+  EXPECT_NE(out.find("mutation score: 18/18 mutants caught (100%), 18/18 named correctly (100%)"),
             std::string::npos)
       << out;
-  EXPECT_NE(out.find("14 passed, 0 failed"), std::string::npos) << out;
+  EXPECT_NE(out.find("18 passed, 0 failed"), std::string::npos) << out;
 }
 
 }  // namespace

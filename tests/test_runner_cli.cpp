@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -119,12 +120,56 @@ TEST_F(Cli, TightToleranceExitsOne) {
   EXPECT_NE(r.out.find("  XFAIL  expected-to-fail"), std::string::npos);
 }
 
-TEST_F(Cli, MissingPluginExitsThreeAndTheOtherCasesRun) {
-  const Outcome r = headgrad({"run", (kFixtures / "missing_plugin.yaml").string()});
+// The reason an expectation failed is printed in the terminal, under the case.
+TEST_F(Cli, UnmetExpectationSaysWhyInTheTerminal) {
+  const fs::path suite = fs::temp_directory_path() / ("headgrad_cli_expect_" + std::to_string(::getpid()) + ".yaml");
+  std::ofstream(suite) << "suite: e\ncases:\n  - name: wrong-name\n    compare: [mutant_merge_without_transpose, "
+                          "per_head]\n    shape: {B: 2, T: 3, D: 8, H: 2}\n    expect: {fail: true, diagnosis: no_scale}\n";
+  const Outcome r = headgrad({"run", suite.string()});
+  fs::remove(suite);
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("\n         not as expected: 6 of 6 tensors differ: out, dx, dwq, dwk, dwv, dwo; expected the "
+                       "diagnosis no_scale, got merge_without_transpose\n"),
+            std::string::npos)
+      << r.out;
+}
+
+// The JSON report carries the alignment and what the diagnosis ruled out.
+TEST_F(Cli, JsonHoldsTheAlignmentAndTheRuledOutHypotheses) {
+  const fs::path dir = fs::temp_directory_path() / ("headgrad_cli_align_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "s.yaml") << "suite: a\ncases:\n  - {name: decode, level: core, causal: true, compare: "
+                                   "[mutant_causal_alignment, per_head], shape: {B: 2, H: 2, Tq: 1, Tk: 7, d: 4}}\n"
+                                   "  - {name: declared, level: core, causal: bottom_right, compare: "
+                                   "[mutant_causal_alignment, per_head], shape: {B: 2, H: 2, Tq: 1, Tk: 7, d: 4}}\n";
+  const Outcome r = headgrad({"run", (dir / "s.yaml").string(), "--json", (dir / "r.json").string()});
+  const nlohmann::json j = nlohmann::json::parse(slurp(dir / "r.json"));
+  fs::remove_all(dir);
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  ASSERT_EQ(j["cases"].size(), 2u);
+  EXPECT_EQ(j["cases"][0]["causal_alignment"], "top_left");
+  EXPECT_EQ(j["cases"][0]["diagnosis"]["best"], "causal_alignment");
+  ASSERT_EQ(j["cases"][0]["diagnosis"]["ruled_out"].size(), 2u);
+  EXPECT_EQ(j["cases"][0]["diagnosis"]["ruled_out"][0].get<std::string>().rfind("missing_causal_mask (", 0), 0u);
+  EXPECT_EQ(j["cases"][1]["causal_alignment"], "bottom_right");
+  EXPECT_EQ(j["cases"][1]["status"], "pass");
+  EXPECT_EQ(j["cases"][1]["description"], "CORE(B=2,H=2,Tq=1,Tk=7,d=4,causal=bottom_right)");
+}
+
+TEST_F(Cli, MissingPluginStopsTheRunBeforeAnyCase) {
+  const Outcome r = headgrad({"run", (kFixtures / "missing_plugin.yaml").string(), "--plugin-path", kTestPlugins});
   EXPECT_EQ(r.code, 3) << r.out << r.err;
-  EXPECT_NE(r.out.find("  OK     fine"), std::string::npos);
-  EXPECT_NE(r.out.find("  ERROR  needs-ghost"), std::string::npos);
-  EXPECT_NE(r.err.find("plugin ghost_plugin is not loaded"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("fine"), std::string::npos) << r.out;  // no case ran
+  // one message: each missing plugin, the cases that need it, where it was searched, the fix
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_NE(r.err.find("headgrad: error: plugin ghost_plugin is not found (needed by needs-ghost); "
+                       "plugin per_haed is not found (did you mean 'per_head'?) (needed by needs-typo); searched: " +
+                       std::string(kTestPlugins) + ", "),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("Add the folder that holds it with --plugin-path DIR (or HEADGRAD_PLUGIN_PATH)"),
+            std::string::npos)
+      << r.err;
 }
 
 // Each malformed input: exit 2, FILE:LINE:COL and the reason.

@@ -181,6 +181,14 @@ TEST(Inputs, SeededRecipeIsTheSameInEveryLayout) {
   EXPECT_EQ(spec.num_heads, 2);
   EXPECT_EQ(spec.d_model, 8);
   EXPECT_EQ(spec.dropout_p, 0.0);
+  EXPECT_FALSE(spec.causal);
+  CaseSpec bottom = mha_case(InputLayout::contiguous);
+  bottom.causal = true;
+  bottom.causal_alignment = CausalAlignment::bottom_right;
+  const AttentionSpec bspec = attention_spec(bottom, a);
+  EXPECT_TRUE(bspec.causal);
+  EXPECT_EQ(bspec.causal_alignment, CausalAlignment::bottom_right);
+  EXPECT_EQ(bspec.causal_shift(1, 7), 6);
 }
 
 TEST(Inputs, CoreLevelShapes) {

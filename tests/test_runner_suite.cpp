@@ -192,6 +192,40 @@ cases:
   EXPECT_EQ(describe_case(c), "CORE(B=2,H=3,Tq=5,Tk=7,d=4,causal)");
 }
 
+TEST(Suite, CausalTakesEitherAlignment) {
+  auto with = [](const std::string& causal) {
+    return only_case(parse(std::string("cases:\n  - name: a\n    level: core\n    ") + kPair +
+                           "\n    shape: {B: 1, H: 1, Tq: 1, Tk: 7, d: 4}\n    causal: " + causal + "\n"));
+  };
+  const CaseSpec yes = with("true"), top = with("top_left"), bottom = with("bottom_right"), no = with("false");
+  EXPECT_TRUE(yes.causal);
+  EXPECT_EQ(yes.causal_alignment, CausalAlignment::top_left);  // PyTorch's is_causal
+  EXPECT_TRUE(top.causal);
+  EXPECT_EQ(top.causal_alignment, CausalAlignment::top_left);
+  EXPECT_TRUE(bottom.causal);
+  EXPECT_EQ(bottom.causal_alignment, CausalAlignment::bottom_right);
+  EXPECT_FALSE(no.causal);
+  EXPECT_EQ(describe_case(yes), "CORE(B=1,H=1,Tq=1,Tk=7,d=4,causal)");
+  EXPECT_EQ(describe_case(top), "CORE(B=1,H=1,Tq=1,Tk=7,d=4,causal)");
+  EXPECT_EQ(describe_case(bottom), "CORE(B=1,H=1,Tq=1,Tk=7,d=4,causal=bottom_right)");
+  EXPECT_EQ(describe_case(no), "CORE(B=1,H=1,Tq=1,Tk=7,d=4)");
+  EXPECT_EQ(error_of(std::string("cases:\n  - name: a\n    ") + kPair + "\n    causal: bottom-right\n"),
+            "t.yaml:4:13: case 'a': 'causal' must be true, false, top_left or bottom_right (true is "
+            "top_left, as PyTorch's is_causal), got 'bottom-right'");
+}
+
+TEST(Suite, ExpectedDiagnosisIsACatalogNameOrNone) {
+  const std::string head = std::string("cases:\n  - name: a\n    ") + kPair +
+                           "\n    shape: {B: 1, T: 2, D: 4, H: 1}\n    expect: {fail: true, diagnosis: ";
+  EXPECT_EQ(only_case(parse(head + "none}\n")).expect_diagnosis, "none");
+  EXPECT_EQ(only_case(parse(head + "causal_alignment}\n")).expect_diagnosis, "causal_alignment");
+  EXPECT_EQ(error_of(head + "kv_swaped}\n"),
+            "t.yaml:5:37: case 'a': 'diagnosis' must be a known bug's name or none, got 'kv_swaped'; "
+            "did you mean 'kv_swapped'?");
+  const std::string far = error_of(head + "something_else_entirely}\n");
+  EXPECT_NE(far.find("got 'something_else_entirely'; the names: split_without_transpose, "), std::string::npos) << far;
+}
+
 TEST(Suite, PathsResolveAgainstTheSuitesFolder) {
   const Suite s = parse_suite(R"(
 cases:
@@ -252,7 +286,8 @@ TEST(SuiteErrors, WrongTypedValues) {
             "t.yaml:4:16: case 'a': 'B' must be an integer, got 'two'");
   EXPECT_EQ(error_of(head + "shape: {B: 0, T: 3, D: 8, H: 2}\n"),
             "t.yaml:4:16: case 'a': 'B' must be a positive integer, got 0");
-  EXPECT_EQ(error_of(head + "causal: maybe\n"), "t.yaml:4:13: case 'a': 'causal' must be true or false, got 'maybe'");
+  EXPECT_EQ(error_of(head + "causal: maybe\n"), "t.yaml:4:13: case 'a': 'causal' must be true, false, top_left or bottom_right (true is top_left, "
+            "as PyTorch's is_causal), got 'maybe'");
   EXPECT_EQ(error_of(head + "atol: small\n"), "t.yaml:4:11: case 'a': 'atol' must be a finite number, got 'small'");
   EXPECT_EQ(error_of(head + "rtol: -1\n"), "t.yaml:4:11: case 'a': 'rtol' must be >= 0");
   EXPECT_EQ(error_of(head + "seed: [1]\n"), "t.yaml:4:11: case 'a': 'seed' must be an integer, got a list");

@@ -32,7 +32,23 @@ def padding_mask(B, Tq, Tk):
     return [B, 1, Tq, Tk], values
 
 
+def empty_row_mask(B, Tq, Tk):
+    """[B, 1, Tq, Tk]: in batch item b the query row (2 b + 1) % Tq has every key
+    masked (its output and gradients must be zeros); the other rows skip the keys
+    j with (i + j) % 3 == 2, never all of them."""
+    values = []
+    for b in range(B):
+        empty = (2 * b + 1) % Tq
+        for i in range(Tq):
+            for j in range(Tk):
+                values.append(i != empty and ((i + j) % 3 != 2 or j == 0))
+    return [B, 1, Tq, Tk], values
+
+
 if __name__ == "__main__":
-    shape, values = padding_mask(2, 5, 7)
-    write_bool_npy(HERE / "padding_B2_Tq5_Tk7.npy", shape, values)
-    print("wrote", HERE / "padding_B2_Tq5_Tk7.npy", shape)
+    for name, (shape, values) in {
+        "padding_B2_Tq5_Tk7.npy": padding_mask(2, 5, 7),
+        "empty_row_B2_Tq4_Tk6.npy": empty_row_mask(2, 4, 6),
+    }.items():
+        write_bool_npy(HERE / name, shape, values)
+        print("wrote", HERE / name, shape)

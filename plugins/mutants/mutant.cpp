@@ -69,9 +69,14 @@ Variable core(const Variable& q, const Variable& k_in, const Variable& v_in,
   if (kBug == "no_scale") factor = 1.0;                                   // BUG
   Variable s = scale(matmul(q, transpose(k, -2, -1)), factor);
   const Tensor attend = mutant_mask(spec, q.size(-2), k.size(-2));
-  if (attend.defined()) s = masked_fill(s, logical_not(attend), -INFINITY);
+  if (attend.defined())  // BUG when mask_fill_finite: a "large negative" instead of -inf
+    s = masked_fill(s, logical_not(attend), kBug == "mask_fill_finite" ? -1e4 : -INFINITY);
   const std::int64_t dim = kBug == "softmax_over_queries" ? -2 : -1;  // BUG: over queries
   Variable p = softmax(s, dim);
+  if (kBug == "softmax_no_max_subtraction") {  // BUG: exp without the row max subtracted first
+    const Variable e = exp(s);
+    p = div(e, sum(e, dim, true));
+  }
   if (kBug == "batch_mixing" && p.dim() >= 4 && p.size(0) > 1) {
     // BUG: the batch rolled by one on the way out, as a wrong gather would do
     const std::int64_t n = p.size(0);

@@ -31,8 +31,9 @@ std::string fmt_g(double v) {
 // ---------------------------------------------------------------- localization
 
 struct Variant {
-  std::string dim;     // the dim the variant probes: "B", "T", "H"
-  std::string change;  // "B = 1"
+  std::string dim;       // what the variant probes: "B", "T", "H", "H@D", "Tq", "Tq!=Tk", "Tq>Tk", "d", "mask", "causal"
+  std::string change;    // "B = 1"
+  bool removes = false;  // takes away something a bug may need (a dim at 1, Tq = Tk, the mask): passing there is dependence
   CaseSpec spec;
 };
 
@@ -40,35 +41,46 @@ std::vector<Variant> variants_of(const CaseSpec& c) {
   std::vector<Variant> out;
   auto add = [&](std::string dim, std::string change, auto edit) {
     CaseSpec v = c;
-    edit(v.dims);
+    edit(v);
     v.name = c.name + " {" + change + "}";
     v.expect_fail = false;
     v.expect_diagnosis.clear();
-    out.push_back({std::move(dim), std::move(change), std::move(v)});
+    const bool removes = change.find("= 1") != std::string::npos || dim == "Tq!=Tk" || dim == "mask" ||
+                         dim == "causal";
+    out.push_back({std::move(dim), std::move(change), removes, std::move(v)});
   };
   const Dims& d0 = c.dims;
   if (c.level == Level::mha) {
     const std::int64_t d = d0.D / std::max<std::int64_t>(d0.H, 1);
-    if (d0.B > 1) add("B", "B = 1", [](Dims& d) { d.B = 1; });
-    else add("B", "B = 2", [](Dims& d) { d.B = 2; });
-    if (d0.T > 1) add("T", "T = 1", [](Dims& d) { d.T = 1; });
-    else add("T", "T = 4", [](Dims& d) { d.T = 4; });
+    if (d0.B > 1) add("B", "B = 1", [](CaseSpec& v) { v.dims.B = 1; });
+    else add("B", "B = 2", [](CaseSpec& v) { v.dims.B = 2; });
+    if (d0.T > 1) add("T", "T = 1", [](CaseSpec& v) { v.dims.T = 1; });
+    else add("T", "T = 4", [](CaseSpec& v) { v.dims.T = 4; });
     if (d0.H > 1) {
-      add("H", "H = 1 (d kept, D = " + std::to_string(d) + ")", [d](Dims& x) { x.H = 1; x.D = d; });
-      add("H@D", "H = 1 (D kept, d = " + std::to_string(d0.D) + ")", [](Dims& x) { x.H = 1; });
+      add("H", "H = 1 (d kept, D = " + std::to_string(d) + ")", [d](CaseSpec& v) { v.dims.H = 1; v.dims.D = d; });
+      add("H@D", "H = 1 (D kept, d = " + std::to_string(d0.D) + ")", [](CaseSpec& v) { v.dims.H = 1; });
     } else {
-      add("H", "H = 2 (d kept, D = " + std::to_string(2 * d) + ")", [d](Dims& x) { x.H = 2; x.D = 2 * d; });
+      add("H", "H = 2 (d kept, D = " + std::to_string(2 * d) + ")", [d](CaseSpec& v) { v.dims.H = 2; v.dims.D = 2 * d; });
       if (d0.D % 2 == 0)
-        add("H@D", "H = 2 (D kept, d = " + std::to_string(d0.D / 2) + ")", [](Dims& x) { x.H = 2; });
+        add("H@D", "H = 2 (D kept, d = " + std::to_string(d0.D / 2) + ")", [](CaseSpec& v) { v.dims.H = 2; });
     }
   } else {
-    if (d0.B > 1) add("B", "B = 1", [](Dims& d) { d.B = 1; });
-    else add("B", "B = 2", [](Dims& d) { d.B = 2; });
-    if (d0.Tq > 1 || d0.Tk > 1) add("T", "Tq = Tk = 1", [](Dims& d) { d.Tq = d.Tk = 1; });
-    else add("T", "Tq = Tk = 4", [](Dims& d) { d.Tq = d.Tk = 4; });
-    if (d0.H > 1) add("H", "H = 1", [](Dims& d) { d.H = 1; });
-    else add("H", "H = 2", [](Dims& d) { d.H = 2; });
+    if (d0.B > 1) add("B", "B = 1", [](CaseSpec& v) { v.dims.B = 1; });
+    else add("B", "B = 2", [](CaseSpec& v) { v.dims.B = 2; });
+    // Tq and Tk apart: the same lengths, one query, more queries than keys; then both at 1.
+    if (d0.Tq != d0.Tk)
+      add("Tq!=Tk", "Tq = Tk = " + std::to_string(d0.Tk), [](CaseSpec& v) { v.dims.Tq = v.dims.Tk; });
+    if (d0.Tq > 1) add("Tq", "Tq = 1", [](CaseSpec& v) { v.dims.Tq = 1; });
+    if (d0.Tq <= d0.Tk)
+      add("Tq>Tk", "Tq = " + std::to_string(d0.Tk + 1) + " > Tk", [](CaseSpec& v) { v.dims.Tq = v.dims.Tk + 1; });
+    if (d0.Tq > 1 || d0.Tk > 1) add("T", "Tq = Tk = 1", [](CaseSpec& v) { v.dims.Tq = v.dims.Tk = 1; });
+    else add("T", "Tq = Tk = 4", [](CaseSpec& v) { v.dims.Tq = v.dims.Tk = 4; });
+    if (d0.H > 1) add("H", "H = 1", [](CaseSpec& v) { v.dims.H = 1; });
+    else add("H", "H = 2", [](CaseSpec& v) { v.dims.H = 2; });
+    if (d0.d > 1) add("d", "d = 1", [](CaseSpec& v) { v.dims.d = 1; });
+    if (!c.mask_file.empty()) add("mask", "mask off", [](CaseSpec& v) { v.mask_file.clear(); v.files.reset(); });
   }
+  if (c.causal) add("causal", "causal off", [](CaseSpec& v) { v.causal = false; });
   return out;
 }
 
@@ -143,16 +155,74 @@ std::string where_str(const std::vector<ErrorSpread>& spread) {
   return join(parts, "; ");
 }
 
+// "a", "a and b", "a, b and c"
+std::string and_list(const std::vector<std::string>& items) {
+  if (items.size() <= 1) return join(items);
+  return join(std::vector<std::string>(items.begin(), items.end() - 1)) + " and " + items.back();
+}
+
+// What a dim is, for "it does not depend on ..."
 std::string dim_words(const std::string& dim) {
   if (dim == "B") return "the batch size";
   if (dim == "T") return "the sequence length";
+  if (dim == "Tq") return "the query count";
+  if (dim == "Tq!=Tk") return "whether Tq = Tk";
+  if (dim == "Tq>Tk") return "whether Tq > Tk";
+  if (dim == "d") return "the head width";
+  if (dim == "mask") return "the mask file";
+  if (dim == "causal") return "the causal mask";
   return "the head count";
 }
+
+// What the failure needs when the variant that takes it away passes.
+std::string need_words(const std::string& dim) {
+  if (dim == "Tq!=Tk") return "Tq != Tk";
+  if (dim == "Tq") return "more than one query (Tq > 1)";
+  if (dim == "d") return "a head width above 1";
+  if (dim == "mask") return "the mask (it shows only with the mask)";
+  if (dim == "causal") return "the causal mask (it shows only when causal)";
+  return dim_words(dim) + " above 1";
+}
+
+// One variant as run: its result (tensors kept) and the inputs its sides got.
+struct VariantRun {
+  Variant variant;
+  CaseResult result;
+  CaseInputs inputs;
+  std::string error;  // the variant could not run: why
+};
+
+std::vector<VariantRun> run_variants(const CaseSpec& c, const PluginRegistry& registry, const RunOptions& options) {
+  RunOptions quiet = options;
+  quiet.keep_tensors = true;      // the diagnosis re-checks its hypotheses on them
+  quiet.on_case_start = nullptr;  // the callbacks are the caller's, for the cases it asked for
+  quiet.on_case_done = nullptr;
+  std::vector<VariantRun> runs;
+  for (auto& v : variants_of(c)) {
+    VariantRun run{std::move(v), {}, {}, {}};
+    try {
+      run.result = run_case(run.variant.spec, registry, quiet, &run.inputs);
+    } catch (const std::exception& e) {
+      run.error = e.what();
+    }
+    runs.push_back(std::move(run));
+  }
+  return runs;
+}
+
+Localization localize_from(const CaseResult& failed, const std::vector<VariantRun>& runs);
 
 }  // namespace
 
 Localization localize(const CaseResult& failed, const PluginRegistry& registry,
                       const RunOptions& options) {
+  if (failed.spec.is_reference()) return localize_from(failed, {});
+  return localize_from(failed, run_variants(failed.spec, registry, options));
+}
+
+namespace {
+
+Localization localize_from(const CaseResult& failed, const std::vector<VariantRun>& runs) {
   Localization loc;
   const CaseSpec& c = failed.spec;
   for (const auto& t : failed.tensors) {
@@ -169,46 +239,48 @@ Localization localize(const CaseResult& failed, const PluginRegistry& registry,
     return loc;
   }
   loc.rows.push_back({"as failed", describe_case(c), CaseStatus::fail, failed.max_abs(), ""});
-  RunOptions quiet = options;
-  quiet.keep_tensors = false;
-  quiet.on_case_start = nullptr;  // the callbacks are the caller's, for the cases it asked for
-  quiet.on_case_done = nullptr;
-  std::vector<std::string> depends, independent;
-  for (auto& v : variants_of(c)) {
-    CaseResult r;
-    try {
-      r = run_case(v.spec, registry, quiet);
-    } catch (const std::exception& e) {
-      loc.rows.push_back({v.change, describe_case(v.spec), CaseStatus::error, 0, e.what()});
+  std::vector<std::string> depends, independent, not_run;
+  for (const auto& run : runs) {
+    const Variant& v = run.variant;
+    if (!run.error.empty()) {
+      loc.rows.push_back({v.change, describe_case(v.spec), CaseStatus::error, 0, run.error});
+      not_run.push_back(v.change);
       continue;
     }
+    const CaseResult& r = run.result;
     loc.rows.push_back({v.change, describe_case(v.spec), r.status, r.max_abs(), r.cause});
-    if (v.dim == "H@D" || r.status == CaseStatus::error) continue;
-    const bool probes_one = v.change.find("= 1") != std::string::npos;
+    if (r.status == CaseStatus::error) not_run.push_back(v.change);
+    if (v.dim == "H@D" || v.dim == "Tq>Tk" || r.status == CaseStatus::error) continue;
     const bool passes = r.status == CaseStatus::pass;
-    if (probes_one && passes) depends.push_back(v.dim);
+    if (v.removes && passes) depends.push_back(v.dim);
     else if (!passes) independent.push_back(v.dim);
   }
   loc.depends_on = depends;
   loc.independent_of = independent;
 
-  std::vector<std::string> need, keep;
-  for (const auto& d : depends) need.push_back(d + " = 1");
+  std::vector<std::string> gone, needs, keep;
+  for (const auto& run : runs)
+    if (std::find(depends.begin(), depends.end(), run.variant.dim) != depends.end()) gone.push_back(run.variant.change);
+  for (const auto& d : depends) needs.push_back(need_words(d));
   for (const auto& d : independent) keep.push_back(dim_words(d));
   if (!depends.empty()) {
-    std::vector<std::string> words;
-    for (const auto& d : depends) words.push_back(dim_words(d));
-    loc.sentence = "The failure disappears at " + join(need, " and at ") + ": it needs " +
-                   join(words, " and ") + " above 1";
+    loc.sentence = "The failure disappears at " + and_list(gone) + ": it needs " + and_list(needs);
     loc.sentence += keep.empty() ? "." : "; it does not depend on " + join(keep, ", ") + ".";
   } else if (!keep.empty()) {
-    loc.sentence = "The failure shows at every shape tried: it does not depend on " +
-                   join(keep, ", ") + ".";
+    loc.sentence = std::string(not_run.empty() ? "The failure shows at every shape tried"
+                                               : "The failure shows at every variant that ran") +
+                   ": it does not depend on " + join(keep, ", ") + ".";
   } else {
-    loc.sentence = "The variants could not be run; see the table.";
+    loc.sentence = "No variant could be run";
+    loc.sentence += c.mask_file.empty() ? "." : " (the mask file fixes B, Tq and Tk).";
   }
+  if (!not_run.empty() && !(depends.empty() && keep.empty()))
+    loc.sentence += " Could not run: " + join(not_run) +
+                    (c.mask_file.empty() ? "" : " (the mask file fixes B, Tq and Tk)") + "; see the table.";
   return loc;
 }
+
+}  // namespace
 
 // ---------------------------------------------------------------- diagnosis
 
@@ -253,13 +325,46 @@ std::pair<double, double> fit_ratio(const TensorSet& side, const TensorSet& hyp,
     const Tolerance tol = c.tolerance_for(name);
     const auto va = av.to_vector(), vb = b->to_vector();
     for (std::size_t i = 0; i < va.size(); ++i) {
+      // A NaN or inf the hypothesis predicts where the side has it too is reproduced.
+      if (!std::isfinite(va[i]) || !std::isfinite(vb[i])) {
+        if ((std::isnan(va[i]) && std::isnan(vb[i])) || va[i] == vb[i]) continue;
+        return {INFINITY, INFINITY};
+      }
       const double e = std::abs(va[i] - vb[i]);
-      if (std::isnan(e)) return {INFINITY, INFINITY};
       max_abs = std::max(max_abs, e);
       worst = std::max(worst, e / (tol.atol + tol.rtol * std::abs(vb[i])));
     }
   }
   return {worst, max_abs};
+}
+
+// A near miss is named only within this factor of the tolerance.
+constexpr double kNearFactor = 10;
+
+// dx.sentence from its fits (best first), ruled_out and near.
+void write_verdict(Diagnosis& dx) {
+  if (dx.fits.empty()) {
+    dx.sentence = "No known bug reproduces this failure";
+    if (!dx.ruled_out.empty()) dx.sentence += "; ruled out: " + join(dx.ruled_out, "; ");
+    if (!dx.near.empty())
+      dx.sentence += std::string(dx.ruled_out.empty() ? "" : ";") + " (closest: " + dx.near.front().bug + " on " +
+                     dx.near.front().side + ", " + fmt_g(dx.near.front().worst_ratio) + "x outside the tolerance)";
+    dx.sentence += "; see where the error lives and the localization.";
+    return;
+  }
+  const HypothesisFit& best = dx.fits.front();
+  dx.judged_side = best.side;
+  const auto& info = bug_info(*diagnosis::bug_from_name(best.bug));
+  dx.sentence = best.side + " reproduces " + best.bug + " (every checked tensor within tolerance, max |Δ| " +
+                fmt_g(best.max_abs) + "): " + std::string(info.explanation) + ". Fix: " +
+                std::string(info.fix) + ".";
+  if (!dx.correct_side.empty()) dx.sentence += " " + dx.correct_side + " matches the correct attention.";
+  if (dx.fits.size() > 1) {
+    std::vector<std::string> others;
+    for (std::size_t i = 1; i < dx.fits.size(); ++i) others.push_back(dx.fits[i].bug);
+    dx.sentence += " Also consistent at this shape: " + join(others, ", ") + ".";
+  }
+  if (!dx.ruled_out.empty()) dx.sentence += " Ruled out: " + join(dx.ruled_out, "; ") + ".";
 }
 
 }  // namespace
@@ -304,31 +409,83 @@ Diagnosis diagnose(const CaseResult& failed, const CaseInputs& in) {
   }
   std::stable_sort(dx.fits.begin(), dx.fits.end(),
                    [](const auto& a, const auto& b) { return a.worst_ratio < b.worst_ratio; });
-
-  if (dx.fits.empty()) {
-    dx.sentence = "No known bug reproduces this failure";
-    if (closest && std::isfinite(closest->worst_ratio))
-      dx.sentence += " (closest: " + closest->bug + " on " + closest->side + ", " +
-                     fmt_g(closest->worst_ratio) + "x outside the tolerance)";
-    dx.sentence += "; see where the error lives and the localization.";
-    return dx;
-  }
-  const HypothesisFit& best = dx.fits.front();
-  dx.judged_side = best.side;
-  const auto& info = bug_info(*diagnosis::bug_from_name(best.bug));
-  dx.sentence = best.side + " reproduces " + best.bug + " (every checked tensor within tolerance, max |Δ| " +
-                fmt_g(best.max_abs) + "): " + std::string(info.explanation) + ". Fix: " +
-                std::string(info.fix) + ".";
-  if (!dx.correct_side.empty()) dx.sentence += " " + dx.correct_side + " matches the correct attention.";
-  if (dx.fits.size() > 1) {
-    std::vector<std::string> others;
-    for (std::size_t i = 1; i < dx.fits.size(); ++i) others.push_back(dx.fits[i].bug);
-    dx.sentence += " Also consistent at this shape: " + join(others, ", ") + ".";
-  }
+  // A near miss is worth naming only when it is close to the tolerance.
+  if (closest && closest->worst_ratio <= kNearFactor) dx.near.push_back(*closest);
+  write_verdict(dx);
   return dx;
 }
 
+namespace {
+
+// A hypothesis that fits at the failing shape is kept only where it agrees
+// with every localization variant that ran: it must reproduce the side it
+// blames there too, so it shows exactly where the failure shows and is
+// invisible where the failure vanishes.
+void confirm_with_variants(Diagnosis& dx, const std::vector<VariantRun>& runs) {
+  std::vector<HypothesisFit> kept;
+  for (const auto& fit : dx.fits) {
+    const Bug bug = *diagnosis::bug_from_name(fit.bug);
+    std::string why;
+    for (const auto& run : runs) {
+      const CaseResult& r = run.result;
+      if (!run.error.empty() || (r.status != CaseStatus::pass && r.status != CaseStatus::fail)) continue;
+      const TensorSet* side = fit.side == r.lhs_label ? &r.lhs : fit.side == r.rhs_label ? &r.rhs : nullptr;
+      if (!side || side->empty()) continue;
+      const CaseSpec& vc = run.variant.spec;
+      if (vc.level == Level::core && bug_info(bug).visibility.mha_only) continue;
+      TensorSet hyp;
+      try {
+        hyp = hypothesis_tensors(vc, run.inputs, bug);
+      } catch (const std::exception& e) {
+        logging::runner()->debug("hypothesis {} did not run at {}: {}", fit.bug, run.variant.change, e.what());
+        continue;
+      }
+      if (fit_ratio(*side, hyp, vc).first <= 1.0) continue;
+      why = r.status == CaseStatus::pass
+                ? "the failure vanishes at " + run.variant.change + ", where " + fit.bug + " would still show"
+                : "at " + run.variant.change + " the failure shows but " + fit.bug + " does not reproduce it";
+      break;
+    }
+    if (why.empty()) kept.push_back(fit);
+    else dx.ruled_out.push_back(fit.bug + " (fits at the failing shape, but " + why + ")");
+  }
+  if (kept.size() == dx.fits.size()) return;
+  dx.fits = std::move(kept);
+  dx.judged_side = dx.fits.empty() ? std::string() : dx.fits.front().side;
+  write_verdict(dx);
+}
+
+}  // namespace
+
 // ---------------------------------------------------------------- weak suites
+
+namespace {
+
+// A query row with no key to attend: bottom-right causal with Tq > Tk, or a
+// mask (file or reference) with a row of False.
+bool has_fully_masked_row(const CaseSpec& c) {
+  if (c.level == Level::core && c.causal && c.causal_alignment == CausalAlignment::bottom_right &&
+      c.dims.Tq > c.dims.Tk)
+    return true;
+  if (!c.files || !c.files->mask.defined() || c.files->mask.dim() < 1) return false;
+  const std::int64_t tk = c.files->mask.size(-1);
+  const auto v = c.files->mask.contiguous().to_vector();
+  for (std::size_t row = 0; tk > 0 && row + static_cast<std::size_t>(tk) <= v.size(); row += static_cast<std::size_t>(tk))
+    if (std::all_of(v.begin() + static_cast<std::ptrdiff_t>(row), v.begin() + static_cast<std::ptrdiff_t>(row) + tk,
+                    [](double x) { return x == 0; }))
+      return true;
+  return false;
+}
+
+// Seeded q, k are unit normal, so |q.k| is about sqrt(d) and the largest score
+// a few times scale * sqrt(d): past ln(max) of the dtype, exp overflows.
+bool has_large_logits(const CaseSpec& c) {
+  if (!c.scale || c.is_reference()) return false;
+  const double limit = c.dtype == DType::float32 ? 88.7 : 709.8;
+  return 3 * *c.scale * std::sqrt(static_cast<double>(std::max<std::int64_t>(c.dims.head_dim(), 1))) > limit;
+}
+
+}  // namespace
 
 std::vector<WeakSuiteWarning> weak_suite_warnings(const std::vector<const CaseSpec*>& cases) {
   std::vector<WeakSuiteWarning> out;
@@ -359,6 +516,13 @@ std::vector<WeakSuiteWarning> weak_suite_warnings(const std::vector<const CaseSp
     add("the head dim equals the model dim in every mha case", bugs_where([](const auto& v) { return v.needs_d_lt_D; }));
   if (all([](const CaseSpec& c) { return c.level == Level::core; }))
     add("every case is at the core level", bugs_where([](const auto& v) { return v.mha_only; }));
+  if (all([](const CaseSpec& c) { return c.level != Level::core || c.dims.Tq == c.dims.Tk; }))
+    add("no core case has Tq != Tk", bugs_where([](const auto& v) { return v.needs_tq_ne_tk; }));
+  if (!std::any_of(cases.begin(), cases.end(), [](const CaseSpec* c) { return has_fully_masked_row(*c); }))
+    add("no case has a query row whose keys are all masked", bugs_where([](const auto& v) { return v.needs_empty_row; }));
+  if (!std::any_of(cases.begin(), cases.end(), [](const CaseSpec* c) { return has_large_logits(*c); }))
+    add("no case has logits past exp's range (a large scale)",
+        bugs_where([](const auto& v) { return v.needs_large_logits; }));
   if (all([](const CaseSpec& c) { return c.layout == InputLayout::contiguous && !c.is_reference(); }))
     add("every input is contiguous",
         {"kernels that ignore strides (a view read as if it were contiguous)"});
@@ -379,9 +543,13 @@ CaseResult check_case(const CaseSpec& spec, const PluginRegistry& registry, cons
   const bool failed = res.status == CaseStatus::fail || res.status == CaseStatus::xfail;
   if (failed && !res.tensors.empty()) {
     res.diagnosis = diagnose(res, inputs);
-    res.localization = localize(res, registry, options);
+    const std::vector<VariantRun> runs =
+        spec.is_reference() ? std::vector<VariantRun>{} : run_variants(spec, registry, options);
+    res.localization = localize_from(res, runs);
+    confirm_with_variants(*res.diagnosis, runs);
     const std::string named = res.diagnosis->best();
-    if (res.status == CaseStatus::xfail && !spec.expect_diagnosis.empty() && named != spec.expect_diagnosis) {
+    const bool as_expected = spec.expect_diagnosis == "none" ? named.empty() : named == spec.expect_diagnosis;
+    if (res.status == CaseStatus::xfail && !spec.expect_diagnosis.empty() && !as_expected) {
       res.status = CaseStatus::fail;
       res.cause += (res.cause.empty() ? "" : "; ") + std::string("expected the diagnosis ") +
                    spec.expect_diagnosis + ", got " + (named.empty() ? "none" : named);

@@ -8,12 +8,14 @@
 //   CaseInputs in;
 //   CaseResult r = run_case(c, registry, options, &in);   // runner: failed
 //   Diagnosis dx = diagnose(r, in);                       // bug hypotheses on the same inputs
-//   Localization loc = localize(r, registry, options);   // re-runs at B/T/H = 1 and > 1
+//   Localization loc = localize(r, registry, options);   // re-runs with one dim changed
 //   for (auto& w : weak_suite_warnings(cases)) std::cout << w.message;
 //
 // Signatures used (the bug catalog, analysis/catalog.hpp): a head-layout bug
 // is invisible at H = 1 and at T = 1; a wrong scale at T = 1; a batch mix-up
-// at B = 1; a wrong causal mask without causal.
+// at B = 1; a wrong causal mask without causal; a bottom-right causal mask at
+// Tq = Tk; a finite mask fill without a fully masked row; a softmax without
+// the max subtracted without large logits.
 //
 // Shape legend: B batch, T sequence, D model width, H heads, d = D / H.
 #pragma once
@@ -50,15 +52,21 @@ CaseResult check_case(const CaseSpec& spec, const PluginRegistry& registry, cons
 
 // ---- localization ----
 
-// Re-runs the failing case's pair at changed shapes (same seed recipe) and
-// reads the spread from its tensors (failed.lhs, failed.rhs). A reference case
+// Re-runs the failing case's pair with one thing changed (same seed recipe):
+// B; at mha level T and H (d kept, D kept); at core level Tq = Tk, Tq = 1,
+// Tq > Tk, Tq = Tk = 1, H, d = 1, the mask file off; causal off. Reads the
+// spread from its tensors (failed.lhs, failed.rhs). Variants that cannot run
+// (a mask file fixes B, Tq and Tk) are listed as such. A reference case
 // cannot be re-run at other shapes: its localization holds the spread alone.
 Localization localize(const CaseResult& failed, const PluginRegistry& registry, const RunOptions& options);
 
 // ---- diagnosis ----
 
 // Runs every catalog hypothesis on the inputs the case's sides got and keeps
-// those that reproduce one side's output and gradients within the case's tolerance.
+// those that reproduce one side's output and gradients within the case's
+// tolerance, at this one shape. check_case goes further: a hypothesis is kept
+// only if it also reproduces that side at every localization variant that ran
+// (the others are listed in Diagnosis::ruled_out, with the variant that refutes them).
 Diagnosis diagnose(const CaseResult& failed, const CaseInputs& inputs);
 
 // ---- weak suites ----

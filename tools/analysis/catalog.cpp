@@ -11,7 +11,8 @@ constexpr std::string_view kNames[] = {
 #undef HEADGRAD_BUG
 };
 
-// Field order: needs_heads, needs_seq, needs_batch, needs_causal, needs_d_lt_D, mha_only
+// Field order: needs_heads, needs_seq, needs_batch, needs_causal, needs_d_lt_D, mha_only,
+// needs_tq_ne_tk, needs_empty_row, needs_large_logits (false when left out)
 // Each entry's name is filled in from bug_names.def below.
 constexpr std::array<BugInfo, static_cast<std::size_t>(Bug::count_)> kEntries{{
     {Bug::split_without_transpose, {},
@@ -70,6 +71,21 @@ constexpr std::array<BugInfo, static_cast<std::size_t>(Bug::count_)> kEntries{{
      "attention weights of one batch item are applied to another (a gather or reshape across the batch)",
      "keep the batch dim outermost and untouched in every reshape",
      {false, false, true, false, false, false}},
+    {Bug::causal_alignment, {},
+     "aligns the causal mask bottom-right; set causal: bottom_right if that is your convention",
+     "mask key j > query i (top-left, as is_causal), or declare the convention: causal: bottom_right "
+     "(query i attends j <= i + Tk - Tq)",
+     {false, false, false, true, false, false, true}},
+    {Bug::mask_fill_finite, {},
+     "masked scores are filled with a finite value (-1e4) instead of -inf: a query row whose keys are all "
+     "masked attends every key uniformly instead of giving zeros",
+     "masked_fill with -inf (and give a fully masked row zeros), not a large negative number",
+     {false, false, false, false, false, false, false, true, false}},
+    {Bug::softmax_no_max_subtraction, {},
+     "the softmax computes exp(s) / sum(exp(s)) without subtracting the row max: large logits overflow to inf "
+     "and give NaN",
+     "softmax(s) = exp(s - max(s)) / sum(exp(s - max(s))) (or use the library's softmax)",
+     {false, false, false, false, false, false, false, false, true}},
 }};
 
 constexpr auto kCatalog = [] {

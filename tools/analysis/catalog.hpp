@@ -24,6 +24,9 @@ struct Visibility {
   bool needs_causal = false;   // invisible without a causal mask
   bool needs_d_lt_D = false;   // invisible when the head dim equals the model dim
   bool mha_only = false;       // lives in the projections or the head layout
+  bool needs_tq_ne_tk = false; // invisible when Tq = Tk (so at the mha level): core cases only
+  bool needs_empty_row = false;    // invisible unless a query row has every key masked
+  bool needs_large_logits = false; // invisible unless a score passes exp's range (~88 float32, ~709 float64)
 };
 
 struct BugInfo {

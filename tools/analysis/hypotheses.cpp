@@ -14,6 +14,7 @@ Tensor hypothesis_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t 
                        std::optional<Bug> bug) {
   AttentionSpec s = spec;
   if (is(bug, Bug::missing_causal_mask)) s.causal = false;
+  if (is(bug, Bug::causal_alignment)) s.causal_alignment = CausalAlignment::bottom_right;
   const bool wrong = is(bug, Bug::causal_mask_excludes_diagonal) || is(bug, Bug::causal_mask_inverted);
   if (!s.causal || !wrong) return attention_mask(s, tq, tk);
   s.causal = false;
@@ -47,8 +48,15 @@ Variable attend(const Variable& q, const Variable& k_in, const Variable& v_in, c
   const Variable& k = swapped ? v_in : k_in;
   const Variable& v = swapped ? k_in : v_in;
   Variable s = scale(matmul(q, transpose(k, -2, -1)), factor);
-  if (mask.defined()) s = masked_fill(s, logical_not(mask), -INFINITY);
-  Variable p = softmax(s, is(bug, Bug::softmax_over_queries) ? -2 : -1);
+  const double fill = is(bug, Bug::mask_fill_finite) ? -1e4 : -INFINITY;
+  if (mask.defined()) s = masked_fill(s, logical_not(mask), fill);
+  Variable p;
+  if (is(bug, Bug::softmax_no_max_subtraction)) {  // exp(s) / sum(exp(s)) over the keys
+    const Variable e = exp(s);
+    p = div(e, sum(e, -1, true));
+  } else {
+    p = softmax(s, is(bug, Bug::softmax_over_queries) ? -2 : -1);
+  }
   if (is(bug, Bug::batch_mixing)) p = roll_batch(p);
   return matmul(p, v);
 }

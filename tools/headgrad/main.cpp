@@ -165,17 +165,41 @@ class Progress {
 
 // Plugins that the cases name but that did not load: said once, up front,
 // with the rejected library that would have provided it, if one would.
-void report_missing_plugins(const std::vector<const CaseSpec*>& cases, const PluginRegistry& registry) {
+// A plugin the selected cases name that is not loaded stops the run before
+// any case (exit 3): one message naming each such plugin, the cases that
+// need it, why (a rejected library) or where it was searched, and the fix.
+bool report_missing_plugins(const std::vector<const CaseSpec*>& cases, const PluginRegistry& registry,
+                            const std::vector<fs::path>& searched) {
+  std::vector<std::string> found_names;
+  for (const auto& f : registry.found()) found_names.push_back(f.info.name);
+  std::vector<std::string> parts;
+  bool not_found = false;
   for (const auto& name : plugins_named_by(cases)) {
     if (registry.find(name)) continue;
+    std::vector<std::string> users;
+    for (const CaseSpec* c : cases)
+      if (std::find(c->compare.begin(), c->compare.end(), name) != c->compare.end()) users.push_back(c->name);
+    std::string part = "plugin " + name;
     const auto skipped = registry.rejections_for(name);
-    std::cerr << "headgrad: ";
-    if (skipped.empty()) std::cerr << not_loaded_cause(name, registry);
-    else std::cerr << "plugin " << name << " is not loaded";
-    for (const PluginRejection* r : skipped)
-      std::cerr << "; skipped the rejected library " << r->file.string() << ": " << r->reason;
-    std::cerr << "; the cases that use it fail (exit code 3)\n";
+    if (skipped.empty()) {
+      not_found = true;
+      const std::string near = closest_match(name, found_names);
+      part += " is not found" + (near.empty() ? "" : " (did you mean '" + near + "'?)");
+    } else {
+      part += " is not loaded";
+      for (const PluginRejection* r : skipped) part += "; skipped the rejected library " + r->file.string() + ": " + r->reason;
+    }
+    parts.push_back(part + " (needed by " + join(users) + ")");
   }
+  if (parts.empty()) return false;
+  std::vector<std::string> dirs;
+  for (const auto& d : searched) dirs.push_back(d.string());
+  std::string message = join(parts, "; ") + "; searched: " + (dirs.empty() ? "no folder" : join(dirs)) + ".";
+  if (not_found)
+    message += " Add the folder that holds it with --plugin-path DIR (or HEADGRAD_PLUGIN_PATH); "
+               "`headgrad plugins` lists what is found.";
+  error(message);
+  return true;
 }
 
 // A plugin taken from an earlier folder than another library of the same
@@ -242,7 +266,7 @@ int cmd_run(const RunArgs& a) {
   // Only the plugins the selected cases name are loaded into this process.
   PluginRegistry registry = probed_registry(a);
   registry.load(plugins_named_by(selected));
-  report_missing_plugins(selected, registry);
+  if (report_missing_plugins(selected, registry, search_path(a))) return kExitPlugin;
   report_shadowed_plugins(registry);
   check_capabilities(selected, registry);
   if (a.no_isolation && a.timeout)
@@ -444,7 +468,7 @@ int cmd_export(const ExportArgs& a) {
   registry.load({plugin_name});
   const LoadedPlugin* plugin = registry.find(plugin_name);
   if (!plugin) {
-    report_missing_plugins({&c}, registry);
+    report_missing_plugins({&c}, registry, search_path(a));
     return kExitPlugin;
   }
   check_capabilities({&c}, registry);

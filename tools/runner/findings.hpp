@@ -56,6 +56,8 @@ struct Diagnosis {
   std::string judged_side;          // the side found buggy ("" when none fits)
   std::string correct_side;         // the side the correct attention reproduces, if any
   std::string sentence;             // the verdict in words (says so when none fits)
+  std::vector<std::string> ruled_out;  // "bug: why", hypotheses that fit the failing shape but not the localization
+  std::vector<HypothesisFit> near;     // no fit: the nearest hypothesis when within 10x of the tolerance
   std::string best() const { return fits.empty() ? std::string() : fits.front().bug; }
 };
 

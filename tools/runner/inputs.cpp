@@ -468,6 +468,7 @@ AttentionSpec attention_spec(const CaseSpec& c, const CaseInputs& in) {
     s.d_model = in.q.size(1) * in.q.size(-1);
   }
   s.causal = c.causal;
+  s.causal_alignment = c.causal_alignment;
   s.scale = c.scale;
   s.dropout_p = 0.0;
   s.mask = in.mask;

@@ -46,6 +46,7 @@ json diagnosis_json(const Diagnosis& d) {
           {"fits", fits},
           {"judged_side", d.judged_side.empty() ? json(nullptr) : json(d.judged_side)},
           {"correct_side", d.correct_side.empty() ? json(nullptr) : json(d.correct_side)},
+          {"ruled_out", d.ruled_out},
           {"sentence", d.sentence}};
 }
 
@@ -98,6 +99,7 @@ json case_json(const CaseResult& r) {
           {"description", describe_case(c)},
           {"dtype", dtype_name(c.dtype)},
           {"causal", c.causal},
+          {"causal_alignment", c.causal ? json(causal_alignment_name(c.causal_alignment)) : json(nullptr)},
           {"scale", c.scale ? json(*c.scale) : json(nullptr)},
           {"mask", c.mask_file.empty() ? json(nullptr) : json(c.mask_file.string())},
           {"input_layout", layout_name(c.layout)},

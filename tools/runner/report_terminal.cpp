@@ -93,6 +93,9 @@ void print_case(std::ostream& os, const CaseResult& r, const TerminalStyle& styl
     os << std::string(kDetailIndent, ' ') << "named: " << terminal_safe(r.diagnosis->best()) << " ("
        << terminal_safe(r.diagnosis->judged_side) << ")\n";
   }
+  // An expectation that was not met says why here, not only in the JSON.
+  if (r.status == CaseStatus::fail && (r.spec.expect_fail || !r.spec.expect_diagnosis.empty()) && !r.cause.empty())
+    os << std::string(kDetailIndent, ' ') << "not as expected: " << terminal_safe(r.cause) << "\n";
   const bool expand = style.verbose || r.status == CaseStatus::fail || r.status == CaseStatus::xpass;
   if (!expand) return;
   // lines we built, holding names and messages from the input

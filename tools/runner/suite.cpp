@@ -128,7 +128,8 @@ std::string describe_case(const CaseSpec& c) {
     const std::int64_t v = c.dims.get(dim);
     if (v > 0) add(dim + "=" + std::to_string(v));
   }
-  if (c.causal) add("causal");
+  if (c.causal)
+    add(c.causal_alignment == CausalAlignment::bottom_right ? "causal=bottom_right" : "causal");
   if (!c.mask_file.empty()) add("mask");
   if (c.scale) {
     std::ostringstream os;
@@ -208,6 +209,8 @@ class Parser {
                                                          const std::string& what) const;
   std::string string_value(const YAML::Node& v, const std::string& key) const;
   bool bool_value(const YAML::Node& v, const std::string& key) const;
+  void read_causal(const YAML::Node& v, CaseSpec& c) const;
+  std::string diagnosis_name(const YAML::Node& v) const;
   double number_value(const YAML::Node& v, const std::string& key) const;
   std::int64_t int_value(const YAML::Node& v, const std::string& key) const;
   std::string choice(const YAML::Node& v, const std::string& key,
@@ -263,6 +266,38 @@ bool Parser::bool_value(const YAML::Node& v, const std::string& key) const {
   if (!v.IsScalar() || !YAML::convert<bool>::decode(v, b))
     fail(v, "'" + key + "' must be true or false, got " + kind_of(v));
   return b;
+}
+
+// expect.diagnosis: a name of the bug catalog (the one list, analysis/bug_names.def),
+// or none (no known bug may be named).
+std::string Parser::diagnosis_name(const YAML::Node& v) const {
+  static const std::vector<std::string> kBugNames = {
+#define HEADGRAD_BUG(name) #name,
+#include "analysis/bug_names.def"
+#undef HEADGRAD_BUG
+  };
+  const std::string name = string_value(v, "diagnosis");
+  if (name == "none" || std::find(kBugNames.begin(), kBugNames.end(), name) != kBugNames.end()) return name;
+  const std::string near = closest_match(name, kBugNames);
+  fail(v, "'diagnosis' must be a known bug's name or none, got '" + name + "'" +
+              (near.empty() ? "; the names: " + join(kBugNames) : "; did you mean '" + near + "'?"));
+}
+
+// causal: true | false | top_left | bottom_right (true is top-left, PyTorch's is_causal).
+void Parser::read_causal(const YAML::Node& v, CaseSpec& c) const {
+  bool b = false;
+  if (v.IsScalar() && YAML::convert<bool>::decode(v, b)) {
+    c.causal = b;
+    c.causal_alignment = CausalAlignment::top_left;
+    return;
+  }
+  if (v.IsScalar() && (v.Scalar() == "top_left" || v.Scalar() == "bottom_right")) {
+    c.causal = true;
+    c.causal_alignment = v.Scalar() == "top_left" ? CausalAlignment::top_left : CausalAlignment::bottom_right;
+    return;
+  }
+  fail(v, "'causal' must be true, false, top_left or bottom_right (true is top_left, as PyTorch's "
+          "is_causal), got " + kind_of(v));
 }
 
 double Parser::number_value(const YAML::Node& v, const std::string& key) const {
@@ -540,7 +575,7 @@ std::vector<CaseSpec> Parser::parse_case(const YAML::Node& node, std::size_t ind
   for (std::size_t i = 0; i < c.compare.size(); ++i)
     if (c.compare[i].empty()) fail(val("compare"), "'compare' has an empty plugin name");
 
-  if (has("causal")) c.causal = bool_value(val("causal"), "causal");
+  if (has("causal")) read_causal(val("causal"), c);
   if (has("scale") && !val("scale").IsNull()) {
     const double s = number_value(val("scale"), "scale");
     if (s <= 0) fail(val("scale"), "'scale' must be > 0, got " + val("scale").Scalar());
@@ -601,7 +636,7 @@ std::vector<CaseSpec> Parser::parse_case(const YAML::Node& node, std::size_t ind
   if (has("expect")) {
     for (const auto& [k, v] : entries(val("expect"), kExpectKeys, "'expect'")) {
       if (k.Scalar() == "fail") c.expect_fail = bool_value(v, "fail");
-      else c.expect_diagnosis = string_value(v, "diagnosis");
+      else c.expect_diagnosis = diagnosis_name(v);
     }
   }
 

@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include <headgrad/attention.hpp>
 #include <headgrad/loader.hpp>
 #include <headgrad/tensor.hpp>
 
@@ -84,6 +85,7 @@ struct CaseSpec {
   Dims dims;
   DType dtype = DType::float64;
   bool causal = false;
+  CausalAlignment causal_alignment = CausalAlignment::top_left;  // `causal: bottom_right`; read only when causal
   std::optional<double> scale;         // default 1/sqrt(d)
   std::filesystem::path mask_file;     // core level bool mask (.npy); empty: none
   InputLayout layout = InputLayout::contiguous;
