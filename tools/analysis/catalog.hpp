@@ -24,6 +24,10 @@ struct Visibility {
   bool needs_causal = false;   // invisible without a causal mask
   bool needs_d_lt_D = false;   // invisible when the head dim equals the model dim
   bool mha_only = false;       // lives in the projections or the head layout
+  // Grouped kv heads (G = H / Hkv query heads per kv head):
+  bool needs_group = false;     // invisible at Hkv = H (G = 1)
+  bool needs_kv_heads = false;  // invisible at Hkv = 1 (MQA)
+  bool needs_non_square = false;  // invisible at H = Hkv^2 (G = Hkv)
 };
 
 struct BugInfo {
