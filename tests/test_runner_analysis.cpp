@@ -232,6 +232,17 @@ TEST(WeakSuite, GroupedKvBlindSpots) {
     for (const auto& w : warnings_for(yaml)) EXPECT_EQ(w.condition.find("grouped-kv"), std::string::npos) << w.message;
 }
 
+// At the core level k and v may have Hkv heads: the hypotheses widen them too,
+// so a core bug in a grouped case is still named.
+TEST_F(Analysis, CoreGroupedKvCaseIsDiagnosed) {
+  const std::string yaml = "suite: t\ncases:\n  - name: c\n    level: core\n    compare: [mutant_scale_one_over_d, per_head]\n"
+                           "    shape: {B: 2, H: 12, Hkv: 3, Tq: 5, Tk: 7, d: 10}\n    causal: true\n";
+  const CaseResult r = check_case(parse_suite(yaml, "analysis.yaml").cases.at(0), *registry_, {});
+  ASSERT_EQ(r.status, CaseStatus::fail) << r.cause;
+  ASSERT_TRUE(r.diagnosis);
+  EXPECT_EQ(r.diagnosis->best(), "scale_one_over_d");
+}
+
 // Grouped kv heads: localization re-runs at Hkv = H and Hkv = 1.
 TEST_F(Analysis, GroupedKvBugsLocalizeToTheirKvHeadCounts) {
   auto run = [](const std::string& mutant) {

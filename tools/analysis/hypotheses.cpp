@@ -135,7 +135,10 @@ Variable hypothesis_core(const Variable& q, const Variable& k, const Variable& v
                                 "' has no core-level form");
   const std::int64_t tq = q.size(-2), tk = k.size(-2);
   const Tensor mask = hypothesis_mask(spec, tq, tk, bug);
-  return attend(q, k, v, mask, hypothesis_scale(spec, q.size(-1), bug), bug);
+  // k, v with Hkv heads where q has H: query head h reads kv head h / G
+  const std::int64_t group = kv_group(q, k, v, "hypothesis");
+  return attend(q, expand_kv_heads(k, group), expand_kv_heads(v, group), mask,
+                hypothesis_scale(spec, q.size(-1), bug), bug);
 }
 
 }  // namespace headgrad::diagnosis
