@@ -178,4 +178,24 @@ TEST(BenchCli, ReadsSuiteAndFlagsOverrideIt) {
   fs::remove(out);
 }
 
+TEST(BenchGroupedKv, ShapeFlopsAndValidation) {
+  const auto s = headgrad::bench::parse_shape("1,2048,2048,32,8");
+  EXPECT_EQ(s.H, 32);
+  EXPECT_EQ(s.Hkv, 8);
+  EXPECT_EQ(s.str(), "(1,2048,2048,32,8)");
+  EXPECT_EQ(headgrad::bench::parse_shape("1,2,8,2").kv_heads(), 2);  // default H
+  EXPECT_THROW(headgrad::bench::parse_shape("1,2,8,2,1,1"), headgrad::bench::BenchConfigError);
+  // (B,T,D,H,Hkv) = (2,3,8,2,1): Wq, Wo 2 x 2*2*3*64 = 1536; Wk, Wv 2 x 2*2*3*(4*8) = 768; core 576
+  EXPECT_DOUBLE_EQ(headgrad::bench::count_flops({2, 3, 8, 2, 1}, "mha").fwd_dense, 1536 + 768 + 576);
+  headgrad::bench::BenchConfig c;
+  c.plugins = {"batched"};
+  c.shapes = {{1, 2, 8, 4, 3}};
+  try {
+    headgrad::bench::validate(c);
+    ADD_FAILURE() << "no error";
+  } catch (const headgrad::bench::BenchConfigError& e) {
+    EXPECT_STREQ(e.what(), "shape (1,2,8,4,3): Hkv must divide H (query head h reads kv head h / (H / Hkv))");
+  }
+}
+
 }  // namespace

@@ -39,19 +39,32 @@ class CatalogTest : public ::testing::TestWithParam<BugInfo> {
   }
   static PluginRegistry* registry_;
 
-  // B=2, T=3, D=8, H=2 causal: every bug in the catalog can show here
+  // B=2, T=3, D=8, H=2 causal: every bug outside grouped kv heads can show here
   // (and 1/sqrt(D) != 1/d, so the scale bugs stay apart).
-  static constexpr std::int64_t B = 2, T = 3, D = 8, H = 2;
+  struct Shape5 {
+    std::int64_t B, T, D, H, Hkv, d;
+  };
+  static constexpr Shape5 kPlain{2, 3, 8, 2, 2, 4};
+  // The grouped-kv bugs need 1 < Hkv < H and H != Hkv^2; G = 2 < Hkv keeps the
+  // wrong divisor h / Hkv inside the kv heads, and d = 5 != D / H.
+  static constexpr Shape5 kGrouped{2, 4, 8, 12, 6, 5};
+  static Shape5 shape_for(const BugInfo& b) {
+    const Visibility& v = b.visibility;
+    return v.needs_group || v.needs_kv_heads || v.needs_non_square ? kGrouped : kPlain;
+  }
+  Shape5 s_ = kPlain;
 
   std::vector<Tensor> inputs() const {
+    const auto [B, T, D, H, Hkv, d] = s_;
     Generator gen(7);
-    return {randn({B, T, D}, DType::float64, gen), randn({D, D}, DType::float64, gen, 0.35),
-            randn({D, D}, DType::float64, gen, 0.35), randn({D, D}, DType::float64, gen, 0.35),
-            randn({D, D}, DType::float64, gen, 0.35), randn({B, T, D}, DType::float64, gen)};
+    return {randn({B, T, D}, DType::float64, gen), randn({H * d, D}, DType::float64, gen, 0.35),
+            randn({Hkv * d, D}, DType::float64, gen, 0.35), randn({Hkv * d, D}, DType::float64, gen, 0.35),
+            randn({D, H * d}, DType::float64, gen, 0.35), randn({B, T, D}, DType::float64, gen)};
   }
 
   template <class F>
   Grads run_mha(F&& forward) const {
+    const auto [B, T, D, H, Hkv, d] = s_;
     const auto in = inputs();
     Variable x(in[0], true);
     MhaWeights w{Variable(in[1], true), Variable(in[2], true), Variable(in[3], true),
@@ -59,6 +72,8 @@ class CatalogTest : public ::testing::TestWithParam<BugInfo> {
     AttentionSpec spec;
     spec.d_model = D;
     spec.num_heads = H;
+    spec.num_kv_heads = Hkv;
+    spec.head_width = d;
     spec.causal = true;
     Variable out = forward(x, w, spec);
     sum(mul(out, Variable(in[5]))).backward();
@@ -77,6 +92,7 @@ TEST_P(CatalogTest, HypothesisReproducesMutantAndDiffersFromCorrect) {
   const LoadedPlugin* mutant = registry_->find(name);
   ASSERT_NE(mutant, nullptr) << name << " is not built";
   EXPECT_TRUE(mutant->info.mutant);
+  s_ = shape_for(info);
 
   const Grads from_plugin = run_mha([&](auto& x, auto& w, auto& s) {
     return mutant->attention->mha_forward(x, w, s);
@@ -95,12 +111,14 @@ TEST_P(CatalogTest, HypothesisReproducesMutantAndDiffersFromCorrect) {
         std::max(distance_from_correct, max_abs_diff(hypothesis.tensors[i], correct.tensors[i]));
   }
   const auto& vis = info.visibility;
+  const std::string at = "B=" + std::to_string(s_.B) + ", T=" + std::to_string(s_.T) + ", D=" + std::to_string(s_.D) +
+                         ", H=" + std::to_string(s_.H) + ", Hkv=" + std::to_string(s_.Hkv) + ", d=" + std::to_string(s_.d);
   // Tq = Tk = T, no fully masked row, small logits here: such bugs cannot show
   // (CrossLengthCatalogTest and EdgeCatalogTest show them).
   if (vis.needs_tq_ne_tk || vis.needs_empty_row || vis.needs_large_logits)
-    EXPECT_LT(distance_from_correct, 1e-12) << info.name << " shows at B=2, T=3, D=8, H=2";
+    EXPECT_LT(distance_from_correct, 1e-12) << info.name << " shows at " << at;
   else
-    EXPECT_GT(distance_from_correct, 1e-3) << info.name << " is invisible at B=2, T=3, D=8, H=2";
+    EXPECT_GT(distance_from_correct, 1e-3) << info.name << " is invisible at " << at;
 }
 
 // Only bugs that have a core-level form (not the projections or the head layout).
@@ -271,6 +289,51 @@ TEST(Catalog, NamesAreUniqueAndResolve) {
   }
   EXPECT_FALSE(bug_from_name("not_a_bug").has_value());
   EXPECT_EQ(bug_catalog().size(), static_cast<std::size_t>(Bug::count_));
+}
+
+// Grouped kv heads (H 12, Hkv 3, d 10): the correct hypothesis equals per_head on
+// the output and every gradient, and the averaged group gradient is exactly 1/G
+// of the summed one on dWk and dWv, dx differs and out, dWq, dWo are untouched
+// (the signature = X = X X =).
+TEST(Catalog, GroupedHypothesesAgainstPerHead) {
+  PluginRegistry reg;
+  reg.load_directories({HEADGRAD_BUILD_PLUGIN_DIR});
+  const LoadedPlugin& per_head = reg.get("per_head");
+  const std::int64_t B = 2, T = 7, D = 24, H = 12, Hkv = 3, d = 10, G = H / Hkv;
+  Generator gen(13);
+  const Tensor x = randn({B, T, D}, DType::float64, gen);
+  const std::vector<Tensor> ws = {randn({H * d, D}, DType::float64, gen, 0.2), randn({Hkv * d, D}, DType::float64, gen, 0.2),
+                                  randn({Hkv * d, D}, DType::float64, gen, 0.2), randn({D, H * d}, DType::float64, gen, 0.2)};
+  const Tensor r = randn({B, T, D}, DType::float64, gen);
+  AttentionSpec spec;
+  spec.d_model = D;
+  spec.num_heads = H;
+  spec.num_kv_heads = Hkv;
+  spec.head_width = d;
+  spec.causal = true;
+  auto run = [&](auto&& forward) {
+    Variable vx(x, true);
+    MhaWeights w{Variable(ws[0], true), Variable(ws[1], true), Variable(ws[2], true), Variable(ws[3], true)};
+    Variable out = forward(vx, w);
+    sum(mul(out, Variable(r))).backward();
+    return std::vector<Tensor>{out.data(), vx.grad(), w.wq.grad(), w.wk.grad(), w.wv.grad(), w.wo.grad()};
+  };
+  const auto ref = run([&](auto& vx, auto& w) { return per_head.attention->mha_forward(vx, w, spec); });
+  const auto ok = run([&](auto& vx, auto& w) { return hypothesis_mha(vx, w, spec, std::nullopt); });
+  for (std::size_t i = 0; i < ref.size(); ++i) EXPECT_LT(max_abs_diff(ref[i], ok[i]), 1e-12) << i;
+  const auto mean = run([&](auto& vx, auto& w) { return hypothesis_mha(vx, w, spec, Bug::kv_grad_averaged); });
+  for (std::size_t i : {0u, 2u, 5u}) EXPECT_LT(max_abs_diff(ref[i], mean[i]), 1e-12) << i;
+  for (std::size_t i : {3u, 4u}) {  // dWk, dWv = truth / G
+    EXPECT_LT(max_abs_diff(scale(Variable(ref[i]), 1.0 / static_cast<double>(G)).data(), mean[i]), 1e-13) << i;
+    EXPECT_GT(max_abs_diff(ref[i], mean[i]), 1e-3) << i;
+  }
+  // the wrong divisor h / Hkv runs past the 3 kv heads at G = 4 > Hkv: refused, named
+  try {
+    run([&](auto& vx, auto& w) { return hypothesis_mha(vx, w, spec, Bug::kv_group_wrong_divisor); });
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "hypothesis kv_group_wrong_divisor: query head 9 would read kv head 3 of 3");
+  }
 }
 
 }  // namespace

@@ -59,6 +59,38 @@ class Cli : public ::testing::Test {
   fs::path dir_;
 };
 
+// Grouped kv heads end to end: a GQA case passes, exports a reference with
+// wk [Hkv*d, D] that checks back, and bad Hkv or a plugin without grouped_kv
+// is exit code 2 naming the key or the capability.
+TEST_F(Cli, GroupedKvRunsExportsAndRefuses) {
+  std::ofstream(dir_ / "g.yaml") << "cases:\n  - {name: g, compare: [per_head, batched], causal: true, "
+                                    "shape: {B: 2, T: 7, D: 24, H: 12, Hkv: 3, d: 10}}\n";
+  const Outcome run = headgrad({"run", (dir_ / "g.yaml").string()});
+  EXPECT_EQ(run.code, 0) << run.out << run.err;
+  EXPECT_NE(run.out.find("MHA(B=2,T=7,D=24,H=12,Hkv=3,d=10,causal)"), std::string::npos) << run.out;
+  const Outcome ex = headgrad({"export", (dir_ / "g.yaml").string(), "--case", "g", "--out", (dir_ / "ref").string()});
+  ASSERT_EQ(ex.code, 0) << ex.out << ex.err;
+  std::ofstream(dir_ / "r.yaml") << "cases:\n  - {name: r, compare: [fused_sdpa], reference: ref, causal: true, "
+                                    "shape: {H: 12}}\n";
+  const Outcome back = headgrad({"run", (dir_ / "r.yaml").string()});
+  EXPECT_EQ(back.code, 0) << back.out << back.err;
+  EXPECT_NE(back.out.find("MHA(B=2,T=7,D=24,H=12,Hkv=3,d=10,causal)"), std::string::npos) << back.out;
+
+  std::ofstream(dir_ / "bad.yaml") << "cases:\n  - {name: b, compare: [per_head, batched], "
+                                      "shape: {B: 2, T: 7, D: 24, H: 12, Hkv: 5}}\n";
+  const Outcome bad = headgrad({"run", (dir_ / "bad.yaml").string()});
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("bad.yaml:2:84: case 'b': 'Hkv': H=12 is not a multiple of Hkv=5"), std::string::npos)
+      << bad.err;
+  std::ofstream(dir_ / "cap.yaml") << "cases:\n  - {name: c, compare: [limited, per_head], "
+                                      "shape: {B: 2, T: 7, D: 24, H: 12, Hkv: 3}}\n";
+  const Outcome cap = headgrad({"run", (dir_ / "cap.yaml").string(), "--plugin-path", kTestPlugins});
+  EXPECT_EQ(cap.code, 2);
+  EXPECT_NE(cap.err.find("plugin 'limited' lacks the capability 'grouped_kv' (H=12 query heads share Hkv=3 kv heads)"),
+            std::string::npos)
+      << cap.err;
+}
+
 TEST_F(Cli, PassingSuiteExitsZero) {
   const Outcome r = headgrad({"run", (kFixtures / "pass.yaml").string()});
   EXPECT_EQ(r.code, 0) << r.out << r.err;

@@ -34,6 +34,13 @@ TEST(DescribeIndex, WeightsNameTheHeadBlock) {
   EXPECT_EQ(describe_index(Level::mha, "dwo", shape, Shape{7, 9}, 3), "out=7, head=2, col=1");
 }
 
+TEST(DescribeIndex, GroupedKvWeightsNameTheirOwnHeadBlocks) {
+  // D = 24, H = 12, Hkv = 3, d = 10: Wq [120, 24], Wk [30, 24], Wo [24, 120]
+  EXPECT_EQ(describe_index(Level::mha, "dwq", {120, 24}, Shape{57, 23}, 12), "head=5, row=7, in=23");
+  EXPECT_EQ(describe_index(Level::mha, "dwk", {30, 24}, Shape{25, 1}, 3), "head=2, row=5, in=1");
+  EXPECT_EQ(describe_index(Level::mha, "dwo", {24, 120}, Shape{3, 119}, 12), "out=3, head=11, col=9");
+}
+
 TEST(DescribeIndex, CoreNamesQueryOrKeyPositions) {
   const Shape q = {2, 3, 5, 4}, k = {2, 3, 7, 4};
   EXPECT_EQ(describe_index(Level::core, "out", q, Shape{1, 2, 4, 3}, 0), "b=1, h=2, q=4, ch=3");

@@ -520,4 +520,18 @@ TEST(ReportFormat, Figures) {
   EXPECT_EQ(format_duration(1.2), "1.20 s");
 }
 
+TEST(JsonReport, GroupedKvShapeCarriesHkvAndHeadWidth) {
+  SuiteResult result;
+  result.name = "g";
+  result.file = "g.yaml";
+  CaseResult r;
+  r.spec.name = r.spec.base_name = "g";
+  r.spec.compare = {"per_head", "batched"};
+  r.spec.dims = Dims{.B = 2, .T = 7, .D = 24, .H = 12, .d = 10, .Hkv = 3};
+  r.status = CaseStatus::pass;
+  result.cases.push_back(r);
+  const nlohmann::json j = json_report(result);
+  EXPECT_EQ(j["cases"][0]["shape"], (nlohmann::json{{"B", 2}, {"T", 7}, {"D", 24}, {"H", 12}, {"Hkv", 3}, {"d", 10}}));
+}
+
 }  // namespace

@@ -221,12 +221,13 @@ TEST_F(RunnerTest, ReferenceDirectoryErrorsNameTheFileAndShape) {
   fs::remove(dir_ / "ref" / "wk.npy");
   EXPECT_EQ(load_error(yaml), where + "reference directory ref has no wk.npy (an mha-level reference needs x, wq, wk, wv, wo)");
   write_npy(dir_ / "ref" / "wk.npy", Tensor::zeros({4, 3}, DType::float64));
-  EXPECT_EQ(load_error(yaml), where + "ref/wk.npy has shape [4, 3], expected [4, 4] (D=4 from x.npy [1, 2, 4])");
+  EXPECT_EQ(load_error(yaml), where + "ref/wk.npy has shape [4, 3], expected [Hkv*d, D] with d=2 (wq.npy [4, 4] over H=2), "
+                              "D=4 from x.npy [1, 2, 4] and Hkv dividing H");
   write_npy(dir_ / "ref" / "wk.npy", Tensor::zeros({4, 4}, DType::float32));
   EXPECT_EQ(load_error(yaml), where + "ref/wk.npy is float32 but x.npy is float64; every file of a reference must share one dtype");
   write_npy(dir_ / "ref" / "wk.npy", Tensor::zeros({4, 4}, DType::float64));
   EXPECT_EQ(load_error("cases:\n  - name: r\n    compare: [per_head]\n    reference: ref\n    shape: {H: 3}\n"),
-            where + "x.npy has D=4, which is not divisible by H=3");
+            where + "ref/wq.npy has shape [4, 4], expected [H*d, D] with H=3 and D=4 from x.npy [1, 2, 4]");
   EXPECT_EQ(load_error("cases:\n  - name: r\n    compare: [per_head]\n    reference: ref\n    shape: {H: 2, T: 5}\n"),
             where + "shape gives T=5 but x.npy has T=2");
   write_npy(dir_ / "ref" / "dx.npy", Tensor::zeros({1, 3, 4}, DType::float64));
@@ -317,7 +318,8 @@ TEST_F(RunnerTest, NpzReferenceChecksLikeItsDirectory) {
 TEST_F(RunnerTest, NpzReferenceErrorsNameTheMember) {
   fs::copy_file(kFixtures / "mha_B2_T3_D8_H2_causal.npz", dir_ / "case.npz");
   EXPECT_EQ(load_error("cases:\n  - {name: r, compare: [per_head], reference: case.npz, shape: {H: 3}}\n"),
-            (dir_ / "suite.yaml").string() + ":2:47: case 'r': member x has D=8, which is not divisible by H=3");
+            (dir_ / "suite.yaml").string() + ":2:47: case 'r': case.npz member wq has shape [8, 8], expected [H*d, D] with H=3 "
+                                                "and D=8 from member x [2, 3, 8]");
   EXPECT_EQ(load_error("cases:\n  - {name: r, level: core, compare: [per_head], reference: case.npz}\n"),
             (dir_ / "suite.yaml").string() + ":2:60: case 'r': reference file case.npz has no q member (a "
                                              "core-level reference needs q, k, v)");
@@ -523,6 +525,73 @@ TEST_F(RunnerTest, CapabilitiesAreCheckedAgainstLoadedPlugins) {
   EXPECT_EQ(error("cases:\n  - {name: c, compare: [not_loaded, per_head], causal: true, shape: {B: 1, T: 2, D: 4, "
                   "H: 2}}\n"),
             "(no error)");  // the runner reports plugins that are not loaded
+}
+
+// Grouped kv heads: the seeded recipe makes [Hkv*d, D] key/value weights, the
+// spec says so, and a reference written from such a case reads back.
+TEST_F(RunnerTest, GroupedKvSeededCaseAndItsReference) {
+  Suite gen = suite_from("cases:\n  - {name: g, compare: [per_head, batched], causal: true, seed: 5, "
+                         "shape: {B: 2, T: 7, D: 24, H: 12, Hkv: 3, d: 10}}\n");
+  const CaseSpec& c = gen.cases[0];
+  const CaseInputs in = make_inputs(c);
+  EXPECT_EQ(in.x.shape(), (Shape{2, 7, 24}));
+  EXPECT_EQ(in.wq.shape(), (Shape{120, 24}));  // [H*d, D]
+  EXPECT_EQ(in.wk.shape(), (Shape{30, 24}));   // [Hkv*d, D]
+  EXPECT_EQ(in.wv.shape(), (Shape{30, 24}));
+  EXPECT_EQ(in.wo.shape(), (Shape{24, 120}));  // [D, H*d]
+  const AttentionSpec spec = attention_spec(c, in);
+  EXPECT_EQ(spec.num_heads, 12);
+  EXPECT_EQ(spec.num_kv_heads, 3);
+  EXPECT_EQ(spec.head_width, 10);
+  const CaseResult r = run_case(c, *registry_, {});
+  EXPECT_EQ(r.status, CaseStatus::pass) << r.cause;
+
+  write_reference(c, dir_ / "ref");
+  const std::string where = (dir_ / "suite.yaml").string() + ":2:";
+  Suite s = suite_from("cases:\n  - {name: r, compare: [batched], reference: ref, causal: true, shape: {H: 12}}\n");
+  EXPECT_EQ(s.cases[0].dims.Hkv, 3);  // from wk [30, 24] over d = 120 / 12
+  EXPECT_EQ(s.cases[0].dims.d, 10);
+  EXPECT_EQ(describe_case(s.cases[0]), "MHA(B=2,T=7,D=24,H=12,Hkv=3,d=10,causal)");
+  const CaseResult back = run_case(s.cases[0], *registry_, {});
+  EXPECT_EQ(back.status, CaseStatus::pass) << back.cause;
+  // a case that says another Hkv than the files is refused, naming both
+  EXPECT_NE(load_error("cases:\n  - {name: r, compare: [batched], reference: ref, shape: {H: 12, Hkv: 4}}\n")
+                .find("shape gives Hkv=4 but wk.npy [30, 24] has Hkv=3"),
+            std::string::npos);
+  // wv with H heads where wk has Hkv: its shape is named against wk's
+  write_npy(dir_ / "ref" / "wv.npy", Tensor::zeros({120, 24}, DType::float64));
+  EXPECT_NE(load_error("cases:\n  - {name: r, compare: [batched], reference: ref, shape: {H: 12}}\n")
+                .find("ref/wv.npy has shape [120, 24], expected [30, 24] (wk.npy is [30, 24])"),
+            std::string::npos);
+}
+
+// The committed PyTorch references (computed apart from headgrad) at GQA, MQA and
+// the CS336 core layout ([B, T, d], no head axis) pass through per_head.
+TEST_F(RunnerTest, CommittedGroupedKvReferencesPass) {
+  const fs::path refs = fs::path(HEADGRAD_SOURCE_ROOT) / "configs" / "refs";
+  const std::string yaml =
+      "cases:\n"
+      "  - {name: gqa, compare: [per_head], reference: " + (refs / "mha_B2_T7_D8_H12_Hkv3_d4_causal_float64").string() +
+      ", causal: true, shape: {H: 12}}\n"
+      "  - {name: mqa, compare: [per_head], reference: " + (refs / "mha_B2_T5_D16_H4_Hkv1_causal_float32").string() +
+      ", causal: true, shape: {H: 4}, atol: 1.0e-5, rtol: 1.0e-4}\n"
+      "  - {name: core, level: core, compare: [per_head], reference: " +
+      (refs / "core_B2_H12_Hkv3_Tq5_Tk7_d4_causal_float64").string() + "}\n"
+      "  - {name: cs336, level: core, compare: [per_head], reference: " +
+      (refs / "core_cs336_B2_T9_d16_causal_float64").string() + "}\n";
+  Suite s = suite_from(yaml);
+  ASSERT_EQ(s.cases.size(), 4u);
+  EXPECT_EQ(describe_case(s.cases[0]), "MHA(B=2,T=7,D=8,H=12,Hkv=3,d=4,causal)");
+  EXPECT_EQ(describe_case(s.cases[1]), "MHA(B=2,T=5,D=16,H=4,Hkv=1,causal,float32)");
+  EXPECT_EQ(describe_case(s.cases[2]), "CORE(B=2,H=12,Hkv=3,Tq=5,Tk=7,d=4,mask)");
+  EXPECT_EQ(describe_case(s.cases[3]), "CORE(B=2,H=1,Tq=9,Tk=9,d=16,mask)");
+  const CaseInputs cs = make_inputs(s.cases[3]);
+  EXPECT_EQ(cs.q.shape(), (Shape{2, 9, 16}));  // read as it is
+  for (const CaseSpec& c : s.cases) {
+    const CaseResult r = run_case(c, *registry_, {});
+    EXPECT_EQ(r.status, CaseStatus::pass) << c.name << ": " << r.cause;
+    EXPECT_EQ(r.tensors.size(), c.level == Level::mha ? 6u : 4u) << c.name;
+  }
 }
 
 }  // namespace

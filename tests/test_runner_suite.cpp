@@ -277,7 +277,7 @@ TEST(SuiteErrors, UnknownOrMisplacedDims) {
   EXPECT_EQ(error_of(std::string("cases:\n  - name: a\n    ") + kPair + "\n    shape: {B: 1, Tt: 2, D: 4, H: 1}\n"),
             "t.yaml:4:19: case 'a': unknown dim 'Tt' in 'shape' (did you mean 'T'?)");
   EXPECT_EQ(error_of(std::string("cases:\n  - name: a\n    ") + kPair + "\n    shape: {B: 1, Tq: 2}\n"),
-            "t.yaml:4:19: case 'a': 'Tq' is a core-level dim; this case is level mha, whose dims are B, T, D, H");
+            "t.yaml:4:19: case 'a': 'Tq' is a core-level dim; this case is level mha, whose dims are B, T, D, H, Hkv, d");
 }
 
 TEST(SuiteErrors, WrongTypedValues) {
@@ -321,11 +321,11 @@ TEST(SuiteErrors, MissingValues) {
 
 TEST(SuiteErrors, DNotDivisibleByH) {
   EXPECT_EQ(error_of(std::string("cases:\n  - name: a\n    ") + kPair + "\n    shape: {B: 1, T: 2, D: 10, H: 4}\n"),
-            "t.yaml:4:16: case 'a': D=10 is not divisible by H=4 (each head takes d = D / H channels)");
+            "t.yaml:4:16: case 'a': D=10 is not divisible by H=4 (each head takes d = D / H channels; give the head width d in 'shape' for Wq [H*d, D])");
   // in a sweep, the point is named
   EXPECT_EQ(error_of(std::string("cases:\n  - name: s\n    ") + kPair +
                      "\n    shape: {B: 1, T: 2, D: 12}\n    sweep: {H: [3, 5]}\n"),
-            "t.yaml:5:16: case 's[H=5]': D=12 is not divisible by H=5 (each head takes d = D / H channels)");
+            "t.yaml:5:16: case 's[H=5]': D=12 is not divisible by H=5 (each head takes d = D / H channels; give the head width d in 'shape' for Wq [H*d, D])");
 }
 
 TEST(SuiteErrors, DropoutIsRejectedWithTheReason) {
@@ -509,6 +509,97 @@ TEST(SuiteFiles, TheDefaultSuiteParses) {
       "configs/default.yaml");
   EXPECT_EQ(s.name, "default");
   EXPECT_GT(s.cases.size(), 20u);
+}
+
+// Grouped kv heads: Hkv (default H) and an mha-level head width d.
+TEST(SuiteGroupedKv, HkvAndHeadWidth) {
+  const Suite s = parse(std::string("cases:\n  - name: g\n    ") + kPair +
+                        "\n    shape: {B: 2, T: 7, D: 24, H: 12, Hkv: 3, d: 10}\n"
+                        "  - name: plain\n    " + kPair + "\n    shape: {B: 2, T: 7, D: 24, H: 12}\n"
+                        "  - name: same\n    " + kPair + "\n    shape: {B: 1, T: 2, D: 24, H: 12, Hkv: 12, d: 2}\n"
+                        "  - name: c\n    level: core\n    " + kPair +
+                        "\n    shape: {B: 2, H: 12, Hkv: 1, Tq: 5, Tk: 7, d: 4}\n");
+  ASSERT_EQ(s.cases.size(), 4u);
+  const Dims& g = s.cases[0].dims;
+  EXPECT_EQ(g.Hkv, 3);
+  EXPECT_EQ(g.kv_heads(), 3);
+  EXPECT_EQ(g.head_dim(), 10);  // given, not D / H = 2
+  EXPECT_EQ(describe_case(s.cases[0]), "MHA(B=2,T=7,D=24,H=12,Hkv=3,d=10)");
+  EXPECT_EQ(s.cases[1].dims.kv_heads(), 12);  // default H
+  EXPECT_EQ(s.cases[1].dims.head_dim(), 2);
+  EXPECT_EQ(describe_case(s.cases[1]), "MHA(B=2,T=7,D=24,H=12)");
+  // the defaults written out are not shown
+  EXPECT_EQ(describe_case(s.cases[2]), "MHA(B=1,T=2,D=24,H=12)");
+  EXPECT_EQ(s.cases[3].dims.kv_heads(), 1);
+  EXPECT_EQ(describe_case(s.cases[3]), "CORE(B=2,H=12,Hkv=1,Tq=5,Tk=7,d=4)");
+}
+
+TEST(SuiteGroupedKv, HeadWidthLiftsTheDivisibilityRule) {
+  // D = 25 is not divisible by H = 12; with d given, Wq is [H*d, D] and D is free
+  const CaseSpec c = only_case(parse(std::string("cases:\n  - name: a\n    ") + kPair +
+                                     "\n    shape: {B: 1, T: 2, D: 25, H: 12, Hkv: 4, d: 3}\n"));
+  EXPECT_EQ(c.dims.head_dim(), 3);
+  EXPECT_EQ(describe_case(c), "MHA(B=1,T=2,D=25,H=12,Hkv=4,d=3)");
+}
+
+TEST(SuiteGroupedKv, ErrorsNameTheKey) {
+  const std::string rule = " (each kv head serves G = H / Hkv query heads: query head h reads kv head h / G)";
+  // each error points at the Hkv value
+  EXPECT_EQ(error_of(std::string("cases:\n  - name: a\n    ") + kPair + "\n    shape: {B: 2, T: 7, D: 24, H: 12, Hkv: 5}\n"),
+            "t.yaml:4:44: case 'a': 'Hkv': H=12 is not a multiple of Hkv=5" + rule);
+  EXPECT_EQ(error_of(std::string("cases:\n  - name: a\n    ") + kPair + "\n    shape: {B: 2, T: 7, D: 24, H: 4, Hkv: 8}\n"),
+            "t.yaml:4:43: case 'a': 'Hkv' is Hkv=8 but there are only H=4 query heads; Hkv must be at most H "
+            "(Hkv = H is plain multi-head, 1 is MQA)");
+  EXPECT_EQ(error_of(std::string("cases:\n  - name: a\n    ") + kPair + "\n    shape: {B: 2, T: 7, D: 24, H: 4, Hkv: 0}\n"),
+            "t.yaml:4:43: case 'a': 'Hkv' must be a positive integer, got 0");
+  // a sweep over Hkv names the point and the sweep's line
+  EXPECT_EQ(error_of(std::string("cases:\n  - name: s\n    ") + kPair +
+                     "\n    shape: {B: 1, T: 2, D: 24, H: 12}\n    sweep: {Hkv: [1, 5]}\n"),
+            "t.yaml:5:18: case 's[Hkv=5]': 'Hkv': H=12 is not a multiple of Hkv=5" + rule);
+  // a sweep over H checks each point against the shape's Hkv, at the Hkv key
+  EXPECT_EQ(error_of(std::string("cases:\n  - name: s\n    ") + kPair +
+                     "\n    shape: {B: 1, T: 2, D: 24, Hkv: 3}\n    sweep: {H: [6, 4]}\n"),
+            "t.yaml:4:37: case 's[H=4]': 'Hkv': H=4 is not a multiple of Hkv=3" + rule);
+  EXPECT_NE(error_of(std::string("cases:\n  - name: a\n    ") + kPair + "\n    shape: {B: 1, T: 2, D: 24, H: 4, hkv: 2}\n")
+                .find("did you mean 'Hkv'?"),
+            std::string::npos);
+}
+
+TEST(SuiteGroupedKv, SweepOverHkv) {
+  const Suite s = parse(std::string("cases:\n  - name: s\n    ") + kPair +
+                        "\n    shape: {B: 2, T: 7, D: 24, H: 12, d: 10}\n    sweep: {Hkv: [1, 3, 12]}\n");
+  ASSERT_EQ(s.cases.size(), 3u);
+  EXPECT_EQ(s.cases[0].name, "s[Hkv=1]");
+  EXPECT_EQ(s.cases[1].dims.Hkv, 3);
+  EXPECT_EQ(s.cases[2].dims.kv_heads(), 12);
+}
+
+TEST(SuiteGroupedKv, CapabilityAndMemory) {
+  const Suite s = parse(std::string("cases:\n  - name: g\n    ") + kPair +
+                        "\n    shape: {B: 2, T: 7, D: 24, H: 12, Hkv: 3, d: 10}\n"
+                        "  - name: m\n    " + kPair + "\n    shape: {B: 2, T: 7, D: 24, H: 12, Hkv: 12, d: 10}\n");
+  Capabilities caps;  // causal, float32, float64; grouped_kv off
+  caps.mha = true;
+  const auto missing = missing_capabilities(s.cases[0], caps);
+  ASSERT_EQ(missing.size(), 1u);
+  EXPECT_EQ(missing[0].first, "grouped_kv");
+  EXPECT_EQ(missing[0].second, "H=12 query heads share Hkv=3 kv heads");
+  EXPECT_TRUE(missing_capabilities(s.cases[1], caps).empty());  // Hkv = H is plain multi-head
+  caps.grouped_kv = true;
+  EXPECT_TRUE(missing_capabilities(s.cases[0], caps).empty());
+  // the estimate counts [Hkv*d, D] key/value weights and [B, Hkv, T, d] keys and values
+  const AttentionDims g{.mha = true, .B = 2, .H = 12, .Tq = 7, .Tk = 7, .d = 10, .D = 24, .Hkv = 3};
+  EXPECT_EQ(case_memory_bytes(s.cases[0]), attention_bytes(g, 8));
+  AttentionDims full = g;
+  full.Hkv = 12;
+  EXPECT_EQ(case_memory_bytes(s.cases[1]), attention_bytes(full, 8));
+  // By hand, per kv head (Hkv 3 -> 6, both below H so the widened copy is the same):
+  // wk, wv of D*d each count as input, leaf grad and 3 copies of the result (5x);
+  // k, v of B*T*d each count twice in the working set (value and gradient).
+  AttentionDims six = g;
+  six.Hkv = 6;
+  EXPECT_DOUBLE_EQ((attention_bytes(six, 1) - attention_bytes(g, 1)) / 3,
+                   5.0 * 2 * 24 * 10 + 2.0 * 2 * (2 * 7 * 10));
 }
 
 }  // namespace

@@ -4,11 +4,15 @@
 // BUG. These plugins exist so that configs/mutants.yaml can prove each bug
 // class is caught and named. Never use them as a reference.
 //
-// Shape legend: B batch, T sequence, D model width, H heads, d = D / H.
+// Shape legend: B batch, T sequence, D model width, H (query) heads, Hkv kv
+// heads, G = H / Hkv, d head width.
 #include <headgrad/plugin.hpp>
 
 #include <cmath>
+#include <stdexcept>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace {
 
@@ -46,6 +50,44 @@ Variable split(const Variable& x, std::int64_t h) {
   if (kBug == "interleaved_head_slices")  // BUG: head i takes features i, i+H, i+2H, ...
     return permute(reshape(x, {b, t, d, h}), {0, 3, 1, 2});
   return split_heads(x, h);
+}
+
+// k or v [B, T, Hkv*d] -> [B, Hkv, T, d]
+Variable split_kv(const Variable& x, std::int64_t hkv) {
+  if (kBug == "kv_interleaved_head_slices") {  // BUG: kv head j takes features j, j+Hkv, ...
+    const std::int64_t b = x.size(0), t = x.size(1), d = x.size(2) / hkv;
+    return permute(reshape(x, {b, t, d, hkv}), {0, 3, 1, 2});
+  }
+  return split(x, hkv);
+}
+
+// k or v [B, Hkv, T, d] -> [B, H, T, d]: query head h reads kv head h / G.
+Variable widen_kv(const Variable& kv, std::int64_t h) {
+  const std::int64_t hkv = kv.size(1), g = h / hkv;
+  if (g == 1) return kv;
+  if (kBug == "kv_map_tile" || kBug == "kv_group_wrong_divisor") {
+    std::vector<Variable> heads;
+    for (std::int64_t i = 0; i < h; ++i) {
+      const std::int64_t j = kBug == "kv_map_tile" ? i % hkv  // BUG: tiled, as repeat() lays them out
+                                                   : i / hkv;  // BUG: divides by Hkv, not by G
+      if (j >= hkv)
+        throw std::invalid_argument("mutant_kv_group_wrong_divisor: query head " + std::to_string(i) +
+                                    " reads kv head " + std::to_string(j) + " of " + std::to_string(hkv));
+      heads.push_back(narrow(kv, 1, j, 1));
+    }
+    return cat(heads, 1);
+  }
+  const Variable wide = repeat_interleave(kv, g, 1);
+  const Variable constant(wide.data());  // the same values, no path back to kv
+  if (kBug == "kv_grad_not_accumulated") {
+    // BUG: a hand-written backward keeps the gradient of the group's first member only
+    std::vector<Variable> heads;
+    for (std::int64_t i = 0; i < h; ++i) heads.push_back(narrow(i % g == 0 ? wide : constant, 1, i, 1));
+    return cat(heads, 1);
+  }
+  if (kBug == "kv_grad_averaged")  // BUG: a hand-written backward means over the group instead of summing
+    return add(scale(wide, 1.0 / static_cast<double>(g)), scale(constant, 1.0 - 1.0 / static_cast<double>(g)));
+  return wide;
 }
 
 // [B, H, T, d] -> [B, T, D]
@@ -95,16 +137,17 @@ class Mutant final : public Attention {
     i.mutant = true;
     auto& c = i.capabilities;
     c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = true;
+    c.grouped_kv = true;
     return i;
   }
 
   Variable mha_forward(const Variable& x, const MhaWeights& w,
                        const AttentionSpec& spec) const override {
-    const std::int64_t t = x.size(-2), dm = x.size(-1), h = spec.num_heads;
+    const std::int64_t t = x.size(-2), dm = x.size(-1), h = spec.num_heads, hkv = spec.kv_heads();
     const Variable x3 = reshape(x, {-1, t, dm});
     const Variable q = split(project(x3, w.wq), h);
-    const Variable k = split(project(x3, w.wk), h);
-    const Variable v = split(project(x3, w.wv), h);
+    const Variable k = widen_kv(split_kv(project(x3, w.wk), hkv), h);
+    const Variable v = widen_kv(split_kv(project(x3, w.wv), hkv), h);
     const Variable o = merge(core(q, k, v, spec, dm));
     if (kBug == "missing_output_projection") return reshape(o, x.shape());  // BUG: no wo
     return reshape(project(o, w.wo), x.shape());
@@ -112,6 +155,8 @@ class Mutant final : public Attention {
 
   Variable core_forward(const Variable& q, const Variable& k, const Variable& v,
                         const AttentionSpec& spec) const override {
+    if (q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.size(1) < q.size(1))  // k, v with Hkv heads
+      return core(q, widen_kv(k, q.size(1)), widen_kv(v, q.size(1)), spec, spec.d_model);
     return core(q, k, v, spec, spec.d_model);
   }
 };

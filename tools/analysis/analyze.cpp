@@ -50,15 +50,18 @@ std::vector<Variant> variants_of(const CaseSpec& c) {
     out.push_back({std::move(dim), std::move(change), removes, std::move(v)});
   };
   const Dims& d0 = c.dims;
+  // One head has one kv head: the H variants drop Hkv (and an explicit d where D is kept).
   if (c.level == Level::mha) {
-    const std::int64_t d = d0.D / std::max<std::int64_t>(d0.H, 1);
+    const std::int64_t d = d0.H > 0 ? d0.head_dim() : d0.D;
     if (d0.B > 1) add("B", "B = 1", [](CaseSpec& v) { v.dims.B = 1; });
     else add("B", "B = 2", [](CaseSpec& v) { v.dims.B = 2; });
     if (d0.T > 1) add("T", "T = 1", [](CaseSpec& v) { v.dims.T = 1; });
     else add("T", "T = 4", [](CaseSpec& v) { v.dims.T = 4; });
     if (d0.H > 1) {
-      add("H", "H = 1 (d kept, D = " + std::to_string(d) + ")", [d](CaseSpec& v) { v.dims.H = 1; v.dims.D = d; });
-      add("H@D", "H = 1 (D kept, d = " + std::to_string(d0.D) + ")", [](CaseSpec& v) { v.dims.H = 1; });
+      add("H", "H = 1 (d kept, D = " + std::to_string(d) + ")",
+          [d](CaseSpec& v) { v.dims.H = 1; v.dims.D = d; v.dims.Hkv = 0; });
+      add("H@D", "H = 1 (D kept, d = " + std::to_string(d0.D) + ")",
+          [](CaseSpec& v) { v.dims.H = 1; v.dims.Hkv = 0; v.dims.d = 0; });
     } else {
       add("H", "H = 2 (d kept, D = " + std::to_string(2 * d) + ")", [d](CaseSpec& v) { v.dims.H = 2; v.dims.D = 2 * d; });
       if (d0.D % 2 == 0)
@@ -75,12 +78,17 @@ std::vector<Variant> variants_of(const CaseSpec& c) {
       add("Tq>Tk", "Tq = " + std::to_string(d0.Tk + 1) + " > Tk", [](CaseSpec& v) { v.dims.Tq = v.dims.Tk + 1; });
     if (d0.Tq > 1 || d0.Tk > 1) add("T", "Tq = Tk = 1", [](CaseSpec& v) { v.dims.Tq = v.dims.Tk = 1; });
     else add("T", "Tq = Tk = 4", [](CaseSpec& v) { v.dims.Tq = v.dims.Tk = 4; });
-    if (d0.H > 1) add("H", "H = 1", [](CaseSpec& v) { v.dims.H = 1; });
+    if (d0.H > 1) add("H", "H = 1", [](CaseSpec& v) { v.dims.H = 1; v.dims.Hkv = 0; });
     else add("H", "H = 2", [](CaseSpec& v) { v.dims.H = 2; });
     if (d0.d > 1) add("d", "d = 1", [](CaseSpec& v) { v.dims.d = 1; });
     if (!c.mask_file.empty()) add("mask", "mask off", [](CaseSpec& v) { v.mask_file.clear(); v.files.reset(); });
   }
   if (c.causal) add("causal", "causal off", [](CaseSpec& v) { v.causal = false; });
+  // Grouped kv heads: plain multi-head (G = 1) and one shared kv head (MQA).
+  if (d0.Hkv > 1 && d0.Hkv < d0.H) {
+    add("G", "Hkv = H (G = 1)", [](CaseSpec& v) { v.dims.Hkv = 0; });
+    add("Hkv", "Hkv = 1", [](CaseSpec& v) { v.dims.Hkv = 1; });
+  }
   return out;
 }
 
@@ -121,8 +129,10 @@ ErrorSpread spread_of(const std::string& name, const Tensor& a, const Tensor& b,
       s.per_head = slot_max(a, b, 2, d);
     } else if (name == "dwo") {  // [D, D]: head h owns columns [h*d, (h+1)*d)
       s.per_head = slot_max(a, b, 1, d);
-    } else {  // dwq, dwk, dwv [D, D]: head h owns rows [h*d, (h+1)*d)
+    } else if (name == "dwq") {  // [H*d, D]: head h owns rows [h*d, (h+1)*d)
       s.per_head = slot_max(a, b, 0, a.size(0) / heads);
+    } else {  // dwk, dwv [Hkv*d, D]: kv head j owns rows [j*d, (j+1)*d)
+      s.per_head = slot_max(a, b, 0, a.size(0) / std::max<std::int64_t>(c.dims.kv_heads(), 1));
     }
   } else if (a.dim() == 4) {  // [B, H, T, d]
     s.per_batch = slot_max(a, b, 0, 0);
@@ -171,6 +181,8 @@ std::string dim_words(const std::string& dim) {
   if (dim == "d") return "the head width";
   if (dim == "mask") return "the mask file";
   if (dim == "causal") return "the causal mask";
+  if (dim == "G") return "the query heads per kv head (G = H / Hkv)";
+  if (dim == "Hkv") return "the kv head count";
   return "the head count";
 }
 
@@ -526,6 +538,23 @@ std::vector<WeakSuiteWarning> weak_suite_warnings(const std::vector<const CaseSp
   if (all([](const CaseSpec& c) { return c.layout == InputLayout::contiguous && !c.is_reference(); }))
     add("every input is contiguous",
         {"kernels that ignore strides (a view read as if it were contiguous)"});
+  // Grouped kv heads: only the cases that give Hkv speak for the suite's GQA coverage.
+  std::vector<const CaseSpec*> grouped;
+  for (const CaseSpec* c : cases)
+    if (c->dims.Hkv > 0 && c->dims.H > 0) grouped.push_back(c);
+  auto all_grouped = [&](auto pred) {
+    return !grouped.empty() && std::all_of(grouped.begin(), grouped.end(), [&](const CaseSpec* c) { return pred(*c); });
+  };
+  if (all_grouped([](const CaseSpec& c) { return c.dims.Hkv == c.dims.H; }))
+    add("every grouped-kv case has Hkv = H (G = 1)", bugs_where([](const auto& v) { return v.needs_group; }));
+  else if (all_grouped([](const CaseSpec& c) { return c.dims.Hkv == 1 || c.dims.Hkv == c.dims.H; }))
+    add("every grouped-kv case has Hkv = 1 or Hkv = H",
+        bugs_where([](const auto& v) { return v.needs_group && v.needs_kv_heads; }));
+  if (all_grouped([](const CaseSpec& c) { return c.dims.H == c.dims.Hkv * c.dims.Hkv; }))
+    add("every grouped-kv case has H = Hkv^2 (G = Hkv)", bugs_where([](const auto& v) { return v.needs_non_square; }));
+  if (all_grouped([](const CaseSpec& c) { return c.dims.B == c.dims.H || c.dims.B == c.dims.kv_heads(); }))
+    add("every grouped-kv case has B equal to H or Hkv",
+        {"a tensor broadcast on the head axis instead of the batch axis (or the reverse), which then fits by chance"});
   if (all([](const CaseSpec& c) {
         return std::all_of(c.check.begin(), c.check.end(), [](const std::string& t) { return t == "out"; });
       }))

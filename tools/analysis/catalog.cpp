@@ -12,7 +12,8 @@ constexpr std::string_view kNames[] = {
 };
 
 // Field order: needs_heads, needs_seq, needs_batch, needs_causal, needs_d_lt_D, mha_only,
-// needs_tq_ne_tk, needs_empty_row, needs_large_logits (false when left out)
+// needs_tq_ne_tk, needs_empty_row, needs_large_logits, needs_group, needs_kv_heads,
+// needs_non_square (false when left out)
 // Each entry's name is filled in from bug_names.def below.
 constexpr std::array<BugInfo, static_cast<std::size_t>(Bug::count_)> kEntries{{
     {Bug::split_without_transpose, {},
@@ -86,6 +87,28 @@ constexpr std::array<BugInfo, static_cast<std::size_t>(Bug::count_)> kEntries{{
      "and give NaN",
      "softmax(s) = exp(s - max(s)) / sum(exp(s - max(s))) (or use the library's softmax)",
      {false, false, false, false, false, false, false, false, true}},
+    // Grouped kv heads: query head h must read kv head h / G (G = H / Hkv), and
+    // the gradient of a kv head is the sum over its G query heads.
+    {Bug::kv_map_tile, {},
+     "query head h reads kv head h mod Hkv (tiled) instead of h / G: heads of a group are spread over all kv heads",
+     "kv head = h // (H // Hkv), as repeat_interleave(G, dim=1) lays them out (not repeat)",
+     {true, false, false, false, false, true, false, false, false, true, true, false}},
+    {Bug::kv_group_wrong_divisor, {},
+     "query head h reads kv head h / Hkv (or h mod G) instead of h / G: the group size and the kv head count are swapped",
+     "divide by the group size G = H / Hkv, not by Hkv",
+     {true, false, false, false, false, true, false, false, false, true, true, true}},
+    {Bug::kv_grad_not_accumulated, {},
+     "the gradient of a shared kv head comes from one query head of its group, not all G: dWk and dWv are wrong, out is right",
+     "sum dK and dV over the G query heads of each group (repeat_interleave's backward does)",
+     {true, false, false, false, false, true, false, false, false, true, false, false}},
+    {Bug::kv_grad_averaged, {},
+     "the gradient of a shared kv head is the mean over its group instead of the sum: dWk and dWv are 1/G of the truth",
+     "sum dK and dV over the group, do not divide by G",
+     {true, false, false, false, false, true, false, false, false, true, false, false}},
+    {Bug::kv_interleaved_head_slices, {},
+     "kv head j takes rows j, j+Hkv, j+2Hkv, ... of Wk and Wv instead of the block [j*d, (j+1)*d)",
+     "view k and v as [B, T, Hkv, d] (heads outermost), like q",
+     {true, false, false, false, false, true, false, false, false, false, true, false}},
 }};
 
 constexpr auto kCatalog = [] {

@@ -84,12 +84,38 @@ Variable merge(const std::vector<Variable>& heads, std::optional<Bug> bug) {
   return cat(heads, 2);
 }
 
+// The kv head query head h reads, as the hypothesis maps them (G = H / Hkv).
+std::int64_t kv_head_of(std::int64_t h, std::int64_t heads, std::int64_t kv_heads, std::optional<Bug> bug) {
+  const std::int64_t group = heads / kv_heads;
+  // G = 1: no grouping, so no mapping to get wrong (a kernel takes its grouped
+  // path only when G > 1, as the catalog's needs_group says).
+  if (group == 1) return h;
+  if (is(bug, Bug::kv_map_tile)) return h % kv_heads;
+  if (is(bug, Bug::kv_group_wrong_divisor)) return h / kv_heads;  // may run past the kv heads
+  return h / group;
+}
+
+// The kv head j's slice of K or V as query head h (member g of its group) sees
+// it: same values, but the gradient bugs change what reaches kv head j.
+Variable kv_for_query_head(const Variable& kv, std::int64_t g, std::int64_t group, std::optional<Bug> bug) {
+  if (group == 1) return kv;
+  const Variable constant(kv.data());  // the values without a path back to Wk, Wv
+  if (is(bug, Bug::kv_grad_not_accumulated)) return g == 0 ? kv : constant;  // only member 0 counts
+  if (is(bug, Bug::kv_grad_averaged))  // the value kv, the gradient kv / G from each of G members
+    return add(scale(kv, 1.0 / static_cast<double>(group)),
+               scale(constant, 1.0 - 1.0 / static_cast<double>(group)));
+  return kv;
+}
+
 }  // namespace
 
 Variable hypothesis_mha(const Variable& x, const MhaWeights& w, const AttentionSpec& spec,
                         std::optional<Bug> bug) {
   const std::int64_t t = x.size(-2), dm = x.size(-1), heads = spec.num_heads;
-  const std::int64_t d = dm / heads;
+  const std::int64_t kv_heads = spec.kv_heads(), group = heads / kv_heads;
+  const std::int64_t d = spec.head_dim();
+  // kv heads laid out like the query heads, unless the bug interleaves only them
+  const std::optional<Bug> kv_layout = is(bug, Bug::kv_interleaved_head_slices) ? Bug::interleaved_head_slices : bug;
   const Variable x3 = reshape(x, {-1, t, dm});
   const Variable q = project(x3, w.wq, bug), k = project(x3, w.wk, bug), v = project(x3, w.wv, bug);
   const Tensor mask = hypothesis_mask(spec, t, t, bug);
@@ -99,8 +125,14 @@ Variable hypothesis_mha(const Variable& x, const MhaWeights& w, const AttentionS
     Tensor m = mask;
     if (m.defined() && m.dim() >= 4)  // a [B, H, T, T] mask: this head's slice
       m = m.narrow(-3, m.size(-3) == 1 ? 0 : h, 1).squeeze(m.dim() - 3);
-    outs.push_back(attend(head_slice(q, h, heads, bug), head_slice(k, h, heads, bug),
-                          head_slice(v, h, heads, bug), m, factor, bug));
+    const std::int64_t j = kv_head_of(h, heads, kv_heads, bug);
+    if (j >= kv_heads)
+      throw std::invalid_argument("hypothesis " + std::string(bug_info(*bug).name) + ": query head " +
+                                  std::to_string(h) + " would read kv head " + std::to_string(j) + " of " +
+                                  std::to_string(kv_heads));
+    const Variable kh = kv_for_query_head(head_slice(k, j, kv_heads, kv_layout), h % group, group, bug);
+    const Variable vh = kv_for_query_head(head_slice(v, j, kv_heads, kv_layout), h % group, group, bug);
+    outs.push_back(attend(head_slice(q, h, heads, bug), kh, vh, m, factor, bug));
   }
   const Variable merged = merge(outs, bug);
   if (is(bug, Bug::missing_output_projection)) return reshape(merged, x.shape());
@@ -114,7 +146,10 @@ Variable hypothesis_core(const Variable& q, const Variable& k, const Variable& v
                                 "' has no core-level form");
   const std::int64_t tq = q.size(-2), tk = k.size(-2);
   const Tensor mask = hypothesis_mask(spec, tq, tk, bug);
-  return attend(q, k, v, mask, hypothesis_scale(spec, q.size(-1), bug), bug);
+  // k, v with Hkv heads where q has H: query head h reads kv head h / G
+  const std::int64_t group = kv_group(q, k, v, "hypothesis");
+  return attend(q, expand_kv_heads(k, group), expand_kv_heads(v, group), mask,
+                hypothesis_scale(spec, q.size(-1), bug), bug);
 }
 
 }  // namespace headgrad::diagnosis

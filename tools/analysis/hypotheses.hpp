@@ -6,7 +6,8 @@
 // the mutant plugins, which are batched: a hypothesis matching a mutant is
 // two implementations agreeing, not one file agreeing with itself.
 //
-// Shape legend: B batch, T sequence, D model width, H heads, d = D / H.
+// Shape legend: B batch, T sequence, D model width, H (query) heads, Hkv kv
+// heads, G = H / Hkv, d head width (D / H unless the spec gives it).
 #pragma once
 
 #include <optional>

@@ -49,7 +49,9 @@ class BenchConfigError : public std::invalid_argument {
 
 struct BenchShape {
   std::int64_t B = 0, T = 0, D = 0, H = 0;
-  std::string str() const;  // "(4,512,512,8)"
+  std::int64_t Hkv = 0;  // kv heads (GQA); 0 means H
+  std::int64_t kv_heads() const { return Hkv > 0 ? Hkv : H; }
+  std::string str() const;  // "(4,512,512,8)", "(1,2048,2048,32,8)" with Hkv
 };
 
 struct BenchConfig {

@@ -87,7 +87,8 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--plugin", args->plugins, "a plugin to time; repeatable (default: the suite's, "
                   "else batched, per_head, fused_sdpa)")
       ->type_name("NAME")->allow_extra_args(false);
-  cmd->add_option("--shape", args->shapes, "B,T,D,H (batch, sequence, model width, heads); repeatable")
+  cmd->add_option("--shape", args->shapes, "B,T,D,H or B,T,D,H,Hkv (batch, sequence, model width, query heads, and kv heads for "
+                  "grouped-query attention: query head h reads kv head h / (H / Hkv); default Hkv = H); repeatable")
       ->type_name("B,T,D,H")->allow_extra_args(false);
   cmd->add_option("--dtype", args->dtypes, "float32 or float64; repeatable (default float32)")
       ->type_name("DTYPE")->allow_extra_args(false);
@@ -107,7 +108,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
                   "HEADGRAD_PLUGIN_PATH and the built or installed plugin folder")
       ->type_name("DIR")->allow_extra_args(false);
   cmd->footer(
-      "\nFLOPs (stated in the output): projections 4 x 2BTD^2; core 2 x 2BT^2D dense, or\n"
+      "\nFLOPs (stated in the output): projections (2 + 2 Hkv/H) x 2BTD^2; core 2 x 2BT^2D dense, or\n"
       "causal-useful with T(T+1)/2 key pairs instead of T^2; backward = 2 x forward.\n"
       "GFLOP/s use the dense count unless the column says causal.\n"
       "Environment: HEADGRAD_ALLOCATOR=system bypasses the caching allocator;\n"

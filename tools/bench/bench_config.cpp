@@ -35,10 +35,13 @@ void validate(const BenchConfig& c) {
       throw BenchConfigError("shape " + s.str() + ": every size must be >= 1");
     if (s.D % s.H != 0)
       throw BenchConfigError("shape " + s.str() + ": D must be divisible by H");
+    if (s.Hkv < 0 || s.Hkv > s.H || (s.Hkv > 0 && s.H % s.Hkv != 0))
+      throw BenchConfigError("shape " + s.str() + ": Hkv must divide H (query head h reads kv head h / (H / Hkv))");
     // Refused before anything is allocated; without score buffers, so a shape
     // only a fused plugin can hold still runs (the others then report an error row).
     const runner::AttentionDims dims{c.level == "mha", double(s.B), double(s.H), double(s.T),
-                                     double(s.T),      double(s.D / s.H), double(s.D), false};
+                                     double(s.T),      double(s.D / s.H), double(s.D), false,
+                                     double(s.kv_heads())};
     const runner::MemoryBudget budget = runner::memory_budget(std::nullopt);
     for (DType dtype : c.dtypes)
       if (const double need = runner::attention_bytes(dims, double(dtype_size(dtype))); need > budget.bytes)
@@ -54,6 +57,7 @@ std::string BenchShape::str() const {
     if (s.size() > 1) s += ',';
     s += std::to_string(v);
   }
+  if (Hkv > 0 && Hkv != H) s += "," + std::to_string(Hkv);
   return s + ")";
 }
 
@@ -62,12 +66,12 @@ BenchShape parse_shape(const std::string& text) {
   for (char ch : text)
     if (ch != '(' && ch != ')' && ch != ' ') t += ch;
   BenchShape s;
-  std::int64_t* dst[] = {&s.B, &s.T, &s.D, &s.H};
+  std::int64_t* dst[] = {&s.B, &s.T, &s.D, &s.H, &s.Hkv};
   std::stringstream ss(t);
   std::string part;
   int i = 0;
   while (std::getline(ss, part, ',')) {
-    if (i >= 4) break;
+    if (i >= 5) throw BenchConfigError("shape '" + text + "' is not B,T,D,H or B,T,D,H,Hkv (four or five integers)");
     try {
       std::size_t used = 0;
       *dst[i] = std::stoll(part, &used);
@@ -77,8 +81,8 @@ BenchShape parse_shape(const std::string& text) {
     }
     ++i;
   }
-  if (i != 4 || std::getline(ss, part, ','))
-    throw BenchConfigError("shape '" + text + "' is not B,T,D,H (four integers)");
+  if (i < 4)
+    throw BenchConfigError("shape '" + text + "' is not B,T,D,H or B,T,D,H,Hkv (four or five integers)");
   return s;
 }
 
@@ -140,7 +144,8 @@ BenchConfig load_bench_config(const std::filesystem::path& file) {
             else if (k == "T") s.T = value;
             else if (k == "D") s.D = value;
             else if (k == "H") s.H = value;
-            else throw BenchConfigError(where(dim.first) + "unknown shape key '" + k + "' (B, T, D, H)");
+            else if (k == "Hkv") s.Hkv = value;
+            else throw BenchConfigError(where(dim.first) + "unknown shape key '" + k + "' (B, T, D, H, Hkv)");
           }
           if (s.B < 1 || s.T < 1 || s.D < 1 || s.H < 1 || s.D % s.H != 0)
             throw BenchConfigError(where(n) + "shape " + s.str() +

@@ -14,7 +14,7 @@ std::string printf_figure(const char* format, double v) {
 }
 
 void print_table(std::ostream& out, const json& result) {
-  const std::vector<std::string> head{"plugin", "shape (B,T,D,H)", "dtype", "thr",
+  const std::vector<std::string> head{"plugin", "shape (B,T,D,H[,Hkv])", "dtype", "thr",
                                       "fwd ms med", "fwd ms min", "fwd+bwd ms med",
                                       "fwd+bwd ms min", "GFLOP/s f+b", "of gemm",
                                       "GFLOP/s f+b causal", "of gemm", "of adj. gemm",
@@ -23,7 +23,7 @@ void print_table(std::ostream& out, const json& result) {
   for (const auto& r : result["rows"]) {
     const auto& s = r["shape"];
     const BenchShape shape{s["B"].get<std::int64_t>(), s["T"].get<std::int64_t>(), s["D"].get<std::int64_t>(),
-                           s["H"].get<std::int64_t>()};
+                           s["H"].get<std::int64_t>(), s.contains("Hkv") ? s["Hkv"].get<std::int64_t>() : 0};
     std::vector<std::string> line{r["plugin"].get<std::string>(), shape.str(), r["dtype"].get<std::string>(),
                                   std::to_string(r["threads"].get<int>())};
     if (r.contains("error") || r.contains("skipped")) {
@@ -73,7 +73,7 @@ void print_table(std::ostream& out, const json& result) {
       << env["blas_version"].get<std::string>() << " (kernels " << env["blas_kernel"].get<std::string>()
       << "), allocator "
       << env["allocator"].get<std::string>() << "\n";
-  out << "FLOPs: projections 4 x 2BTD^2, core 2 x 2BT^2D dense (causal: T(T+1)/2 of T^2);"
+  out << "FLOPs: projections (2 + 2 Hkv/H) x 2BTD^2, core 2 x 2BT^2D dense (causal: T(T+1)/2 of T^2);"
          " backward = 2 x forward. 'of gemm' = GFLOP/s / the run's GEMM GFLOP/s\n"
          "(above); 'of adj. gemm' = the f+b GFLOP/s / the mean of GEMMs timed right before and after the row.\n";
 }

@@ -49,6 +49,7 @@ BenchInputs bench_inputs(const BenchShape& s, DType dtype, const std::string& le
   runner::Dims d;
   d.B = s.B;
   d.H = s.H;
+  d.Hkv = s.Hkv;
   const bool mha = level == "mha";
   if (mha) {
     d.T = s.T;
@@ -106,13 +107,21 @@ json time_gemm(DType dtype, std::int64_t n, int threads) {
 
 // ---------------------------------------------------------------- one case
 
+// {"B", "T", "D", "H"}, and "Hkv" when the kv heads are grouped
+json shape_json(const BenchShape& s) {
+  json j{{"B", s.B}, {"T", s.T}, {"D", s.D}, {"H", s.H}};
+  if (s.Hkv > 0 && s.Hkv != s.H) j["Hkv"] = s.Hkv;
+  return j;
+}
+
 std::string capability_gap(const Capabilities& caps, DType dtype, const std::string& level,
-                           bool causal) {
+                           bool causal, std::int64_t heads, std::int64_t kv_heads) {
   if (level == "mha" && !caps.mha) return "no mha level";
   if (level == "core" && !caps.core) return "no core level";
   if (dtype == DType::float32 && !caps.float32) return "no float32";
   if (dtype == DType::float64 && !caps.float64) return "no float64";
   if (causal && !caps.causal) return "no causal mask";
+  if (kv_heads < heads && !caps.grouped_kv) return "no grouped kv heads";
   return "";
 }
 
@@ -120,13 +129,13 @@ json time_case(const LoadedPlugin& plugin, const BenchShape& s, DType dtype, int
               const BenchConfig& c, double gemm_gflops) {
   json row{{"plugin", plugin.info.name},
            {"level", c.level},
-           {"shape", {{"B", s.B}, {"T", s.T}, {"D", s.D}, {"H", s.H}}},
+           {"shape", shape_json(s)},
            {"dtype", std::string(dtype_name(dtype))},
            {"threads", threads},
            {"causal", c.causal},
            {"repeats", c.repeats},
            {"warmup", c.warmup}};
-  if (const std::string gap = capability_gap(plugin.info.capabilities, dtype, c.level, c.causal);
+  if (const std::string gap = capability_gap(plugin.info.capabilities, dtype, c.level, c.causal, s.H, s.kv_heads());
       !gap.empty()) {
     row["skipped"] = gap;
     return row;
@@ -134,6 +143,7 @@ json time_case(const LoadedPlugin& plugin, const BenchShape& s, DType dtype, int
   AttentionSpec spec;
   spec.d_model = s.D;
   spec.num_heads = s.H;
+  spec.num_kv_heads = s.kv_heads();
   spec.causal = c.causal;
   BenchInputs in = bench_inputs(s, dtype, c.level, c.seed);
   const Attention& a = *plugin.attention;
@@ -240,7 +250,9 @@ json environment() {
 Flops count_flops(const BenchShape& s, const std::string& level) {
   const double B = static_cast<double>(s.B), T = static_cast<double>(s.T),
                D = static_cast<double>(s.D);
-  const double proj = level == "mha" ? 4 * 2 * B * T * D * D : 0.0;
+  // Wq and Wo [D, D]; Wk and Wv [Hkv*d, D] = Hkv / H of that
+  const double kv_share = static_cast<double>(s.kv_heads()) / static_cast<double>(s.H);
+  const double proj = level == "mha" ? (2 + 2 * kv_share) * 2 * B * T * D * D : 0.0;
   Flops f;
   f.fwd_dense = proj + 2 * 2 * B * T * T * D;
   f.fwd_causal = proj + 2 * 2 * B * D * T * (T + 1) / 2;
@@ -270,7 +282,7 @@ json run_bench(const BenchConfig& c, std::ostream* log) {
            {"warmup", c.warmup}, {"gemm_size", c.gemm_size}, {"seed", c.seed},
            {"plugins", c.plugins}, {"threads", c.threads}};
   for (DType dt : c.dtypes) cfg["dtypes"].push_back(std::string(dtype_name(dt)));
-  for (const auto& s : c.shapes) cfg["shapes"].push_back({{"B", s.B}, {"T", s.T}, {"D", s.D}, {"H", s.H}});
+  for (const auto& s : c.shapes) cfg["shapes"].push_back(shape_json(s));
   result["config"] = cfg;
   result["rows"] = json::array();
   result["gemm"] = json::array();
@@ -307,7 +319,7 @@ json run_bench(const BenchConfig& c, std::ostream* log) {
           } catch (const std::exception& e) {
             row = json{{"plugin", p->info.name},
                        {"level", c.level},
-                       {"shape", {{"B", shape.B}, {"T", shape.T}, {"D", shape.D}, {"H", shape.H}}},
+                       {"shape", shape_json(shape)},
                        {"dtype", std::string(dtype_name(dtype))},
                        {"threads", threads},
                        {"error", e.what()}};

@@ -12,15 +12,17 @@
 namespace headgrad::runner {
 
 double attention_bytes(const AttentionDims& s, double element_size) {
-  const double hd = s.H * s.d;                      // width of q, k, v and of the merged heads
-  const double q = s.B * s.Tq * hd, kv = s.B * s.Tk * hd;
+  const double hd = s.H * s.d;                      // width of q and of the merged heads
+  const double kv_hd = (s.Hkv > 0 ? s.Hkv : s.H) * s.d;  // width of k and v (Hkv heads)
+  const double q = s.B * s.Tq * hd, kv = s.B * s.Tk * kv_hd;
   const double scores = s.B * s.H * s.Tq * s.Tk;    // [B, H, Tq, Tk]
   double inputs, results, working;
   if (s.mha) {
-    const double x = s.B * s.Tq * s.D, weights = 4 * s.D * hd;
+    const double x = s.B * s.Tq * s.D, weights = 2 * s.D * hd + 2 * s.D * kv_hd;
     inputs = 2 * x + weights;                       // x, r, wq wk wv wo (a sliced layout adds little)
     results = x + x + weights;                      // out, dx, dwq..dwo
-    working = results + 2 * (q + 2 * kv + q);       // leaf grads; q, k, v, merged heads and their grads
+    // leaf grads; q, k, v, merged heads and their grads; k and v widened to H heads by a plugin that repeats them
+    working = results + 2 * (q + 2 * kv + q) + (kv_hd < hd ? 4 * s.B * s.Tk * hd : 0);
   } else {
     inputs = 2 * q + 2 * kv;                        // q, r, k, v (a mask file counts as read)
     results = 2 * q + 2 * kv;                       // out, dq, dk, dv

@@ -7,7 +7,7 @@
 // The figures are in double on purpose: a product of dims that overflows
 // int64 is still a (huge) number here, and is refused as too large.
 //
-// Shape legend: B batch, H heads, Tq/Tk query/key lengths (T = Tq = Tk at mha
+// Shape legend: B batch, H (query) heads, Hkv key/value heads, Tq/Tk query/key lengths (T = Tq = Tk at mha
 // level), d head width, D model width.
 #pragma once
 
@@ -21,6 +21,7 @@ namespace headgrad::runner {
 struct AttentionDims {
   bool mha = true;
   double B = 0, H = 0, Tq = 0, Tk = 0, d = 0, D = 0;
+  double Hkv = 0;             // key/value heads; 0 means H
   bool score_buffers = true;  // false: a fused plugin's working set (no [B, H, Tq, Tk] buffers)
 };
 

@@ -16,7 +16,9 @@ std::string describe_index(Level level, std::string_view tensor, const Shape& sh
   const std::size_t n = index.size();
   if (n != shape.size() || n == 0) return shape_str(index);
   if (level == Level::mha) {
-    const std::int64_t dm = shape.back();
+    // dwq, dwk, dwv [heads*d, D] are cut by rows; out, dx [B, T, D] and dwo [D, H*d] by columns
+    const bool by_rows = (tensor == "dwq" || tensor == "dwk" || tensor == "dwv") && n == 2;
+    const std::int64_t dm = by_rows ? shape[0] : shape.back();
     const std::int64_t d = heads > 0 && dm % heads == 0 ? dm / heads : dm;
     if ((tensor == "out" || tensor == "dx") && n == 3)
       return kv("b", index[0]) + ", " + kv("t", index[1]) + ", " + kv("head", index[2] / d) + ", " +
@@ -104,8 +106,10 @@ std::vector<TensorComparison> compare_sets(const TensorSet& lhs, const TensorSet
   for (const auto& name : c.check) {
     const Tensor* a = find_tensor(lhs, name);
     const Tensor* b = find_tensor(rhs, name);
+    // dwk and dwv have one row block per kv head
+    const bool kv = c.level == Level::mha && (name == "dwk" || name == "dwv");
     TensorComparison cmp = compare_tensor(name, a ? *a : Tensor(), b ? *b : Tensor(), c.tolerance_for(name),
-                                          c.level, heads);
+                                          c.level, kv ? c.dims.kv_heads() : heads);
     if (cmp.problem == "missing") {
       const bool left = !a || !a->defined();
       const bool right = !b || !b->defined();

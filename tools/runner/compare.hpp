@@ -46,7 +46,7 @@ struct TensorComparison {
   std::string problem;  // set when the tensors cannot be compared (missing, shape, dtype)
 };
 
-// `heads` is H (mha level; used to name head blocks), ignored at core level.
+// `heads` is H (mha level; used to name head blocks; Hkv for dwk and dwv), ignored at core level.
 std::string describe_index(Level level, std::string_view tensor, const Shape& shape,
                            std::span<const std::int64_t> index, std::int64_t heads);
 

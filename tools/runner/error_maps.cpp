@@ -48,8 +48,9 @@ void cut(TensorErrorMaps& out, const CaseSpec& spec, const std::string& name, co
       out.maps.push_back(downsample("b=" + std::to_string(b), T, D, slice, 0, d, true));
     }
   } else if (spec.level == Level::mha && shape.size() == 2) {  // dW [D, D]
-    const std::int64_t R = shape[0], C = shape[1], H = spec.dims.H;
     const bool cols = name == "dwo";
+    const bool kv = name == "dwk" || name == "dwv";  // [Hkv*d, D]: one row block per kv head
+    const std::int64_t R = shape[0], C = shape[1], H = kv ? spec.dims.kv_heads() : spec.dims.H;
     const std::int64_t n = cols ? C : R;
     const std::int64_t d = (H > 1 && n % H == 0) ? n / H : 0;
     out.axes = cols ? "rows: output features; columns: input features, head h owns columns [h&middot;d, (h+1)&middot;d)"

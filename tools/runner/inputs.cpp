@@ -219,17 +219,35 @@ class ReferenceReader {
     if (x.dim() != 3) fail(file("x") + " has shape " + shape_str(x.shape()) + ", expected [B, T, D]");
     const std::int64_t b = x.size(0), t = x.size(1), dm = x.size(2), h = c_.dims.H;
     const std::string from_x = "D=" + std::to_string(dm) + " from " + part("x") + " " + shape_str(x.shape());
-    if (dm % h != 0)
-      fail(part("x") + " has D=" + std::to_string(dm) + ", which is not divisible by H=" + std::to_string(h));
     expect_dim("B", b, part("x"));
     expect_dim("T", t, part("x"));
     expect_dim("D", dm, part("x"));
     ref.inputs.push_back({"x", x});
-    for (const char* w : {"wq", "wk", "wv", "wo"}) {
-      Tensor wt = load_input(w, true, needs);
-      expect_shape(w, wt, {dm, dm}, from_x);
-      ref.inputs.push_back({w, wt});
-    }
+    // wq [H*d, D] gives the head width (H from the case), wk [Hkv*d, D] the kv heads
+    Tensor wq = load_input("wq", true, needs);
+    if (wq.dim() != 2 || wq.size(1) != dm || wq.size(0) % h != 0)
+      fail(file("wq") + " has shape " + shape_str(wq.shape()) + ", expected [H*d, D] with H=" + std::to_string(h) +
+           " and " + from_x);
+    const std::int64_t hd = wq.size(0), d = hd / h;
+    expect_dim("d", d, part("wq") + " " + shape_str(wq.shape()) + " over H=" + std::to_string(h));
+    ref.inputs.push_back({"wq", wq});
+    Tensor wk = load_input("wk", true, needs);
+    if (wk.dim() != 2 || wk.size(1) != dm || wk.size(0) % d != 0 || wk.size(0) / d < 1 || h % (wk.size(0) / d) != 0)
+      fail(file("wk") + " has shape " + shape_str(wk.shape()) + ", expected [Hkv*d, D] with d=" + std::to_string(d) +
+           " (" + part("wq") + " " + shape_str(wq.shape()) + " over H=" + std::to_string(h) + "), " + from_x +
+           " and Hkv dividing H");
+    const std::int64_t hkv = wk.size(0) / d;
+    expect_dim("Hkv", hkv, part("wk") + " " + shape_str(wk.shape()));
+    ref.inputs.push_back({"wk", wk});
+    const Shape wq_shape = wq.shape(), kv_shape = wk.shape(), wo_shape = {dm, hd};
+    const std::string kv_why = part("wk") + " is " + shape_str(kv_shape);
+    const std::string wo_why = "Wo is [D, H*d]; " + part("wq") + " is " + shape_str(wq_shape);
+    Tensor wv = load_input("wv", true, needs);
+    expect_shape("wv", wv, kv_shape, kv_why);
+    ref.inputs.push_back({"wv", wv});
+    Tensor wo = load_input("wo", true, needs);
+    expect_shape("wo", wo, wo_shape, wo_why);
+    ref.inputs.push_back({"wo", wo});
     const Shape act = {b, t, dm};
     const std::string act_why = part("x") + " is " + shape_str(x.shape());
     Tensor r = load_input("r", false, "");
@@ -237,11 +255,14 @@ class ReferenceReader {
     if (r.defined()) ref.inputs.push_back({"r", r});
     for (const auto& name : tensor_names(Level::mha)) {
       Tensor e = load(name, false, "");
-      expect_shape(name, e, name == "out" || name == "dx" ? act : Shape{dm, dm},
-                   name == "out" || name == "dx" ? act_why : from_x);
+      const bool activation = name == "out" || name == "dx";
+      const bool kv = name == "dwk" || name == "dwv";
+      expect_shape(name, e, activation ? act : kv ? kv_shape : name == "dwq" ? wq_shape : wo_shape,
+                   activation ? act_why : kv ? kv_why : name == "dwq" ? part("wq") + " is " + shape_str(wq_shape) : wo_why);
       if (e.defined()) ref.expected.push_back({name, e});
     }
-    ref.dims = Dims{.B = b, .T = t, .D = dm, .H = h};
+    // d and Hkv kept only where they differ from the defaults (D / H, H)
+    ref.dims = Dims{.B = b, .T = t, .D = dm, .H = h, .d = hd == dm ? 0 : d, .Hkv = hkv == h ? 0 : hkv};
     ref.dtype = dtype_;
     return ref;
   }
@@ -250,15 +271,25 @@ class ReferenceReader {
     ReferenceData ref;
     const std::string needs = "a core-level reference needs q, k, v";
     Tensor q = load_input("q", true, needs), k = load_input("k", true, needs), v = load_input("v", true, needs);
+    // [B, H, T, d] with k and v of Hkv heads, or all three [B, T, d] (one head, as CS336 writes them)
+    const bool heads = q.dim() == 4;
     for (const auto& [stem, t] : {std::pair<const char*, Tensor&>{"q", q}, {"k", k}, {"v", v}})
-      if (t.dim() != 4) fail(file(stem) + " has shape " + shape_str(t.shape()) + ", expected [B, H, T, d]");
-    const std::int64_t b = q.size(0), h = q.size(1), tq = q.size(2), d = q.size(3);
-    const std::int64_t tk = k.size(2), dv = v.size(3);
+      if (t.dim() != q.dim() || (t.dim() != 4 && t.dim() != 3))
+        fail(file(stem) + " has shape " + shape_str(t.shape()) +
+             ", expected [B, H, T, d] (k, v: [B, Hkv, Tk, d]), or q, k, v all [B, T, d]");
+    const std::int64_t b = q.size(0), h = heads ? q.size(1) : 1, hkv = heads ? k.size(1) : 1;
+    const std::int64_t tq = q.size(-2), d = q.size(-1), tk = k.size(-2), dv = v.size(-1);
     const std::string from_q = part("q") + " is " + shape_str(q.shape());
-    expect_shape("k", k, {b, h, tk, d}, from_q + ", so k must be [B, H, Tk, d]");
-    expect_shape("v", v, {b, h, tk, dv}, part("k") + " is " + shape_str(k.shape()) + ", so v must be [B, H, Tk, dv]");
+    if (heads && (hkv < 1 || h % hkv != 0))
+      fail(file("k") + " has shape " + shape_str(k.shape()) + ": its " + std::to_string(hkv) +
+           " kv heads do not divide the H=" + std::to_string(h) + " query heads of " + from_q);
+    expect_shape("k", k, heads ? Shape{b, hkv, tk, d} : Shape{b, tk, d},
+                 from_q + (heads ? ", so k must be [B, Hkv, Tk, d]" : ", so k must be [B, Tk, d]"));
+    expect_shape("v", v, heads ? Shape{b, hkv, tk, dv} : Shape{b, tk, dv},
+                 part("k") + " is " + shape_str(k.shape()) + (heads ? ", so v must be [B, Hkv, Tk, dv]" : ", so v must be [B, Tk, dv]"));
     expect_dim("B", b, part("q"));
     expect_dim("H", h, part("q"));
+    expect_dim("Hkv", hkv, part("k"));
     expect_dim("Tq", tq, part("q"));
     expect_dim("Tk", tk, part("k"));
     expect_dim("d", d, part("q"));
@@ -268,18 +299,19 @@ class ReferenceReader {
       check_mask_shape(c_, "reference", mask, {b, h, tq, tk}, file("mask"));
       ref.inputs.push_back({"mask", mask});
     }
-    const Shape out_shape = {b, h, tq, dv};
+    const Shape out_shape = heads ? Shape{b, h, tq, dv} : Shape{b, tq, dv};
+    const std::string out_why = heads ? "the output is [B, H, Tq, dv]" : "the output is [B, Tq, dv]";
     Tensor r = load_input("r", false, "");
-    expect_shape("r", r, out_shape, "the output is [B, H, Tq, dv]");
+    expect_shape("r", r, out_shape, out_why);
     if (r.defined()) ref.inputs.push_back({"r", r});
     for (const auto& name : tensor_names(Level::core)) {
       Tensor e = load(name, false, "");
-      if (name == "out") expect_shape(name, e, out_shape, "the output is [B, H, Tq, dv]");
+      if (name == "out") expect_shape(name, e, out_shape, out_why);
       else expect_shape(name, e, (name == "dq" ? q : name == "dk" ? k : v).shape(),
                         "a gradient has its input's shape");
       if (e.defined()) ref.expected.push_back({name, e});
     }
-    ref.dims = Dims{.B = b, .H = h, .Tq = tq, .Tk = tk, .d = d};
+    ref.dims = Dims{.B = b, .H = h, .Tq = tq, .Tk = tk, .d = d, .Hkv = hkv == h ? 0 : hkv};
     ref.dtype = dtype_;
     return ref;
   }
@@ -374,17 +406,19 @@ CaseInputs seeded_inputs(Level level, const Dims& d, DType dt, std::uint64_t see
   CaseInputs in;
   in.level = level;
   if (level == Level::mha) {
-    const double w_std = 1.0 / std::sqrt(static_cast<double>(d.D));  // N(0, 1/D)
+    // Wq [H*d, D], Wk and Wv [Hkv*d, D], Wo [D, H*d]: all [D, D] for plain MHA
+    const std::int64_t hd = d.H * d.head_dim(), kv_hd = d.kv_heads() * d.head_dim();
+    const double w_std = 1.0 / std::sqrt(static_cast<double>(d.D));  // N(0, 1/fan in)
     in.x = randn({d.B, d.T, d.D}, dt, gen);
-    in.wq = randn({d.D, d.D}, dt, gen, w_std);
-    in.wk = randn({d.D, d.D}, dt, gen, w_std);
-    in.wv = randn({d.D, d.D}, dt, gen, w_std);
-    in.wo = randn({d.D, d.D}, dt, gen, w_std);
+    in.wq = randn({hd, d.D}, dt, gen, w_std);
+    in.wk = randn({kv_hd, d.D}, dt, gen, w_std);
+    in.wv = randn({kv_hd, d.D}, dt, gen, w_std);
+    in.wo = randn({d.D, hd}, dt, gen, 1.0 / std::sqrt(static_cast<double>(hd)));
     in.r = randn({d.B, d.T, d.D}, dt, gen);
   } else {
     in.q = randn({d.B, d.H, d.Tq, d.d}, dt, gen);
-    in.k = randn({d.B, d.H, d.Tk, d.d}, dt, gen);
-    in.v = randn({d.B, d.H, d.Tk, d.d}, dt, gen);
+    in.k = randn({d.B, d.kv_heads(), d.Tk, d.d}, dt, gen);
+    in.v = randn({d.B, d.kv_heads(), d.Tk, d.d}, dt, gen);
     in.r = randn({d.B, d.H, d.Tq, d.d}, dt, gen);
   }
   return in;
@@ -463,9 +497,15 @@ AttentionSpec attention_spec(const CaseSpec& c, const CaseInputs& in) {
   if (c.level == Level::mha) {
     s.d_model = in.x.size(-1);
     s.num_heads = c.dims.H;
+    s.num_kv_heads = c.dims.kv_heads();
+    s.head_width = in.wq.size(0) / c.dims.H;  // Wq [H*d, D]
   } else {
-    s.num_heads = in.q.size(1);
-    s.d_model = in.q.size(1) * in.q.size(-1);
+    // q [B, H, Tq, d], k [B, Hkv, Tk, d]; or all three [B, T, d] (one head)
+    const bool heads = in.q.dim() == 4;
+    s.num_heads = heads ? in.q.size(1) : 1;
+    s.num_kv_heads = heads ? in.k.size(1) : 1;
+    s.head_width = in.q.size(-1);
+    s.d_model = s.num_heads * in.q.size(-1);
   }
   s.causal = c.causal;
   s.causal_alignment = c.causal_alignment;

@@ -74,6 +74,8 @@ json case_json(const CaseResult& r) {
   json dims = json::object();
   for (const auto& d : dim_names(c.level))
     if (c.dims.get(d) > 0) dims[d] = c.dims.get(d);
+  for (const auto& d : optional_dim_names(c.level))  // Hkv and an mha-level d, when given
+    if (c.dims.get(d) > 0) dims[d] = c.dims.get(d);
   json sweep = json::object();
   for (const auto& [d, v] : c.sweep_point) sweep[d] = v;
   json tolerances = json::object();

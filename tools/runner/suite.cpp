@@ -47,6 +47,7 @@ std::int64_t* Dims::find(std::string_view name) {
   if (name == "Tq") return &Tq;
   if (name == "Tk") return &Tk;
   if (name == "d") return &d;
+  if (name == "Hkv") return &Hkv;
   return nullptr;
 }
 
@@ -59,6 +60,12 @@ std::int64_t Dims::get(std::string_view name) const {
 const std::vector<std::string>& dim_names(Level level) {
   static const std::vector<std::string> mha = {"B", "T", "D", "H"};
   static const std::vector<std::string> core = {"B", "H", "Tq", "Tk", "d"};
+  return level == Level::mha ? mha : core;
+}
+
+const std::vector<std::string>& optional_dim_names(Level level) {
+  static const std::vector<std::string> mha = {"Hkv", "d"};
+  static const std::vector<std::string> core = {"Hkv"};
   return level == Level::mha ? mha : core;
 }
 
@@ -127,7 +134,11 @@ std::string describe_case(const CaseSpec& c) {
   for (const auto& dim : dim_names(c.level)) {
     const std::int64_t v = c.dims.get(dim);
     if (v > 0) add(dim + "=" + std::to_string(v));
+    // grouped kv heads right after H, an mha head width apart from D / H after D's dims
+    if (dim == "H" && c.dims.Hkv > 0 && c.dims.Hkv != c.dims.H) add("Hkv=" + std::to_string(c.dims.Hkv));
   }
+  if (c.level == Level::mha && c.dims.d > 0 && !(c.dims.H > 0 && c.dims.D == c.dims.H * c.dims.d))
+    add("d=" + std::to_string(c.dims.d));
   if (c.causal)
     add(c.causal_alignment == CausalAlignment::bottom_right ? "causal=bottom_right" : "causal");
   if (!c.mask_file.empty()) add("mask");
@@ -227,6 +238,9 @@ class Parser {
   std::vector<CaseSpec> expand(const CaseSpec& base, const std::vector<DimValues>& shape,
                                const std::vector<DimValues>& sweep);
   void finish_point(CaseSpec& c, const SourceLoc& at) const;
+  // Hkv and d against H and D; `dim_at` says where each dim was written.
+  void check_head_dims(const CaseSpec& c, const SourceLoc& at,
+                       const std::map<std::string, SourceLoc>& dim_at) const;
 
   fs::path file_;
   fs::path dir_;
@@ -340,7 +354,8 @@ std::vector<std::string> Parser::string_list(const YAML::Node& v, const std::str
 
 void Parser::read_dims(const YAML::Node& map, Level level, const std::string& key, bool from_defaults,
                        std::vector<DimValues>& out) const {
-  const std::vector<std::string>& valid = dim_names(level);
+  std::vector<std::string> valid = dim_names(level);
+  valid.insert(valid.end(), optional_dim_names(level).begin(), optional_dim_names(level).end());
   if (!map.IsMap())
     fail(map, "'" + key + "' must be a map of dims like {" + join(valid, ": .., ") +
                   ": ..}, got " + kind_of(map));
@@ -349,7 +364,8 @@ void Parser::read_dims(const YAML::Node& map, Level level, const std::string& ke
     const YAML::Node k = it->first;
     const std::string name = k.IsScalar() ? k.Scalar() : "";
     if (std::find(valid.begin(), valid.end(), name) == valid.end()) {
-      const auto& other = dim_names(other_level);
+      std::vector<std::string> other = dim_names(other_level);
+      other.insert(other.end(), optional_dim_names(other_level).begin(), optional_dim_names(other_level).end());
       const bool other_level_dim = std::find(other.begin(), other.end(), name) != other.end();
       if (other_level_dim && from_defaults) continue;
       if (other_level_dim)
@@ -691,6 +707,9 @@ std::vector<CaseSpec> Parser::expand(const CaseSpec& base, const std::vector<Dim
   for (const auto& d : shape) *c.dims.find(d.dim) = d.values.front();
   // Where a sweep point's problems are reported: the sweep, else the shape, else the case.
   const SourceLoc at = !sweep.empty() ? sweep.front().where : !shape.empty() ? shape.front().where : c.source;
+  std::map<std::string, SourceLoc> dim_at;  // a sweep's value replaces the shape's
+  for (const auto* dims : {&shape, &sweep})
+    for (const auto& d : *dims) dim_at[d.dim] = d.where;
 
   // Counted before anything is expanded: a few lines of sweeps can name millions of points.
   double points = 1;  // a double: the product of many long lists must not wrap
@@ -726,6 +745,7 @@ std::vector<CaseSpec> Parser::expand(const CaseSpec& base, const std::vector<Dim
     if (!label.empty()) p.name = c.base_name + "[" + label + "]";
     const std::string saved = context_;
     context_ = "case '" + p.name + "': ";
+    check_head_dims(p, at, dim_at);
     finish_point(p, at);
     context_ = saved;
     out.push_back(std::move(p));
@@ -752,9 +772,27 @@ void Parser::finish_point(CaseSpec& c, const SourceLoc& at) const {
                    " (" + std::string(level_name(c.level)) + " level needs " +
                    join(dim_names(c.level)) + " in 'shape' or 'sweep')");
   }
-  if (c.level == Level::mha && d.D > 0 && d.H > 0 && d.D % d.H != 0)
+  if (c.level == Level::mha && d.D > 0 && d.H > 0 && d.d == 0 && d.D % d.H != 0)
     fail(at, "D=" + std::to_string(d.D) + " is not divisible by H=" + std::to_string(d.H) +
-                 " (each head takes d = D / H channels)");
+                 " (each head takes d = D / H channels; give the head width d in 'shape' for "
+                 "Wq [H*d, D])");
+}
+
+void Parser::check_head_dims(const CaseSpec& c, const SourceLoc& at,
+                             const std::map<std::string, SourceLoc>& dim_at) const {
+  const Dims& d = c.dims;
+  auto where = [&](const char* dim) {
+    const auto it = dim_at.find(dim);
+    return it != dim_at.end() ? it->second : at;
+  };
+  if (d.Hkv == 0 || d.H == 0) return;  // a reference case may take H from its files
+  const std::string hkv = "Hkv=" + std::to_string(d.Hkv), h = "H=" + std::to_string(d.H);
+  if (d.Hkv > d.H)
+    fail(where("Hkv"), "'Hkv' is " + hkv + " but there are only " + h +
+                           " query heads; Hkv must be at most H (Hkv = H is plain multi-head, 1 is MQA)");
+  if (d.H % d.Hkv != 0)
+    fail(where("Hkv"), "'Hkv': " + h + " is not a multiple of " + hkv +
+                           " (each kv head serves G = H / Hkv query heads: query head h reads kv head h / G)");
 }
 
 }  // namespace
@@ -784,6 +822,7 @@ double case_memory_bytes(const CaseSpec& c) {
   a.mha = c.level == Level::mha;
   a.B = static_cast<double>(d.B);
   a.H = static_cast<double>(d.H);
+  a.Hkv = static_cast<double>(d.kv_heads());
   a.d = static_cast<double>(d.head_dim());
   a.D = static_cast<double>(d.D);
   a.Tq = static_cast<double>(a.mha ? d.T : d.Tq);
@@ -817,6 +856,9 @@ std::vector<std::pair<std::string, std::string>> missing_capabilities(const Case
     out.emplace_back("mask", "the case has a boolean mask (" + c.mask_file.filename().string() + ")");
   if (c.level == Level::core && c.dims.Tq != c.dims.Tk && !caps.cross_lengths)
     out.emplace_back("Tq!=Tk", "Tq=" + std::to_string(c.dims.Tq) + ", Tk=" + std::to_string(c.dims.Tk));
+  if (c.dims.Hkv > 0 && c.dims.Hkv < c.dims.H && !caps.grouped_kv)
+    out.emplace_back("grouped_kv", "H=" + std::to_string(c.dims.H) + " query heads share Hkv=" +
+                                       std::to_string(c.dims.Hkv) + " kv heads");
   if (c.dtype == DType::float32 && !caps.float32) out.emplace_back("float32", "dtype: float32");
   if (c.dtype == DType::float64 && !caps.float64) out.emplace_back("float64", "dtype: float64");
   return out;

@@ -10,8 +10,10 @@
 // yaml-cpp's marks) and says what was expected. The keys are the contract of
 // docs/design.md; `timeout` (seconds per plugin run) and `description` are extras.
 //
-// Shape legend: B batch, T sequence, D model width, H heads, d = D / H head
-// width; at core level Tq/Tk query/key lengths and d the head width.
+// Shape legend: B batch, T sequence, D model width, H (query) heads, Hkv
+// key/value heads (default H; 1 = MQA; query head h reads kv head h / (H / Hkv)),
+// d head width (default D / H at mha level); at core level Tq/Tk query/key
+// lengths and d the head width.
 #pragma once
 
 #include <cstdint>
@@ -57,17 +59,22 @@ struct Tolerance {
   double rtol = 1e-6;
 };
 
-// The sizes of one case. mha: B, T, D, H (d = D / H). core: B, H, Tq, Tk, d.
-// 0 = not given: a reference case takes it from its files.
+// The sizes of one case. mha: B, T, D, H, optional Hkv and d (Wq [H*d, D],
+// Wk and Wv [Hkv*d, D], Wo [D, H*d]). core: B, H, optional Hkv, Tq, Tk, d.
+// 0 = not given: a reference case takes it from its files; Hkv 0 means H and
+// an mha-level d 0 means D / H.
 struct Dims {
-  std::int64_t B = 0, T = 0, D = 0, H = 0, Tq = 0, Tk = 0, d = 0;
+  std::int64_t B = 0, T = 0, D = 0, H = 0, Tq = 0, Tk = 0, d = 0, Hkv = 0;
 
   std::int64_t* find(std::string_view name);  // nullptr for an unknown name
   std::int64_t get(std::string_view name) const;
   std::int64_t head_dim() const { return d > 0 ? d : (H > 0 ? D / H : 0); }
+  std::int64_t kv_heads() const { return Hkv > 0 ? Hkv : H; }
 };
-// The dims a level's `shape:` takes, in display order.
+// The dims a level's `shape:` needs, in display order.
 const std::vector<std::string>& dim_names(Level level);
+// The dims a level's `shape:` may add: mha Hkv and d, core Hkv.
+const std::vector<std::string>& optional_dim_names(Level level);
 
 struct CaseFiles;  // what a case's files hold (inputs.hpp)
 
@@ -149,7 +156,8 @@ std::vector<std::pair<std::string, std::string>> missing_capabilities(const Case
 // `cases` needs (plugins that are not loaded are the runner's business).
 void check_capabilities(const std::vector<const CaseSpec*>& cases, const PluginRegistry& registry);
 
-// "MHA(B=2,T=3,D=8,H=2,causal)", "CORE(B=2,H=3,Tq=5,Tk=7,d=4,mask,float32)"
+// "MHA(B=2,T=3,D=8,H=2,causal)", "CORE(B=2,H=3,Tq=5,Tk=7,d=4,mask,float32)",
+// "MHA(B=2,T=7,D=120,H=12,Hkv=3,d=10)": Hkv and d shown when not the defaults.
 std::string describe_case(const CaseSpec& c);
 
 // The candidate nearest to `word` by edit distance when it is close enough to

@@ -28,10 +28,11 @@ class Shadow final : public Attention {
   Variable mha_forward(const Variable& x, const MhaWeights& w, const AttentionSpec& spec) const override {
     return batched_mha(x, w, spec, attention_core);
   }
-  // q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv] -> [..., Tq, dv]
+  // q [..., H, Tq, d], k [..., Hkv, Tk, d], v [..., Hkv, Tk, dv] -> [..., H, Tq, dv]
   Variable core_forward(const Variable& q, const Variable& k, const Variable& v,
                         const AttentionSpec& spec) const override {
-    return attention_core(q, k, v, spec);
+    const std::int64_t group = kv_group(q, k, v, "shadow");  // it declares grouped_kv
+    return attention_core(q, expand_kv_heads(k, group), expand_kv_heads(v, group), spec);
   }
 };
 
