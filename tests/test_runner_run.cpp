@@ -525,3 +525,74 @@ TEST_F(RunnerTest, CapabilitiesAreCheckedAgainstLoadedPlugins) {
 }
 
 }  // namespace
+
+namespace {
+
+// An int64 .npy as numpy writes it ('<i8', version 1.0): write_npy has no integer dtype.
+void write_int64_npy(const fs::path& file, const std::vector<std::int64_t>& values, const Shape& shape) {
+  std::string dims;
+  for (std::size_t i = 0; i < shape.size(); ++i) dims += (i ? ", " : "") + std::to_string(shape[i]);
+  if (shape.size() == 1) dims += ",";
+  std::string header = "{'descr': '<i8', 'fortran_order': False, 'shape': (" + dims + "), }";
+  header.append(64 - (10 + header.size() + 1) % 64, ' ');
+  header += '\n';
+  std::ofstream f(file, std::ios::binary);
+  f.write("\x93NUMPY\x01\x00", 8);
+  const auto len = static_cast<std::uint16_t>(header.size());
+  f.write(reinterpret_cast<const char*>(&len), 2);
+  f << header;
+  f.write(reinterpret_cast<const char*>(values.data()), static_cast<std::streamsize>(values.size() * 8));
+}
+
+}  // namespace
+
+TEST_F(RunnerTest, RopeCaseRotatesQAndKOnBothSides) {
+  const std::string shape = "shape: {B: 2, T: 5, D: 8, H: 2}, causal: true, seed: 4";
+  Suite s = suite_from("cases:\n  - {name: r, compare: [per_head, batched], " + shape +
+                       ", rope: {style: half, rotary_dim: 2, positions: {generator: gapped, start: 1000}}}\n"
+                       "  - {name: plain, compare: [per_head, batched], " + shape + "}\n");
+  const CaseInputs in = make_inputs(s.cases[0]);
+  const AttentionSpec spec = attention_spec(s.cases[0], in);
+  EXPECT_TRUE(spec.rope.enabled);
+  EXPECT_EQ(spec.rope.style, RopeStyle::half);
+  EXPECT_EQ(spec.rope.rotary_dim, 2);
+  ASSERT_EQ(spec.rope.positions.shape(), (Shape{2, 5}));
+  EXPECT_EQ(spec.rope.positions.to_vector(), (std::vector<double>{0, 1, 3, 6, 7, 1000, 1001, 1003, 1006, 1007}));
+  EXPECT_FALSE(attention_spec(s.cases[1], make_inputs(s.cases[1])).rope.enabled);
+
+  const CaseResult ok = run_case(s.cases[0], *registry_, {});
+  EXPECT_EQ(ok.status, CaseStatus::pass) << ok.cause;
+  // the rotation reached the plugin: same inputs without rope give another out
+  const Tensor rotated = compute_side(s.cases[0], in, *registry_->get("per_head").attention)[0].tensor;
+  const Tensor plain = compute_side(s.cases[1], make_inputs(s.cases[1]), *registry_->get("per_head").attention)[0].tensor;
+  const std::vector<double> a = rotated.to_vector(), b = plain.to_vector();
+  double biggest = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) biggest = std::max(biggest, std::abs(a[i] - b[i]));
+  EXPECT_GT(biggest, 1e-3);
+}
+
+TEST_F(RunnerTest, RopeReferenceReadsInt64Positions) {
+  const std::string rope = "rope: {theta: 500000, style: half, rotary_dim: 4, positions: [[0, 2, 5, 9], [1000, 1001, 1007, 1012]]}";
+  Suite gen = suite_from("cases:\n  - {name: g, compare: [per_head, batched], causal: true, seed: 2, "
+                         "shape: {B: 2, T: 4, D: 12, H: 2}, " + rope + "}\n");
+  write_reference(gen.cases[0], dir_ / "ref");
+  const std::vector<std::int64_t> positions = {0, 2, 5, 9, 1000, 1001, 1007, 1012};
+  write_int64_npy(dir_ / "ref" / "positions.npy", positions, {2, 4});
+  const std::string yaml = "cases:\n  - {name: vs-ref, compare: [batched], reference: ref, causal: true, shape: {H: 2}, "
+                           "rope: {theta: 500000, style: half, rotary_dim: 4}}\n";
+  Suite s = suite_from(yaml);
+  ASSERT_TRUE(s.cases[0].files->positions.defined());
+  EXPECT_EQ(s.cases[0].files->positions.to_vector(), (std::vector<double>{0, 2, 5, 9, 1000, 1001, 1007, 1012}));
+  const CaseResult ok = run_case(s.cases[0], *registry_, {});
+  EXPECT_EQ(ok.status, CaseStatus::pass) << ok.cause;
+
+  // the other pairing does not match the reference
+  Suite other = suite_from("cases:\n  - {name: vs-ref, compare: [batched], reference: ref, causal: true, shape: {H: 2}, "
+                           "rope: {theta: 500000, style: interleaved, rotary_dim: 4}}\n");
+  EXPECT_EQ(run_case(other.cases[0], *registry_, {}).status, CaseStatus::fail);
+
+  // positions of the wrong length name the file and both shapes
+  write_int64_npy(dir_ / "ref" / "positions.npy", {0, 1, 2}, {3});
+  const std::string e = load_error(yaml);
+  EXPECT_NE(e.find("positions.npy has shape [3], expected [T] = [4] or [B, T] = [2, 4]"), std::string::npos) << e;
+}

@@ -87,6 +87,7 @@ std::optional<std::int64_t> first_non_finite_at(const Tensor& t) {
 }
 
 struct ReferenceData {
+  Tensor positions;    // positions.npy as float64; undefined: none
   TensorSet inputs;    // x, wq, ... | q, k, v, [mask], [r]
   TensorSet expected;  // every expected file present
   Dims dims;
@@ -112,7 +113,9 @@ class ReferenceReader {
       fail("reference directory " + c_.reference.string() + " does not exist");
     }
     warn_unknown_files();
-    return c_.level == Level::mha ? read_mha() : read_core();
+    ReferenceData ref = c_.level == Level::mha ? read_mha() : read_core();
+    read_positions(ref);
+    return ref;
   }
 
  private:
@@ -193,8 +196,34 @@ class ReferenceReader {
            name + "=" + std::to_string(from_files));
   }
 
+  // positions.npy: int64 (or integer-valued floats), [T] or [B, T] of the
+  // reference's tokens. Read only for a case with a rope block.
+  void read_positions(ReferenceData& ref) {
+    if (!c_.rope || !has("positions")) return;
+    if (npz_) fail("an .npz reference cannot hold positions (int64); use a directory with positions.npy");
+    Tensor p;
+    try {
+      ++g_files_read;
+      p = read_npy_integers(path("positions"));
+    } catch (const std::exception& e) {
+      fail(std::string("reference file ") + e.what());
+    }
+    if (p.dtype() == DType::boolean) fail(file("positions") + " holds bools; expected int64 token positions");
+    const std::int64_t b = ref.dims.B, t = c_.level == Level::mha ? ref.dims.T : ref.dims.Tk;
+    if (c_.level == Level::core && ref.dims.Tq != ref.dims.Tk)
+      fail(file("positions") + " gives one position per token, shared by queries and keys; it needs Tq = Tk");
+    const bool fits = (p.dim() == 1 && p.size(0) == t) || (p.dim() == 2 && p.size(0) == b && p.size(1) == t);
+    if (!fits)
+      fail(file("positions") + " has shape " + shape_str(p.shape()) + ", expected [T] = [" + std::to_string(t) +
+           "] or [B, T] = [" + std::to_string(b) + ", " + std::to_string(t) + "]");
+    for (std::int64_t i = 0; i < p.numel(); ++i)
+      if (p.flat(i) != std::floor(p.flat(i)) || p.flat(i) < 0)
+        fail(file("positions") + " holds " + std::to_string(p.flat(i)) + "; positions are integers >= 0");
+    ref.positions = p.to(DType::float64);
+  }
+
   void warn_unknown_files() const {
-    std::set<std::string> known = {"r"};
+    std::set<std::string> known = {"r", "positions", "q_rot", "k_rot"};
     for (const auto& n : tensor_names(c_.level)) known.insert(n);
     if (c_.level == Level::mha) known.insert({"x", "wq", "wk", "wv", "wo"});
     else known.insert({"q", "k", "v", "mask"});
@@ -325,6 +354,12 @@ void load_case_files(CaseSpec& c) {
     ReferenceData ref = ReferenceReader(c).read();
     c.dims = ref.dims;
     c.dtype = ref.dtype;
+    files->positions = ref.positions;
+    if (c.rope && c.rope->rotary_dim > c.dims.head_dim())
+      throw ConfigError(c.rope->rotary_dim_at, "case '" + c.name + "': 'rotary_dim' " +
+                                                   std::to_string(c.rope->rotary_dim) +
+                                                   " is wider than the reference's head width d=" +
+                                                   std::to_string(c.dims.head_dim()));
     if (const Tensor* mask = find_tensor(ref.inputs, "mask")) {
       const fs::path ref_mask = c.reference / "mask.npy";
       if (!c.mask_file.empty() && c.mask_file != ref_mask)
@@ -422,8 +457,15 @@ CaseInputs make_inputs(const CaseSpec& spec) {
       in.r = Tensor::ones(out_shape, spec.dtype);
     }
     in.expected = files->expected;
+    in.positions = files->positions;
   } else {
     in = seeded_inputs(spec.level, spec.dims, spec.dtype, spec.seed);
+  }
+  if (spec.rope && !in.positions.defined()) {
+    Shape shape;
+    const std::vector<std::int64_t> p =
+        rope_positions(*spec.rope, spec.dims.B, spec.level == Level::mha ? spec.dims.T : spec.dims.Tk, shape);
+    if (!p.empty()) in.positions = positions_tensor(p, shape);
   }
   if (files && files->mask.defined()) {
     // a localization variant keeps the mask of a case whose dims it changed
@@ -455,6 +497,7 @@ CaseInputs private_copy(const CaseInputs& in, InputLayout layout) {
   out.wo = own(in.wo);
   out.mask = own(in.mask);
   out.r = own(in.r);
+  out.positions = own(in.positions);
   return out;
 }
 
@@ -471,6 +514,15 @@ AttentionSpec attention_spec(const CaseSpec& c, const CaseInputs& in) {
   s.scale = c.scale;
   s.dropout_p = 0.0;
   s.mask = in.mask;
+  if (c.rope) {
+    s.rope.enabled = true;
+    s.rope.theta = c.rope->theta;
+    s.rope.style = c.rope->style;
+    s.rope.rotary_dim = c.rope->rotary_dim;
+    s.rope.q_offset = c.rope->q_offset;
+    if (in.positions.defined()) s.rope.positions = in.positions;
+    else s.rope.offset = c.rope->offset;
+  }
   return s;
 }
 

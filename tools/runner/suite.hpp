@@ -70,6 +70,31 @@ const std::vector<std::string>& dim_names(Level level);
 
 struct CaseFiles;  // what a case's files hold (inputs.hpp)
 
+// A case's `rope:` block: q and k rotated per head (docs/design.md). Token
+// positions are one of: an offset (p_t = offset + t, the default 0), an
+// explicit list (one row [T] shared by the batch, or B rows [B, T]), or a
+// generator over [B, T] where row b begins at b * start:
+//   gapped    steps 1, 2, 3, 1, 2, 3, ... (b*start, +1, +3, +6, +7, ...)
+//   reversed  b*start + T-1, ..., b*start + 1, b*start
+// At core level queries sit at q_offset + p_t, keys at p_t.
+struct RopeCase {
+  double theta = 10000.0;
+  RopeStyle style = RopeStyle::interleaved;
+  std::int64_t rotary_dim = 0;                  // r; 0 = the head width
+  std::int64_t offset = 0;
+  std::vector<std::vector<std::int64_t>> rows;  // explicit positions; empty: none
+  bool per_row = false;                         // rows were written [[...], ...]: one per batch row
+  std::string generator;                        // "gapped" | "reversed"; empty: none
+  std::int64_t start = 1000;                    // a generator's per-row step
+  std::int64_t q_offset = 0;
+  SourceLoc positions_at, rotary_dim_at;        // for errors found once dims are known
+  // "rope=half/r6" ("/r" only when r is given; then ",gapped", ",q_offset=3")
+  std::string describe() const;
+};
+// The positions a case's rope block gives at dims (b, t), with their shape
+// ([T] or [B, T]); empty values for offset positions (p_t = offset + t).
+std::vector<std::int64_t> rope_positions(const RopeCase& r, std::int64_t b, std::int64_t t, Shape& shape);
+
 struct CaseSpec {
   std::string name;       // "layouts[B=2,T=5,H=4]" for a point of a sweep
   std::string base_name;  // "layouts"
@@ -86,6 +111,7 @@ struct CaseSpec {
   bool causal = false;
   std::optional<double> scale;         // default 1/sqrt(d)
   std::filesystem::path mask_file;     // core level bool mask (.npy); empty: none
+  std::optional<RopeCase> rope;        // the `rope:` block; none: no rotation
   InputLayout layout = InputLayout::contiguous;
   std::uint64_t seed = 0;
   Tolerance tolerance;
