@@ -20,7 +20,7 @@ class Shadow final : public Attention {
     i.version = "0.0.1-shadow";
     i.description = "test plugin: takes per_head's name";
     Capabilities& c = i.capabilities;
-    c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = c.grouped_kv = true;
+    c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = c.grouped_kv = c.rope = true;
     return i;
   }
 
@@ -31,7 +31,7 @@ class Shadow final : public Attention {
   // q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv] -> [..., Tq, dv]
   Variable core_forward(const Variable& q, const Variable& k, const Variable& v,
                         const AttentionSpec& spec) const override {
-    return attention_core(q, k, v, spec);
+    return attention_core(rope_queries(q, spec), rope_keys(k, spec), v, without_rope(spec));
   }
 };
 
