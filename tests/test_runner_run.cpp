@@ -596,3 +596,41 @@ TEST_F(RunnerTest, RopeReferenceReadsInt64Positions) {
   const std::string e = load_error(yaml);
   EXPECT_NE(e.find("positions.npy has shape [3], expected [T] = [4] or [B, T] = [2, 4]"), std::string::npos) << e;
 }
+
+// level: rope against a reference directory of x [B, T, d] (CS336's run_rope
+// layout) with int64 positions; the other pairing or a shifted position fails.
+TEST_F(RunnerTest, RopeLevelChecksAReferenceWithAnyLeadingDims) {
+  Suite gen = suite_from("cases:\n  - {name: g, level: rope, compare: [per_head, batched], seed: 5, shape: {B: 2, T: 4, d: 8}, "
+                         "rope: {style: half, positions: [[0, 3, 4, 9], [1000, 1002, 1003, 1010]]}}\n");
+  EXPECT_EQ(describe_case(gen.cases[0]), "ROPE(B=2,T=4,d=8,rope=half,positions[B,T])");
+  const CaseResult pair = run_case(gen.cases[0], *registry_, {});
+  EXPECT_EQ(pair.status, CaseStatus::pass) << pair.cause;
+  ASSERT_EQ(pair.tensors.size(), 2u);
+  EXPECT_EQ(pair.tensors[1].name, "dx");
+  write_reference(gen.cases[0], dir_ / "ref");
+  write_int64_npy(dir_ / "ref" / "positions.npy", {0, 3, 4, 9, 1000, 1002, 1003, 1010}, {2, 4});
+  EXPECT_EQ(read_npy(dir_ / "ref" / "x.npy").shape(), (Shape{2, 4, 8}));
+
+  auto vs_ref = [&](const std::string& rope) {
+    return suite_from("cases:\n  - {name: vs-ref, level: rope, compare: [batched], reference: ref, rope: " + rope + "}\n");
+  };
+  Suite s = vs_ref("{style: half}");
+  EXPECT_EQ(s.cases[0].dims.T, 4);
+  EXPECT_EQ(s.cases[0].dims.d, 8);
+  const CaseResult ok = run_case(s.cases[0], *registry_, {});
+  EXPECT_EQ(ok.status, CaseStatus::pass) << ok.cause;
+  EXPECT_EQ(run_case(vs_ref("{style: interleaved}").cases[0], *registry_, {}).status, CaseStatus::fail);
+  // one position moved by one: out and dx of that token differ
+  write_int64_npy(dir_ / "ref" / "positions.npy", {0, 3, 4, 9, 1000, 1002, 1004, 1010}, {2, 4});
+  const CaseResult moved = run_case(vs_ref("{style: half}").cases[0], *registry_, {});
+  EXPECT_EQ(moved.status, CaseStatus::fail);
+  EXPECT_EQ(moved.cause, "2 of 2 tensors differ: out, dx");
+
+  EXPECT_NE(load_error("cases:\n  - {name: r, level: rope, compare: [per_head, batched], shape: {B: 1, T: 2, d: 4}}\n")
+                .find("'level: rope' needs a 'rope:' block"),
+            std::string::npos);
+  EXPECT_NE(load_error("cases:\n  - {name: r, level: rope, compare: [per_head, batched], shape: {B: 1, T: 2, d: 4}, "
+                       "rope: {rotary_dim: 6}}\n")
+                .find("'rotary_dim' 6 is wider than the head width d=4"),
+            std::string::npos);
+}

@@ -441,6 +441,13 @@ TensorSet compute_side(const CaseSpec& c, const CaseInputs& shared, const Attent
     const Variable loss = sum(mul(out, r));
     if (loss.requires_grad()) loss.backward();  // else no gradient reaches the inputs: reported as missing
   };
+  if (c.level == Level::rope) {
+    const Variable x(in.x, true);
+    const Variable out = plugin.rope_forward(x, spec.rope);  // [..., T, d]
+    check_output(out, in.r, in.x.dtype());
+    backward(out);
+    return {{"out", out.data().contiguous()}, {"dx", x.grad()}};
+  }
   if (c.level == Level::mha) {
     const Variable x(in.x, true);
     const MhaWeights w{Variable(in.wq, true), Variable(in.wk, true), Variable(in.wv, true),

@@ -113,7 +113,7 @@ class ReferenceReader {
       fail("reference directory " + c_.reference.string() + " does not exist");
     }
     warn_unknown_files();
-    ReferenceData ref = c_.level == Level::mha ? read_mha() : read_core();
+    ReferenceData ref = c_.level == Level::mha ? read_mha() : c_.level == Level::core ? read_core() : read_rope();
     read_positions(ref);
     return ref;
   }
@@ -209,9 +209,10 @@ class ReferenceReader {
       fail(std::string("reference file ") + e.what());
     }
     if (p.dtype() == DType::boolean) fail(file("positions") + " holds bools; expected int64 token positions");
-    const std::int64_t b = ref.dims.B, t = c_.level == Level::mha ? ref.dims.T : ref.dims.Tk;
+    const std::int64_t b = ref.dims.B, t = c_.level == Level::core ? ref.dims.Tk : ref.dims.T;
     if (c_.level == Level::core && ref.dims.Tq != ref.dims.Tk)
       fail(file("positions") + " gives one position per token, shared by queries and keys; it needs Tq = Tk");
+    // [T], or [B, T] whose B is the inputs' first dim (rope() aligns positions with the leading dims)
     const bool fits = (p.dim() == 1 && p.size(0) == t) || (p.dim() == 2 && p.size(0) == b && p.size(1) == t);
     if (!fits)
       fail(file("positions") + " has shape " + shape_str(p.shape()) + ", expected [T] = [" + std::to_string(t) +
@@ -226,7 +227,8 @@ class ReferenceReader {
     std::set<std::string> known = {"r", "positions", "q_rot", "k_rot"};
     for (const auto& n : tensor_names(c_.level)) known.insert(n);
     if (c_.level == Level::mha) known.insert({"x", "wq", "wk", "wv", "wo"});
-    else known.insert({"q", "k", "v", "mask"});
+    else if (c_.level == Level::core) known.insert({"q", "k", "v", "mask"});
+    else known.insert("x");
     std::vector<std::string> stems;
     if (npz_) {
       for (const auto& [name, t] : members_) stems.push_back(name);
@@ -271,6 +273,31 @@ class ReferenceReader {
       if (e.defined()) ref.expected.push_back({name, e});
     }
     ref.dims = Dims{.B = b, .T = t, .D = dm, .H = h};
+    ref.dtype = dtype_;
+    return ref;
+  }
+
+  // x [..., T, d] with any leading dims (CS336's run_rope takes [..., T, d_k]);
+  // r, out and dx have x's shape.
+  ReferenceData read_rope() {
+    ReferenceData ref;
+    Tensor x = load_input("x", true, "a rope-level reference needs x [..., T, d]");
+    if (x.dim() < 2) fail(file("x") + " has shape " + shape_str(x.shape()) + ", expected [..., T, d]");
+    const std::int64_t t = x.size(-2), d = x.size(-1), b = x.dim() >= 3 ? x.size(0) : 1;
+    const std::int64_t h = x.dim() == 4 ? x.size(1) : 0;
+    expect_dim("T", t, part("x"));
+    expect_dim("d", d, part("x"));
+    ref.inputs.push_back({"x", x});
+    const std::string why = part("x") + " is " + shape_str(x.shape());
+    Tensor r = load_input("r", false, "");
+    expect_shape("r", r, x.shape(), why);
+    if (r.defined()) ref.inputs.push_back({"r", r});
+    for (const auto& name : tensor_names(Level::rope)) {
+      Tensor e = load(name, false, "");
+      expect_shape(name, e, x.shape(), why);
+      if (e.defined()) ref.expected.push_back({name, e});
+    }
+    ref.dims = Dims{.B = b, .T = t, .H = h, .d = d};
     ref.dtype = dtype_;
     return ref;
   }
@@ -416,6 +443,10 @@ CaseInputs seeded_inputs(Level level, const Dims& d, DType dt, std::uint64_t see
     in.wv = randn({d.D, d.D}, dt, gen, w_std);
     in.wo = randn({d.D, d.D}, dt, gen, w_std);
     in.r = randn({d.B, d.T, d.D}, dt, gen);
+  } else if (level == Level::rope) {
+    const Shape x_shape = d.H > 0 ? Shape{d.B, d.H, d.T, d.d} : Shape{d.B, d.T, d.d};
+    in.x = randn(x_shape, dt, gen);
+    in.r = randn(x_shape, dt, gen);
   } else {
     in.q = randn({d.B, d.H, d.Tq, d.d}, dt, gen);
     in.k = randn({d.B, d.H, d.Tk, d.d}, dt, gen);
@@ -439,7 +470,9 @@ CaseInputs make_inputs(const CaseSpec& spec) {
       const Tensor* t = find_tensor(files->inputs, name);
       return t ? *t : Tensor();
     };
-    if (spec.level == Level::mha) {
+    if (spec.level == Level::rope) {
+      in.x = get("x");
+    } else if (spec.level == Level::mha) {
       in.x = get("x");
       in.wq = get("wq");
       in.wk = get("wk");
@@ -452,7 +485,7 @@ CaseInputs make_inputs(const CaseSpec& spec) {
     }
     in.r = get("r");
     if (!in.r.defined()) {
-      Shape out_shape = spec.level == Level::mha ? in.x.shape() : in.q.shape();
+      Shape out_shape = spec.level != Level::core ? in.x.shape() : in.q.shape();
       if (spec.level == Level::core) out_shape.back() = in.v.size(-1);
       in.r = Tensor::ones(out_shape, spec.dtype);
     }
@@ -464,7 +497,7 @@ CaseInputs make_inputs(const CaseSpec& spec) {
   if (spec.rope && !in.positions.defined()) {
     Shape shape;
     const std::vector<std::int64_t> p =
-        rope_positions(*spec.rope, spec.dims.B, spec.level == Level::mha ? spec.dims.T : spec.dims.Tk, shape);
+        rope_positions(*spec.rope, spec.dims.B, spec.level == Level::core ? spec.dims.Tk : spec.dims.T, shape);
     if (!p.empty()) in.positions = positions_tensor(p, shape);
   }
   if (files && files->mask.defined()) {
@@ -472,7 +505,7 @@ CaseInputs make_inputs(const CaseSpec& spec) {
     check_mask_shape(spec, mask_key(spec), files->mask, mask_target(spec.dims), "mask file " + spec.mask_file.string());
     in.mask = files->mask;
   }
-  if (spec.level == Level::mha) {
+  if (spec.level != Level::core) {
     in.x = with_layout(in.x, spec.layout);
   } else {
     in.q = with_layout(in.q, spec.layout);
@@ -503,7 +536,9 @@ CaseInputs private_copy(const CaseInputs& in, InputLayout layout) {
 
 AttentionSpec attention_spec(const CaseSpec& c, const CaseInputs& in) {
   AttentionSpec s;
-  if (c.level == Level::mha) {
+  if (c.level == Level::rope) {
+    s.d_model = in.x.size(-1);  // one head of width d: only s.rope is read there
+  } else if (c.level == Level::mha) {
     s.d_model = in.x.size(-1);
     s.num_heads = c.dims.H;
   } else {
@@ -528,7 +563,9 @@ AttentionSpec attention_spec(const CaseSpec& c, const CaseInputs& in) {
 
 TensorSet input_tensors(const CaseInputs& in) {
   TensorSet out;
-  if (in.level == Level::mha) {
+  if (in.level == Level::rope) {
+    out = {{"x", in.x.clone()}};
+  } else if (in.level == Level::mha) {
     out = {{"x", in.x.clone()}, {"wq", in.wq.clone()}, {"wk", in.wk.clone()},
            {"wv", in.wv.clone()}, {"wo", in.wo.clone()}};
   } else {

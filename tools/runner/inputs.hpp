@@ -12,6 +12,7 @@
 //
 // A reference is a directory of plain .npy files, or one .npz file holding the
 // same members (numpy.savez(path, x=..., wq=...)):
+//   rope level: x [..., T, d] (any leading dims), optional r; expected out, dx
 //   mha level:  x [B, T, D], wq wk wv wo [D, D], optional r [B, T, D] (ones if
 //               absent); expected any of out, dx [B, T, D], dwq dwk dwv dwo [D, D]
 //   core level: q [B, H, Tq, d], k [B, H, Tk, d], v [B, H, Tk, dv], optional

@@ -27,7 +27,14 @@ std::string timeout_problem(double seconds) {
   return os.str();
 }
 
-std::string_view level_name(Level level) { return level == Level::mha ? "mha" : "core"; }
+std::string_view level_name(Level level) {
+  switch (level) {
+    case Level::mha: return "mha";
+    case Level::core: return "core";
+    case Level::rope: return "rope";
+  }
+  return "?";
+}
 
 std::string_view layout_name(InputLayout layout) {
   switch (layout) {
@@ -58,13 +65,15 @@ std::int64_t Dims::get(std::string_view name) const {
 const std::vector<std::string>& dim_names(Level level) {
   static const std::vector<std::string> mha = {"B", "T", "D", "H"};
   static const std::vector<std::string> core = {"B", "H", "Tq", "Tk", "d"};
-  return level == Level::mha ? mha : core;
+  static const std::vector<std::string> rope = {"B", "H", "T", "d"};
+  return level == Level::mha ? mha : level == Level::core ? core : rope;
 }
 
 const std::vector<std::string>& tensor_names(Level level) {
   static const std::vector<std::string> mha = {"out", "dx", "dwq", "dwk", "dwv", "dwo"};
   static const std::vector<std::string> core = {"out", "dq", "dk", "dv"};
-  return level == Level::mha ? mha : core;
+  static const std::vector<std::string> rope = {"out", "dx"};
+  return level == Level::mha ? mha : level == Level::core ? core : rope;
 }
 
 SourceLoc CaseSpec::where(const std::string& key) const {
@@ -153,7 +162,7 @@ std::vector<std::int64_t> rope_positions(const RopeCase& r, std::int64_t b, std:
 }
 
 std::string describe_case(const CaseSpec& c) {
-  std::string s = c.level == Level::mha ? "MHA(" : "CORE(";
+  std::string s = c.level == Level::mha ? "MHA(" : c.level == Level::core ? "CORE(" : "ROPE(";
   bool first = true;
   auto add = [&](const std::string& part) {
     s += (first ? "" : ",") + part;
@@ -349,13 +358,19 @@ void Parser::read_dims(const YAML::Node& map, Level level, const std::string& ke
   if (!map.IsMap())
     fail(map, "'" + key + "' must be a map of dims like {" + join(valid, ": .., ") +
                   ": ..}, got " + kind_of(map));
-  const Level other_level = level == Level::mha ? Level::core : Level::mha;
   for (auto it = map.begin(); it != map.end(); ++it) {
     const YAML::Node k = it->first;
     const std::string name = k.IsScalar() ? k.Scalar() : "";
     if (std::find(valid.begin(), valid.end(), name) == valid.end()) {
-      const auto& other = dim_names(other_level);
-      const bool other_level_dim = std::find(other.begin(), other.end(), name) != other.end();
+      Level other_level = level;
+      for (Level l : {Level::mha, Level::core, Level::rope}) {
+        const auto& dims = dim_names(l);
+        if (l != level && std::find(dims.begin(), dims.end(), name) != dims.end()) {
+          other_level = l;
+          break;
+        }
+      }
+      const bool other_level_dim = other_level != level;
       if (other_level_dim && from_defaults) continue;
       if (other_level_dim)
         fail(k, "'" + name + "' is a " + std::string(level_name(other_level)) + "-level dim; this case is level " +
@@ -491,7 +506,7 @@ void Parser::check_rope(const CaseSpec& c) const {
     fail(r.rotary_dim_at, "'rotary_dim' " + std::to_string(r.rotary_dim) + " is wider than the head width d=" +
                               std::to_string(d) + " (r <= d: the first r dims rotate)");
   if (r.rows.empty() && r.generator.empty()) return;
-  const bool mha = c.level == Level::mha;
+  const bool mha = c.level != Level::core;  // mha and rope: T tokens
   if (!mha && c.dims.Tq > 0 && c.dims.Tk > 0 && c.dims.Tq != c.dims.Tk)
     fail(r.positions_at, "explicit positions at core level need Tq = Tk (one position per token, shared by "
                          "queries and keys), got Tq=" + std::to_string(c.dims.Tq) + ", Tk=" +
@@ -630,7 +645,10 @@ std::vector<CaseSpec> Parser::parse_case(const YAML::Node& node, std::size_t ind
   auto has = [&](const char* key) { return keys.count(key) > 0; };
   auto val = [&](const char* key) -> const YAML::Node& { return keys.at(key).value; };
 
-  if (has("level")) c.level = choice(val("level"), "level", {"mha", "core"}) == "mha" ? Level::mha : Level::core;
+  if (has("level")) {
+    const std::string l = choice(val("level"), "level", {"mha", "core", "rope"});
+    c.level = l == "mha" ? Level::mha : l == "core" ? Level::core : Level::rope;
+  }
   if (has("dtype"))
     c.dtype = choice(val("dtype"), "dtype", {"float64", "float32"}) == "float64" ? DType::float64 : DType::float32;
   if (c.dtype == DType::float32) c.tolerance = {1e-5, 1e-4};  // float32 defaults, unless set below
@@ -716,6 +734,11 @@ std::vector<CaseSpec> Parser::parse_case(const YAML::Node& node, std::size_t ind
       fail(c.rope->positions_at, "a reference case takes its positions from the reference's positions.npy; "
                                  "its 'rope' block gives theta, style and rotary_dim (an offset at most)");
   }
+  if (c.level == Level::rope && !c.rope)
+    fail(has("level") ? val("level") : node, "'level: rope' needs a 'rope:' block (theta, style, rotary_dim, positions)");
+  if (c.level == Level::rope && (c.causal && has("causal") && keys["causal"].from_case))
+    fail(val("causal"), "'causal' means nothing at the rope level (no attention runs)");
+  if (c.level == Level::rope) c.causal = false;
   if (has("expect")) {
     for (const auto& [k, v] : entries(val("expect"), kExpectKeys, "'expect'")) {
       if (k.Scalar() == "fail") c.expect_fail = bool_value(v, "fail");
@@ -829,7 +852,7 @@ void Parser::finish_point(CaseSpec& c, const SourceLoc& at) const {
   } else {
     std::vector<std::string> missing;
     for (const auto& dim : dim_names(c.level))
-      if (c.dims.get(dim) == 0) missing.push_back(dim);
+      if (c.dims.get(dim) == 0 && !(c.level == Level::rope && dim == "H")) missing.push_back(dim);
     if (!missing.empty())
       fail(at, "missing shape dim" + std::string(missing.size() > 1 ? "s " : " ") + join(missing) +
                    " (" + std::string(level_name(c.level)) + " level needs " +
@@ -864,6 +887,9 @@ void check_suite_file(const fs::path& file) {
 
 double case_memory_bytes(const CaseSpec& c) {
   const Dims& d = c.dims;
+  if (c.level == Level::rope)  // x, r, out, dx, the cos/sin tables, a side's copies: a few times x
+    return 8.0 * static_cast<double>(d.B) * static_cast<double>(std::max<std::int64_t>(d.H, 1)) *
+           static_cast<double>(d.T) * static_cast<double>(d.d) * static_cast<double>(dtype_size(c.dtype));
   AttentionDims a;
   a.mha = c.level == Level::mha;
   a.B = static_cast<double>(d.B);
@@ -896,6 +922,7 @@ std::vector<std::pair<std::string, std::string>> missing_capabilities(const Case
   std::vector<std::pair<std::string, std::string>> out;
   if (c.level == Level::mha && !caps.mha) out.emplace_back("mha", "the case is at mha level");
   if (c.level == Level::core && !caps.core) out.emplace_back("core", "the case is at core level");
+  if (c.level == Level::rope && !caps.rope_level) out.emplace_back("rope-level", "the case is at rope level");
   if (c.causal && !caps.causal) out.emplace_back("causal", "the case is causal");
   if (!c.mask_file.empty() && !caps.bool_mask)
     out.emplace_back("mask", "the case has a boolean mask (" + c.mask_file.filename().string() + ")");
@@ -903,7 +930,7 @@ std::vector<std::pair<std::string, std::string>> missing_capabilities(const Case
     out.emplace_back("Tq!=Tk", "Tq=" + std::to_string(c.dims.Tq) + ", Tk=" + std::to_string(c.dims.Tk));
   if (c.dtype == DType::float32 && !caps.float32) out.emplace_back("float32", "dtype: float32");
   if (c.dtype == DType::float64 && !caps.float64) out.emplace_back("float64", "dtype: float64");
-  if (c.rope && !caps.rope) out.emplace_back("rope", "the case has a 'rope:' block");
+  if (c.rope && c.level != Level::rope && !caps.rope) out.emplace_back("rope", "the case has a 'rope:' block");
   return out;
 }
 

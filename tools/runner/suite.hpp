@@ -44,10 +44,11 @@ class ConfigError : public std::invalid_argument {
       : std::invalid_argument(where.str() + ": " + problem) {}
 };
 
-enum class Level { mha, core };
+// rope: the RoPE rotation alone, x [..., T, d] with positions -> out, dx.
+enum class Level { mha, core, rope };
 enum class InputLayout { contiguous, transposed, sliced };
 
-std::string_view level_name(Level level);           // "mha", "core"
+std::string_view level_name(Level level);           // "mha", "core", "rope"
 std::string_view layout_name(InputLayout layout);   // "contiguous", ...
 
 // allclose: |a - b| <= atol + rtol * |b|, b being the reference side.
@@ -57,6 +58,7 @@ struct Tolerance {
 };
 
 // The sizes of one case. mha: B, T, D, H (d = D / H). core: B, H, Tq, Tk, d.
+// rope: B, T, d and optionally H (x [B, H, T, d], else [B, T, d]).
 // 0 = not given: a reference case takes it from its files.
 struct Dims {
   std::int64_t B = 0, T = 0, D = 0, H = 0, Tq = 0, Tk = 0, d = 0;
@@ -136,7 +138,7 @@ struct Suite {
 };
 
 // The tensors a level produces, in report order:
-// mha: out, dx, dwq, dwk, dwv, dwo; core: out, dq, dk, dv.
+// mha: out, dx, dwq, dwk, dwv, dwo; core: out, dq, dk, dv; rope: out, dx.
 const std::vector<std::string>& tensor_names(Level level);
 
 // Timeouts are seconds in (0, kMaxTimeoutSeconds]: a day, far below where a
