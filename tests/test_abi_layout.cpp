@@ -41,13 +41,13 @@ static_assert(offsetof(hg::Capabilities, mha) == 0 && offsetof(hg::Capabilities,
               offsetof(hg::Capabilities, extra) == 16);
 static_assert(sizeof(hg::Attention) == 8);  // the vtable pointer
 static_assert(sizeof(hg::UnsupportedError) == 16);
-static_assert(sizeof(hg::AttentionSpec) == 280);
+static_assert(sizeof(hg::AttentionSpec) == 296);
 static_assert(offsetof(hg::AttentionSpec, d_model) == 0 && offsetof(hg::AttentionSpec, num_heads) == 8 &&
               offsetof(hg::AttentionSpec, num_kv_heads) == 16 && offsetof(hg::AttentionSpec, head_width) == 24 &&
               offsetof(hg::AttentionSpec, causal) == 32 && offsetof(hg::AttentionSpec, causal_alignment) == 36 &&
               offsetof(hg::AttentionSpec, scale) == 40 && offsetof(hg::AttentionSpec, dropout_p) == 56 &&
               offsetof(hg::AttentionSpec, dropout_seed) == 64 && offsetof(hg::AttentionSpec, mask) == 72 &&
-              offsetof(hg::AttentionSpec, rope) == 152);
+              offsetof(hg::AttentionSpec, rope) == 152 && offsetof(hg::AttentionSpec, rope_taps) == 280);
 static_assert(sizeof(hg::RopeSpec) == 128 && offsetof(hg::RopeSpec, enabled) == 0 &&
               offsetof(hg::RopeSpec, theta) == 8 && offsetof(hg::RopeSpec, style) == 16 &&
               offsetof(hg::RopeSpec, rotary_dim) == 24 && offsetof(hg::RopeSpec, positions) == 32 &&
@@ -108,7 +108,7 @@ std::string mismatch_of(const headgrad_build_info& b) {
 TEST(AbiLayout, HostTableHoldsThePinnedSizes) {
   Doctored d;
   EXPECT_EQ(d.row("PluginInfo").size, 144u);
-  EXPECT_EQ(d.row("AttentionSpec").size, 280u);
+  EXPECT_EQ(d.row("AttentionSpec").size, 296u);
   EXPECT_EQ(d.row("MemoryStats").size, 40u);
   EXPECT_EQ(d.row("Tensor").size, 80u);
   EXPECT_EQ(d.row("std::string").size, 32u);

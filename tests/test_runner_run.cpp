@@ -634,3 +634,47 @@ TEST_F(RunnerTest, RopeLevelChecksAReferenceWithAnyLeadingDims) {
                 .find("'rotary_dim' 6 is wider than the head width d=4"),
             std::string::npos);
 }
+
+// taps: q and k after the rotation. A uniform shift of every position (here:
+// the reference's positions.npy moved by +7 against the positions the
+// reference was made with) leaves out and every gradient equal; only the
+// taps differ.
+TEST_F(RunnerTest, TapsSeeAUniformPositionShiftThatNothingElseSees) {
+  const std::string rope = "rope: {style: half, rotary_dim: 4, positions: [[0, 2, 5, 9, 10], [1000, 1001, 1007, 1012, 1013]]}";
+  Suite gen = suite_from("cases:\n  - {name: g, compare: [per_head, batched], causal: true, seed: 6, "
+                         "shape: {B: 2, T: 5, D: 12, H: 2}, taps: [q_rot, k_rot], " + rope + "}\n");
+  EXPECT_EQ(gen.cases[0].check, (std::vector<std::string>{"out", "dx", "dwq", "dwk", "dwv", "dwo", "q_rot", "k_rot"}));
+  // per_head rotates one head at a time, batched all at once: the taps agree
+  const CaseResult pair = run_case(gen.cases[0], *registry_, {});
+  EXPECT_EQ(pair.status, CaseStatus::pass) << pair.cause;
+  ASSERT_EQ(pair.tensors.size(), 8u);
+  EXPECT_EQ(pair.tensors[6].name, "q_rot");
+  // q_rot is the engine's rotation of x Wq^T split into heads
+  const CaseInputs in = make_inputs(gen.cases[0]);
+  const TensorSet side = compute_side(gen.cases[0], in, *registry_->get("per_head").attention);
+  const Tensor* q_rot = find_tensor(side, "q_rot");
+  ASSERT_TRUE(q_rot && q_rot->defined());
+  EXPECT_EQ(q_rot->shape(), (Shape{2, 2, 5, 6}));
+  const Tensor want = headgrad::rope(split_heads(linear(Variable(in.x), Variable(in.wq)), 2),
+                           attention_spec(gen.cases[0], in).rope).data();
+  const std::vector<double> a = q_rot->to_vector(), b = want.to_vector();
+  for (std::size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-12) << i;
+
+  write_reference(gen.cases[0], dir_ / "ref");
+  ASSERT_TRUE(fs::exists(dir_ / "ref" / "k_rot.npy"));
+  write_int64_npy(dir_ / "ref" / "positions.npy", {7, 9, 12, 16, 17, 1007, 1008, 1014, 1019, 1020}, {2, 5});
+  Suite shifted = suite_from("cases:\n  - {name: s, compare: [batched], reference: ref, causal: true, shape: {H: 2}, "
+                             "taps: [q_rot, k_rot], rope: {style: half, rotary_dim: 4}}\n");
+  const CaseResult r = run_case(shifted.cases[0], *registry_, {});
+  EXPECT_EQ(r.status, CaseStatus::fail);
+  EXPECT_EQ(r.cause, "2 of 8 tensors differ: q_rot, k_rot");
+  for (std::size_t i = 0; i < 6; ++i) EXPECT_TRUE(r.tensors[i].allclose) << r.tensors[i].name;
+
+  EXPECT_NE(load_error("cases:\n  - {name: t, compare: [per_head, batched], shape: {B: 1, T: 2, D: 4, H: 2}, taps: [q_rot]}\n")
+                .find("'taps' needs a 'rope:' block"),
+            std::string::npos);
+  EXPECT_NE(load_error("cases:\n  - {name: t, compare: [per_head, batched], shape: {B: 1, T: 2, D: 4, H: 2}, taps: [q_rto], "
+                       "rope: {}}\n")
+                .find("(did you mean 'q_rot'?)"),
+            std::string::npos);
+}

@@ -115,6 +115,7 @@ class ReferenceReader {
     warn_unknown_files();
     ReferenceData ref = c_.level == Level::mha ? read_mha() : c_.level == Level::core ? read_core() : read_rope();
     read_positions(ref);
+    read_taps(ref);
     return ref;
   }
 
@@ -221,6 +222,19 @@ class ReferenceReader {
       if (p.flat(i) != std::floor(p.flat(i)) || p.flat(i) < 0)
         fail(file("positions") + " holds " + std::to_string(p.flat(i)) + "; positions are integers >= 0");
     ref.positions = p.to(DType::float64);
+  }
+
+  // q_rot [B, H, Tq, d], k_rot [B, Hkv, Tk, d]: q and k after the rotation,
+  // read when the case lists them in `taps`.
+  void read_taps(ReferenceData& ref) {
+    for (const auto& tap : c_.taps) {
+      Tensor t = load(tap, true, "the case's 'taps' lists " + tap);
+      const std::int64_t t_len = c_.level == Level::core ? (tap == "q_rot" ? ref.dims.Tq : ref.dims.Tk) : ref.dims.T;
+      if (t.dim() != 4 || t.size(0) != ref.dims.B || t.size(2) != t_len || t.size(3) != ref.dims.head_dim())
+        fail(file(tap) + " has shape " + shape_str(t.shape()) + ", expected [B, heads, T, d] with B=" +
+             std::to_string(ref.dims.B) + ", T=" + std::to_string(t_len) + ", d=" + std::to_string(ref.dims.head_dim()));
+      ref.expected.push_back({tap, t});
+    }
   }
 
   void warn_unknown_files() const {

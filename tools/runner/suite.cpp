@@ -193,7 +193,7 @@ const std::vector<std::string> kTopKeys = {"suite", "description", "defaults", "
 const std::vector<std::string> kCaseKeys = {
     "name",  "description", "compare", "reference", "level",     "shape",     "sweep",
     "dtype", "causal",      "scale",   "dropout_p", "mask",      "input_layout", "seed",
-    "atol",  "rtol",        "tolerance", "check",   "expect",    "timeout", "rope"};
+    "atol",  "rtol",        "tolerance", "check",   "expect",    "timeout", "rope", "taps"};
 const std::vector<std::string> kRopeKeys = {"theta", "style", "rotary_dim", "positions", "q_offset"};
 const std::vector<std::string> kExpectKeys = {"fail", "diagnosis"};
 const std::vector<std::string> kToleranceKeys = {"atol", "rtol"};
@@ -777,6 +777,22 @@ std::vector<CaseSpec> Parser::parse_case(const YAML::Node& node, std::size_t ind
     c.check_strict = e.from_case;
   }
   if (c.check.empty()) c.check = level_tensors;
+  if (has("taps")) {
+    const YAML::Node& v = val("taps");
+    for (const auto& t : string_list(v, "taps")) {
+      if (t != "q_rot" && t != "k_rot") {
+        const std::string near = closest_match(t, {"q_rot", "k_rot"});
+        fail(v, "'taps' takes q_rot and k_rot (q and k after the rotation), got '" + t + "'" +
+                    (near.empty() ? "" : " (did you mean '" + near + "'?)"));
+      }
+      if (std::find(c.taps.begin(), c.taps.end(), t) != c.taps.end()) fail(v, "'taps' lists " + t + " twice");
+      c.taps.push_back(t);
+    }
+    if (!c.taps.empty() && !c.rope) fail(v, "'taps' needs a 'rope:' block (they are q and k after the rotation)");
+    if (!c.taps.empty() && c.level == Level::rope)
+      fail(v, "'taps' belongs to the mha and core levels; at the rope level out is the rotated tensor");
+    c.check.insert(c.check.end(), c.taps.begin(), c.taps.end());
+  }
 
   std::vector<DimValues> shape, sweep;
   for (const char* key : {"shape", "sweep"}) {

@@ -114,6 +114,7 @@ struct CaseSpec {
   std::optional<double> scale;         // default 1/sqrt(d)
   std::filesystem::path mask_file;     // core level bool mask (.npy); empty: none
   std::optional<RopeCase> rope;        // the `rope:` block; none: no rotation
+  std::vector<std::string> taps;       // q_rot, k_rot: compared too (also listed in `check`)
   InputLayout layout = InputLayout::contiguous;
   std::uint64_t seed = 0;
   Tolerance tolerance;
