@@ -1,5 +1,5 @@
 // The plugin ABI's layout, pinned: the sizes and offsets of every type that
-// crosses the plugin boundary, as of HEADGRAD_PLUGIN_ABI_VERSION 3 on LP64
+// crosses the plugin boundary, as of HEADGRAD_PLUGIN_ABI_VERSION 4 on LP64
 // libstdc++ (x86-64, aarch64) with the C++11 string ABI. A change to any of
 // these types fails to compile here: bump HEADGRAD_PLUGIN_ABI_VERSION in
 // <headgrad/abi.hpp> and write the new numbers below. Then the build
@@ -19,8 +19,8 @@ using headgrad::test::contains;
 
 namespace {
 
-static_assert(HEADGRAD_PLUGIN_ABI_VERSION == 3,
-              "the numbers below are ABI 3's: write the new ABI's layout here");
+static_assert(HEADGRAD_PLUGIN_ABI_VERSION == 4,
+              "the numbers below are ABI 4's: write the new ABI's layout here");
 
 #if defined(__LP64__) && defined(__GLIBCXX__) && _GLIBCXX_USE_CXX11_ABI
 // offsetof on classes with std members is conditionally supported; GCC and
@@ -37,16 +37,17 @@ static_assert(offsetof(hg::Capabilities, mha) == 0 && offsetof(hg::Capabilities,
               offsetof(hg::Capabilities, cross_lengths) == 4 && offsetof(hg::Capabilities, float32) == 5 &&
               offsetof(hg::Capabilities, float64) == 6 && offsetof(hg::Capabilities, dropout) == 7 &&
               offsetof(hg::Capabilities, grouped_kv) == 8 && offsetof(hg::Capabilities, rope) == 9 &&
+              offsetof(hg::Capabilities, rope_level) == 10 &&
               offsetof(hg::Capabilities, extra) == 16);
 static_assert(sizeof(hg::Attention) == 8);  // the vtable pointer
 static_assert(sizeof(hg::UnsupportedError) == 16);
-static_assert(sizeof(hg::AttentionSpec) == 280);
+static_assert(sizeof(hg::AttentionSpec) == 296);
 static_assert(offsetof(hg::AttentionSpec, d_model) == 0 && offsetof(hg::AttentionSpec, num_heads) == 8 &&
               offsetof(hg::AttentionSpec, num_kv_heads) == 16 && offsetof(hg::AttentionSpec, head_width) == 24 &&
               offsetof(hg::AttentionSpec, causal) == 32 && offsetof(hg::AttentionSpec, causal_alignment) == 36 &&
               offsetof(hg::AttentionSpec, scale) == 40 && offsetof(hg::AttentionSpec, dropout_p) == 56 &&
               offsetof(hg::AttentionSpec, dropout_seed) == 64 && offsetof(hg::AttentionSpec, mask) == 72 &&
-              offsetof(hg::AttentionSpec, rope) == 152);
+              offsetof(hg::AttentionSpec, rope) == 152 && offsetof(hg::AttentionSpec, rope_taps) == 280);
 static_assert(sizeof(hg::RopeSpec) == 128 && offsetof(hg::RopeSpec, enabled) == 0 &&
               offsetof(hg::RopeSpec, theta) == 8 && offsetof(hg::RopeSpec, style) == 16 &&
               offsetof(hg::RopeSpec, rotary_dim) == 24 && offsetof(hg::RopeSpec, positions) == 32 &&
@@ -107,14 +108,14 @@ std::string mismatch_of(const headgrad_build_info& b) {
 TEST(AbiLayout, HostTableHoldsThePinnedSizes) {
   Doctored d;
   EXPECT_EQ(d.row("PluginInfo").size, 144u);
-  EXPECT_EQ(d.row("AttentionSpec").size, 280u);
+  EXPECT_EQ(d.row("AttentionSpec").size, 296u);
   EXPECT_EQ(d.row("MemoryStats").size, 40u);
   EXPECT_EQ(d.row("Tensor").size, 80u);
   EXPECT_EQ(d.row("std::string").size, 32u);
   EXPECT_EQ(d.row("std::shared_ptr").size, 16u);
   EXPECT_EQ(d.row("std::function").size, 32u);
   EXPECT_EQ(d.row("std::map").size, 48u);
-  EXPECT_EQ(d.info.abi_version, 3u);
+  EXPECT_EQ(d.info.abi_version, 4u);
   EXPECT_EQ(d.info.cxx11_abi, 1);
   EXPECT_EQ(d.info.stdlib, HEADGRAD_STDLIB_LIBSTDCXX);
   EXPECT_EQ(d.info.cplusplus, 202002);
@@ -176,7 +177,7 @@ TEST(AbiLayout, AnotherAbiVersionSaysOnlyThat) {
   d.info.abi_version = 1;
   d.info.cxx11_abi = 0;  // not comparable across versions: not reported
   d.info.headgrad_version = "0.0.9";
-  EXPECT_EQ(mismatch_of(d.get()), "built for plugin ABI version 1 (headgrad 0.0.9), headgrad uses 3");
+  EXPECT_EQ(mismatch_of(d.get()), "built for plugin ABI version 1 (headgrad 0.0.9), headgrad uses 4");
 }
 
 TEST(AbiLayout, NotADescriptionAtAll) {

@@ -500,3 +500,30 @@ TEST(Npz, MemberThatIsNotAnNpyImage) {
 }
 
 }  // namespace
+
+namespace {
+
+std::string i8_bytes(const std::vector<std::int64_t>& values) {
+  return {reinterpret_cast<const char*>(values.data()), values.size() * sizeof(std::int64_t)};
+}
+
+}  // namespace
+
+// Token positions arrive as int64 ('<i8'); read_npy_integers reads them as float64 values.
+TEST(NpyIntegers, Int64ReadsAsFloat64AndOnlyThere) {
+  const fs::path file = test_dir() / "positions.npy";
+  const std::string header = "{'descr': '<i8', 'fortran_order': False, 'shape': (2, 3), }\n";
+  write_bytes(file, npy_image(1, header, i8_bytes({0, 3, 7, 1000, 1002, 9007199254740992})));
+  const hg::Tensor p = hg::read_npy_integers(file);
+  EXPECT_EQ(p.dtype(), hg::DType::float64);
+  EXPECT_EQ(p.shape(), (hg::Shape{2, 3}));
+  EXPECT_EQ(p.to_vector(), (std::vector<double>{0, 3, 7, 1000, 1002, 9007199254740992.0}));
+  expect_npy_error([&] { hg::read_npy(file); }, {file.string(), "unsupported dtype '<i8'"});
+  // floats still read as they are
+  write_bytes(file, npy_image(1, f8_header("(2,)"), f8_bytes({1.5, 2.0})));
+  EXPECT_EQ(hg::read_npy_integers(file).to_vector(), (std::vector<double>{1.5, 2.0}));
+  // 2^53 + 1 is not exact in float64
+  write_bytes(file, npy_image(1, "{'descr': '<i8', 'fortran_order': False, 'shape': (1,), }\n",
+                              i8_bytes({9007199254740993})));
+  expect_npy_error([&] { hg::read_npy_integers(file); }, {file.string(), "9007199254740993", "2^53"});
+}

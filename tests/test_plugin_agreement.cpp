@@ -1158,3 +1158,70 @@ TEST_F(PluginTest, MutantCausalAlignmentShowsOnlyWhenTqDiffersFromTk) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------- 9. the rope level
+
+// rope_forward against the rotation written out by hand: pair k of the first r
+// dims, (2k, 2k+1) interleaved or (k, k + r/2) half, turns by p * theta^(-2k/r);
+// the loss sum(out * r) has dx = R^T r, the turn by -phi; dims [r, d) pass through.
+TEST_F(PluginTest, RopeLevelMatchesTheRotationByHand) {
+  require_plugins({"per_head", "batched", "fused_sdpa"});
+  const std::int64_t B = 2, H = 3, T = 5, d = 10, r = 6;
+  Generator gen(91);
+  const Tensor x = randn({B, H, T, d}, DType::float64, gen);
+  const Tensor w = randn({B, H, T, d}, DType::float64, gen);
+  const std::vector<std::int64_t> pos = {0, 2, 3, 9, 40, 1000, 1001, 1007, 1008, 1030};  // [B, T]
+  for (RopeStyle style : {RopeStyle::interleaved, RopeStyle::half}) {
+    SCOPED_TRACE(rope_style_name(style));
+    RopeSpec spec;
+    spec.style = style;
+    spec.theta = 500000.0;
+    spec.rotary_dim = r;
+    spec.positions = positions_tensor(pos, {B, T});
+    Tensor want_out = x.clone(), want_dx = w.clone();
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t t = 0; t < T; ++t)
+          for (std::int64_t k = 0; k < r / 2; ++k) {
+            const double phi = static_cast<double>(pos[b * T + t]) * std::pow(500000.0, -2.0 * k / r);
+            const std::int64_t i = style == RopeStyle::interleaved ? 2 * k : k;
+            const std::int64_t j = style == RopeStyle::interleaved ? 2 * k + 1 : k + r / 2;
+            const double a = x.at({b, h, t, i}), c = x.at({b, h, t, j});
+            want_out.set({b, h, t, i}, a * std::cos(phi) - c * std::sin(phi));
+            want_out.set({b, h, t, j}, a * std::sin(phi) + c * std::cos(phi));
+            const double ga = w.at({b, h, t, i}), gc = w.at({b, h, t, j});
+            want_dx.set({b, h, t, i}, ga * std::cos(phi) + gc * std::sin(phi));
+            want_dx.set({b, h, t, j}, -ga * std::sin(phi) + gc * std::cos(phi));
+          }
+    for (const std::string name : {"per_head", "batched", "fused_sdpa"}) {
+      SCOPED_TRACE(name);
+      EXPECT_TRUE(registry_->find(name)->info.capabilities.rope_level);
+      Variable xv(x.clone(), true);
+      const Variable out = plugin(name).rope_forward(xv, spec);
+      sum(mul(out, Variable(w))).backward();
+      EXPECT_TRUE(all_close("out", out.data(), want_out));
+      EXPECT_TRUE(all_close("dx", xv.grad(), want_dx));
+      // the pass-through dims are bitwise x's
+      for (std::int64_t i = 0; i < x.numel(); ++i)
+        if (i % d >= r) ASSERT_EQ(out.data().contiguous().flat(i), x.flat(i)) << "flat " << i;
+    }
+  }
+}
+
+// A plugin that does not implement the rope level says so, naming itself.
+TEST_F(PluginTest, RopeLevelDefaultIsUnsupported) {
+  struct CoreOnly final : Attention {
+    PluginInfo info() const override {
+      PluginInfo i;
+      i.name = "core_only";
+      return i;
+    }
+  };
+  const CoreOnly p;
+  try {
+    p.rope_forward(Variable(Tensor::zeros({2, 4}, DType::float64)), RopeSpec{});
+    FAIL() << "no error";
+  } catch (const UnsupportedError& e) {
+    EXPECT_EQ(std::string(e.what()), "plugin 'core_only' does not implement the rope level");
+  }
+}

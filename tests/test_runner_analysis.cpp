@@ -270,7 +270,8 @@ TEST_F(Analysis, DefaultSuiteCatchesAndNamesTheEdgeCaseBugs) {
   for (const std::string bug : {"mask_fill_finite", "softmax_no_max_subtraction", "causal_alignment"}) {
     std::size_t caught = 0, named = 0;
     for (CaseSpec c : suite.cases) {
-      if (c.level != Level::core || c.is_reference()) continue;
+      // (RoPE cases left out: the mutants do not rotate, so they fail there for that)
+      if (c.level != Level::core || c.is_reference() || c.rope) continue;
       c.compare = {"mutant_" + bug, "per_head"};
       const CaseResult r = check_case(c, *registry_, {});
       if (r.status == CaseStatus::pass) continue;
@@ -461,3 +462,43 @@ TEST(MutantsSuiteCli, PrintsAFullMutationScore) {
 }
 
 }  // namespace
+
+namespace {
+
+bool has_condition(const std::vector<WeakSuiteWarning>& ws, const std::string& start) {
+  for (const auto& w : ws)
+    if (w.condition.rfind(start, 0) == 0) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST(WeakSuite, RopeBlindSpots) {
+  // T = 1, r = 2, positions 5..5+T-1, all below 1000, no rope level, no taps
+  const auto weak = warnings_for(
+      "  - {name: a, compare: [per_head, batched], shape: {B: 2, T: 1, D: 8, H: 2}, causal: true, "
+      "rope: {rotary_dim: 2, positions: {offset: 5}}}\n");
+  EXPECT_TRUE(has_condition(weak, "every attention case with RoPE has T = 1"));
+  EXPECT_TRUE(warns(weak, "every RoPE case has rotary_dim 2 (one pair: both pairings are the same)", "rope_style_swapped"));
+  EXPECT_TRUE(warns(weak, "every RoPE case has positions arange + c", "rope_positions_ignored"));
+  EXPECT_TRUE(has_condition(weak, "no RoPE case has a position >= 1000"));
+  EXPECT_TRUE(has_condition(weak, "no case is at the rope level and none has taps"));
+
+  // each blind spot closed by one case: T > 1 and r = 4 with gapped rows reaching 1000, and taps
+  const auto strong = warnings_for(
+      "  - {name: a, compare: [per_head, batched], shape: {B: 2, T: 4, D: 8, H: 2}, causal: true, "
+      "rope: {positions: {generator: gapped, start: 1000}}, taps: [q_rot]}\n");
+  for (const auto& w : strong) EXPECT_EQ(w.condition.find("RoPE"), std::string::npos) << w.message;
+  EXPECT_FALSE(has_condition(strong, "no case is at the rope level"));
+  // 997 + 3 = 1000 counts; a list [0, 1, 2, 3] is an arange
+  const auto edge = warnings_for(
+      "  - {name: a, compare: [per_head, batched], shape: {B: 2, T: 4, D: 8, H: 2}, causal: true, "
+      "rope: {positions: {offset: 997}}}\n"
+      "  - {name: b, level: rope, compare: [per_head, batched], shape: {B: 1, T: 4, d: 4}, rope: {positions: [0, 1, 2, 3]}}\n");
+  EXPECT_FALSE(has_condition(edge, "no RoPE case has a position >= 1000"));
+  EXPECT_TRUE(has_condition(edge, "every RoPE case has positions arange + c"));
+  EXPECT_FALSE(has_condition(edge, "no case is at the rope level"));
+  // suites without RoPE get no RoPE warning
+  for (const auto& w : warnings_for("  - {name: a, compare: [per_head, batched], shape: {B: 2, T: 4, D: 8, H: 2}}\n"))
+    EXPECT_EQ(w.condition.find("RoPE"), std::string::npos) << w.message;
+}

@@ -595,3 +595,156 @@ TEST_F(RunnerTest, CommittedGroupedKvReferencesPass) {
 }
 
 }  // namespace
+
+namespace {
+
+// An int64 .npy as numpy writes it ('<i8', version 1.0): write_npy has no integer dtype.
+void write_int64_npy(const fs::path& file, const std::vector<std::int64_t>& values, const Shape& shape) {
+  std::string dims;
+  for (std::size_t i = 0; i < shape.size(); ++i) dims += (i ? ", " : "") + std::to_string(shape[i]);
+  if (shape.size() == 1) dims += ",";
+  std::string header = "{'descr': '<i8', 'fortran_order': False, 'shape': (" + dims + "), }";
+  header.append(64 - (10 + header.size() + 1) % 64, ' ');
+  header += '\n';
+  std::ofstream f(file, std::ios::binary);
+  f.write("\x93NUMPY\x01\x00", 8);
+  const auto len = static_cast<std::uint16_t>(header.size());
+  f.write(reinterpret_cast<const char*>(&len), 2);
+  f << header;
+  f.write(reinterpret_cast<const char*>(values.data()), static_cast<std::streamsize>(values.size() * 8));
+}
+
+}  // namespace
+
+TEST_F(RunnerTest, RopeCaseRotatesQAndKOnBothSides) {
+  const std::string shape = "shape: {B: 2, T: 5, D: 8, H: 2}, causal: true, seed: 4";
+  Suite s = suite_from("cases:\n  - {name: r, compare: [per_head, batched], " + shape +
+                       ", rope: {style: half, rotary_dim: 2, positions: {generator: gapped, start: 1000}}}\n"
+                       "  - {name: plain, compare: [per_head, batched], " + shape + "}\n");
+  const CaseInputs in = make_inputs(s.cases[0]);
+  const AttentionSpec spec = attention_spec(s.cases[0], in);
+  EXPECT_TRUE(spec.rope.enabled);
+  EXPECT_EQ(spec.rope.style, RopeStyle::half);
+  EXPECT_EQ(spec.rope.rotary_dim, 2);
+  ASSERT_EQ(spec.rope.positions.shape(), (Shape{2, 5}));
+  EXPECT_EQ(spec.rope.positions.to_vector(), (std::vector<double>{0, 1, 3, 6, 7, 1000, 1001, 1003, 1006, 1007}));
+  EXPECT_FALSE(attention_spec(s.cases[1], make_inputs(s.cases[1])).rope.enabled);
+
+  const CaseResult ok = run_case(s.cases[0], *registry_, {});
+  EXPECT_EQ(ok.status, CaseStatus::pass) << ok.cause;
+  // the rotation reached the plugin: same inputs without rope give another out
+  const Tensor rotated = compute_side(s.cases[0], in, *registry_->get("per_head").attention)[0].tensor;
+  const Tensor plain = compute_side(s.cases[1], make_inputs(s.cases[1]), *registry_->get("per_head").attention)[0].tensor;
+  const std::vector<double> a = rotated.to_vector(), b = plain.to_vector();
+  double biggest = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) biggest = std::max(biggest, std::abs(a[i] - b[i]));
+  EXPECT_GT(biggest, 1e-3);
+}
+
+TEST_F(RunnerTest, RopeReferenceReadsInt64Positions) {
+  const std::string rope = "rope: {theta: 500000, style: half, rotary_dim: 4, positions: [[0, 2, 5, 9], [1000, 1001, 1007, 1012]]}";
+  Suite gen = suite_from("cases:\n  - {name: g, compare: [per_head, batched], causal: true, seed: 2, "
+                         "shape: {B: 2, T: 4, D: 12, H: 2}, " + rope + "}\n");
+  write_reference(gen.cases[0], dir_ / "ref");
+  const std::vector<std::int64_t> positions = {0, 2, 5, 9, 1000, 1001, 1007, 1012};
+  write_int64_npy(dir_ / "ref" / "positions.npy", positions, {2, 4});
+  const std::string yaml = "cases:\n  - {name: vs-ref, compare: [batched], reference: ref, causal: true, shape: {H: 2}, "
+                           "rope: {theta: 500000, style: half, rotary_dim: 4}}\n";
+  Suite s = suite_from(yaml);
+  ASSERT_TRUE(s.cases[0].files->positions.defined());
+  EXPECT_EQ(s.cases[0].files->positions.to_vector(), (std::vector<double>{0, 2, 5, 9, 1000, 1001, 1007, 1012}));
+  const CaseResult ok = run_case(s.cases[0], *registry_, {});
+  EXPECT_EQ(ok.status, CaseStatus::pass) << ok.cause;
+
+  // the other pairing does not match the reference
+  Suite other = suite_from("cases:\n  - {name: vs-ref, compare: [batched], reference: ref, causal: true, shape: {H: 2}, "
+                           "rope: {theta: 500000, style: interleaved, rotary_dim: 4}}\n");
+  EXPECT_EQ(run_case(other.cases[0], *registry_, {}).status, CaseStatus::fail);
+
+  // positions of the wrong length name the file and both shapes
+  write_int64_npy(dir_ / "ref" / "positions.npy", {0, 1, 2}, {3});
+  const std::string e = load_error(yaml);
+  EXPECT_NE(e.find("positions.npy has shape [3], expected [T] = [4] or [B, T] = [2, 4]"), std::string::npos) << e;
+}
+
+// level: rope against a reference directory of x [B, T, d] (CS336's run_rope
+// layout) with int64 positions; the other pairing or a shifted position fails.
+TEST_F(RunnerTest, RopeLevelChecksAReferenceWithAnyLeadingDims) {
+  Suite gen = suite_from("cases:\n  - {name: g, level: rope, compare: [per_head, batched], seed: 5, shape: {B: 2, T: 4, d: 8}, "
+                         "rope: {style: half, positions: [[0, 3, 4, 9], [1000, 1002, 1003, 1010]]}}\n");
+  EXPECT_EQ(describe_case(gen.cases[0]), "ROPE(B=2,T=4,d=8,rope=half,positions[B,T])");
+  const CaseResult pair = run_case(gen.cases[0], *registry_, {});
+  EXPECT_EQ(pair.status, CaseStatus::pass) << pair.cause;
+  ASSERT_EQ(pair.tensors.size(), 2u);
+  EXPECT_EQ(pair.tensors[1].name, "dx");
+  write_reference(gen.cases[0], dir_ / "ref");
+  write_int64_npy(dir_ / "ref" / "positions.npy", {0, 3, 4, 9, 1000, 1002, 1003, 1010}, {2, 4});
+  EXPECT_EQ(read_npy(dir_ / "ref" / "x.npy").shape(), (Shape{2, 4, 8}));
+
+  auto vs_ref = [&](const std::string& rope) {
+    return suite_from("cases:\n  - {name: vs-ref, level: rope, compare: [batched], reference: ref, rope: " + rope + "}\n");
+  };
+  Suite s = vs_ref("{style: half}");
+  EXPECT_EQ(s.cases[0].dims.T, 4);
+  EXPECT_EQ(s.cases[0].dims.d, 8);
+  const CaseResult ok = run_case(s.cases[0], *registry_, {});
+  EXPECT_EQ(ok.status, CaseStatus::pass) << ok.cause;
+  EXPECT_EQ(run_case(vs_ref("{style: interleaved}").cases[0], *registry_, {}).status, CaseStatus::fail);
+  // one position moved by one: out and dx of that token differ
+  write_int64_npy(dir_ / "ref" / "positions.npy", {0, 3, 4, 9, 1000, 1002, 1004, 1010}, {2, 4});
+  const CaseResult moved = run_case(vs_ref("{style: half}").cases[0], *registry_, {});
+  EXPECT_EQ(moved.status, CaseStatus::fail);
+  EXPECT_EQ(moved.cause, "2 of 2 tensors differ: out, dx");
+
+  EXPECT_NE(load_error("cases:\n  - {name: r, level: rope, compare: [per_head, batched], shape: {B: 1, T: 2, d: 4}}\n")
+                .find("'level: rope' needs a 'rope:' block"),
+            std::string::npos);
+  EXPECT_NE(load_error("cases:\n  - {name: r, level: rope, compare: [per_head, batched], shape: {B: 1, T: 2, d: 4}, "
+                       "rope: {rotary_dim: 6}}\n")
+                .find("'rotary_dim' 6 is wider than the head width d=4"),
+            std::string::npos);
+}
+
+// taps: q and k after the rotation. A uniform shift of every position (here:
+// the reference's positions.npy moved by +7 against the positions the
+// reference was made with) leaves out and every gradient equal; only the
+// taps differ.
+TEST_F(RunnerTest, TapsSeeAUniformPositionShiftThatNothingElseSees) {
+  const std::string rope = "rope: {style: half, rotary_dim: 4, positions: [[0, 2, 5, 9, 10], [1000, 1001, 1007, 1012, 1013]]}";
+  Suite gen = suite_from("cases:\n  - {name: g, compare: [per_head, batched], causal: true, seed: 6, "
+                         "shape: {B: 2, T: 5, D: 12, H: 2}, taps: [q_rot, k_rot], " + rope + "}\n");
+  EXPECT_EQ(gen.cases[0].check, (std::vector<std::string>{"out", "dx", "dwq", "dwk", "dwv", "dwo", "q_rot", "k_rot"}));
+  // per_head rotates one head at a time, batched all at once: the taps agree
+  const CaseResult pair = run_case(gen.cases[0], *registry_, {});
+  EXPECT_EQ(pair.status, CaseStatus::pass) << pair.cause;
+  ASSERT_EQ(pair.tensors.size(), 8u);
+  EXPECT_EQ(pair.tensors[6].name, "q_rot");
+  // q_rot is the engine's rotation of x Wq^T split into heads
+  const CaseInputs in = make_inputs(gen.cases[0]);
+  const TensorSet side = compute_side(gen.cases[0], in, *registry_->get("per_head").attention);
+  const Tensor* q_rot = find_tensor(side, "q_rot");
+  ASSERT_TRUE(q_rot && q_rot->defined());
+  EXPECT_EQ(q_rot->shape(), (Shape{2, 2, 5, 6}));
+  const Tensor want = headgrad::rope(split_heads(linear(Variable(in.x), Variable(in.wq)), 2),
+                           attention_spec(gen.cases[0], in).rope).data();
+  const std::vector<double> a = q_rot->to_vector(), b = want.to_vector();
+  for (std::size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-12) << i;
+
+  write_reference(gen.cases[0], dir_ / "ref");
+  ASSERT_TRUE(fs::exists(dir_ / "ref" / "k_rot.npy"));
+  write_int64_npy(dir_ / "ref" / "positions.npy", {7, 9, 12, 16, 17, 1007, 1008, 1014, 1019, 1020}, {2, 5});
+  Suite shifted = suite_from("cases:\n  - {name: s, compare: [batched], reference: ref, causal: true, shape: {H: 2}, "
+                             "taps: [q_rot, k_rot], rope: {style: half, rotary_dim: 4}}\n");
+  const CaseResult r = run_case(shifted.cases[0], *registry_, {});
+  EXPECT_EQ(r.status, CaseStatus::fail);
+  EXPECT_EQ(r.cause, "2 of 8 tensors differ: q_rot, k_rot");
+  for (std::size_t i = 0; i < 6; ++i) EXPECT_TRUE(r.tensors[i].allclose) << r.tensors[i].name;
+
+  EXPECT_NE(load_error("cases:\n  - {name: t, compare: [per_head, batched], shape: {B: 1, T: 2, D: 4, H: 2}, taps: [q_rot]}\n")
+                .find("'taps' needs a 'rope:' block"),
+            std::string::npos);
+  EXPECT_NE(load_error("cases:\n  - {name: t, compare: [per_head, batched], shape: {B: 1, T: 2, D: 4, H: 2}, taps: [q_rto], "
+                       "rope: {}}\n")
+                .find("(did you mean 'q_rot'?)"),
+            std::string::npos);
+}

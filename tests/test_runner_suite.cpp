@@ -603,3 +603,97 @@ TEST(SuiteGroupedKv, CapabilityAndMemory) {
 }
 
 }  // namespace
+
+// ---- the rope: block
+
+TEST(SuiteRope, ReadsTheBlockAndDescribesIt) {
+  const CaseSpec c = only_case(parse(R"(
+cases:
+  - name: r
+    compare: [a, b]
+    shape: {B: 2, T: 3, D: 12, H: 2}
+    rope: {theta: 500000, style: half, rotary_dim: 4, positions: [[0, 5, 9], [1000, 1003, 1010]]}
+)"));
+  ASSERT_TRUE(c.rope);
+  EXPECT_EQ(c.rope->theta, 500000.0);
+  EXPECT_EQ(c.rope->style, RopeStyle::half);
+  EXPECT_EQ(c.rope->rotary_dim, 4);
+  EXPECT_TRUE(c.rope->per_row);
+  EXPECT_EQ(describe_case(c), "MHA(B=2,T=3,D=12,H=2,rope=half/r4,positions[B,T])");
+  Shape shape;
+  EXPECT_EQ(rope_positions(*c.rope, 2, 3, shape), (std::vector<std::int64_t>{0, 5, 9, 1000, 1003, 1010}));
+  EXPECT_EQ(shape, (Shape{2, 3}));
+  Capabilities caps;
+  caps.mha = true;
+  const auto missing = missing_capabilities(c, caps);
+  ASSERT_EQ(missing.size(), 1u);
+  EXPECT_EQ(missing[0].first, "rope");
+  caps.rope = true;
+  EXPECT_TRUE(missing_capabilities(c, caps).empty());
+}
+
+TEST(SuiteRope, PositionForms) {
+  Shape shape;
+  // one list [T] shared by the batch
+  const CaseSpec one = only_case(parse(std::string("cases:\n  - name: r\n    ") + kPair +
+                                       "\n    shape: {B: 2, T: 3, D: 8, H: 2}\n    rope: {positions: [4, 2, 7]}\n"));
+  EXPECT_EQ(rope_positions(*one.rope, 2, 3, shape), (std::vector<std::int64_t>{4, 2, 7}));
+  EXPECT_EQ(shape, (Shape{3}));
+  EXPECT_EQ(one.rope->style, RopeStyle::interleaved);  // the default
+  // an offset: no tensor, p_t = offset + t
+  const CaseSpec off = only_case(parse(std::string("cases:\n  - name: r\n    ") + kPair +
+                                       "\n    shape: {B: 2, T: 3, D: 8, H: 2}\n    rope: {positions: {offset: 5}}\n"));
+  EXPECT_EQ(off.rope->offset, 5);
+  EXPECT_TRUE(rope_positions(*off.rope, 2, 3, shape).empty());
+  // generators, worked by hand: row b begins at b * start
+  RopeCase g;
+  g.generator = "gapped";
+  g.start = 1000;
+  EXPECT_EQ(rope_positions(g, 2, 5, shape),
+            (std::vector<std::int64_t>{0, 1, 3, 6, 7, 1000, 1001, 1003, 1006, 1007}));
+  EXPECT_EQ(shape, (Shape{2, 5}));
+  g.generator = "reversed";
+  g.start = 10;
+  EXPECT_EQ(rope_positions(g, 2, 3, shape), (std::vector<std::int64_t>{2, 1, 0, 12, 11, 10}));
+  // core level: q_offset
+  const CaseSpec core = only_case(parse(R"(
+cases:
+  - name: r
+    level: core
+    compare: [a, b]
+    shape: {B: 1, H: 2, Tq: 2, Tk: 5, d: 4}
+    rope: {positions: {offset: 3}, q_offset: 3}
+)"));
+  EXPECT_EQ(core.rope->q_offset, 3);
+  EXPECT_EQ(describe_case(core), "CORE(B=1,H=2,Tq=2,Tk=5,d=4,rope=interleaved,offset=3,q_offset=3)");
+}
+
+TEST(SuiteRope, ErrorsNameTheKey) {
+  auto with_rope = [](const std::string& rope, const std::string& shape = "{B: 2, T: 3, D: 12, H: 2}") {
+    return error_of(std::string("cases:\n  - name: r\n    ") + kPair + "\n    shape: " + shape +
+                    "\n    rope: " + rope + "\n");
+  };
+  EXPECT_EQ(with_rope("{rotary_dim: 5}"),
+            "t.yaml:5:24: case 'r': 'rotary_dim' must be an even integer >= 2 (dims rotate in pairs), got 5");
+  EXPECT_EQ(with_rope("{rotary_dim: 8}"),
+            "t.yaml:5:24: case 'r': 'rotary_dim' 8 is wider than the head width d=6 (r <= d: the first r dims rotate)");
+  EXPECT_EQ(with_rope("{style: halff}"),
+            "t.yaml:5:19: case 'r': 'style' must be interleaved | half, got 'halff' (did you mean 'half'?)");
+  EXPECT_EQ(with_rope("{positions: [1, 2]}"),
+            "t.yaml:5:23: case 'r': 'positions' has 2 per row, but the case has T=3 tokens");
+  EXPECT_EQ(with_rope("{positions: [[1, 2, 3]]}"),
+            "t.yaml:5:23: case 'r': 'positions' has 1 rows, but the case has B=2 (one row per batch row, or one "
+            "list [T] for all)");
+  EXPECT_NE(with_rope("{positions: [[1, 2, 3], [1, 2]]}").find("t.yaml:5:35: case 'r': positions rows differ"),
+            std::string::npos);
+  EXPECT_NE(with_rope("{positions: {generator: zigzag}}").find("'generator' must be gapped | reversed"),
+            std::string::npos);
+  EXPECT_NE(with_rope("{thta: 2}").find("unknown key 'thta' in 'rope' (did you mean 'theta'?)"), std::string::npos);
+  EXPECT_NE(with_rope("{q_offset: 2}").find("t.yaml:5:12: case 'r': 'q_offset' is a core-level key"),
+            std::string::npos);
+  // a sweep point whose T no longer fits the list is refused at the list
+  EXPECT_NE(error_of(std::string("cases:\n  - name: r\n    ") + kPair +
+                     "\n    shape: {B: 2, D: 12, H: 2}\n    sweep: {T: [3, 4]}\n    rope: {positions: [0, 1, 2]}\n")
+                .find("case 'r[T=4]': 'positions' has 3 per row, but the case has T=4"),
+            std::string::npos);
+}

@@ -21,7 +21,7 @@ class Batched final : public Attention {
     i.version = "1.0.0";
     i.description = "split, transpose, batched core, transpose back, merge";
     auto& c = i.capabilities;
-    c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = c.grouped_kv = c.rope = true;
+    c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = c.grouped_kv = c.rope = c.rope_level = true;
     return i;
   }
 
@@ -30,6 +30,17 @@ class Batched final : public Attention {
                        const AttentionSpec& spec) const override {
     return batched_mha(x, w, spec, [this](const Variable& q, const Variable& k, const Variable& v,
                                           const AttentionSpec& s) { return core_forward(q, k, v, s); });
+  }
+
+  // x [..., T, d]: the leading dims folded into one batch [N, T, d] (positions
+  // [..., T] folded alike), rotated at once, unfolded.
+  Variable rope_forward(const Variable& x, const RopeSpec& spec) const override {
+    AttentionSpec s;
+    s.rope = spec;
+    s.rope.enabled = true;
+    const AttentionSpec folded = fold_rope_positions(s, x.shape());
+    if (x.dim() < 3) return rope(x, spec);
+    return reshape(rope(reshape(x, {-1, x.size(-2), x.size(-1)}), folded.rope), x.shape());
   }
 
   Variable core_forward(const Variable& q, const Variable& k, const Variable& v,

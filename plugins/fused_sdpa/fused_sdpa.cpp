@@ -23,7 +23,7 @@ class FusedSdpa final : public Attention {
         "memory O(T); fully masked rows give zeros";
     auto& c = i.capabilities;
     c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = true;
-    c.float32 = c.float64 = c.dropout = c.grouped_kv = c.rope = true;
+    c.float32 = c.float64 = c.dropout = c.grouped_kv = c.rope = c.rope_level = true;
     return i;
   }
 
@@ -42,6 +42,9 @@ class FusedSdpa final : public Attention {
   // q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv] -> [..., Tq, dv]; k, v
   // may have Hkv heads (dim -3) where q has H. RoPE, when asked for, rotates q
   // and k before the kernel (the rotation's backward is the engine's).
+  // x [..., T, d]: the engine's rotation, the one fused_sdpa applies before its kernel.
+  Variable rope_forward(const Variable& x, const RopeSpec& spec) const override { return rope(x, spec); }
+
   Variable core_forward(const Variable& q, const Variable& k, const Variable& v,
                         const AttentionSpec& spec) const override {
     return fused_sdpa::sdpa(rope_queries(q, spec), rope_keys(k, spec), v, without_rope(spec));

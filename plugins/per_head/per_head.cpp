@@ -39,7 +39,7 @@ class PerHead final : public Attention {
     i.version = "1.0.0";
     i.description = "loop over heads with sliced weights: the slow, obvious oracle";
     auto& c = i.capabilities;
-    c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = c.grouped_kv = c.rope = true;
+    c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = c.grouped_kv = c.rope = c.rope_level = true;
     return i;
   }
 
@@ -70,6 +70,9 @@ class PerHead final : public Attention {
   // q [..., H, Tq, d], k [..., Hkv, Tk, d], v [..., Hkv, Tk, dv]: every slice
   // of the leading dims (batch x heads) on its own; query slice n reads kv
   // slice (n / H) * Hkv + (n % H) / G.
+  // x [..., T, d]: the engine's RoPE op, the oracle of the rope level.
+  Variable rope_forward(const Variable& x, const RopeSpec& spec) const override { return rope(x, spec); }
+
   Variable core_forward(const Variable& q, const Variable& k, const Variable& v,
                         const AttentionSpec& spec) const override {
     const std::int64_t group = kv_group(q, k, v, "per_head");

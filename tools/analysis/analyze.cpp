@@ -10,6 +10,7 @@
 
 #include "analysis/catalog.hpp"
 #include "analysis/hypotheses.hpp"
+#include "runner/inputs.hpp"
 
 namespace headgrad::analysis {
 
@@ -120,7 +121,7 @@ ErrorSpread spread_of(const std::string& name, const Tensor& a, const Tensor& b,
   for (double v : b.to_vector()) bmax = std::max(bmax, std::abs(v));
   const Tolerance tol = c.tolerance_for(name);
   s.tolerance = tol.atol + tol.rtol * bmax;
-  if (c.level == Level::mha) {
+  if (c.level == Level::mha && name != "q_rot" && name != "k_rot") {  // taps are [B, H, T, d]
     const std::int64_t heads = std::max<std::int64_t>(c.dims.H, 1);
     const std::int64_t d = a.size(-1) / heads;
     if (name == "out" || name == "dx") {  // [B, T, D]
@@ -497,6 +498,65 @@ bool has_large_logits(const CaseSpec& c) {
   return 3 * *c.scale * std::sqrt(static_cast<double>(std::max<std::int64_t>(c.dims.head_dim(), 1))) > limit;
 }
 
+// The token positions a RoPE case rotates at (keys; queries add q_offset),
+// flattened: a reference's positions.npy, the block's list or generator, or offset + t.
+std::vector<std::int64_t> case_positions(const CaseSpec& c) {
+  const std::int64_t t = c.level == Level::core ? c.dims.Tk : c.dims.T;
+  if (c.files && c.files->positions.defined()) {
+    std::vector<std::int64_t> p;
+    for (double v : c.files->positions.to_vector()) p.push_back(static_cast<std::int64_t>(v));
+    return p;
+  }
+  Shape shape;
+  std::vector<std::int64_t> p = rope_positions(*c.rope, c.dims.B, t, shape);
+  if (p.empty())
+    for (std::int64_t i = 0; i < t; ++i) p.push_back(c.rope->offset + i);
+  return p;
+}
+
+// Every row of T positions is an arange + c: a plugin that ignores positions
+// and rotates at 0..T-1 differs from it by a uniform shift only, which nothing
+// end to end sees.
+bool positions_are_arange(const std::vector<std::int64_t>& p, std::int64_t t) {
+  if (t <= 0) return true;
+  for (std::size_t i = 0; i < p.size(); ++i)
+    if (i % static_cast<std::size_t>(t) != 0 && p[i] != p[i - 1] + 1) return false;
+  return true;
+}
+
+// The RoPE blind spots of the cases that have a rope block (none: no warning).
+template <class Add>
+void add_rope_warnings(const std::vector<const CaseSpec*>& cases, Add& add) {
+  std::vector<const CaseSpec*> rope;
+  for (const CaseSpec* c : cases)
+    if (c->rope) rope.push_back(c);
+  if (rope.empty()) return;
+  auto all = [&](auto pred) { return std::all_of(rope.begin(), rope.end(), [&](const CaseSpec* c) { return pred(*c); }); };
+  auto tokens = [](const CaseSpec& c) { return c.level == Level::core ? std::min(c.dims.Tq, c.dims.Tk) : c.dims.T; };
+  if (all([&](const CaseSpec& c) { return c.level == Level::rope || tokens(c) <= 1; }) &&
+      !all([](const CaseSpec& c) { return c.level == Level::rope; }))
+    add("every attention case with RoPE has T = 1 (one key: the softmax is constant, dWq = dWk = 0)",
+        {"rope_style_swapped", "rope_on_v", "rope_missing_on_k", "rope_wrong_theta", "rope_sign_flipped",
+         "rope_qk_offset_mismatch", "rope_backward_not_transposed"});
+  if (all([](const CaseSpec& c) {
+        return (c.rope->rotary_dim > 0 ? c.rope->rotary_dim : c.dims.head_dim()) == 2;
+      }))
+    add("every RoPE case has rotary_dim 2 (one pair: both pairings are the same)",
+        {"rope_style_swapped", "rope_wrong_theta", "rope_freq_exponent"});
+  if (all([&](const CaseSpec& c) { return positions_are_arange(case_positions(c), c.level == Level::core ? c.dims.Tk : c.dims.T); }))
+    add("every RoPE case has positions arange + c", {"rope_positions_ignored"});
+  if (all([](const CaseSpec& c) {
+        const auto p = case_positions(c);
+        return p.empty() || *std::max_element(p.begin(), p.end()) + c.rope->q_offset < 1000;
+      }))
+    add("no RoPE case has a position >= 1000 (float32 angle tables err by about 1e-6 there)",
+        {"rope_tables_float32"});
+  if (all([](const CaseSpec& c) { return c.level != Level::rope && c.taps.empty(); }))
+    add("no case is at the rope level and none has taps (a uniform shift of every q and k position "
+        "leaves out and every gradient unchanged)",
+        {"rope_position_shift"});
+}
+
 }  // namespace
 
 std::vector<WeakSuiteWarning> weak_suite_warnings(const std::vector<const CaseSpec*>& cases) {
@@ -513,7 +573,7 @@ std::vector<WeakSuiteWarning> weak_suite_warnings(const std::vector<const CaseSp
     std::string msg = "weak suite: " + condition + ", so it cannot catch " + join(bugs, ", ");
     out.push_back({std::move(condition), std::move(bugs), std::move(msg)});
   };
-  auto seq_len = [](const CaseSpec& c) { return c.level == Level::mha ? c.dims.T : std::min(c.dims.Tq, c.dims.Tk); };
+  auto seq_len = [](const CaseSpec& c) { return c.level != Level::core ? c.dims.T : std::min(c.dims.Tq, c.dims.Tk); };
 
   if (all([](const CaseSpec& c) { return c.dims.H <= 1; }))
     add("every case has H = 1", bugs_where([](const auto& v) { return v.needs_heads; }));
@@ -560,6 +620,7 @@ std::vector<WeakSuiteWarning> weak_suite_warnings(const std::vector<const CaseSp
       }))
     add("no case checks a gradient",
         {"backward bugs (a wrong hand-written backward, a weight its gradient never reaches)"});
+  add_rope_warnings(cases, add);
   return out;
 }
 
@@ -570,7 +631,8 @@ CaseResult check_case(const CaseSpec& spec, const PluginRegistry& registry, cons
   CaseInputs inputs;
   CaseResult res = run_case(spec, registry, options, &inputs);
   const bool failed = res.status == CaseStatus::fail || res.status == CaseStatus::xfail;
-  if (failed && !res.tensors.empty()) {
+  // the rope level has no hypotheses or localization variants (yet): its tensors are the report
+  if (failed && !res.tensors.empty() && spec.level != Level::rope) {
     res.diagnosis = diagnose(res, inputs);
     const std::vector<VariantRun> runs =
         spec.is_reference() ? std::vector<VariantRun>{} : run_variants(spec, registry, options);

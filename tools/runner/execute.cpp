@@ -430,17 +430,47 @@ SideResult run_in_process(const CaseSpec& c, const CaseInputs& in, const LoadedP
   return res;
 }
 
+// The taps a case asks for, from what rope_queries/rope_keys recorded: one
+// [B, H, T, d] as it is, or one [B, T, d] per head stacked on dim 1. A side
+// that recorded none (it rotates without the engine's helpers) reports the
+// tap as missing.
+Tensor assemble_tap(const std::vector<Tensor>& parts) {
+  if (parts.empty()) return {};
+  if (parts.size() == 1 && parts[0].dim() == 4) return parts[0];
+  const Shape& s = parts[0].shape();
+  if (s.size() != 3) return parts.size() == 1 ? parts[0] : Tensor();
+  Tensor out = Tensor::empty({s[0], static_cast<std::int64_t>(parts.size()), s[1], s[2]}, parts[0].dtype());
+  for (std::size_t h = 0; h < parts.size(); ++h) {
+    if (parts[h].shape() != s) return {};
+    out.narrow(1, static_cast<std::int64_t>(h), 1).copy_(parts[h].reshape({s[0], 1, s[1], s[2]}));
+  }
+  return out;
+}
+
+void add_taps(const CaseSpec& c, const AttentionSpec& spec, TensorSet& res) {
+  for (const auto& tap : c.taps)
+    res.push_back({tap, assemble_tap(tap == "q_rot" ? spec.rope_taps->q_rot : spec.rope_taps->k_rot)});
+}
+
 }  // namespace
 
 TensorSet compute_side(const CaseSpec& c, const CaseInputs& shared, const Attention& plugin) {
   // This side's own copy: what the plugin writes into its inputs stays here.
   const CaseInputs in = private_copy(shared, c.layout);
-  const AttentionSpec spec = attention_spec(c, in);
+  AttentionSpec spec = attention_spec(c, in);
+  if (!c.taps.empty()) spec.rope_taps = std::make_shared<RopeTaps>();
   const Variable r(in.r);
   auto backward = [&](const Variable& out) {
     const Variable loss = sum(mul(out, r));
     if (loss.requires_grad()) loss.backward();  // else no gradient reaches the inputs: reported as missing
   };
+  if (c.level == Level::rope) {
+    const Variable x(in.x, true);
+    const Variable out = plugin.rope_forward(x, spec.rope);  // [..., T, d]
+    check_output(out, in.r, in.x.dtype());
+    backward(out);
+    return {{"out", out.data().contiguous()}, {"dx", x.grad()}};
+  }
   if (c.level == Level::mha) {
     const Variable x(in.x, true);
     const MhaWeights w{Variable(in.wq, true), Variable(in.wk, true), Variable(in.wv, true),
@@ -448,14 +478,18 @@ TensorSet compute_side(const CaseSpec& c, const CaseInputs& shared, const Attent
     const Variable out = plugin.mha_forward(x, w, spec);  // [B, T, D]
     check_output(out, in.r, in.x.dtype());
     backward(out);
-    return {{"out", out.data().contiguous()}, {"dx", x.grad()},       {"dwq", w.wq.grad()},
-            {"dwk", w.wk.grad()},             {"dwv", w.wv.grad()},   {"dwo", w.wo.grad()}};
+    TensorSet res = {{"out", out.data().contiguous()}, {"dx", x.grad()},     {"dwq", w.wq.grad()},
+                     {"dwk", w.wk.grad()},             {"dwv", w.wv.grad()}, {"dwo", w.wo.grad()}};
+    add_taps(c, spec, res);
+    return res;
   }
   const Variable q(in.q, true), k(in.k, true), v(in.v, true);
   const Variable out = plugin.core_forward(q, k, v, spec);  // [B, H, Tq, dv]
   check_output(out, in.r, in.q.dtype());
   backward(out);
-  return {{"out", out.data().contiguous()}, {"dq", q.grad()}, {"dk", k.grad()}, {"dv", v.grad()}};
+  TensorSet res = {{"out", out.data().contiguous()}, {"dq", q.grad()}, {"dk", k.grad()}, {"dv", v.grad()}};
+  add_taps(c, spec, res);
+  return res;
 }
 
 SideResult run_side(const CaseSpec& c, const CaseInputs& in, const LoadedPlugin& plugin,

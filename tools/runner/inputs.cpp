@@ -87,6 +87,7 @@ std::optional<std::int64_t> first_non_finite_at(const Tensor& t) {
 }
 
 struct ReferenceData {
+  Tensor positions;    // positions.npy as float64; undefined: none
   TensorSet inputs;    // x, wq, ... | q, k, v, [mask], [r]
   TensorSet expected;  // every expected file present
   Dims dims;
@@ -112,7 +113,10 @@ class ReferenceReader {
       fail("reference directory " + c_.reference.string() + " does not exist");
     }
     warn_unknown_files();
-    return c_.level == Level::mha ? read_mha() : read_core();
+    ReferenceData ref = c_.level == Level::mha ? read_mha() : c_.level == Level::core ? read_core() : read_rope();
+    read_positions(ref);
+    read_taps(ref);
+    return ref;
   }
 
  private:
@@ -193,11 +197,52 @@ class ReferenceReader {
            name + "=" + std::to_string(from_files));
   }
 
+  // positions.npy: int64 (or integer-valued floats), [T] or [B, T] of the
+  // reference's tokens. Read only for a case with a rope block.
+  void read_positions(ReferenceData& ref) {
+    if (!c_.rope || !has("positions")) return;
+    if (npz_) fail("an .npz reference cannot hold positions (int64); use a directory with positions.npy");
+    Tensor p;
+    try {
+      ++g_files_read;
+      p = read_npy_integers(path("positions"));
+    } catch (const std::exception& e) {
+      fail(std::string("reference file ") + e.what());
+    }
+    if (p.dtype() == DType::boolean) fail(file("positions") + " holds bools; expected int64 token positions");
+    const std::int64_t b = ref.dims.B, t = c_.level == Level::core ? ref.dims.Tk : ref.dims.T;
+    if (c_.level == Level::core && ref.dims.Tq != ref.dims.Tk)
+      fail(file("positions") + " gives one position per token, shared by queries and keys; it needs Tq = Tk");
+    // [T], or [B, T] whose B is the inputs' first dim (rope() aligns positions with the leading dims)
+    const bool fits = (p.dim() == 1 && p.size(0) == t) || (p.dim() == 2 && p.size(0) == b && p.size(1) == t);
+    if (!fits)
+      fail(file("positions") + " has shape " + shape_str(p.shape()) + ", expected [T] = [" + std::to_string(t) +
+           "] or [B, T] = [" + std::to_string(b) + ", " + std::to_string(t) + "]");
+    for (std::int64_t i = 0; i < p.numel(); ++i)
+      if (p.flat(i) != std::floor(p.flat(i)) || p.flat(i) < 0)
+        fail(file("positions") + " holds " + std::to_string(p.flat(i)) + "; positions are integers >= 0");
+    ref.positions = p.to(DType::float64);
+  }
+
+  // q_rot [B, H, Tq, d], k_rot [B, Hkv, Tk, d]: q and k after the rotation,
+  // read when the case lists them in `taps`.
+  void read_taps(ReferenceData& ref) {
+    for (const auto& tap : c_.taps) {
+      Tensor t = load(tap, true, "the case's 'taps' lists " + tap);
+      const std::int64_t t_len = c_.level == Level::core ? (tap == "q_rot" ? ref.dims.Tq : ref.dims.Tk) : ref.dims.T;
+      if (t.dim() != 4 || t.size(0) != ref.dims.B || t.size(2) != t_len || t.size(3) != ref.dims.head_dim())
+        fail(file(tap) + " has shape " + shape_str(t.shape()) + ", expected [B, heads, T, d] with B=" +
+             std::to_string(ref.dims.B) + ", T=" + std::to_string(t_len) + ", d=" + std::to_string(ref.dims.head_dim()));
+      ref.expected.push_back({tap, t});
+    }
+  }
+
   void warn_unknown_files() const {
-    std::set<std::string> known = {"r"};
+    std::set<std::string> known = {"r", "positions", "q_rot", "k_rot"};
     for (const auto& n : tensor_names(c_.level)) known.insert(n);
     if (c_.level == Level::mha) known.insert({"x", "wq", "wk", "wv", "wo"});
-    else known.insert({"q", "k", "v", "mask"});
+    else if (c_.level == Level::core) known.insert({"q", "k", "v", "mask"});
+    else known.insert("x");
     std::vector<std::string> stems;
     if (npz_) {
       for (const auto& [name, t] : members_) stems.push_back(name);
@@ -263,6 +308,31 @@ class ReferenceReader {
     }
     // d and Hkv kept only where they differ from the defaults (D / H, H)
     ref.dims = Dims{.B = b, .T = t, .D = dm, .H = h, .d = hd == dm ? 0 : d, .Hkv = hkv == h ? 0 : hkv};
+    ref.dtype = dtype_;
+    return ref;
+  }
+
+  // x [..., T, d] with any leading dims (CS336's run_rope takes [..., T, d_k]);
+  // r, out and dx have x's shape.
+  ReferenceData read_rope() {
+    ReferenceData ref;
+    Tensor x = load_input("x", true, "a rope-level reference needs x [..., T, d]");
+    if (x.dim() < 2) fail(file("x") + " has shape " + shape_str(x.shape()) + ", expected [..., T, d]");
+    const std::int64_t t = x.size(-2), d = x.size(-1), b = x.dim() >= 3 ? x.size(0) : 1;
+    const std::int64_t h = x.dim() == 4 ? x.size(1) : 0;
+    expect_dim("T", t, part("x"));
+    expect_dim("d", d, part("x"));
+    ref.inputs.push_back({"x", x});
+    const std::string why = part("x") + " is " + shape_str(x.shape());
+    Tensor r = load_input("r", false, "");
+    expect_shape("r", r, x.shape(), why);
+    if (r.defined()) ref.inputs.push_back({"r", r});
+    for (const auto& name : tensor_names(Level::rope)) {
+      Tensor e = load(name, false, "");
+      expect_shape(name, e, x.shape(), why);
+      if (e.defined()) ref.expected.push_back({name, e});
+    }
+    ref.dims = Dims{.B = b, .T = t, .H = h, .d = d};
     ref.dtype = dtype_;
     return ref;
   }
@@ -357,6 +427,12 @@ void load_case_files(CaseSpec& c) {
     ReferenceData ref = ReferenceReader(c).read();
     c.dims = ref.dims;
     c.dtype = ref.dtype;
+    files->positions = ref.positions;
+    if (c.rope && c.rope->rotary_dim > c.dims.head_dim())
+      throw ConfigError(c.rope->rotary_dim_at, "case '" + c.name + "': 'rotary_dim' " +
+                                                   std::to_string(c.rope->rotary_dim) +
+                                                   " is wider than the reference's head width d=" +
+                                                   std::to_string(c.dims.head_dim()));
     if (const Tensor* mask = find_tensor(ref.inputs, "mask")) {
       const fs::path ref_mask = c.reference / "mask.npy";
       if (!c.mask_file.empty() && c.mask_file != ref_mask)
@@ -415,6 +491,10 @@ CaseInputs seeded_inputs(Level level, const Dims& d, DType dt, std::uint64_t see
     in.wv = randn({kv_hd, d.D}, dt, gen, w_std);
     in.wo = randn({d.D, hd}, dt, gen, 1.0 / std::sqrt(static_cast<double>(hd)));
     in.r = randn({d.B, d.T, d.D}, dt, gen);
+  } else if (level == Level::rope) {
+    const Shape x_shape = d.H > 0 ? Shape{d.B, d.H, d.T, d.d} : Shape{d.B, d.T, d.d};
+    in.x = randn(x_shape, dt, gen);
+    in.r = randn(x_shape, dt, gen);
   } else {
     in.q = randn({d.B, d.H, d.Tq, d.d}, dt, gen);
     in.k = randn({d.B, d.kv_heads(), d.Tk, d.d}, dt, gen);
@@ -438,7 +518,9 @@ CaseInputs make_inputs(const CaseSpec& spec) {
       const Tensor* t = find_tensor(files->inputs, name);
       return t ? *t : Tensor();
     };
-    if (spec.level == Level::mha) {
+    if (spec.level == Level::rope) {
+      in.x = get("x");
+    } else if (spec.level == Level::mha) {
       in.x = get("x");
       in.wq = get("wq");
       in.wk = get("wk");
@@ -451,20 +533,27 @@ CaseInputs make_inputs(const CaseSpec& spec) {
     }
     in.r = get("r");
     if (!in.r.defined()) {
-      Shape out_shape = spec.level == Level::mha ? in.x.shape() : in.q.shape();
+      Shape out_shape = spec.level != Level::core ? in.x.shape() : in.q.shape();
       if (spec.level == Level::core) out_shape.back() = in.v.size(-1);
       in.r = Tensor::ones(out_shape, spec.dtype);
     }
     in.expected = files->expected;
+    in.positions = files->positions;
   } else {
     in = seeded_inputs(spec.level, spec.dims, spec.dtype, spec.seed);
+  }
+  if (spec.rope && !in.positions.defined()) {
+    Shape shape;
+    const std::vector<std::int64_t> p =
+        rope_positions(*spec.rope, spec.dims.B, spec.level == Level::core ? spec.dims.Tk : spec.dims.T, shape);
+    if (!p.empty()) in.positions = positions_tensor(p, shape);
   }
   if (files && files->mask.defined()) {
     // a localization variant keeps the mask of a case whose dims it changed
     check_mask_shape(spec, mask_key(spec), files->mask, mask_target(spec.dims), "mask file " + spec.mask_file.string());
     in.mask = files->mask;
   }
-  if (spec.level == Level::mha) {
+  if (spec.level != Level::core) {
     in.x = with_layout(in.x, spec.layout);
   } else {
     in.q = with_layout(in.q, spec.layout);
@@ -489,12 +578,15 @@ CaseInputs private_copy(const CaseInputs& in, InputLayout layout) {
   out.wo = own(in.wo);
   out.mask = own(in.mask);
   out.r = own(in.r);
+  out.positions = own(in.positions);
   return out;
 }
 
 AttentionSpec attention_spec(const CaseSpec& c, const CaseInputs& in) {
   AttentionSpec s;
-  if (c.level == Level::mha) {
+  if (c.level == Level::rope) {
+    s.d_model = in.x.size(-1);  // one head of width d: only s.rope is read there
+  } else if (c.level == Level::mha) {
     s.d_model = in.x.size(-1);
     s.num_heads = c.dims.H;
     s.num_kv_heads = c.dims.kv_heads();
@@ -512,12 +604,23 @@ AttentionSpec attention_spec(const CaseSpec& c, const CaseInputs& in) {
   s.scale = c.scale;
   s.dropout_p = 0.0;
   s.mask = in.mask;
+  if (c.rope) {
+    s.rope.enabled = true;
+    s.rope.theta = c.rope->theta;
+    s.rope.style = c.rope->style;
+    s.rope.rotary_dim = c.rope->rotary_dim;
+    s.rope.q_offset = c.rope->q_offset;
+    if (in.positions.defined()) s.rope.positions = in.positions;
+    else s.rope.offset = c.rope->offset;
+  }
   return s;
 }
 
 TensorSet input_tensors(const CaseInputs& in) {
   TensorSet out;
-  if (in.level == Level::mha) {
+  if (in.level == Level::rope) {
+    out = {{"x", in.x.clone()}};
+  } else if (in.level == Level::mha) {
     out = {{"x", in.x.clone()}, {"wq", in.wq.clone()}, {"wk", in.wk.clone()},
            {"wv", in.wv.clone()}, {"wo", in.wo.clone()}};
   } else {

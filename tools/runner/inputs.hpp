@@ -12,6 +12,7 @@
 //
 // A reference is a directory of plain .npy files, or one .npz file holding the
 // same members (numpy.savez(path, x=..., wq=...)):
+//   rope level: x [..., T, d] (any leading dims), optional r; expected out, dx
 //   mha level:  x [B, T, D], wq wk wv wo [D, D], optional r [B, T, D] (ones if
 //               absent); expected any of out, dx [B, T, D], dwq dwk dwv dwo [D, D]
 //   core level: q [B, H, Tq, d], k [B, H, Tk, d], v [B, H, Tk, dv], optional
@@ -49,6 +50,7 @@ struct CaseFiles {
   TensorSet inputs;    // a reference's x, wq, wk, wv, wo | q, k, v; and r if present
   TensorSet expected;  // a reference's expected tensors that the case checks
   Tensor mask;         // bool, from `mask:` or the reference's mask; undefined: none
+  Tensor positions;    // a reference's positions.npy (int64 read as float64), [T] or [B, T]
 };
 
 // Reads the suite, parses it (parse_suite), then each case's files (load_case_files).
@@ -79,6 +81,7 @@ struct CaseInputs {
   Tensor mask;            // bool, broadcastable to [B, H, Tq, Tk]; undefined: none
   // both
   Tensor r;               // out's shape: loss = sum(out * r)
+  Tensor positions;       // RoPE token positions [T] or [B, T]; undefined: offset + t
   TensorSet expected;     // a reference case: the expected tensors `check` names
 };
 
@@ -94,7 +97,8 @@ CaseInputs make_inputs(const CaseSpec& c);
 // inputs cannot reach the other side (layout kept, `expected` left out).
 CaseInputs private_copy(const CaseInputs& in, InputLayout layout);
 
-// The settings handed to the plugins: heads, causal, scale, mask; dropout 0.
+// The settings handed to the plugins: heads, causal, scale, mask, RoPE
+// (c.rope with in.positions); dropout 0.
 AttentionSpec attention_spec(const CaseSpec& c, const CaseInputs& in);
 
 // The inputs as a reference directory names them, contiguous:

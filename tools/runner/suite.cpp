@@ -28,7 +28,14 @@ std::string timeout_problem(double seconds) {
   return os.str();
 }
 
-std::string_view level_name(Level level) { return level == Level::mha ? "mha" : "core"; }
+std::string_view level_name(Level level) {
+  switch (level) {
+    case Level::mha: return "mha";
+    case Level::core: return "core";
+    case Level::rope: return "rope";
+  }
+  return "?";
+}
 
 std::string_view layout_name(InputLayout layout) {
   switch (layout) {
@@ -60,19 +67,22 @@ std::int64_t Dims::get(std::string_view name) const {
 const std::vector<std::string>& dim_names(Level level) {
   static const std::vector<std::string> mha = {"B", "T", "D", "H"};
   static const std::vector<std::string> core = {"B", "H", "Tq", "Tk", "d"};
-  return level == Level::mha ? mha : core;
+  static const std::vector<std::string> rope = {"B", "H", "T", "d"};
+  return level == Level::mha ? mha : level == Level::core ? core : rope;
 }
 
 const std::vector<std::string>& optional_dim_names(Level level) {
   static const std::vector<std::string> mha = {"Hkv", "d"};
   static const std::vector<std::string> core = {"Hkv"};
-  return level == Level::mha ? mha : core;
+  static const std::vector<std::string> rope = {};  // H is among its dims (optional there)
+  return level == Level::mha ? mha : level == Level::core ? core : rope;
 }
 
 const std::vector<std::string>& tensor_names(Level level) {
   static const std::vector<std::string> mha = {"out", "dx", "dwq", "dwk", "dwv", "dwo"};
   static const std::vector<std::string> core = {"out", "dq", "dk", "dv"};
-  return level == Level::mha ? mha : core;
+  static const std::vector<std::string> rope = {"out", "dx"};
+  return level == Level::mha ? mha : level == Level::core ? core : rope;
 }
 
 SourceLoc CaseSpec::where(const std::string& key) const {
@@ -124,8 +134,44 @@ std::string join(const std::vector<std::string>& items, std::string_view sep) {
   return s;
 }
 
+std::string RopeCase::describe() const {
+  std::string s = "rope=" + std::string(rope_style_name(style));
+  if (rotary_dim > 0) s += "/r" + std::to_string(rotary_dim);
+  if (!generator.empty()) s += "," + generator;
+  else if (!rows.empty()) s += per_row ? ",positions[B,T]" : ",positions[T]";
+  else if (offset != 0) s += ",offset=" + std::to_string(offset);
+  if (q_offset != 0) s += ",q_offset=" + std::to_string(q_offset);
+  return s;
+}
+
+std::vector<std::int64_t> rope_positions(const RopeCase& r, std::int64_t b, std::int64_t t, Shape& shape) {
+  std::vector<std::int64_t> v;
+  if (!r.rows.empty()) {
+    shape = r.per_row ? Shape{static_cast<std::int64_t>(r.rows.size()), t} : Shape{t};
+    for (const auto& row : r.rows) v.insert(v.end(), row.begin(), row.end());
+    return v;
+  }
+  if (r.generator.empty()) {
+    shape = {t};
+    return v;
+  }
+  shape = {b, t};
+  for (std::int64_t row = 0; row < b; ++row) {
+    std::int64_t p = row * r.start;
+    for (std::int64_t i = 0; i < t; ++i) {
+      if (r.generator == "reversed") {
+        v.push_back(row * r.start + t - 1 - i);
+      } else {  // gapped: steps 1, 2, 3, 1, 2, 3, ...
+        if (i > 0) p += 1 + (i - 1) % 3;
+        v.push_back(p);
+      }
+    }
+  }
+  return v;
+}
+
 std::string describe_case(const CaseSpec& c) {
-  std::string s = c.level == Level::mha ? "MHA(" : "CORE(";
+  std::string s = c.level == Level::mha ? "MHA(" : c.level == Level::core ? "CORE(" : "ROPE(";
   bool first = true;
   auto add = [&](const std::string& part) {
     s += (first ? "" : ",") + part;
@@ -149,6 +195,7 @@ std::string describe_case(const CaseSpec& c) {
   }
   if (c.layout != InputLayout::contiguous) add(std::string(layout_name(c.layout)));
   if (c.dtype != DType::float64) add(std::string(dtype_name(c.dtype)));
+  if (c.rope) add(c.rope->describe());
   return s + ")";
 }
 
@@ -160,7 +207,8 @@ const std::vector<std::string> kTopKeys = {"suite", "description", "defaults", "
 const std::vector<std::string> kCaseKeys = {
     "name",  "description", "compare", "reference", "level",     "shape",     "sweep",
     "dtype", "causal",      "scale",   "dropout_p", "mask",      "input_layout", "seed",
-    "atol",  "rtol",        "tolerance", "check",   "expect",    "timeout"};
+    "atol",  "rtol",        "tolerance", "check",   "expect",    "timeout", "rope", "taps"};
+const std::vector<std::string> kRopeKeys = {"theta", "style", "rotary_dim", "positions", "q_offset"};
 const std::vector<std::string> kExpectKeys = {"fail", "diagnosis"};
 const std::vector<std::string> kToleranceKeys = {"atol", "rtol"};
 // Keys whose map values merge (defaults first, the case's entries win).
@@ -232,6 +280,9 @@ class Parser {
   void read_dims(const YAML::Node& map, Level level, const std::string& key, bool from_defaults,
                  std::vector<DimValues>& out) const;
   void read_tolerance_map(const YAML::Node& map, CaseSpec& c) const;
+  RopeCase read_rope(const YAML::Node& map, Level level) const;
+  void read_rope_positions(const YAML::Node& v, RopeCase& r) const;
+  void check_rope(const CaseSpec& c) const;
 
   std::vector<CaseSpec> parse_case(const YAML::Node& node, std::size_t index,
                                    const std::map<std::string, Entry>& defaults);
@@ -359,14 +410,21 @@ void Parser::read_dims(const YAML::Node& map, Level level, const std::string& ke
   if (!map.IsMap())
     fail(map, "'" + key + "' must be a map of dims like {" + join(valid, ": .., ") +
                   ": ..}, got " + kind_of(map));
-  const Level other_level = level == Level::mha ? Level::core : Level::mha;
   for (auto it = map.begin(); it != map.end(); ++it) {
     const YAML::Node k = it->first;
     const std::string name = k.IsScalar() ? k.Scalar() : "";
     if (std::find(valid.begin(), valid.end(), name) == valid.end()) {
-      std::vector<std::string> other = dim_names(other_level);
-      other.insert(other.end(), optional_dim_names(other_level).begin(), optional_dim_names(other_level).end());
-      const bool other_level_dim = std::find(other.begin(), other.end(), name) != other.end();
+      // a dim of another level (including its optional dims): named as such
+      Level other_level = level;
+      for (Level l : {Level::mha, Level::core, Level::rope}) {
+        std::vector<std::string> dims = dim_names(l);
+        dims.insert(dims.end(), optional_dim_names(l).begin(), optional_dim_names(l).end());
+        if (l != level && std::find(dims.begin(), dims.end(), name) != dims.end()) {
+          other_level = l;
+          break;
+        }
+      }
+      const bool other_level_dim = other_level != level;
       if (other_level_dim && from_defaults) continue;
       if (other_level_dim)
         fail(k, "'" + name + "' is a " + std::string(level_name(other_level)) + "-level dim; this case is level " +
@@ -411,6 +469,110 @@ void Parser::read_tolerance_map(const YAML::Node& map, CaseSpec& c) const {
     }
     c.tensor_tolerance[tkey.Scalar()] = t;
   }
+}
+
+RopeCase Parser::read_rope(const YAML::Node& map, Level level) const {
+  RopeCase r;
+  r.positions_at = r.rotary_dim_at = loc(map);
+  for (const auto& [k, v] : entries(map, kRopeKeys, "'rope'")) {
+    const std::string key = k.Scalar();
+    if (v.IsNull()) fail(k, "'rope: " + key + "' has no value");
+    if (key == "theta") {
+      r.theta = number_value(v, "theta");
+      if (r.theta <= 1) fail(v, "'theta' must be > 1 (the RoPE base, e.g. 10000), got " + v.Scalar());
+    } else if (key == "style") {
+      r.style = choice(v, "style", {"interleaved", "half"}) == "half" ? RopeStyle::half : RopeStyle::interleaved;
+    } else if (key == "rotary_dim") {
+      r.rotary_dim = int_value(v, "rotary_dim");
+      r.rotary_dim_at = loc(v);
+      if (r.rotary_dim < 2 || r.rotary_dim % 2 != 0)
+        fail(v, "'rotary_dim' must be an even integer >= 2 (dims rotate in pairs), got " + std::to_string(r.rotary_dim));
+    } else if (key == "q_offset") {
+      if (level != Level::core)
+        fail(k, "'q_offset' is a core-level key (queries at q_offset + t, keys at t); at mha level "
+                "queries and keys are the same tokens");
+      r.q_offset = int_value(v, "q_offset");
+      if (r.q_offset < 0) fail(v, "'q_offset' must be >= 0, got " + std::to_string(r.q_offset));
+    } else {
+      r.positions_at = loc(v);
+      read_rope_positions(v, r);
+    }
+  }
+  return r;
+}
+
+void Parser::read_rope_positions(const YAML::Node& v, RopeCase& r) const {
+  const std::string forms =
+      "{offset: N}, a list [p0, p1, ...], one list per batch row [[...], [...]], or "
+      "{generator: gapped|reversed, start: N}";
+  auto position = [&](const YAML::Node& n) {
+    const std::int64_t p = int_value(n, "positions entry");
+    if (p < 0 || p > (std::int64_t{1} << 53)) fail(n, "a position must be in [0, 2^53], got " + std::to_string(p));
+    return p;
+  };
+  if (v.IsMap()) {
+    const auto items = entries(v, {"offset", "generator", "start"}, "'rope: positions'");
+    bool has_offset = false, has_generator = false, has_start = false;
+    for (const auto& [k, val] : items) {
+      if (k.Scalar() == "offset") {
+        has_offset = true;
+        r.offset = position(val);
+      } else if (k.Scalar() == "generator") {
+        has_generator = true;
+        r.generator = choice(val, "generator", {"gapped", "reversed"});
+      } else {
+        has_start = true;
+        r.start = position(val);
+      }
+    }
+    if (has_offset && (has_generator || has_start))
+      fail(v, "'positions' takes an offset or a generator, not both");
+    if (has_start && !has_generator) fail(v, "'start' needs 'generator: gapped|reversed'");
+    if (!has_offset && !has_generator) fail(v, "'positions' must be " + forms);
+    return;
+  }
+  if (!v.IsSequence() || v.size() == 0) fail(v, "'positions' must be " + forms + ", got " + kind_of(v));
+  r.per_row = v[0].IsSequence();
+  for (const auto& item : v) {
+    if (item.IsSequence() != r.per_row)
+      fail(item, "'positions' mixes numbers and lists; give one list [T] or one list per batch row");
+    if (!r.per_row) {
+      if (r.rows.empty()) r.rows.emplace_back();
+      r.rows.back().push_back(position(item));
+      continue;
+    }
+    if (item.size() == 0) fail(item, "a positions row is empty");
+    std::vector<std::int64_t> row;
+    for (const auto& p : item) row.push_back(position(p));
+    if (!r.rows.empty() && row.size() != r.rows.front().size())
+      fail(item, "positions rows differ in length (" + std::to_string(r.rows.front().size()) + " and " +
+                     std::to_string(row.size()) + ")");
+    r.rows.push_back(std::move(row));
+  }
+}
+
+// The rope block against the dims of one sweep point (or a reference's files).
+void Parser::check_rope(const CaseSpec& c) const {
+  if (!c.rope) return;
+  const RopeCase& r = *c.rope;
+  const std::int64_t d = c.dims.head_dim();
+  if (r.rotary_dim > 0 && d > 0 && r.rotary_dim > d)
+    fail(r.rotary_dim_at, "'rotary_dim' " + std::to_string(r.rotary_dim) + " is wider than the head width d=" +
+                              std::to_string(d) + " (r <= d: the first r dims rotate)");
+  if (r.rows.empty() && r.generator.empty()) return;
+  const bool mha = c.level != Level::core;  // mha and rope: T tokens
+  if (!mha && c.dims.Tq > 0 && c.dims.Tk > 0 && c.dims.Tq != c.dims.Tk)
+    fail(r.positions_at, "explicit positions at core level need Tq = Tk (one position per token, shared by "
+                         "queries and keys), got Tq=" + std::to_string(c.dims.Tq) + ", Tk=" +
+                             std::to_string(c.dims.Tk) + "; use {offset: N} and q_offset");
+  const std::int64_t t = mha ? c.dims.T : c.dims.Tk;
+  if (!r.rows.empty() && t > 0 && static_cast<std::int64_t>(r.rows.front().size()) != t)
+    fail(r.positions_at, "'positions' has " + std::to_string(r.rows.front().size()) +
+                             " per row, but the case has " + (mha ? "T=" : "Tq=Tk=") + std::to_string(t) +
+                             " tokens");
+  if (r.per_row && c.dims.B > 0 && static_cast<std::int64_t>(r.rows.size()) != c.dims.B)
+    fail(r.positions_at, "'positions' has " + std::to_string(r.rows.size()) + " rows, but the case has B=" +
+                             std::to_string(c.dims.B) + " (one row per batch row, or one list [T] for all)");
 }
 
 // yaml-cpp keeps both entries of a repeated key, and any map a suite holds
@@ -569,7 +731,10 @@ std::vector<CaseSpec> Parser::parse_case(const YAML::Node& node, std::size_t ind
   auto has = [&](const char* key) { return keys.count(key) > 0; };
   auto val = [&](const char* key) -> const YAML::Node& { return keys.at(key).value; };
 
-  if (has("level")) c.level = choice(val("level"), "level", {"mha", "core"}) == "mha" ? Level::mha : Level::core;
+  if (has("level")) {
+    const std::string l = choice(val("level"), "level", {"mha", "core", "rope"});
+    c.level = l == "mha" ? Level::mha : l == "core" ? Level::core : Level::rope;
+  }
   if (has("dtype"))
     c.dtype = choice(val("dtype"), "dtype", {"float64", "float32"}) == "float64" ? DType::float64 : DType::float32;
   if (c.dtype == DType::float32) c.tolerance = {1e-5, 1e-4};  // float32 defaults, unless set below
@@ -649,6 +814,17 @@ std::vector<CaseSpec> Parser::parse_case(const YAML::Node& node, std::size_t ind
       fail(val("timeout"), "'timeout' " + problem);
     c.timeout_s = t;
   }
+  if (has("rope")) {
+    c.rope = read_rope(val("rope"), c.level);
+    if (c.is_reference() && (!c.rope->rows.empty() || !c.rope->generator.empty()))
+      fail(c.rope->positions_at, "a reference case takes its positions from the reference's positions.npy; "
+                                 "its 'rope' block gives theta, style and rotary_dim (an offset at most)");
+  }
+  if (c.level == Level::rope && !c.rope)
+    fail(has("level") ? val("level") : node, "'level: rope' needs a 'rope:' block (theta, style, rotary_dim, positions)");
+  if (c.level == Level::rope && (c.causal && has("causal") && keys["causal"].from_case))
+    fail(val("causal"), "'causal' means nothing at the rope level (no attention runs)");
+  if (c.level == Level::rope) c.causal = false;
   if (has("expect")) {
     for (const auto& [k, v] : entries(val("expect"), kExpectKeys, "'expect'")) {
       if (k.Scalar() == "fail") c.expect_fail = bool_value(v, "fail");
@@ -687,6 +863,22 @@ std::vector<CaseSpec> Parser::parse_case(const YAML::Node& node, std::size_t ind
     c.check_strict = e.from_case;
   }
   if (c.check.empty()) c.check = level_tensors;
+  if (has("taps")) {
+    const YAML::Node& v = val("taps");
+    for (const auto& t : string_list(v, "taps")) {
+      if (t != "q_rot" && t != "k_rot") {
+        const std::string near = closest_match(t, {"q_rot", "k_rot"});
+        fail(v, "'taps' takes q_rot and k_rot (q and k after the rotation), got '" + t + "'" +
+                    (near.empty() ? "" : " (did you mean '" + near + "'?)"));
+      }
+      if (std::find(c.taps.begin(), c.taps.end(), t) != c.taps.end()) fail(v, "'taps' lists " + t + " twice");
+      c.taps.push_back(t);
+    }
+    if (!c.taps.empty() && !c.rope) fail(v, "'taps' needs a 'rope:' block (they are q and k after the rotation)");
+    if (!c.taps.empty() && c.level == Level::rope)
+      fail(v, "'taps' belongs to the mha and core levels; at the rope level out is the rotated tensor");
+    c.check.insert(c.check.end(), c.taps.begin(), c.taps.end());
+  }
 
   std::vector<DimValues> shape, sweep;
   for (const char* key : {"shape", "sweep"}) {
@@ -766,7 +958,7 @@ void Parser::finish_point(CaseSpec& c, const SourceLoc& at) const {
   } else {
     std::vector<std::string> missing;
     for (const auto& dim : dim_names(c.level))
-      if (c.dims.get(dim) == 0) missing.push_back(dim);
+      if (c.dims.get(dim) == 0 && !(c.level == Level::rope && dim == "H")) missing.push_back(dim);
     if (!missing.empty())
       fail(at, "missing shape dim" + std::string(missing.size() > 1 ? "s " : " ") + join(missing) +
                    " (" + std::string(level_name(c.level)) + " level needs " +
@@ -776,6 +968,7 @@ void Parser::finish_point(CaseSpec& c, const SourceLoc& at) const {
     fail(at, "D=" + std::to_string(d.D) + " is not divisible by H=" + std::to_string(d.H) +
                  " (each head takes d = D / H channels; give the head width d in 'shape' for "
                  "Wq [H*d, D])");
+  check_rope(c);
 }
 
 void Parser::check_head_dims(const CaseSpec& c, const SourceLoc& at,
@@ -818,6 +1011,9 @@ void check_suite_file(const fs::path& file) {
 
 double case_memory_bytes(const CaseSpec& c) {
   const Dims& d = c.dims;
+  if (c.level == Level::rope)  // x, r, out, dx, the cos/sin tables, a side's copies: a few times x
+    return 8.0 * static_cast<double>(d.B) * static_cast<double>(std::max<std::int64_t>(d.H, 1)) *
+           static_cast<double>(d.T) * static_cast<double>(d.d) * static_cast<double>(dtype_size(c.dtype));
   AttentionDims a;
   a.mha = c.level == Level::mha;
   a.B = static_cast<double>(d.B);
@@ -851,6 +1047,7 @@ std::vector<std::pair<std::string, std::string>> missing_capabilities(const Case
   std::vector<std::pair<std::string, std::string>> out;
   if (c.level == Level::mha && !caps.mha) out.emplace_back("mha", "the case is at mha level");
   if (c.level == Level::core && !caps.core) out.emplace_back("core", "the case is at core level");
+  if (c.level == Level::rope && !caps.rope_level) out.emplace_back("rope-level", "the case is at rope level");
   if (c.causal && !caps.causal) out.emplace_back("causal", "the case is causal");
   if (!c.mask_file.empty() && !caps.bool_mask)
     out.emplace_back("mask", "the case has a boolean mask (" + c.mask_file.filename().string() + ")");
@@ -861,6 +1058,7 @@ std::vector<std::pair<std::string, std::string>> missing_capabilities(const Case
                                        std::to_string(c.dims.Hkv) + " kv heads");
   if (c.dtype == DType::float32 && !caps.float32) out.emplace_back("float32", "dtype: float32");
   if (c.dtype == DType::float64 && !caps.float64) out.emplace_back("float64", "dtype: float64");
+  if (c.rope && c.level != Level::rope && !caps.rope) out.emplace_back("rope", "the case has a 'rope:' block");
   return out;
 }
 

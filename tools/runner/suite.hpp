@@ -47,10 +47,11 @@ class ConfigError : public std::invalid_argument {
       : std::invalid_argument(where.str() + ": " + problem) {}
 };
 
-enum class Level { mha, core };
+// rope: the RoPE rotation alone, x [..., T, d] with positions -> out, dx.
+enum class Level { mha, core, rope };
 enum class InputLayout { contiguous, transposed, sliced };
 
-std::string_view level_name(Level level);           // "mha", "core"
+std::string_view level_name(Level level);           // "mha", "core", "rope"
 std::string_view layout_name(InputLayout layout);   // "contiguous", ...
 
 // allclose: |a - b| <= atol + rtol * |b|, b being the reference side.
@@ -61,6 +62,7 @@ struct Tolerance {
 
 // The sizes of one case. mha: B, T, D, H, optional Hkv and d (Wq [H*d, D],
 // Wk and Wv [Hkv*d, D], Wo [D, H*d]). core: B, H, optional Hkv, Tq, Tk, d.
+// rope: B, T, d and optionally H (x [B, H, T, d], else [B, T, d]).
 // 0 = not given: a reference case takes it from its files; Hkv 0 means H and
 // an mha-level d 0 means D / H.
 struct Dims {
@@ -77,6 +79,31 @@ const std::vector<std::string>& dim_names(Level level);
 const std::vector<std::string>& optional_dim_names(Level level);
 
 struct CaseFiles;  // what a case's files hold (inputs.hpp)
+
+// A case's `rope:` block: q and k rotated per head (docs/design.md). Token
+// positions are one of: an offset (p_t = offset + t, the default 0), an
+// explicit list (one row [T] shared by the batch, or B rows [B, T]), or a
+// generator over [B, T] where row b begins at b * start:
+//   gapped    steps 1, 2, 3, 1, 2, 3, ... (b*start, +1, +3, +6, +7, ...)
+//   reversed  b*start + T-1, ..., b*start + 1, b*start
+// At core level queries sit at q_offset + p_t, keys at p_t.
+struct RopeCase {
+  double theta = 10000.0;
+  RopeStyle style = RopeStyle::interleaved;
+  std::int64_t rotary_dim = 0;                  // r; 0 = the head width
+  std::int64_t offset = 0;
+  std::vector<std::vector<std::int64_t>> rows;  // explicit positions; empty: none
+  bool per_row = false;                         // rows were written [[...], ...]: one per batch row
+  std::string generator;                        // "gapped" | "reversed"; empty: none
+  std::int64_t start = 1000;                    // a generator's per-row step
+  std::int64_t q_offset = 0;
+  SourceLoc positions_at, rotary_dim_at;        // for errors found once dims are known
+  // "rope=half/r6" ("/r" only when r is given; then ",gapped", ",q_offset=3")
+  std::string describe() const;
+};
+// The positions a case's rope block gives at dims (b, t), with their shape
+// ([T] or [B, T]); empty values for offset positions (p_t = offset + t).
+std::vector<std::int64_t> rope_positions(const RopeCase& r, std::int64_t b, std::int64_t t, Shape& shape);
 
 struct CaseSpec {
   std::string name;       // "layouts[B=2,T=5,H=4]" for a point of a sweep
@@ -95,6 +122,8 @@ struct CaseSpec {
   CausalAlignment causal_alignment = CausalAlignment::top_left;  // `causal: bottom_right`; read only when causal
   std::optional<double> scale;         // default 1/sqrt(d)
   std::filesystem::path mask_file;     // core level bool mask (.npy); empty: none
+  std::optional<RopeCase> rope;        // the `rope:` block; none: no rotation
+  std::vector<std::string> taps;       // q_rot, k_rot: compared too (also listed in `check`)
   InputLayout layout = InputLayout::contiguous;
   std::uint64_t seed = 0;
   Tolerance tolerance;
@@ -119,7 +148,7 @@ struct Suite {
 };
 
 // The tensors a level produces, in report order:
-// mha: out, dx, dwq, dwk, dwv, dwo; core: out, dq, dk, dv.
+// mha: out, dx, dwq, dwk, dwv, dwo; core: out, dq, dk, dv; rope: out, dx.
 const std::vector<std::string>& tensor_names(Level level);
 
 // Timeouts are seconds in (0, kMaxTimeoutSeconds]: a day, far below where a

@@ -21,7 +21,7 @@
 // Bumped whenever a type of the SDK changes layout or meaning (the layout
 // table below catches a size change; tests/test_abi_layout.cpp pins the sizes
 // and offsets so that a change cannot go unnoticed).
-#define HEADGRAD_PLUGIN_ABI_VERSION 3
+#define HEADGRAD_PLUGIN_ABI_VERSION 4
 
 #define HEADGRAD_BUILD_INFO_MAGIC 0x49424748u  // "HGBI"
 

@@ -10,9 +10,11 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "headgrad/ops.hpp"
 
@@ -50,6 +52,16 @@ enum class CausalAlignment {
 };
 std::string_view causal_alignment_name(CausalAlignment alignment);  // "top_left" | "bottom_right"
 
+// Where rope_queries/rope_keys report q and k after the rotation, before the
+// scores (the runner's `taps: [q_rot, k_rot]`): each call appends a copy of
+// its result, one [B, H, T, d] or, from a plugin that rotates one head at a
+// time, one [B, T, d] per head in head order. A uniform shift of every
+// position shows here and at the rope level only: scores see differences.
+struct RopeTaps {
+  std::vector<Tensor> q_rot;
+  std::vector<Tensor> k_rot;
+};
+
 struct AttentionSpec {
   std::int64_t d_model = 0;       // D (mha level)
   std::int64_t num_heads = 1;     // H
@@ -64,6 +76,8 @@ struct AttentionSpec {
   // Combined with `causal` when both are set (a key is attended when both allow it).
   Tensor mask;
   RopeSpec rope;
+  // Optional sink for the rotated q and k; shared by the copies a layer makes.
+  std::shared_ptr<RopeTaps> rope_taps;
 
   std::int64_t head_dim() const { return head_width > 0 ? head_width : d_model / num_heads; }
   std::int64_t kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }

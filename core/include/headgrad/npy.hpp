@@ -31,6 +31,9 @@ class NpyError : public std::invalid_argument {
 };
 
 Tensor read_npy(const std::filesystem::path& file);
+// Like read_npy, and also reads int64 ('<i8', e.g. token positions) as float64
+// values; an integer beyond 2^53 (not exact in float64) is an NpyError.
+Tensor read_npy_integers(const std::filesystem::path& file);
 
 // Version 1.0 unless the header needs more than 65535 bytes, then 2.0.
 void write_npy(const std::filesystem::path& file, const Tensor& t);

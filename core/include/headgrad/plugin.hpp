@@ -75,6 +75,7 @@ struct Capabilities {
   bool dropout = false;         // dropout_p > 0 (never in comparisons)
   bool grouped_kv = false;      // num_kv_heads < num_heads (GQA/MQA)
   bool rope = false;            // rotary position embeddings
+  bool rope_level = false;      // rope_forward: the rotation alone (level: rope)
   std::vector<std::string> extra;  // free-form capabilities for what comes next
 };
 
@@ -99,6 +100,9 @@ class Attention {
   // q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv] -> [..., Tq, dv]
   virtual Variable core_forward(const Variable& q, const Variable& k, const Variable& v,
                                 const AttentionSpec& spec) const;
+  // x [..., T, d] -> [..., T, d]: the RoPE rotation alone (spec.enabled is not
+  // read). The default throws: the plugin lacks the rope level.
+  virtual Variable rope_forward(const Variable& x, const RopeSpec& spec) const;
 };
 
 // Thrown by the default implementations above, and by plugins for settings

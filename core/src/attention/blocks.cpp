@@ -91,13 +91,24 @@ Variable expand_kv_heads(const Variable& kv, std::int64_t group) {
   return group == 1 ? kv : repeat_interleave(kv, group, -3);
 }
 
+namespace {
+
+// A copy for the spec's tap sink, if it has one.
+Variable tapped(const Variable& rotated, const AttentionSpec& spec, bool queries) {
+  if (spec.rope_taps)
+    (queries ? spec.rope_taps->q_rot : spec.rope_taps->k_rot).push_back(rotated.data().clone());
+  return rotated;
+}
+
+}  // namespace
+
 Variable rope_keys(const Variable& k, const AttentionSpec& spec) {
-  return spec.rope.enabled ? rope(k, spec.rope) : k;
+  return spec.rope.enabled ? tapped(rope(k, spec.rope), spec, false) : k;
 }
 
 Variable rope_queries(const Variable& q, const AttentionSpec& spec) {
   if (!spec.rope.enabled) return q;
-  if (spec.rope.q_offset == 0) return rope(q, spec.rope);
+  if (spec.rope.q_offset == 0) return tapped(rope(q, spec.rope), spec, true);
   RopeSpec shifted = spec.rope;
   if (shifted.positions.defined()) {
     Tensor p = shifted.positions.clone();
@@ -106,7 +117,7 @@ Variable rope_queries(const Variable& q, const AttentionSpec& spec) {
   } else {
     shifted.offset += shifted.q_offset;
   }
-  return rope(q, shifted);
+  return tapped(rope(q, shifted), spec, true);
 }
 
 AttentionSpec fold_rope_positions(const AttentionSpec& spec, const Shape& x_shape) {

@@ -296,6 +296,7 @@ class HeaderParser {
 
 struct Header {
   DType dtype = DType::float64;
+  bool int64 = false;  // '<i8' read as float64 (read_npy_integers only)
   std::string descr;
   Shape shape;
   std::string shape_text;  // as numpy would print it, for messages
@@ -332,7 +333,7 @@ bool parse_dim(const std::string& text, std::int64_t& out) {
   return true;
 }
 
-Header interpret_header(std::string_view text, const std::string& where) {
+Header interpret_header(std::string_view text, const std::string& where, bool int64_ok) {
   auto entries = HeaderParser(text, where).parse_dict();
   const PyValue* descr = nullptr;
   const PyValue* fortran = nullptr;
@@ -352,7 +353,12 @@ Header interpret_header(std::string_view text, const std::string& where) {
     if (!value) throw NpyError(where, std::string("malformed header: missing key '") + name + "'");
 
   Header h;
-  h.dtype = dtype_from_descr(*descr, where);
+  if (int64_ok && descr->kind == PyValue::Kind::string && descr->text == "<i8") {
+    h.int64 = true;  // 8 bytes like float64: converted in place once read
+    h.dtype = DType::float64;
+  } else {
+    h.dtype = dtype_from_descr(*descr, where);
+  }
   h.descr = descr->text;
 
   if (fortran->kind != PyValue::Kind::boolean)
@@ -399,7 +405,7 @@ std::uint32_t read_le(const unsigned char* p, int n) {
   return v;
 }
 
-Tensor read_npy_from(ByteSource& src) {
+Tensor read_npy_from(ByteSource& src, bool int64_ok = false) {
   const std::string& where = src.where();
   const std::uint64_t total = src.size();
 
@@ -428,7 +434,7 @@ Tensor read_npy_from(ByteSource& src) {
   std::string text(header_len, '\0');
   if (src.read(text.data(), text.size()) < text.size())
     throw NpyError(where, "truncated header: the data ends inside the header");
-  Header h = interpret_header(text, where);
+  Header h = interpret_header(text, where, int64_ok);
 
   const std::uint64_t available = after_preamble - header_len;
   if (available < h.data_bytes)
@@ -454,6 +460,18 @@ Tensor read_npy_from(ByteSource& src) {
   // bool storage must hold exactly 0 or 1; other writers may store any nonzero byte.
   if (h.dtype == DType::boolean)
     for (std::size_t i = 0; i < n; ++i) bytes[i] = bytes[i] != 0;
+  if (h.int64) {
+    constexpr std::int64_t kExact = std::int64_t{1} << 53;  // float64 holds every integer up to here
+    auto* values = reinterpret_cast<double*>(bytes);
+    for (std::size_t i = 0; i < n / 8; ++i) {
+      std::int64_t v = 0;
+      std::memcpy(&v, bytes + 8 * i, 8);
+      if (v > kExact || v < -kExact)
+        throw NpyError(where, "integer " + std::to_string(v) + " at flat index " + std::to_string(i) +
+                                  " is beyond 2^53, which float64 cannot hold exactly");
+      values[i] = static_cast<double>(v);
+    }
+  }
   return t;
 }
 
@@ -578,6 +596,11 @@ std::uint64_t archive_size(const std::filesystem::path& file) {
 Tensor read_npy(const std::filesystem::path& file) {
   FileSource src(file);
   return read_npy_from(src);
+}
+
+Tensor read_npy_integers(const std::filesystem::path& file) {
+  FileSource src(file);
+  return read_npy_from(src, true);
 }
 
 Tensor parse_npy(std::span<const std::byte> bytes, const std::string& what) {

@@ -12,4 +12,8 @@ Variable Attention::core_forward(const Variable&, const Variable&, const Variabl
   throw UnsupportedError("plugin '" + info().name + "' does not implement the core level");
 }
 
+Variable Attention::rope_forward(const Variable&, const RopeSpec&) const {
+  throw UnsupportedError("plugin '" + info().name + "' does not implement the rope level");
+}
+
 }  // namespace headgrad

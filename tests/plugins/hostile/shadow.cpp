@@ -20,7 +20,7 @@ class Shadow final : public Attention {
     i.version = "0.0.1-shadow";
     i.description = "test plugin: takes per_head's name";
     Capabilities& c = i.capabilities;
-    c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = c.grouped_kv = true;
+    c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = c.grouped_kv = c.rope = c.rope_level = true;
     return i;
   }
 
@@ -28,11 +28,14 @@ class Shadow final : public Attention {
   Variable mha_forward(const Variable& x, const MhaWeights& w, const AttentionSpec& spec) const override {
     return batched_mha(x, w, spec, attention_core);
   }
+  // x [..., T, d]: the engine's rotation
+  Variable rope_forward(const Variable& x, const RopeSpec& spec) const override { return rope(x, spec); }
   // q [..., H, Tq, d], k [..., Hkv, Tk, d], v [..., Hkv, Tk, dv] -> [..., H, Tq, dv]
   Variable core_forward(const Variable& q, const Variable& k, const Variable& v,
                         const AttentionSpec& spec) const override {
     const std::int64_t group = kv_group(q, k, v, "shadow");  // it declares grouped_kv
-    return attention_core(q, expand_kv_heads(k, group), expand_kv_heads(v, group), spec);
+    return attention_core(rope_queries(q, spec), expand_kv_heads(rope_keys(k, spec), group),
+                          expand_kv_heads(v, group), without_rope(spec));
   }
 };
 
