@@ -39,9 +39,9 @@ void validate(const BenchConfig& c) {
       throw BenchConfigError("shape " + s.str() + ": Hkv must divide H (query head h reads kv head h / (H / Hkv))");
     // Refused before anything is allocated; without score buffers, so a shape
     // only a fused plugin can hold still runs (the others then report an error row).
-    const runner::AttentionDims dims{c.level == "mha", double(s.B), double(s.H), double(s.T),
-                                     double(s.T),      double(s.D / s.H), double(s.D), false,
-                                     double(s.kv_heads())};
+    const runner::AttentionDims dims{.mha = c.level == "mha", .B = double(s.B), .H = double(s.H),
+                                     .Tq = double(s.T), .Tk = double(s.T), .d = double(s.D / s.H),
+                                     .D = double(s.D), .Hkv = double(s.kv_heads()), .score_buffers = false};
     const runner::MemoryBudget budget = runner::memory_budget(std::nullopt);
     for (DType dtype : c.dtypes)
       if (const double need = runner::attention_bytes(dims, double(dtype_size(dtype))); need > budget.bytes)
