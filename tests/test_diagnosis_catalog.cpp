@@ -113,9 +113,9 @@ TEST_P(CatalogTest, HypothesisReproducesMutantAndDiffersFromCorrect) {
   const auto& vis = info.visibility;
   const std::string at = "B=" + std::to_string(s_.B) + ", T=" + std::to_string(s_.T) + ", D=" + std::to_string(s_.D) +
                          ", H=" + std::to_string(s_.H) + ", Hkv=" + std::to_string(s_.Hkv) + ", d=" + std::to_string(s_.d);
-  // Tq = Tk = T, no fully masked row, small logits here: such bugs cannot show
-  // (CrossLengthCatalogTest and EdgeCatalogTest show them).
-  if (vis.needs_tq_ne_tk || vis.needs_empty_row || vis.needs_large_logits)
+  // Tq = Tk = T, no boolean mask (so no fully masked row), small logits here:
+  // such bugs cannot show (CrossLengthCatalogTest and EdgeCatalogTest show them).
+  if (vis.needs_tq_ne_tk || vis.needs_empty_row || vis.needs_large_logits || vis.needs_mask)
     EXPECT_LT(distance_from_correct, 1e-12) << info.name << " shows at " << at;
   else
     EXPECT_GT(distance_from_correct, 1e-3) << info.name << " is invisible at " << at;
@@ -199,14 +199,14 @@ TEST_P(CrossLengthCatalogTest, HypothesisReproducesMutantOnlyWhereTqDiffersFromT
   }
 }
 
-// Bugs that need a query row with every key masked or logits past exp's
-// range: reproduced at a core shape that has one, and different from the
-// correct attention there (the correct one gives a fully masked row zeros
-// and stays finite at any logit).
+// Bugs that need a boolean mask, a query row with every key masked or logits
+// past exp's range: reproduced at a core shape that has one, and different
+// from the correct attention there (the correct one gives a fully masked row
+// zeros and stays finite at any logit).
 std::vector<BugInfo> edge_bugs() {
   std::vector<BugInfo> out;
   for (const auto& b : bug_catalog())
-    if (b.visibility.needs_empty_row || b.visibility.needs_large_logits) out.push_back(b);
+    if (b.visibility.needs_empty_row || b.visibility.needs_large_logits || b.visibility.needs_mask) out.push_back(b);
   return out;
 }
 
@@ -222,7 +222,7 @@ TEST_P(EdgeCatalogTest, HypothesisReproducesMutantWhereTheEdgeIs) {
   const Tensor v = randn({2, 2, 5, 3}, DType::float64, gen);
   const Tensor r = randn({2, 2, 4, 3}, DType::float64, gen);
   AttentionSpec spec;
-  if (info.visibility.needs_empty_row) {  // [Tq, Tk]: query 2 sees no key, the others all but key 4
+  if (info.visibility.needs_empty_row || info.visibility.needs_mask) {  // [Tq, Tk]: query 2 sees no key, the others all but key 4
     Tensor m = Tensor::empty({4, 5}, DType::boolean);
     for (std::int64_t i = 0; i < 4; ++i)
       for (std::int64_t j = 0; j < 5; ++j) m.set({i, j}, i != 2 && j != 4);

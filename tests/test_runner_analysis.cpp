@@ -267,7 +267,7 @@ TEST(Localize, MaskFileVariantsThatCannotRunAreSaidPlainly) {
 // put in place of fused_sdpa / batched in the default suite's core cases.
 TEST_F(Analysis, DefaultSuiteCatchesAndNamesTheEdgeCaseBugs) {
   const Suite suite = load_suite(HEADGRAD_SOURCE_ROOT "/configs/default.yaml");
-  for (const std::string bug : {"mask_fill_finite", "softmax_no_max_subtraction", "causal_alignment"}) {
+  for (const std::string bug : {"mask_fill_finite", "softmax_no_max_subtraction", "causal_alignment", "mask_ignored"}) {
     std::size_t caught = 0, named = 0;
     for (CaseSpec c : suite.cases) {
       // (RoPE cases left out: the mutants do not rotate, so they fail there for that)
@@ -455,10 +455,10 @@ TEST(MutantsSuiteCli, PrintsAFullMutationScore) {
   while (std::size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
   const int status = pclose(pipe);
   EXPECT_EQ(WEXITSTATUS(status), 0) << out;
-  EXPECT_NE(out.find("mutation score: 23/23 mutants caught (100%), 23/23 named correctly (100%)"),
+  EXPECT_NE(out.find("mutation score: 24/24 mutants caught (100%), 24/24 named correctly (100%)"),
             std::string::npos)
       << out;
-  EXPECT_NE(out.find("23 passed, 0 failed"), std::string::npos) << out;
+  EXPECT_NE(out.find("24 passed, 0 failed"), std::string::npos) << out;
 }
 
 }  // namespace
@@ -502,3 +502,40 @@ TEST(WeakSuite, RopeBlindSpots) {
   for (const auto& w : warnings_for("  - {name: a, compare: [per_head, batched], shape: {B: 2, T: 4, D: 8, H: 2}}\n"))
     EXPECT_EQ(w.condition.find("RoPE"), std::string::npos) << w.message;
 }
+
+namespace {
+
+// A plugin that declares bool_mask in a suite without a boolean mask: the suite
+// cannot catch a plugin that ignores spec.mask. Mutants (which all declare it)
+// do not count; one mask case anywhere silences it.
+TEST(WeakSuite, DeclaredMaskWithoutAMaskCase) {
+  PluginRegistry reg;
+  reg.load_directories(plugin_search_path({RUNNER_TEST_PLUGIN_DIR}));
+  auto capability = [&](const std::string& cases_yaml) {
+    static Suite keep;
+    keep = parse_suite("suite: w\ncases:\n" + cases_yaml, HEADGRAD_SOURCE_ROOT "/configs/w.yaml");
+    std::vector<const CaseSpec*> ptrs;
+    for (const auto& c : keep.cases) ptrs.push_back(&c);
+    return capability_warnings(ptrs, reg);
+  };
+  const auto no_mask = capability("  - {name: a, compare: [batched, per_head], shape: {B: 2, T: 3, D: 8, H: 2}}\n");
+  ASSERT_EQ(no_mask.size(), 1u);
+  EXPECT_EQ(no_mask[0].condition, "no case has a boolean mask, though batched, per_head declare bool_mask");
+  EXPECT_EQ(no_mask[0].bugs, std::vector<std::string>{"mask_ignored"});
+  EXPECT_NE(no_mask[0].message.find("so it cannot catch mask_ignored"), std::string::npos) << no_mask[0].message;
+  EXPECT_TRUE(capability("  - {name: a, compare: [mutant_no_scale, mutant_kv_swapped], shape: {B: 2, T: 3, D: 8, H: 2}}\n")
+                  .empty());
+  EXPECT_TRUE(capability("  - {name: a, compare: [batched, per_head], shape: {B: 2, T: 3, D: 8, H: 2}}\n"
+                         "  - {name: m, level: core, causal: false, compare: [batched, per_head], mask: "
+                         "masks/padding_B2_Tq5_Tk7.npy, shape: {B: 2, H: 2, Tq: 5, Tk: 7, d: 4}}\n")
+                  .empty());
+  // run_suite reports it beside the shape warnings
+  const Suite one = parse_suite("suite: w\ncases:\n  - {name: a, compare: [batched, per_head], shape: {B: 2, T: 3, D: 8, H: 2}}\n",
+                                "w.yaml");
+  const SuiteResult r = run_suite(one, reg, {});
+  EXPECT_TRUE(std::any_of(r.warnings.begin(), r.warnings.end(), [](const WeakSuiteWarning& w) {
+    return w.condition == "no case has a boolean mask, though batched, per_head declare bool_mask";
+  }));
+}
+
+}  // namespace

@@ -27,6 +27,7 @@ Tensor mutant_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t tk) 
   if (kBug == "missing_causal_mask") s.causal = false;  // BUG: the causal flag is ignored
   if (kBug == "causal_alignment")  // BUG: FlashAttention's convention whatever is asked
     s.causal_alignment = CausalAlignment::bottom_right;
+  if (kBug == "mask_ignored") s.mask = Tensor();  // BUG: only the causal flag is read, spec.mask never
   const bool wrong_causal =
       kBug == "causal_mask_excludes_diagonal" || kBug == "causal_mask_inverted";
   if (!s.causal || !wrong_causal) return attention_mask(s, tq, tk);

@@ -624,6 +624,33 @@ std::vector<WeakSuiteWarning> weak_suite_warnings(const std::vector<const CaseSp
   return out;
 }
 
+std::vector<WeakSuiteWarning> capability_warnings(const std::vector<const CaseSpec*>& cases,
+                                                  const PluginRegistry& registry) {
+  std::vector<WeakSuiteWarning> out;
+  const bool any_mask = std::any_of(cases.begin(), cases.end(), [](const CaseSpec* c) {
+    return !c->mask_file.empty() || (c->files && c->files->mask.defined());
+  });
+  if (any_mask) return out;
+  std::vector<std::string> declaring;  // the plugins that say they read spec.mask, in suite order
+  for (const CaseSpec* c : cases)
+    for (const std::string& name : c->compare) {
+      const FoundPlugin* p = registry.find_found(name);
+      if (!p) p = registry.find(name);
+      if (p && !p->info.mutant && p->info.capabilities.bool_mask &&
+          std::find(declaring.begin(), declaring.end(), name) == declaring.end())
+        declaring.push_back(name);
+    }
+  if (declaring.empty()) return out;
+  std::vector<std::string> bugs;
+  for (const auto& b : bug_catalog())
+    if (b.visibility.needs_mask) bugs.emplace_back(b.name);
+  std::string condition = "no case has a boolean mask, though " + join(declaring, ", ") +
+                          (declaring.size() == 1 ? " declares" : " declare") + " bool_mask";
+  std::string msg = "weak suite: " + condition + ", so it cannot catch " + join(bugs, ", ");
+  out.push_back({std::move(condition), std::move(bugs), std::move(msg)});
+  return out;
+}
+
 // ---------------------------------------------------------------- the job
 
 CaseResult check_case(const CaseSpec& spec, const PluginRegistry& registry, const RunOptions& options) {
@@ -658,6 +685,7 @@ SuiteResult run_suite(const Suite& suite, const PluginRegistry& registry, const 
   result.file = suite.file;
   const std::vector<const CaseSpec*> cases = select_cases(suite, options.filter);
   result.warnings = weak_suite_warnings(cases);
+  for (auto& w : capability_warnings(cases, registry)) result.warnings.push_back(std::move(w));
   for (std::size_t i = 0; i < cases.size(); ++i) {
     if (options.on_case_start) options.on_case_start(i, cases.size(), *cases[i]);
     result.cases.push_back(check_case(*cases[i], registry, options));

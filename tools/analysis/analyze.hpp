@@ -73,4 +73,10 @@ Diagnosis diagnose(const CaseResult& failed, const CaseInputs& inputs);
 
 std::vector<WeakSuiteWarning> weak_suite_warnings(const std::vector<const CaseSpec*>& cases);
 
+// The blind spots that depend on what the suite's plugins declare (mutants left
+// out): a plugin that declares bool_mask while no case has a boolean mask.
+// run_suite adds these to weak_suite_warnings'.
+std::vector<WeakSuiteWarning> capability_warnings(const std::vector<const CaseSpec*>& cases,
+                                                  const PluginRegistry& registry);
+
 }  // namespace headgrad::analysis

@@ -13,7 +13,7 @@ constexpr std::string_view kNames[] = {
 
 // Field order: needs_heads, needs_seq, needs_batch, needs_causal, needs_d_lt_D, mha_only,
 // needs_tq_ne_tk, needs_empty_row, needs_large_logits, needs_group, needs_kv_heads,
-// needs_non_square (false when left out)
+// needs_non_square, needs_mask (false when left out)
 // Each entry's name is filled in from bug_names.def below.
 constexpr std::array<BugInfo, static_cast<std::size_t>(Bug::count_)> kEntries{{
     {Bug::split_without_transpose, {},
@@ -87,6 +87,11 @@ constexpr std::array<BugInfo, static_cast<std::size_t>(Bug::count_)> kEntries{{
      "and give NaN",
      "softmax(s) = exp(s - max(s)) / sum(exp(s - max(s))) (or use the library's softmax)",
      {false, false, false, false, false, false, false, false, true}},
+    {Bug::mask_ignored, {},
+     "the boolean mask (spec.mask) is ignored: queries attend the keys the mask hides (the causal mask, if any, "
+     "is still applied)",
+     "combine spec.mask with the causal mask (attention_mask(spec, Tq, Tk) does) before the softmax, True = attend",
+     {false, false, false, false, false, false, false, false, false, false, false, false, true}},
     // Grouped kv heads: query head h must read kv head h / G (G = H / Hkv), and
     // the gradient of a kv head is the sum over its G query heads.
     {Bug::kv_map_tile, {},

@@ -15,6 +15,7 @@ Tensor hypothesis_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t 
   AttentionSpec s = spec;
   if (is(bug, Bug::missing_causal_mask)) s.causal = false;
   if (is(bug, Bug::causal_alignment)) s.causal_alignment = CausalAlignment::bottom_right;
+  if (is(bug, Bug::mask_ignored)) s.mask = Tensor();
   const bool wrong = is(bug, Bug::causal_mask_excludes_diagonal) || is(bug, Bug::causal_mask_inverted);
   if (!s.causal || !wrong) return attention_mask(s, tq, tk);
   s.causal = false;
