@@ -1,5 +1,5 @@
 // `headgrad new-plugin NAME DIR` (tools/template): NAME checked as a C
-// identifier, DIR new or empty, the four files written with the name filled in,
+// identifier, DIR new or empty, the files written with the name filled in,
 // and exit codes through the CLI11 subcommand. That the project builds and its
 // suite passes against an installed headgrad is test_install.sh's part.
 #include "template/template.hpp"
@@ -90,7 +90,8 @@ TEST_F(Scratch, WritesTheFourFilesWithTheNameFilledIn) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.out, "wrote " + (root_ / "proj").string()));
   EXPECT_TRUE(contains(r.out, "headgrad run suite.yaml --plugin-path build"));
-  for (const char* f : {"meson.build", "my_attn.cpp", "suite.yaml", "README.md"})
+  for (const char* f : {"meson.build", "my_attn.cpp", "suite.yaml", "README.md", "masks/padding_B2_Tq5_Tk7.npy",
+                        "masks/empty_row_B2_Tq4_Tk6.npy"})
     EXPECT_TRUE(fs::is_regular_file(root_ / "proj" / f)) << f;
 
   const std::string meson = read(root_ / "proj" / "meson.build");
@@ -105,12 +106,23 @@ TEST_F(Scratch, WritesTheFourFilesWithTheNameFilledIn) {
   EXPECT_TRUE(contains(src, "CHANGE HERE"));
   // test_install.sh breaks this line on purpose: it must stay unique.
   EXPECT_EQ(count(src, "reshape(transpose(o, 1, 2), {b, t, dm})"), 1u);
+  // ... and test_uninstalled_plugin.sh these (a finite fill, no max subtracted, the mask ignored or aligned bottom-right)
+  EXPECT_EQ(count(src, "logical_not(attend), -INFINITY)"), 1u);
+  EXPECT_EQ(count(src, "return matmul(softmax(masked, -1), v);"), 1u);
+  EXPECT_EQ(count(src, "attention_mask(spec, q.size(-2), k.size(-2))"), 1u);
   EXPECT_EQ(count(src, "@NAME@") + count(src, "@CLASS@"), 0u);
 
   const std::string suite = read(root_ / "proj" / "suite.yaml");
   EXPECT_TRUE(contains(suite, "compare: [my_attn, per_head]"));
   EXPECT_TRUE(contains(suite, "input_layout: transposed"));
   EXPECT_TRUE(contains(suite, "sweep: {B: [1, 2], T: [1, 5, 17], H: [1, 2, 4], D: [24]}"));
+  // the edge cases: a decode step, Tq > Tk, a boolean mask, a fully masked row, large logits in both dtypes
+  EXPECT_TRUE(contains(suite, "shape: {B: 2, H: 2, Tq: 1, Tk: 7, d: 4}"));
+  EXPECT_TRUE(contains(suite, "shape: {B: 2, H: 2, Tq: 6, Tk: 4, d: 4}"));
+  EXPECT_TRUE(contains(suite, "mask: masks/padding_B2_Tq5_Tk7.npy"));
+  EXPECT_TRUE(contains(suite, "mask: masks/empty_row_B2_Tq4_Tk6.npy"));
+  EXPECT_EQ(count(suite, "scale: 2000"), 1u);
+  EXPECT_EQ(count(suite, "scale: 200 "), 1u);
 }
 
 TEST_F(Scratch, AnEmptyFolderIsAccepted) {

@@ -11,6 +11,9 @@
 
 #include <boost/dll/runtime_symbol_info.hpp>
 
+#include <headgrad/npy.hpp>
+#include <headgrad/tensor.hpp>
+
 namespace fs = std::filesystem;
 
 namespace headgrad::templates {
@@ -180,6 +183,37 @@ cases:
     level: core
     causal: true
     shape: {B: 2, H: 3, Tq: 5, Tk: 7, d: 4}
+
+  # Edge cases: realistic bugs that pass every case above show only here.
+  - name: decode step, Tq = 1
+    level: core
+    shape: {B: 2, H: 2, Tq: 1, Tk: 7, d: 4}      # a bottom-right causal mask shows at Tq != Tk
+  - name: more queries than keys
+    level: core
+    shape: {B: 2, H: 2, Tq: 6, Tk: 4, d: 4}
+  # The boolean mask cases: keep them while info() declares c.bool_mask (a
+  # plugin that ignores spec.mask passes everything else).
+  - name: boolean mask, padding and holes
+    level: core
+    causal: false
+    mask: masks/padding_B2_Tq5_Tk7.npy            # [B, 1, Tq, Tk] bool, True = attend
+    shape: {B: 2, H: 3, Tq: 5, Tk: 7, d: 4}
+  - name: a query row with every key masked
+    level: core
+    causal: false
+    mask: masks/empty_row_B2_Tq4_Tk6.npy          # its output and gradients must be zeros
+    shape: {B: 2, H: 2, Tq: 4, Tk: 6, d: 4}
+  - name: large logits
+    level: core
+    scale: 2000                                   # scores past 709: exp overflows without the row max subtracted
+    shape: {B: 2, H: 2, Tq: 4, Tk: 4, d: 4}
+  - name: large logits, float32
+    level: core
+    dtype: float32
+    atol: 1.0e-5
+    rtol: 1.0e-4
+    scale: 200                                    # past 88, float32's exp range
+    shape: {B: 2, H: 2, Tq: 4, Tk: 4, d: 4}
 )tmpl";
 
 constexpr std::string_view kReadme = R"tmpl(# @NAME@
@@ -206,8 +240,12 @@ A plain compiler works too:
 
 compares @NAME@ with `per_head` (the oracle) on the output and on the
 gradients of x, Wq, Wk, Wv, Wo, over several heads, sequence lengths, batch
-sizes and non-contiguous inputs. Exit code 0: every case agrees; 1: a
-comparison failed (the report says which tensor, batch, head and position).
+sizes and non-contiguous inputs, and on the edge cases where realistic bugs
+hide: a decode step (Tq = 1), more queries than keys, a boolean mask
+(masks/*.npy, True = attend), a query row with every key masked, and logits
+large enough that a softmax without the row max subtracted overflows. Exit
+code 0: every case agrees; 1: a comparison failed (the report says which
+tensor, batch, head and position, and names the bug when it is a known one).
 `headgrad plugins --plugin-path build` shows what headgrad sees of the plugin.
 
 ## Good to know
@@ -261,18 +299,30 @@ std::string fill(std::string_view text, const std::string& name) {
   return replace_all(replace_all(text, "@NAME@", name), "@CLASS@", class_name_for(name));
 }
 
-// Where the running headgrad's headgrad.pc is, when it runs from an
-// installation (bin/headgrad -> <libdir>/pkgconfig/headgrad.pc); empty otherwise.
-fs::path installed_pkgconfig_dir() {
-#ifdef HEADGRAD_BIN_TO_PKGCONFIG
-  boost::system::error_code bec;
-  const fs::path exe = boost::dll::program_location(bec).string();
-  if (bec || exe.empty()) return {};
-  std::error_code ec;
-  const fs::path dir = fs::weakly_canonical(exe.parent_path() / HEADGRAD_BIN_TO_PKGCONFIG, ec);
-  if (!ec && fs::is_regular_file(dir / "headgrad.pc", ec)) return dir;
-#endif
-  return {};
+// The suite's mask files, [B, 1, Tq, Tk] bool (True = attend), the same
+// values as configs/masks/make_masks.py writes for headgrad's own suites.
+// Batch item b pads its last b + 1 keys away; each query also skips the keys
+// j with (i + j) % 4 == 3, never its last valid key.
+Tensor padding_mask(std::int64_t b_n, std::int64_t tq, std::int64_t tk) {
+  std::vector<double> v;
+  for (std::int64_t b = 0; b < b_n; ++b) {
+    const std::int64_t valid = tk - (b + 1);
+    for (std::int64_t i = 0; i < tq; ++i)
+      for (std::int64_t j = 0; j < tk; ++j) v.push_back(j < valid && ((i + j) % 4 != 3 || j == valid - 1));
+  }
+  return Tensor::from_values(v, {b_n, 1, tq, tk}, DType::boolean);
+}
+
+// Batch item b's query row (2b + 1) % Tq has every key masked; the other rows
+// skip the keys j with (i + j) % 3 == 2, never all of them.
+Tensor empty_row_mask(std::int64_t b_n, std::int64_t tq, std::int64_t tk) {
+  std::vector<double> v;
+  for (std::int64_t b = 0; b < b_n; ++b) {
+    const std::int64_t empty = (2 * b + 1) % tq;
+    for (std::int64_t i = 0; i < tq; ++i)
+      for (std::int64_t j = 0; j < tk; ++j) v.push_back(i != empty && ((i + j) % 3 != 2 || j == 0));
+  }
+  return Tensor::from_values(v, {b_n, 1, tq, tk}, DType::boolean);
 }
 
 }  // namespace
@@ -298,6 +348,29 @@ std::string class_name_for(std::string_view name) {
   }
   if (out.empty() || std::isdigit(static_cast<unsigned char>(out[0]))) out = "Plugin" + out;
   return out + "Attention";
+}
+
+SdkLocation sdk_for_program(const fs::path& exe) {
+  SdkLocation sdk;
+  std::error_code ec;
+  const fs::path folder = fs::weakly_canonical(exe, ec).parent_path();
+  if (ec || exe.empty()) return sdk;
+#if defined(HEADGRAD_BUILD_TOOLS_DIR) && defined(HEADGRAD_UNINSTALLED_PKGCONFIG)
+  // the program built in this build tree: its own headgrad.pc, and itself by path
+  if (folder == fs::weakly_canonical(HEADGRAD_BUILD_TOOLS_DIR, ec) && !ec &&
+      fs::is_regular_file(fs::path(HEADGRAD_UNINSTALLED_PKGCONFIG) / "headgrad.pc", ec)) {
+    sdk.pkgconfig_dir = HEADGRAD_UNINSTALLED_PKGCONFIG;
+    sdk.headgrad = (folder / exe.filename()).string();
+    sdk.uninstalled = true;
+    return sdk;
+  }
+#endif
+#ifdef HEADGRAD_BIN_TO_PKGCONFIG
+  // an installation: bin/headgrad -> <libdir>/pkgconfig/headgrad.pc
+  const fs::path dir = fs::weakly_canonical(folder / HEADGRAD_BIN_TO_PKGCONFIG, ec);
+  if (!ec && fs::is_regular_file(dir / "headgrad.pc", ec)) sdk.pkgconfig_dir = dir;
+#endif
+  return sdk;
 }
 
 std::vector<fs::path> write_plugin_project(const std::string& name, const fs::path& dir) {
@@ -329,6 +402,14 @@ std::vector<fs::path> write_plugin_project(const std::string& name, const fs::pa
     if (!os) throw std::runtime_error("cannot write " + path.string());
     written.push_back(path);
   }
+  fs::create_directories(dir / "masks", ec);
+  if (ec) throw std::runtime_error("cannot create " + (dir / "masks").string() + ": " + ec.message());
+  for (const auto& [file, mask] : {std::pair{"padding_B2_Tq5_Tk7.npy", padding_mask(2, 5, 7)},
+                                   std::pair{"empty_row_B2_Tq4_Tk6.npy", empty_row_mask(2, 4, 6)}}) {
+    const fs::path path = dir / "masks" / file;
+    write_npy(path, mask);  // throws std::runtime_error naming the file
+    written.push_back(path);
+  }
   return written;
 }
 
@@ -341,12 +422,19 @@ int run_new_plugin(const std::string& name, const fs::path& dir, std::ostream& o
     return kExitUsage;
   }
   out << "wrote " << dir.string() << ":";
-  for (const auto& f : written) out << " " << f.filename().string();
-  out << "\nnext:\n  cd " << dir.string() << "\n";
-  if (const fs::path pc = installed_pkgconfig_dir(); !pc.empty())
-    out << "  export PKG_CONFIG_PATH=" << pc.string() << "${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}\n";
+  for (const auto& f : written) out << " " << f.lexically_relative(dir).string();
+  out << "\n";
+  boost::system::error_code bec;
+  const fs::path exe = boost::dll::program_location(bec).string();
+  const SdkLocation sdk = bec ? SdkLocation{} : sdk_for_program(exe);
+  if (sdk.uninstalled)
+    out << "this headgrad is an uninstalled build (" << sdk.headgrad
+        << "): the steps below build the plugin against it, not against an installed headgrad\n";
+  out << "next:\n  cd " << dir.string() << "\n";
+  if (!sdk.pkgconfig_dir.empty())
+    out << "  export PKG_CONFIG_PATH=" << sdk.pkgconfig_dir.string() << "${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}\n";
   out << "  meson setup build && ninja -C build\n"
-      << "  headgrad run suite.yaml --plugin-path build\n"
+      << "  " << sdk.headgrad << " run suite.yaml --plugin-path build\n"
       << "then change " << name << ".cpp where it says CHANGE HERE.\n";
   return kExitOk;
 }
@@ -359,7 +447,7 @@ void add_new_plugin_command(CLI::App& app, int& exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "new-plugin",
       "Write a ready-to-build plugin project in DIR: meson.build (dependency('headgrad')), NAME.cpp (a correct "
-      "batched attention from core ops, the places to change marked), suite.yaml (NAME against per_head) and "
+      "batched attention from core ops, the places to change marked), suite.yaml (NAME against per_head), masks/ and "
       "README.md.");
   cmd->add_option("name", args->name, "the plugin's name: a C identifier (also its library and source name)")
       ->required()

@@ -1,8 +1,9 @@
 // `headgrad new-plugin NAME DIR`: writes a ready-to-build plugin project
 // outside headgrad's tree: meson.build (dependency('headgrad')), NAME.cpp (a
 // correct batched attention built from core ops, the places to change marked),
-// suite.yaml (NAME against per_head across heads, lengths, batch sizes and
-// non-contiguous inputs) and README.md. The text lives here, not in data files,
+// suite.yaml (NAME against per_head across heads, lengths, batch sizes,
+// non-contiguous inputs and the edge cases: Tq = 1, Tq > Tk, a boolean mask, a
+// fully masked row, large logits), masks/*.npy (its mask files) and README.md. The text lives here, not in data files,
 // so an installed headgrad needs nothing else.
 //
 //   CLI::App app;  int exit_code = 0;
@@ -33,6 +34,19 @@ std::string class_name_for(std::string_view name);
 // Throws std::runtime_error when a file cannot be written.
 std::vector<std::filesystem::path> write_plugin_project(const std::string& name,
                                                         const std::filesystem::path& dir);
+
+// How a generated project finds the headgrad that wrote it. An installed
+// program (bin/headgrad): its installation's headgrad.pc folder. The
+// uninstalled program of this build tree (build/tools/headgrad): the build's
+// own headgrad.pc (its source headers and libheadgrad.so) and the program's
+// path, so that neither pkg-config nor the shell picks another installed
+// headgrad. Anything else: nothing known (pkg-config's own search, `headgrad`).
+struct SdkLocation {
+  std::filesystem::path pkgconfig_dir;  // empty: leave PKG_CONFIG_PATH alone
+  std::string headgrad = "headgrad";    // the command that runs the suite
+  bool uninstalled = false;
+};
+SdkLocation sdk_for_program(const std::filesystem::path& exe);
 
 // The subcommand's work: 0 on success (files and next steps on `out`); 2 with
 // "headgrad: error: ..." on `err` for a bad NAME or DIR or a failed write.
