@@ -481,6 +481,17 @@ TEST_F(Cli, UsageErrorsExitTwo) {
   EXPECT_EQ(unwritable.out, "");  // refused before any case ran
 }
 
+// Each report flag: a folder that does not exist is refused before any case runs.
+TEST_F(Cli, EveryReportFlagRefusesAMissingFolder) {
+  for (const std::string flag : {"--json", "--junit", "--html"}) {
+    const Outcome r = headgrad({"run", (kFixtures / "pass.yaml").string(), flag, "/no/such/dir/report"});
+    EXPECT_EQ(r.code, 2) << flag << ": " << r.out << r.err;
+    EXPECT_NE(r.err.find(flag + " /no/such/dir/report: the folder /no/such/dir does not exist"), std::string::npos)
+        << r.err;
+    EXPECT_EQ(r.out, "") << flag;  // refused before any case ran
+  }
+}
+
 TEST_F(Cli, EverySubcommandHasHelp) {
   for (const char* sub : {"run", "plugins", "export"}) {
     const Outcome r = headgrad({sub, "--help"});
