@@ -29,6 +29,7 @@ constexpr std::string_view kMesonBuild = R"tmpl(# @NAME@: a headgrad attention p
 #   meson setup build && ninja -C build
 # If Meson cannot find headgrad, point pkg-config at the installation:
 #   PKG_CONFIG_PATH=<prefix>/lib/<triplet>/pkgconfig meson setup build
+# or at a headgrad build tree (not installed): <build>/tools/template.
 project('@NAME@', 'cpp',
   version : '0.1.0',
   default_options : ['cpp_std=c++20', 'buildtype=release', 'warning_level=2'])
@@ -228,7 +229,10 @@ change `@NAME@.cpp` where it says CHANGE HERE.
     ninja -C build           # -> build/@NAME@.so
 
 If headgrad is installed under a prefix pkg-config does not search, add
-`PKG_CONFIG_PATH=<prefix>/lib/<triplet>/pkgconfig` in front of `meson setup`.
+`PKG_CONFIG_PATH=<prefix>/lib/<triplet>/pkgconfig` in front of `meson setup`;
+for a headgrad build tree that was never installed,
+`PKG_CONFIG_PATH=<build>/tools/template` (and run `<build>/tools/headgrad`).
+`headgrad new-plugin` printed the right line for the headgrad that ran it.
 A plain compiler works too:
 
     c++ -std=c++20 -O2 -shared -fPIC -fvisibility=hidden @NAME@.cpp -o @NAME@.so \
