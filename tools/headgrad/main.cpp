@@ -266,6 +266,9 @@ int cmd_run(const RunArgs& a) {
   // Only the plugins the selected cases name are loaded into this process.
   PluginRegistry registry = probed_registry(a);
   registry.load(plugins_named_by(selected));
+  // The oracle of the relative_to_baseline rule (golden and baseline), when it is on the path.
+  if (std::any_of(selected.begin(), selected.end(), [](const CaseSpec* c) { return c->relative_rule(); }))
+    registry.load({"per_head"});
   if (report_missing_plugins(selected, registry, search_path(a))) return kExitPlugin;
   report_shadowed_plugins(registry);
   check_capabilities(selected, registry);

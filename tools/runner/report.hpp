@@ -41,6 +41,14 @@ std::string status_label(CaseStatus s); // "OK", "FAIL", "ERROR", "XFAIL", "XPAS
 std::string pair_label(const CaseResult& r);  // "per_head vs batched"
 // The lines that expand one tensor's figures (no color), indented by `indent`.
 std::string tensor_details(const TensorComparison& t, const CaseResult& r, std::size_t indent);
+// Under relative_to_baseline, a ratio (error / the oracle's own error in the
+// dtype) up to this reads "as accurate as the oracle in this dtype": a second
+// correct implementation measures 0.9 .. 1.2, a bug 1e3 and more.
+inline constexpr double kAsAccurateRatio = 1.5;
+// "as accurate as the oracle in this dtype" | "1.2e+05x the oracle's own error in this dtype"
+std::string baseline_verdict(const BaselineCheck& b);
+// tensor_details of a tensor judged by relative_to_baseline.
+std::string baseline_details(const TensorComparison& t, const CaseResult& r, std::size_t indent);
 // Every differing tensor's details (all tensors with `all`), for failure texts.
 std::string case_details(const CaseResult& r, bool all, std::size_t indent);
 // The diagnosis, where the error lives and the localization table, as lines
