@@ -35,6 +35,7 @@ TerminalStyle terminal_style(const std::vector<const CaseSpec*>& cases, bool col
 
 // ---- shared formatting ----
 std::string format_figure(double x);    // "2.2e-16"; "nan", "inf"
+std::string format_ratio(double x);     // "1.07" from 0.01 to 1e4, else as format_figure
 std::string format_value(double x);     // "0.123456789" (%.9g)
 std::string format_duration(double s);  // "3 ms", "1.20 s"
 std::string status_label(CaseStatus s); // "OK", "FAIL", "ERROR", "XFAIL", "XPASS"

@@ -25,6 +25,13 @@ std::string format_figure(double x) {
   return buf;
 }
 
+std::string format_ratio(double x) {
+  if (!std::isfinite(x) || x < 1e-2 || x >= 1e4) return format_figure(x);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", x);
+  return buf;
+}
+
 std::string format_value(double x) {
   char buf[40];
   std::snprintf(buf, sizeof buf, "%.9g", x);
@@ -54,7 +61,7 @@ std::string pair_label(const CaseResult& r) { return r.lhs_label + " vs " + r.rh
 std::string baseline_verdict(const BaselineCheck& b) {
   if (std::isnan(b.err)) return "NaN against the golden";
   if (b.ratio <= kAsAccurateRatio) return "as accurate as the oracle in this dtype";
-  return format_figure(b.ratio) + "x the oracle's own error in this dtype";
+  return format_ratio(b.ratio) + "x the oracle's own error in this dtype";
 }
 
 std::string baseline_details(const TensorComparison& t, const CaseResult& r, std::size_t indent) {
@@ -62,7 +69,7 @@ std::string baseline_details(const TensorComparison& t, const CaseResult& r, std
   const BaselineCheck& b = *t.baseline;
   const std::string under(t.name.size() + 2, ' ');
   std::string s = pad + t.name + "  " + b.side + " vs golden " + format_figure(b.err) + "  baseline " +
-                  format_figure(b.baseline_err) + "  ratio " + format_figure(b.ratio) + "  " +
+                  format_figure(b.baseline_err) + "  ratio " + format_ratio(b.ratio) + "  " +
                   (t.allclose ? "ok" : "FAIL") + ": " + std::to_string(t.mismatched) + " of " + std::to_string(t.numel) +
                   " outside " + format_figure(b.k) + " * baseline + floor " + format_figure(b.floor) + " = " +
                   format_figure(b.bound) + "\n";

@@ -228,8 +228,8 @@ std::string svg_error_plot(const std::string& tensor, const BaselineCheck& b) {
          "\" stroke=\"#eee\"/><text x=\"" + fmt(L - 4) + "\" y=\"" + fmt(y + 3) +
          "\" font-size=\"9\" text-anchor=\"end\">1e" + fmt(e, "%.0f") + "</text>";
   }
-  s += "<text x=\"" + fmt(L) + "\" y=\"" + fmt(H - 8) + "\" font-size=\"9\">" + esc(b.position_axis) +
-       "=0</text><text x=\"" + fmt(W - R) + "\" y=\"" + fmt(H - 8) + "\" font-size=\"9\" text-anchor=\"end\">" +
+  s += "<text x=\"" + fmt(L) + "\" y=\"" + fmt(H - 14) + "\" font-size=\"9\">" + esc(b.position_axis) +
+       "=0</text><text x=\"" + fmt(W - R) + "\" y=\"" + fmt(H - 14) + "\" font-size=\"9\" text-anchor=\"end\">" +
        esc(b.position_axis) + "=" + std::to_string(n > 0 ? n - 1 : 0) + "</text>";
   for (const auto& head : b.err_by_head_position) s += line(head, "stroke=\"#f4b6ae\" stroke-width=\"0.8\"");
   s += line(b.baseline_by_position, "stroke=\"#888\" stroke-dasharray=\"4 3\" stroke-width=\"1.2\"");
@@ -237,7 +237,7 @@ std::string svg_error_plot(const std::string& tensor, const BaselineCheck& b) {
   const double yb = y_at(b.bound);
   s += "<line x1=\"" + fmt(L) + "\" x2=\"" + fmt(W - R) + "\" y1=\"" + fmt(yb) + "\" y2=\"" + fmt(yb) +
        "\" stroke=\"#2f5fd0\" stroke-dasharray=\"1 2\"/>";
-  s += "<text x=\"" + fmt(W - R) + "\" y=\"" + fmt(H - 16) + "\" font-size=\"9\" text-anchor=\"end\">" +
+  s += "<text x=\"" + fmt(L) + "\" y=\"" + fmt(H - 3) + "\" font-size=\"9\">" +
        "red: " + esc(b.side) + (b.err_by_head_position.empty() ? "" : " (thin: per head)") +
        ", dashed: baseline, dotted: bound</text>";
   return s + "</svg>";
@@ -258,7 +258,7 @@ std::string baseline_html(const CaseResult& r) {
     const BaselineCheck& b = *t.baseline;
     h += "<tr class=\"" + std::string(t.allclose ? "ok" : "bad") + "\"><td>" + esc(t.name) + "</td><td>" +
          (t.allclose ? "ok" : "FAIL") + "</td><td>" + esc(b.side) + "</td><td>" + format_figure(b.err) + "</td><td>" +
-         format_figure(b.baseline_err) + "</td><td>" + format_figure(b.ratio) + "</td><td>" + format_figure(b.k) +
+         format_figure(b.baseline_err) + "</td><td>" + format_ratio(b.ratio) + "</td><td>" + format_figure(b.k) +
          "</td><td>" + format_figure(b.floor) + "</td><td>" + format_figure(b.bound) + "</td><td>" +
          format_figure(b.normwise) + "</td><td>" + format_figure(b.baseline_normwise) + "</td><td class=\"txt\">" +
          esc(baseline_verdict(b)) + "</td></tr>\n";
@@ -332,6 +332,7 @@ std::string html_report(const SuiteResult& result) {
       "section{border-top:2px solid #ddd;margin-top:2em}\n"
       ".heat figure{margin:0 0 1.2em}\n"
       ".maps{display:flex;flex-wrap:wrap;gap:18px;align-items:flex-start}\n"
+      ".plots{display:flex;flex-wrap:wrap;gap:12px}.plots svg{border:1px solid #ddd;background:#fff}\n"
       ".mt{font:12px ui-monospace,monospace;color:#555}\n"
       ".bar{display:inline-block;width:80px;height:10px;vertical-align:middle;border:1px solid #999;"
       "background:linear-gradient(to right,#ffffff,#ef3b2c,#67000d)}\n"
