@@ -264,6 +264,7 @@ TEST_F(PrecisionRunTest, ReferenceGoldenFolderIsTheGolden) {
   const CaseResult r = run_case(c, *registry_, {});
   EXPECT_EQ(r.status, CaseStatus::pass) << case_details(r, true, 2);
   EXPECT_EQ(r.golden_label, "ref/golden");
+  EXPECT_EQ(r.baseline_label, "ref (its float32 tensors)");  // the reference's own math in float32
   // the golden files are the oracle's float64 math on the same inputs, to float64 rounding
   RunOptions keep;
   keep.keep_tensors = true;

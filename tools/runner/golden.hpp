@@ -7,8 +7,10 @@
 //   judge_sides(cmps, c, g, lhs, rhs, "per_head", "batched");
 //
 // The oracle is per_head when it is loaded, else the case's first plugin. A
-// reference directory with a golden/ folder gives the golden instead (its
-// float64 tensors); the baseline is still the oracle's.
+// reference directory with a golden/ folder brings its own pair instead: the
+// golden is golden/'s float64 tensors and the baseline the directory's tensors
+// in the case's dtype (the same math in both precisions; no oracle runs).
+// Without golden/ the reference's tensors are judged like a side.
 #pragma once
 
 #include <string>
