@@ -290,7 +290,9 @@ std::string html_case_section(const CaseResult& r, std::size_t index) {
       }
       h += "<td>" + std::string(t.allclose ? "ok" : "FAIL") + "</td><td>" + format_figure(t.max_abs) + "</td><td>" +
            format_figure(t.max_rel) + "</td><td>" + std::to_string(t.mismatched) + " / " + std::to_string(t.numel) +
-           "</td><td>" + format_figure(t.tolerance.atol) + "</td><td>" + format_figure(t.tolerance.rtol) + "</td>";
+           "</td>" +
+           (t.baseline ? std::string("<td colspan=\"2\">relative to baseline (below)</td>")
+                       : "<td>" + format_figure(t.tolerance.atol) + "</td><td>" + format_figure(t.tolerance.rtol) + "</td>");
       if (t.worst)
         h += "<td>" + esc(shape_str(t.worst->index)) + " " + esc(t.worst->where) + "</td><td>" +
              format_value(t.worst->lhs) + "</td><td>" + format_value(t.worst->rhs) + "</td>";
