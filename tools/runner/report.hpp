@@ -43,9 +43,10 @@ std::string pair_label(const CaseResult& r);  // "per_head vs batched"
 // The lines that expand one tensor's figures (no color), indented by `indent`.
 std::string tensor_details(const TensorComparison& t, const CaseResult& r, std::size_t indent);
 // Under relative_to_baseline, a ratio (error / the oracle's own error in the
-// dtype) up to this reads "as accurate as the oracle in this dtype": a second
-// correct implementation measures 0.9 .. 1.2, a bug 1e3 and more.
-inline constexpr double kAsAccurateRatio = 1.5;
+// dtype) up to this reads "as accurate as the oracle in this dtype": correct
+// float32 implementations measure 1.00 .. 1.76 in configs/default.yaml (an
+// online softmax rounds differently), the mutants 1.8e6 and more.
+inline constexpr double kAsAccurateRatio = 2;
 // "as accurate as the oracle in this dtype" | "1.2e+05x the oracle's own error in this dtype"
 std::string baseline_verdict(const BaselineCheck& b);
 // tensor_details of a tensor judged by relative_to_baseline.
