@@ -88,6 +88,13 @@ def write_first_cases(folder):
         name = f"mha_B{B}_T{T}_D{D}_H{H}_{'causal' if causal else 'full'}_{tag}"
         save(folder / name, x=x, wq=ws[0], wk=ws[1], wv=ws[2], wo=ws[3], r=r, out=out,
              dx=x.grad, dwq=ws[0].grad, dwk=ws[1].grad, dwv=ws[2].grad, dwo=ws[3].grad)
+        if dtype != torch.float64:  # golden/: the same values computed in float64 (draws nothing)
+            x64 = x.detach().double().requires_grad_()
+            w64 = [w.detach().double().requires_grad_() for w in ws]
+            out64 = mha(x64, *w64, H, causal)
+            (out64 * r.double()).sum().backward()
+            save(folder / name / "golden", out=out64, dx=x64.grad, dwq=w64[0].grad, dwk=w64[1].grad,
+                 dwv=w64[2].grad, dwo=w64[3].grad)
         print("wrote", folder / name)
 
     for B, H, Tq, Tk, d, mask in CORE_CASES:

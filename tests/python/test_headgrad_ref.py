@@ -94,6 +94,32 @@ class EntryPointThroughHeadgrad(unittest.TestCase):
                                               np.load(tmp / "api" / f"{name}.npy"))
             self.assertIn("shape: {H: 3}", (tmp / "cli" / "case.yaml").read_text())
 
+    def test_float32_directory_has_a_float64_golden(self):
+        """golden/ = the same function in float64 on the float32 inputs; headgrad's
+        rule then passes the correct function and fails the wrong scale, no atol given."""
+        for fn, want_code in ((einsum_mha, 0), (wrong_scale_mha, 1)):
+            with tempfile.TemporaryDirectory() as tmp:
+                tmp = pathlib.Path(tmp)
+                ref = tmp / "refs" / "mine"
+                headgrad_ref.write_reference(fn, ref, dict(B=2, T=7, D=24, H=4), seed=5, dtype="float32")
+                self.assertNotIn("atol:", (ref / "case.yaml").read_text())
+                load = {n: torch.from_numpy(np.load(ref / f"{n}.npy")) for n in ("x", "wq", "wk", "wv", "wo", "r")}
+                self.assertEqual(load["x"].dtype, torch.float32)
+                leaves = {n: load[n].double().requires_grad_() for n in ("x", "wq", "wk", "wv", "wo")}
+                out = fn(*(leaves[n] for n in ("x", "wq", "wk", "wv", "wo")), num_heads=4, causal=True)
+                (out * load["r"].double()).sum().backward()
+                want = {"out": out, **{"d" + n: leaves[n].grad for n in leaves}}
+                for name, t in want.items():
+                    g = np.load(ref / "golden" / f"{name}.npy")
+                    self.assertEqual(g.dtype, np.float64, name)
+                    np.testing.assert_allclose(g, t.detach().numpy(), rtol=0, atol=1e-12, err_msg=name)
+                (tmp / "suite.yaml").write_text(
+                    "suite: user-reference\n"
+                    "cases:\n"
+                    "  - {name: mine, compare: [per_head], reference: refs/mine, shape: {H: 4}, causal: true}\n")
+                res = run_headgrad(tmp / "suite.yaml")
+                self.assertEqual(res.returncode, want_code, res.stdout + res.stderr)
+
     def test_causal_claim_is_checked(self):
         def full(x, wq, wk, wv, wo, *, num_heads):
             return einsum_mha(x, wq, wk, wv, wo, num_heads=num_heads, causal=False)

@@ -11,6 +11,7 @@
 #include "analysis/catalog.hpp"
 #include "analysis/hypotheses.hpp"
 #include "runner/inputs.hpp"
+#include "runner/report.hpp"
 
 namespace headgrad::analysis {
 
@@ -382,6 +383,27 @@ void write_verdict(Diagnosis& dx) {
 
 }  // namespace
 
+std::string precision_sentence(const CaseResult& r) {
+  std::vector<std::string> near, above, far;
+  for (const auto& t : r.tensors) {
+    if (!t.baseline) continue;
+    const BaselineCheck& b = *t.baseline;
+    if (std::isnan(b.err)) far.push_back(t.name + " (NaN on " + b.side + ")");
+    else if (b.ratio <= kAsAccurateRatio) near.push_back(t.name + " (ratio " + fmt_g(b.ratio) + ")");
+    else
+      (t.allclose ? above : far)
+          .push_back(t.name + " " + fmt_g(b.ratio) + "x (max |Δ| " + fmt_g(b.err) + " on " + b.side +
+                     " against the oracle's " + fmt_g(b.baseline_err) + ")");
+  }
+  if (near.empty() && above.empty() && far.empty()) return "";
+  const std::string dtype(dtype_name(r.spec.dtype));
+  std::vector<std::string> parts;
+  if (!far.empty()) parts.push_back(join(far, ", ") + ": far above the rounding level of " + dtype);
+  if (!above.empty()) parts.push_back(join(above, ", ") + ": above the oracle's own error, within the bound");
+  if (!near.empty()) parts.push_back(join(near, ", ") + ": as accurate as the oracle in this dtype");
+  return "In " + dtype + " against the golden (" + r.golden_label + "): " + join(parts, "; ") + ".";
+}
+
 Diagnosis diagnose(const CaseResult& failed, const CaseInputs& in) {
   Diagnosis dx;
   const CaseSpec& c = failed.spec;
@@ -665,6 +687,7 @@ CaseResult check_case(const CaseSpec& spec, const PluginRegistry& registry, cons
         spec.is_reference() ? std::vector<VariantRun>{} : run_variants(spec, registry, options);
     res.localization = localize_from(res, runs);
     confirm_with_variants(*res.diagnosis, runs);
+    if (const std::string p = precision_sentence(res); !p.empty()) res.diagnosis->sentence += " " + p;
     const std::string named = res.diagnosis->best();
     const bool as_expected = spec.expect_diagnosis == "none" ? named.empty() : named == spec.expect_diagnosis;
     if (res.status == CaseStatus::xfail && !spec.expect_diagnosis.empty() && !as_expected) {

@@ -69,6 +69,12 @@ Localization localize(const CaseResult& failed, const PluginRegistry& registry, 
 // (the others are listed in Diagnosis::ruled_out, with the variant that refutes them).
 Diagnosis diagnose(const CaseResult& failed, const CaseInputs& inputs);
 
+// Under relative_to_baseline, what the errors are worth in the case's dtype,
+// tensor by tensor: "as accurate as the oracle in this dtype" for a ratio near 1
+// (up to kAsAccurateRatio), else how many times the oracle's own error, with the
+// figures; check_case appends it to the diagnosis. Empty for allclose cases.
+std::string precision_sentence(const CaseResult& r);
+
 // ---- weak suites ----
 
 std::vector<WeakSuiteWarning> weak_suite_warnings(const std::vector<const CaseSpec*>& cases);

@@ -266,6 +266,9 @@ int cmd_run(const RunArgs& a) {
   // Only the plugins the selected cases name are loaded into this process.
   PluginRegistry registry = probed_registry(a);
   registry.load(plugins_named_by(selected));
+  // The oracle of the relative_to_baseline rule (golden and baseline), when it is on the path.
+  if (std::any_of(selected.begin(), selected.end(), [](const CaseSpec* c) { return c->relative_rule(); }))
+    registry.load({"per_head"});
   if (report_missing_plugins(selected, registry, search_path(a))) return kExitPlugin;
   report_shadowed_plugins(registry);
   check_capabilities(selected, registry);
@@ -437,7 +440,14 @@ std::string exported_suite(const CaseSpec& c, const LoadedPlugin& p, const std::
     << "    causal: " << (c.causal ? "true" : "false") << "\n";
   if (c.level == Level::mha) y << "    shape: {H: " << c.dims.H << "}\n";
   if (c.scale) y << "    scale: " << *c.scale << "\n";
-  y << "    atol: " << c.tolerance.atol << "\n    rtol: " << c.tolerance.rtol << "\n";
+  if (c.relative_rule())  // below float64: judged against per_head's float64 golden, as the case was
+  {
+    y << "    tolerance: {rule: relative_to_baseline, k: {out: " << c.baseline_k.out << ", grads: " << c.baseline_k.grads;
+    for (const auto& [tensor, k] : c.baseline_k.tensor) y << ", " << tensor << ": " << k;
+    y << "}}\n";
+  }
+  else
+    y << "    atol: " << c.tolerance.atol << "\n    rtol: " << c.tolerance.rtol << "\n";
   return y.str();
 }
 

@@ -33,6 +33,26 @@ struct ElementRef {
   double lhs = 0, rhs = 0;
 };
 
+// One tensor judged by relative_to_baseline (suite.hpp): each side against
+// the golden (the oracle in float64), bounded by the oracle's own error in
+// the case's dtype. The profiles are max |side - golden| over every other dim,
+// per position along the sequence axis (and per head where the tensor has
+// heads); weight gradients have none.
+struct BaselineCheck {
+  double k = 0;
+  double floor = 0;         // 2 * max|(g + 0.3 - 0.3) - g|, computed in the case's dtype
+  double baseline_err = 0;  // max |baseline - golden|
+  double bound = 0;         // k * baseline_err + floor
+  std::string side;         // the side shown: the one with the larger error
+  double err = 0;           // max |side - golden| (NaN if the side holds NaN)
+  double ratio = 0;         // err / baseline_err (1 when both are 0, inf when only err is > 0)
+  double normwise = 0;      // ||side - golden|| / ||golden|| (Frobenius)
+  double baseline_normwise = 0;
+  std::string position_axis;  // "t", "q" or "k"; empty: no position axis
+  std::vector<double> err_by_position, baseline_by_position;  // [T]
+  std::vector<std::vector<double>> err_by_head_position;      // [heads][T]; empty: no heads
+};
+
 struct TensorComparison {
   std::string name;
   Shape shape;
@@ -44,6 +64,10 @@ struct TensorComparison {
   bool allclose = true;
   std::optional<ElementRef> worst;
   std::string problem;  // set when the tensors cannot be compared (missing, shape, dtype)
+  // Set under relative_to_baseline: then `allclose` and `mismatched` are its
+  // verdict (elements of the shown side outside the bound), while max_abs,
+  // max_rel and worst still compare the two sides with each other.
+  std::optional<BaselineCheck> baseline;
 };
 
 // `heads` is H (mha level; used to name head blocks; Hkv for dwk and dwv), ignored at core level.
@@ -56,6 +80,22 @@ TensorComparison compare_tensor(const std::string& name, const Tensor& lhs, cons
 // Each tensor of c.check, lhs against rhs; the labels name the sides in problems.
 std::vector<TensorComparison> compare_sets(const TensorSet& lhs, const TensorSet& rhs, const CaseSpec& c,
                                            const std::string& lhs_label, const std::string& rhs_label);
+
+// The golden's own rounding noise in `dtype`: 2 * max|(g + 0.3 - 0.3) - g| with
+// g rounded to dtype and the sum and difference computed in dtype (FlashAttention
+// 3's floor; at float32 about 6e-8 for |g| < 0.2).
+double rounding_floor(const Tensor& golden, DType dtype);
+
+// A side of a relative_to_baseline judgement: its label and its tensor.
+struct JudgedSide {
+  std::string label;
+  const Tensor* tensor = nullptr;
+};
+// Judges one tensor: cmp.baseline filled, cmp.allclose and cmp.mismatched set to
+// the rule's verdict (every side within k * baseline_err + floor of the golden).
+// A missing or misshapen golden, baseline or side leaves cmp failed with a problem.
+void judge_by_baseline(TensorComparison& cmp, const std::vector<JudgedSide>& sides, const Tensor& golden,
+                       const Tensor& baseline, double k, DType dtype, Level level);
 
 // The first NaN or Inf of `t` in row-major order, if any (lhs holds its value).
 std::optional<ElementRef> first_non_finite(const Tensor& t, Level level, std::string_view name,

@@ -31,6 +31,40 @@ std::map<std::string, Tensor> read_case_npz(const fs::path& file) {
   return read_npz(file);
 }
 
+// A reference directory's golden/ float64 tensors, one per expected tensor;
+// empty when the folder is absent. A golden that is not float64, is shaped
+// unlike its expected tensor, or holds NaN/Inf is a ConfigError naming it.
+TensorSet read_reference_golden(const CaseSpec& c, const TensorSet& expected) {
+  const fs::path dir = c.reference / "golden";
+  std::error_code ec;
+  if (c.reference.extension() == ".npz" || !fs::is_directory(dir, ec)) return {};
+  TensorSet golden;
+  for (const auto& [name, want] : expected) {
+    const fs::path file = dir / (name + ".npy");
+    const std::string shown = c.reference_text + "/golden/" + name + ".npy";
+    auto fail = [&](const std::string& problem) -> void {
+      throw ConfigError(c.where("reference"), "case '" + c.name + "': " + shown + " " + problem);
+    };
+    if (!fs::is_regular_file(file, ec)) {
+      fail("is missing (a golden/ folder holds one float64 file per expected tensor)");
+      continue;
+    }
+    Tensor g;
+    try {
+      g = read_case_npy(file);
+    } catch (const std::exception& e) {
+      fail(std::string("cannot be read: ") + e.what());
+    }
+    if (g.dtype() != DType::float64) fail("holds " + std::string(dtype_name(g.dtype())) + "; a golden is float64");
+    if (g.shape() != want.shape())
+      fail("has shape " + shape_str(g.shape()) + ", expected " + shape_str(want.shape()) + " (as " + name + ".npy)");
+    for (const double v : g.to_vector())
+      if (!std::isfinite(v)) fail("holds NaN or Inf");
+    golden.push_back({name, g});
+  }
+  return golden;
+}
+
 }  // namespace
 
 std::size_t case_files_read() { return g_files_read.load(); }
@@ -459,6 +493,7 @@ void load_case_files(CaseSpec& c) {
     for (auto& nt : ref.inputs)
       if (nt.name != "mask") files->inputs.push_back(std::move(nt));
     for (const auto& name : c.check) files->expected.push_back({name, *find_tensor(ref.expected, name)});
+    files->golden = read_reference_golden(c, files->expected);
   }
   if (!files->mask.defined() && !c.mask_file.empty()) files->mask = read_mask_file(c);
   if (files->mask.defined())

@@ -51,6 +51,10 @@ struct CaseFiles {
   TensorSet expected;  // a reference's expected tensors that the case checks
   Tensor mask;         // bool, from `mask:` or the reference's mask; undefined: none
   Tensor positions;    // a reference's positions.npy (int64 read as float64), [T] or [B, T]
+  // A reference directory's golden/ folder: float64 .npy of the expected
+  // tensors' names, computed from the same inputs in float64 (the golden of
+  // the relative_to_baseline rule); empty: none, the oracle computes it.
+  TensorSet golden;
 };
 
 // Reads the suite, parses it (parse_suite), then each case's files (load_case_files).

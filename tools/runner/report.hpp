@@ -35,12 +35,22 @@ TerminalStyle terminal_style(const std::vector<const CaseSpec*>& cases, bool col
 
 // ---- shared formatting ----
 std::string format_figure(double x);    // "2.2e-16"; "nan", "inf"
+std::string format_ratio(double x);     // "1.07" from 0.01 to 1e4, else as format_figure
 std::string format_value(double x);     // "0.123456789" (%.9g)
 std::string format_duration(double s);  // "3 ms", "1.20 s"
 std::string status_label(CaseStatus s); // "OK", "FAIL", "ERROR", "XFAIL", "XPASS"
 std::string pair_label(const CaseResult& r);  // "per_head vs batched"
 // The lines that expand one tensor's figures (no color), indented by `indent`.
 std::string tensor_details(const TensorComparison& t, const CaseResult& r, std::size_t indent);
+// Under relative_to_baseline, a ratio (error / the oracle's own error in the
+// dtype) up to this reads "as accurate as the oracle in this dtype": correct
+// float32 implementations measure 1.00 .. 1.76 in configs/default.yaml (an
+// online softmax rounds differently), the mutants 1.8e6 and more.
+inline constexpr double kAsAccurateRatio = 2;
+// "as accurate as the oracle in this dtype" | "1.2e+05x the oracle's own error in this dtype"
+std::string baseline_verdict(const BaselineCheck& b);
+// tensor_details of a tensor judged by relative_to_baseline.
+std::string baseline_details(const TensorComparison& t, const CaseResult& r, std::size_t indent);
 // Every differing tensor's details (all tensors with `all`), for failure texts.
 std::string case_details(const CaseResult& r, bool all, std::size_t indent);
 // The diagnosis, where the error lives and the localization table, as lines

@@ -25,6 +25,13 @@ std::string format_figure(double x) {
   return buf;
 }
 
+std::string format_ratio(double x) {
+  if (!std::isfinite(x) || x < 1e-2 || x >= 1e4) return format_figure(x);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", x);
+  return buf;
+}
+
 std::string format_value(double x) {
   char buf[40];
   std::snprintf(buf, sizeof buf, "%.9g", x);
@@ -51,9 +58,33 @@ std::string status_label(CaseStatus s) {
 
 std::string pair_label(const CaseResult& r) { return r.lhs_label + " vs " + r.rhs_label; }
 
+std::string baseline_verdict(const BaselineCheck& b) {
+  if (std::isnan(b.err)) return "NaN against the golden";
+  if (b.ratio <= kAsAccurateRatio) return "as accurate as the oracle in this dtype";
+  return format_ratio(b.ratio) + "x the oracle's own error in this dtype";
+}
+
+std::string baseline_details(const TensorComparison& t, const CaseResult& r, std::size_t indent) {
+  const std::string pad(indent, ' ');
+  const BaselineCheck& b = *t.baseline;
+  const std::string under(t.name.size() + 2, ' ');
+  std::string s = pad + t.name + "  " + b.side + " vs golden " + format_figure(b.err) + "  baseline " +
+                  format_figure(b.baseline_err) + "  ratio " + format_ratio(b.ratio) + "  " +
+                  (t.allclose ? "ok" : "FAIL") + ": " + std::to_string(t.mismatched) + " of " + std::to_string(t.numel) +
+                  " outside " + format_figure(b.k) + " * baseline + floor " + format_figure(b.floor) + " = " +
+                  format_figure(b.bound) + "\n";
+  s += pad + under + "normwise ||Δ||/||golden|| " + format_figure(b.normwise) + " (baseline " +
+       format_figure(b.baseline_normwise) + "): " + baseline_verdict(b) + "; golden " + r.golden_label +
+       ", baseline " + r.baseline_label + "\n";
+  s += pad + under + r.lhs_label + " vs " + r.rhs_label + " max|Δ| " + format_figure(t.max_abs) + "  max rel " +
+       format_figure(t.max_rel) + "\n";
+  return s;
+}
+
 std::string tensor_details(const TensorComparison& t, const CaseResult& r, std::size_t indent) {
   const std::string pad(indent, ' ');
   if (!t.problem.empty()) return pad + t.name + "  " + t.problem + "\n";
+  if (t.baseline) return baseline_details(t, r, indent);
   std::string s = pad + t.name + "  max|Δ| " + format_figure(t.max_abs) + "  max rel " + format_figure(t.max_rel) +
                   "  allclose " + (t.allclose ? "ok" : "FAIL") + ": " + std::to_string(t.mismatched) + " of " +
                   std::to_string(t.numel) + " outside atol " + format_figure(t.tolerance.atol) + " + rtol " +

@@ -2,7 +2,10 @@
 // no script, no font or image from anywhere else) with
 //   - the suite's summary: counts per status, the mutation score, the
 //     weak-suite warnings, and a row per case;
-//   - a section per case: its figures, tensor by tensor, and for a case that
+//   - a section per case: its figures, tensor by tensor (under
+//     relative_to_baseline also each tensor's error against the golden, the
+//     baseline's, their ratio, and a line chart of the error by position and
+//     head, log scale), and for a case that
 //     did not pass (FAIL, XFAIL, XPASS with both sides' tensors kept) the
 //     diagnosis, the localization table and heatmaps of |lhs - rhs|:
 //       mha out, dx [B, T, D]: per batch item, positions x (heads x channels)
@@ -187,6 +190,85 @@ std::string analysis_html(const CaseResult& r) {
   return h;
 }
 
+// ---- relative_to_baseline: figures and the error-by-position plot ----
+
+// One line chart, log scale: max |side - golden| per position (solid), per head
+// (thin), the baseline's (dashed) and the bound (dotted), so an error that grows
+// along the sequence, or lives in one head, shows at a glance.
+std::string svg_error_plot(const std::string& tensor, const BaselineCheck& b) {
+  const std::size_t n = b.err_by_position.size();
+  constexpr double W = 420, H = 150, L = 56, R = 10, T = 20, B = 26;
+  double lo = INFINITY, hi = 0;
+  auto take = [&](double v) {
+    if (std::isfinite(v) && v > 0) lo = std::min(lo, v), hi = std::max(hi, v);
+  };
+  for (double v : b.err_by_position) take(v);
+  for (double v : b.baseline_by_position) take(v);
+  take(b.bound);
+  if (!(hi > 0)) lo = 1e-17, hi = 1e-16;
+  const double llo = std::floor(std::log10(lo)), lhi = std::max(llo + 1, std::ceil(std::log10(hi)));
+  auto x_at = [&](std::size_t i) { return L + (n > 1 ? static_cast<double>(i) / static_cast<double>(n - 1) : 0.5) * (W - L - R); };
+  auto y_at = [&](double v) {
+    const double lv = std::isfinite(v) && v > 0 ? std::log10(v) : (std::isinf(v) ? lhi : llo);
+    return T + (lhi - std::clamp(lv, llo, lhi)) / (lhi - llo) * (H - T - B);
+  };
+  auto line = [&](const std::vector<double>& ys, const std::string& style) {
+    std::string pts;
+    for (std::size_t i = 0; i < ys.size(); ++i) pts += fmt(x_at(i)) + "," + fmt(y_at(ys[i])) + " ";
+    return "<polyline fill=\"none\" " + style + " points=\"" + pts + "\"/>";
+  };
+  std::string s = "<svg class=\"plot\" width=\"" + fmt(W, "%.0f") + "\" height=\"" + fmt(H, "%.0f") +
+                  "\" viewBox=\"0 0 " + fmt(W, "%.0f") + " " + fmt(H, "%.0f") + "\" role=\"img\"><title>" + esc(tensor) +
+                  ": max |error| per " + esc(b.position_axis) + " position</title>";
+  s += "<text x=\"" + fmt(L) + "\" y=\"13\" font-size=\"11\">" + esc(tensor) + ": max |" + esc(b.side) +
+       " - golden| per " + esc(b.position_axis) + " (log scale)</text>";
+  for (double e = llo; e <= lhi; e += 1) {
+    const double y = y_at(std::pow(10.0, e));
+    s += "<line x1=\"" + fmt(L) + "\" x2=\"" + fmt(W - R) + "\" y1=\"" + fmt(y) + "\" y2=\"" + fmt(y) +
+         "\" stroke=\"#eee\"/><text x=\"" + fmt(L - 4) + "\" y=\"" + fmt(y + 3) +
+         "\" font-size=\"9\" text-anchor=\"end\">1e" + fmt(e, "%.0f") + "</text>";
+  }
+  s += "<text x=\"" + fmt(L) + "\" y=\"" + fmt(H - 14) + "\" font-size=\"9\">" + esc(b.position_axis) +
+       "=0</text><text x=\"" + fmt(W - R) + "\" y=\"" + fmt(H - 14) + "\" font-size=\"9\" text-anchor=\"end\">" +
+       esc(b.position_axis) + "=" + std::to_string(n > 0 ? n - 1 : 0) + "</text>";
+  for (const auto& head : b.err_by_head_position) s += line(head, "stroke=\"#f4b6ae\" stroke-width=\"0.8\"");
+  s += line(b.baseline_by_position, "stroke=\"#888\" stroke-dasharray=\"4 3\" stroke-width=\"1.2\"");
+  s += line(b.err_by_position, "stroke=\"#c0392b\" stroke-width=\"1.6\"");
+  const double yb = y_at(b.bound);
+  s += "<line x1=\"" + fmt(L) + "\" x2=\"" + fmt(W - R) + "\" y1=\"" + fmt(yb) + "\" y2=\"" + fmt(yb) +
+       "\" stroke=\"#2f5fd0\" stroke-dasharray=\"1 2\"/>";
+  s += "<text x=\"" + fmt(L) + "\" y=\"" + fmt(H - 3) + "\" font-size=\"9\">" +
+       "red: " + esc(b.side) + (b.err_by_head_position.empty() ? "" : " (thin: per head)") +
+       ", dashed: baseline, dotted: bound</text>";
+  return s + "</svg>";
+}
+
+std::string baseline_html(const CaseResult& r) {
+  bool any = false;
+  for (const auto& t : r.tensors) any = any || t.baseline.has_value();
+  if (!any) return "";
+  std::string h = "<p>relative to baseline: golden " + esc(r.golden_label) + ", baseline " + esc(r.baseline_label) +
+                  "; pass when max |side - golden| &le; k &middot; max |baseline - golden| + floor</p>\n"
+                  "<table>\n<tr><th>tensor</th><th>verdict</th><th>side shown</th><th>error</th><th>baseline error</th>"
+                  "<th>ratio</th><th>k</th><th>floor</th><th>bound</th><th>normwise</th><th>baseline normwise</th>"
+                  "<th>reading</th></tr>\n";
+  std::string plots;
+  for (const auto& t : r.tensors) {
+    if (!t.baseline) continue;
+    const BaselineCheck& b = *t.baseline;
+    h += "<tr class=\"" + std::string(t.allclose ? "ok" : "bad") + "\"><td>" + esc(t.name) + "</td><td>" +
+         (t.allclose ? "ok" : "FAIL") + "</td><td>" + esc(b.side) + "</td><td>" + format_figure(b.err) + "</td><td>" +
+         format_figure(b.baseline_err) + "</td><td>" + format_ratio(b.ratio) + "</td><td>" + format_figure(b.k) +
+         "</td><td>" + format_figure(b.floor) + "</td><td>" + format_figure(b.bound) + "</td><td>" +
+         format_figure(b.normwise) + "</td><td>" + format_figure(b.baseline_normwise) + "</td><td class=\"txt\">" +
+         esc(baseline_verdict(b)) + "</td></tr>\n";
+    if (!b.err_by_position.empty()) plots += svg_error_plot(t.name, b) + "\n";
+  }
+  h += "</table>\n";
+  if (!plots.empty()) h += "<div class=\"plots\">\n" + plots + "</div>\n";
+  return h;
+}
+
 std::string html_case_section(const CaseResult& r, std::size_t index) {
   std::string h = "<section id=\"case-" + std::to_string(index) + "\">\n<h2><span class=\"" +
                   status_class(r.status) + "\">" + status_label(r.status) + "</span> " + esc(r.spec.name) +
@@ -208,7 +290,9 @@ std::string html_case_section(const CaseResult& r, std::size_t index) {
       }
       h += "<td>" + std::string(t.allclose ? "ok" : "FAIL") + "</td><td>" + format_figure(t.max_abs) + "</td><td>" +
            format_figure(t.max_rel) + "</td><td>" + std::to_string(t.mismatched) + " / " + std::to_string(t.numel) +
-           "</td><td>" + format_figure(t.tolerance.atol) + "</td><td>" + format_figure(t.tolerance.rtol) + "</td>";
+           "</td>" +
+           (t.baseline ? std::string("<td colspan=\"2\">relative to baseline (below)</td>")
+                       : "<td>" + format_figure(t.tolerance.atol) + "</td><td>" + format_figure(t.tolerance.rtol) + "</td>");
       if (t.worst)
         h += "<td>" + esc(shape_str(t.worst->index)) + " " + esc(t.worst->where) + "</td><td>" +
              format_value(t.worst->lhs) + "</td><td>" + format_value(t.worst->rhs) + "</td>";
@@ -217,6 +301,7 @@ std::string html_case_section(const CaseResult& r, std::size_t index) {
       h += "</tr>\n";
     }
     h += "</table>\n";
+    h += baseline_html(r);
   }
   if (r.status != CaseStatus::pass) {
     h += analysis_html(r);
@@ -249,6 +334,7 @@ std::string html_report(const SuiteResult& result) {
       "section{border-top:2px solid #ddd;margin-top:2em}\n"
       ".heat figure{margin:0 0 1.2em}\n"
       ".maps{display:flex;flex-wrap:wrap;gap:18px;align-items:flex-start}\n"
+      ".plots{display:flex;flex-wrap:wrap;gap:12px}.plots svg{border:1px solid #ddd;background:#fff}\n"
       ".mt{font:12px ui-monospace,monospace;color:#555}\n"
       ".bar{display:inline-block;width:80px;height:10px;vertical-align:middle;border:1px solid #999;"
       "background:linear-gradient(to right,#ffffff,#ef3b2c,#67000d)}\n"

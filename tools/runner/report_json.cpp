@@ -29,6 +29,26 @@ json tensor_json(const TensorComparison& t) {
             {"numel", t.numel},
             {"mismatched", t.mismatched},
             {"problem", t.problem.empty() ? json(nullptr) : json(t.problem)}};
+  if (t.baseline) {
+    const BaselineCheck& b = *t.baseline;
+    json profile = json::array(), base_profile = json::array();
+    for (double e : b.err_by_position) profile.push_back(number(e));
+    for (double e : b.baseline_by_position) base_profile.push_back(number(e));
+    j["baseline"] = {{"side", b.side},
+                     {"error", number(b.err)},
+                     {"baseline_error", number(b.baseline_err)},
+                     {"ratio", number(b.ratio)},
+                     {"k", b.k},
+                     {"floor", number(b.floor)},
+                     {"bound", number(b.bound)},
+                     {"normwise", number(b.normwise)},
+                     {"baseline_normwise", number(b.baseline_normwise)},
+                     {"position_axis", b.position_axis.empty() ? json(nullptr) : json(b.position_axis)},
+                     {"error_by_position", profile},
+                     {"baseline_error_by_position", base_profile}};
+  } else {
+    j["baseline"] = nullptr;
+  }
   if (t.worst)
     j["worst"] = {{"index", t.worst->index}, {"where", t.worst->where}, {"lhs", number(t.worst->lhs)},
                   {"rhs", number(t.worst->rhs)}};
@@ -112,6 +132,9 @@ json case_json(const CaseResult& r) {
           {"rhs", r.rhs_label},
           {"check", c.check},
           {"tolerance", tolerances},
+          {"tolerance_rule", c.relative_rule() ? "relative_to_baseline" : "allclose"},
+          {"golden", r.golden_label.empty() ? json(nullptr) : json(r.golden_label)},
+          {"baseline", r.baseline_label.empty() ? json(nullptr) : json(r.baseline_label)},
           {"expect", {{"fail", c.expect_fail},
                       {"diagnosis", c.expect_diagnosis.empty() ? json(nullptr) : json(c.expect_diagnosis)}}},
           {"max_abs", number(r.max_abs())},

@@ -8,6 +8,8 @@
 
 #include <headgrad/log.hpp>
 
+#include "runner/golden.hpp"
+
 namespace headgrad::runner {
 
 std::string_view case_status_name(CaseStatus s) {
@@ -160,6 +162,8 @@ CaseResult run_case(const CaseSpec& spec, const PluginRegistry& registry, const 
   exec.timeout_s = options.timeout_s.value_or(spec.timeout_s);
   exec.on_wait = options.on_wait;
   for (const auto& name : spec.compare) res.sides.push_back(run_side(res.spec, inputs, registry.get(name), exec));
+  std::optional<GoldenRun> golden;
+  if (res.spec.relative_rule()) golden = run_golden(res.spec, inputs, registry, exec);
 
   bool plugin_error = false, wrong_output = false;
   for (const auto& s : res.sides) {
@@ -175,6 +179,16 @@ CaseResult run_case(const CaseSpec& spec, const PluginRegistry& registry, const 
     res.lhs = std::move(res.sides[0].tensors);
     res.rhs = spec.is_reference() ? inputs.expected : std::move(res.sides[1].tensors);
     res.tensors = compare_sets(res.lhs, res.rhs, res.spec, res.lhs_label, res.rhs_label);
+    if (golden && golden->cause.empty()) {
+      judge_sides(res.tensors, res.spec, *golden, res.lhs, res.rhs, res.lhs_label, res.rhs_label);
+      res.golden_label = golden->golden_label;
+      res.baseline_label = golden->baseline_label;
+    }
+  }
+  if (golden && !golden->cause.empty()) {
+    join_cause(res.cause, golden->cause);
+    if (golden->plugin_error) plugin_error = true;
+    else wrong_output = true;
   }
   for (auto& s : res.sides) s.tensors.clear();
   if (inputs_out) *inputs_out = std::move(inputs);

@@ -52,6 +52,9 @@ struct CaseResult {
   std::vector<TensorErrorMaps> error_maps;  // set by keep_report_data for cases that did not pass
   double seconds = 0;
   std::string mutant;  // the compared plugin that is a deliberate mutant, if any
+  // Under relative_to_baseline (spec.relative_rule()): where the golden and the
+  // baseline came from ("per_head in float64", "per_head in float32"); empty otherwise.
+  std::string golden_label, baseline_label;
   // Filled by the analysis (tools/analysis) when the case failed on a comparison.
   std::optional<Localization> localization;
   std::optional<Diagnosis> diagnosis;

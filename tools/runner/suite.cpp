@@ -95,6 +95,27 @@ Tolerance CaseSpec::tolerance_for(const std::string& tensor) const {
   return it != tensor_tolerance.end() ? it->second : tolerance;
 }
 
+bool CaseSpec::relative_rule() const {
+  // float64 is the checking precision: its golden would be the baseline itself
+  if (dtype == DType::float64) return false;
+  return tolerance_rule != ToleranceRule::allclose;
+}
+
+std::string_view tolerance_rule_name(ToleranceRule rule) {
+  switch (rule) {
+    case ToleranceRule::automatic: return "automatic";
+    case ToleranceRule::allclose: return "allclose";
+    case ToleranceRule::relative_to_baseline: return "relative_to_baseline";
+  }
+  return "?";
+}
+
+double BaselineFactors::k_for(const std::string& name) const {
+  if (auto it = tensor.find(name); it != tensor.end()) return it->second;
+  // out and the taps are forward values; every other tensor is a gradient
+  return name == "out" || name == "q_rot" || name == "k_rot" ? out : grads;
+}
+
 std::string closest_match(std::string_view word, const std::vector<std::string>& candidates) {
   auto lower = [](char c) { return static_cast<char>(std::tolower(static_cast<unsigned char>(c))); };
   // Edit distance counting a swap of two neighbours as one edit (optimal
@@ -280,6 +301,8 @@ class Parser {
   void read_dims(const YAML::Node& map, Level level, const std::string& key, bool from_defaults,
                  std::vector<DimValues>& out) const;
   void read_tolerance_map(const YAML::Node& map, CaseSpec& c) const;
+  // `rule:` and `k:` of a `tolerance:` map (the other keys are tensors' atol/rtol).
+  void read_tolerance_rule(const YAML::Node& key, const YAML::Node& value, CaseSpec& c) const;
   RopeCase read_rope(const YAML::Node& map, Level level) const;
   void read_rope_positions(const YAML::Node& v, RopeCase& r) const;
   void check_rope(const CaseSpec& c) const;
@@ -458,7 +481,13 @@ void Parser::read_tolerance_map(const YAML::Node& map, CaseSpec& c) const {
   std::vector<std::string> names = tensor_names(Level::mha);
   for (const auto& n : tensor_names(Level::core))
     if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
+  names.push_back("rule");
+  names.push_back("k");
   for (const auto& [tkey, tval] : entries(map, names, "'tolerance'")) {
+    if (tkey.Scalar() == "rule" || tkey.Scalar() == "k") {
+      read_tolerance_rule(tkey, tval, c);
+      continue;
+    }
     Tolerance t = c.tolerance;  // a missing atol or rtol falls back to the case's
     const auto it = c.tensor_tolerance.find(tkey.Scalar());
     if (it != c.tensor_tolerance.end()) t = it->second;
@@ -468,6 +497,29 @@ void Parser::read_tolerance_map(const YAML::Node& map, CaseSpec& c) const {
       (k.Scalar() == "atol" ? t.atol : t.rtol) = x;
     }
     c.tensor_tolerance[tkey.Scalar()] = t;
+  }
+}
+
+void Parser::read_tolerance_rule(const YAML::Node& key, const YAML::Node& value, CaseSpec& c) const {
+  if (key.Scalar() == "rule") {
+    c.tolerance_rule = choice(value, "tolerance: rule", {"allclose", "relative_to_baseline"}) == "allclose"
+                           ? ToleranceRule::allclose
+                           : ToleranceRule::relative_to_baseline;
+    return;
+  }
+  std::vector<std::string> names = {"out", "grads"};
+  for (const Level l : {Level::mha, Level::core})
+    for (const auto& n : tensor_names(l))
+      if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
+  names.push_back("q_rot");
+  names.push_back("k_rot");
+  for (const auto& [kkey, kval] : entries(value, names, "'tolerance: k'")) {
+    const std::string what = "tolerance: k: " + kkey.Scalar();
+    const double x = number_value(kval, what);
+    if (!(x > 0)) fail(kval, "'" + what + "' must be > 0 (a factor on the baseline's error), got " + kval.Scalar());
+    if (kkey.Scalar() == "out") c.baseline_k.out = x;
+    else if (kkey.Scalar() == "grads") c.baseline_k.grads = x;
+    else c.baseline_k.tensor[kkey.Scalar()] = x;
   }
 }
 
@@ -807,6 +859,30 @@ std::vector<CaseSpec> Parser::parse_case(const YAML::Node& node, std::size_t ind
     const Entry& e = keys["tolerance"];
     if (e.has_default && e.from_case) read_tolerance_map(e.default_value, c);
     read_tolerance_map(e.value, c);
+  }
+  {
+    // atol/rtol written on the case itself (not inherited from defaults) ask for
+    // allclose; `tolerance: {rule: ...}` says so outright
+    std::string allclose_key;
+    for (const char* key : {"atol", "rtol"})
+      if (has(key) && keys[key].from_case && allclose_key.empty()) allclose_key = key;
+    bool rule_on_case = false;
+    if (has("tolerance") && keys["tolerance"].from_case && val("tolerance").IsMap())
+      for (const auto& kv : val("tolerance")) {
+        const std::string k = kv.first.Scalar();
+        if (k == "rule") rule_on_case = true;
+        else if (k != "k" && allclose_key.empty()) allclose_key = "tolerance: " + k;
+      }
+    if (!allclose_key.empty()) {
+      if (rule_on_case && c.tolerance_rule == ToleranceRule::relative_to_baseline)
+        fail(val("tolerance"), "'tolerance: {rule: relative_to_baseline}' and '" + allclose_key +
+                                   "' contradict: atol and rtol are allclose's (drop them, or say rule: allclose)");
+      if (!rule_on_case) c.tolerance_rule = ToleranceRule::allclose;
+    }
+    if (rule_on_case && c.tolerance_rule == ToleranceRule::relative_to_baseline && has("dtype") &&
+        c.dtype == DType::float64)
+      fail(val("tolerance"), "'tolerance: {rule: relative_to_baseline}' is for dtypes below float64; float64 is "
+                             "the checking precision (allclose, atol 1e-8, rtol 1e-6 by default)");
   }
   if (has("timeout")) {
     const double t = number_value(val("timeout"), "timeout");

@@ -60,6 +60,26 @@ struct Tolerance {
   double rtol = 1e-6;
 };
 
+// How a case's tensors are judged (docs/design.md, "Tolerance"):
+//   allclose              |a - b| <= atol + rtol * |b|, element by element
+//   relative_to_baseline  below float64, per tensor, every side against the golden
+//                         (the oracle in float64): max|side - golden| <= k * max|baseline - golden| + floor,
+//                         the baseline being the oracle in the case's dtype and the floor the
+//                         golden's own rounding noise in that dtype
+// automatic: relative_to_baseline below float64 unless atol or rtol is set on the
+// case itself; allclose in float64.
+enum class ToleranceRule { automatic, allclose, relative_to_baseline };
+std::string_view tolerance_rule_name(ToleranceRule rule);  // "automatic", "allclose", ...
+
+// The factors k of relative_to_baseline: `out` for forward tensors (out and the
+// taps), `grads` for gradients, a tensor's own entry before either.
+struct BaselineFactors {
+  double out = 2;
+  double grads = 3;
+  std::map<std::string, double> tensor;
+  double k_for(const std::string& name) const;
+};
+
 // The sizes of one case. mha: B, T, D, H, optional Hkv and d (Wq [H*d, D],
 // Wk and Wv [Hkv*d, D], Wo [D, H*d]). core: B, H, optional Hkv, Tq, Tk, d.
 // rope: B, T, d and optionally H (x [B, H, T, d], else [B, T, d]).
@@ -128,6 +148,8 @@ struct CaseSpec {
   std::uint64_t seed = 0;
   Tolerance tolerance;
   std::map<std::string, Tolerance> tensor_tolerance;  // per tensor overrides
+  ToleranceRule tolerance_rule = ToleranceRule::automatic;  // `tolerance: {rule: ...}` or atol/rtol on the case
+  BaselineFactors baseline_k;                               // `tolerance: {k: {out: 2, grads: 3, dwq: 4}}`
   std::vector<std::string> check;      // tensors compared, in tensor_names() order
   bool check_strict = false;           // set on the case itself: a reference dir must hold each
   bool expect_fail = false;
@@ -138,6 +160,9 @@ struct CaseSpec {
   bool is_reference() const { return !reference.empty(); }
   SourceLoc where(const std::string& key) const;  // that key's location, else the case's
   Tolerance tolerance_for(const std::string& tensor) const;
+  // relative_to_baseline in effect: the rule asked for, or automatic below float64
+  // (a reference case's dtype is known once its files are read).
+  bool relative_rule() const;
 };
 
 struct Suite {
