@@ -327,12 +327,34 @@ TEST(Catalog, GroupedHypothesesAgainstPerHead) {
     EXPECT_LT(max_abs_diff(scale(Variable(ref[i]), 1.0 / static_cast<double>(G)).data(), mean[i]), 1e-13) << i;
     EXPECT_GT(max_abs_diff(ref[i], mean[i]), 1e-3) << i;
   }
-  // the wrong divisor h / Hkv runs past the 3 kv heads at G = 4 > Hkv: refused, named
-  try {
-    run([&](auto& vx, auto& w) { return hypothesis_mha(vx, w, spec, Bug::kv_group_wrong_divisor); });
-    ADD_FAILURE() << "no error";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_STREQ(e.what(), "hypothesis kv_group_wrong_divisor: query head 9 would read kv head 3 of 3");
+  // The wrong divisor h / Hkv runs past the 3 kv heads at G = 4 > Hkv (heads 9..11
+  // would read kv head 3) and is clamped to the last: query heads read kv heads
+  // 0 0 0 1 1 1 2 2 2 2 2 2. Its oracle: per_head as plain multi-head with kv head
+  // blocks laid out that way; dWk, dWv are the sums of the blocks of each kv head.
+  const std::vector<std::int64_t> reads = {0, 0, 0, 1, 1, 1, 2, 2, 2, 2, 2, 2};
+  auto widen = [&](const Tensor& w) {
+    std::vector<Variable> blocks;
+    for (std::int64_t j : reads) blocks.push_back(narrow(Variable(w), 0, j * d, d));
+    return cat(blocks, 0).data();
+  };
+  AttentionSpec mha = spec;
+  mha.num_kv_heads = H;
+  Variable vx(x, true);
+  MhaWeights wide{Variable(ws[0], true), Variable(widen(ws[1]), true), Variable(widen(ws[2]), true),
+                  Variable(ws[3], true)};
+  const Variable wide_out = per_head.attention->mha_forward(vx, wide, mha);
+  sum(mul(wide_out, Variable(r))).backward();
+  const auto wrong = run([&](auto& vx, auto& w) { return hypothesis_mha(vx, w, spec, Bug::kv_group_wrong_divisor); });
+  EXPECT_LT(max_abs_diff(wide_out.data(), wrong[0]), 1e-12);
+  EXPECT_LT(max_abs_diff(vx.grad(), wrong[1]), 1e-12);
+  EXPECT_GT(max_abs_diff(ref[0], wrong[0]), 1e-3);  // and it is not the correct attention
+  for (const auto& [i, g] : {std::pair<std::size_t, Tensor>{3u, wide.wk.grad()}, {4u, wide.wv.grad()}}) {
+    for (std::int64_t j = 0; j < Hkv; ++j) {
+      Tensor block_sum = Tensor::zeros({d, D}, DType::float64);
+      for (std::int64_t h = 0; h < H; ++h)
+        if (reads[static_cast<std::size_t>(h)] == j) block_sum = add(Variable(block_sum), narrow(Variable(g), 0, h * d, d)).data();
+      EXPECT_LT(max_abs_diff(block_sum, narrow(Variable(wrong[i]), 0, j * d, d).data()), 1e-12) << i << " kv head " << j;
+    }
   }
 }
 

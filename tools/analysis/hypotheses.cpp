@@ -1,5 +1,6 @@
 #include "analysis/hypotheses.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -91,7 +92,9 @@ std::int64_t kv_head_of(std::int64_t h, std::int64_t heads, std::int64_t kv_head
   // path only when G > 1, as the catalog's needs_group says).
   if (group == 1) return h;
   if (is(bug, Bug::kv_map_tile)) return h % kv_heads;
-  if (is(bug, Bug::kv_group_wrong_divisor)) return h / kv_heads;  // may run past the kv heads
+  // h / Hkv runs past the last kv head when G > Hkv: a gather that clamps the
+  // index (JAX's, an unchecked kernel's) reads the last one
+  if (is(bug, Bug::kv_group_wrong_divisor)) return std::min(h / kv_heads, kv_heads - 1);
   return h / group;
 }
 
