@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <string>
 
 namespace headgrad::diagnosis {
 
@@ -153,6 +154,27 @@ Variable hypothesis_core(const Variable& q, const Variable& k, const Variable& v
   const std::int64_t group = kv_group(q, k, v, "hypothesis");
   return attend(q, expand_kv_heads(k, group), expand_kv_heads(v, group), mask,
                 hypothesis_scale(spec, q.size(-1), bug), bug);
+}
+
+std::vector<std::int64_t> tile_to_repeat_heads(std::int64_t heads, std::int64_t kv_heads) {
+  if (kv_heads < 1 || heads % kv_heads != 0)
+    throw std::invalid_argument("tile_to_repeat_heads: H = " + std::to_string(heads) +
+                                " is not a multiple of Hkv = " + std::to_string(kv_heads));
+  const std::int64_t group = heads / kv_heads;
+  std::vector<std::int64_t> order;
+  for (std::int64_t h = 0; h < heads; ++h) order.push_back((h % kv_heads) * group + h / kv_heads);
+  return order;
+}
+
+Tensor reorder_blocks(const Tensor& w, std::int64_t dim, std::int64_t block,
+                      const std::vector<std::int64_t>& order) {
+  if (block < 1 || w.size(dim) != block * static_cast<std::int64_t>(order.size()))
+    throw std::invalid_argument("reorder_blocks: " + std::to_string(order.size()) + " blocks of " +
+                                std::to_string(block) + " do not tile dim " + std::to_string(dim) + " of " +
+                                shape_str(w.shape()));
+  std::vector<Variable> blocks;
+  for (std::int64_t b : order) blocks.push_back(Variable(w.narrow(dim, b * block, block)));
+  return cat(blocks, dim).data();
 }
 
 }  // namespace headgrad::diagnosis
