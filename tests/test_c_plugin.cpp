@@ -2,10 +2,12 @@
 // written in C99 with a hand-written backward, loads through the loader, passes
 // a float64 gradient check, and agrees with fused_sdpa on out, dq, dk, dv;
 // broken C plugins are skipped or report their error naming the plugin; and the
-// headgrad program runs a suite comparing the two.
+// headgrad program runs a suite comparing the two. Grouped KV heads (C ABI 2):
+// naive_c agrees with fused_sdpa and per_head on k, v with Hkv < H heads; a
+// plugin built against C ABI 1 still loads and runs, and is refused them.
 //
-// Shape legend: B batch, H heads, Tq/Tk query/key lengths, d query/key width,
-// dv value width.
+// Shape legend: B batch, H (query) heads, Hkv kv heads, G = H / Hkv, Tq/Tk
+// query/key lengths, d query/key width, dv value width.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -38,6 +40,8 @@ namespace fs = std::filesystem;
 
 const fs::path kCPluginDir = C_PLUGIN_DIR;                 // build/tests/c_plugin
 const fs::path kBrokenCPluginDir = BROKEN_C_PLUGIN_DIR;    // build/tests/c_plugin_broken
+const fs::path kCPluginV1Dir = C_PLUGIN_V1_DIR;            // build/tests/c_plugin_v1
+const fs::path kV1GqaSuite = C_V1_GQA_SUITE;               // tests/c_plugin/c_v1_gqa.yaml
 const fs::path kBuiltPluginDir = HEADGRAD_BUILD_PLUGIN_DIR;  // build/plugins
 const fs::path kSuite = C_VS_FUSED_SUITE;                  // tests/c_plugin/c_vs_fused.yaml
 const fs::path kHeadgrad = HEADGRAD_EXE;                   // build/tools/headgrad/headgrad
@@ -47,15 +51,17 @@ constexpr double kRtol64 = 1e-6;
 constexpr double kAtol32 = 2e-5;
 constexpr double kRtol32 = 1e-4;
 
-// The plugins, loaded once for the whole program: naive_c, failing_c and
-// fused_sdpa, each from its own file.
+// The plugins, loaded once for the whole program: naive_c, failing_c,
+// naive_c_top_left, naive_c_v1, fused_sdpa and per_head, each from its own file.
 const PluginRegistry& registry() {
   static const std::unique_ptr<PluginRegistry> reg = [] {
     auto r = std::make_unique<PluginRegistry>();
     r->load_file(kCPluginDir / "naive_c.so");
     r->load_file(kBrokenCPluginDir / "failing_c.so");
     r->load_file(kBrokenCPluginDir / "naive_c_top_left.so");
+    r->load_file(kCPluginV1Dir / "naive_c_v1.so");
     r->load_file(kBuiltPluginDir / "fused_sdpa" / "fused_sdpa.so");
+    r->load_file(kBuiltPluginDir / "per_head" / "per_head.so");
     return r;
   }();
   return *reg;
@@ -99,6 +105,7 @@ struct CoreCase {
   bool transposed = false;   // q, k, v as transposed views of their storage
   bool broadcast_kv = false; // k, v with one batch: broadcast over B
   CausalAlignment align = CausalAlignment::top_left;
+  std::int64_t Hkv = 0;      // k, v heads; 0: H
 };
 
 std::string case_name(const ::testing::TestParamInfo<CoreCase>& info) { return info.param.name; }
@@ -115,6 +122,12 @@ const std::vector<CoreCase> kCases = {
     // Tq > Tk: queries 0..2 attend no key (zeros, zero gradients)
     {"bottom_right_tq_gt_tk_mask", 1, 2, 7, 4, 3, 5, true, true, false, false,
      CausalAlignment::bottom_right},
+    // Grouped KV heads: 1 < Hkv < H and H != Hkv^2 (G = 4 > Hkv = 3), then MQA.
+    {"gqa_causal", 2, 12, 5, 7, 4, 3, true, false, false, false, CausalAlignment::top_left, 3},
+    {"gqa_mask_transposed", 2, 6, 5, 7, 3, 4, false, true, true, false, CausalAlignment::top_left, 2},
+    {"gqa_broadcast_kv", 2, 4, 4, 5, 3, 3, true, false, false, true, CausalAlignment::top_left, 2},
+    {"gqa_bottom_right_decode", 2, 6, 1, 7, 4, 3, true, false, false, false, CausalAlignment::bottom_right, 3},
+    {"mqa", 2, 4, 6, 6, 4, 4, true, false, false, false, CausalAlignment::top_left, 1},
 };
 
 struct Inputs {
@@ -124,15 +137,15 @@ struct Inputs {
 
 Inputs make_inputs(const CoreCase& c, DType dtype, std::uint64_t seed) {
   Generator gen(seed);
-  auto make = [&](std::int64_t b, std::int64_t rows, std::int64_t cols) {
-    if (!c.transposed) return randn({b, c.H, rows, cols}, DType::float64, gen).to(dtype);
-    return randn({b, c.H, cols, rows}, DType::float64, gen).to(dtype).transpose(-2, -1);
+  auto make = [&](std::int64_t b, std::int64_t heads, std::int64_t rows, std::int64_t cols) {
+    if (!c.transposed) return randn({b, heads, rows, cols}, DType::float64, gen).to(dtype);
+    return randn({b, heads, cols, rows}, DType::float64, gen).to(dtype).transpose(-2, -1);
   };
   Inputs in;
-  const std::int64_t bkv = c.broadcast_kv ? 1 : c.B;
-  in.q = make(c.B, c.Tq, c.d);
-  in.k = make(bkv, c.Tk, c.d);
-  in.v = make(bkv, c.Tk, c.dv);
+  const std::int64_t bkv = c.broadcast_kv ? 1 : c.B, hkv = c.Hkv > 0 ? c.Hkv : c.H;
+  in.q = make(c.B, c.H, c.Tq, c.d);
+  in.k = make(bkv, hkv, c.Tk, c.d);
+  in.v = make(bkv, hkv, c.Tk, c.dv);
   in.spec.causal = c.causal;
   in.spec.causal_alignment = c.align;
   if (c.mask) in.spec.mask = random_mask(c.Tq, c.Tk, seed + 5, /*masked_row=*/1);
@@ -156,6 +169,25 @@ TEST_P(CPluginAgreement, MatchesFusedSdpaInFloat32) {
   expect_core_close(c, f, kAtol32, kRtol32);
 }
 
+// per_head, the oracle, slices kv head h / G for query head h (no kernel shared
+// with either). Its core does not broadcast leading dims of k and v over q's,
+// so the broadcast_kv cases are left out here.
+class CPluginVsPerHead : public ::testing::TestWithParam<CoreCase> {};
+
+std::vector<CoreCase> cases_per_head_takes() {
+  std::vector<CoreCase> out;
+  for (const CoreCase& c : kCases)
+    if (!c.broadcast_kv) out.push_back(c);
+  return out;
+}
+
+TEST_P(CPluginVsPerHead, MatchesPerHeadInFloat64) {
+  const Inputs in = make_inputs(GetParam(), DType::float64, 14);
+  const CoreResult c = run_core(plugin("naive_c"), in.q, in.k, in.v, in.spec, 8);
+  const CoreResult p = run_core(plugin("per_head"), in.q, in.k, in.v, in.spec, 8);
+  expect_core_close(c, p, kAtol64, kRtol64);
+}
+
 TEST_P(CPluginAgreement, PassesGradcheck) {
   const Inputs in = make_inputs(GetParam(), DType::float64, 13);
   const Attention& a = plugin("naive_c");
@@ -168,6 +200,7 @@ TEST_P(CPluginAgreement, PassesGradcheck) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, CPluginAgreement, ::testing::ValuesIn(kCases), case_name);
+INSTANTIATE_TEST_SUITE_P(Cases, CPluginVsPerHead, ::testing::ValuesIn(cases_per_head_takes()), case_name);
 
 // ---------------------------------------------------------------- causal alignment
 
@@ -254,7 +287,88 @@ TEST(CPlugin, WrongCAbiVersionIsSkipped) {
   ASSERT_EQ(reg.rejections().size(), 1u);
   EXPECT_TRUE(contains(reg.rejections()[0].reason,
                        "C ABI version " + std::to_string(HEADGRAD_C_ABI_VERSION + 41) + ", expected " +
+                           std::to_string(HEADGRAD_C_ABI_MIN_VERSION) + " to " +
                            std::to_string(HEADGRAD_C_ABI_VERSION)));
+}
+
+// ---------------------------------------------------------------- C ABI 1 and grouped KV heads
+
+TEST(CPluginAbi1, DeclaresGroupedKvOnlyFromVersion2) {
+  const LoadedPlugin& v2 = registry().get("naive_c");
+  EXPECT_EQ(v2.abi_version, 2);
+  EXPECT_TRUE(v2.info.capabilities.grouped_kv);
+  EXPECT_TRUE(contains(capabilities_str(v2.info.capabilities), "gqa"));
+  const LoadedPlugin& v1 = registry().get("naive_c_v1");
+  EXPECT_EQ(v1.abi_version, 1);
+  EXPECT_FALSE(v1.info.capabilities.grouped_kv);
+  EXPECT_FALSE(contains(capabilities_str(v1.info.capabilities), "gqa"));
+  EXPECT_TRUE(v1.info.capabilities.core && v1.info.capabilities.causal && v1.info.capabilities.bool_mask);
+}
+
+// The version-1 entry point still runs: the same numbers as the version-2 build.
+TEST(CPluginAbi1, StillRunsAndAgreesWithTheCurrentBuild) {
+  for (const CoreCase& c : {CoreCase{"plain", 2, 3, 5, 5, 4, 4}, CoreCase{"mask", 2, 2, 5, 7, 4, 4, true, true}}) {
+    SCOPED_TRACE(c.name);
+    const Inputs in = make_inputs(c, DType::float64, 31);
+    expect_core_close(run_core(plugin("naive_c_v1"), in.q, in.k, in.v, in.spec, 9),
+                      run_core(plugin("naive_c"), in.q, in.k, in.v, in.spec, 9), 1e-14, 1e-12);
+  }
+}
+
+TEST(CPluginAbi1, IsRefusedGroupedKvHeadsNamingTheCapability) {
+  const Inputs in = make_inputs({"gqa", 2, 12, 5, 7, 4, 4, true, false, false, false, CausalAlignment::top_left, 3},
+                                DType::float64, 32);
+  try {
+    (void)plugin("naive_c_v1").core_forward(Variable(in.q), Variable(in.k), Variable(in.v), in.spec);
+    FAIL() << "naive_c_v1 was handed grouped KV heads";
+  } catch (const UnsupportedError& e) {
+    for (const char* part : {"plugin 'naive_c_v1' (C ABI)", "HG_CAP_GROUPED_KV", "Hkv = 3", "H = 12"})
+      EXPECT_TRUE(contains(e.what(), part));
+  }
+}
+
+// One kv head was plain broadcasting before C ABI 2 (stride 0 over the heads):
+// a version-1 plugin still gets it so, and it equals the grouped path of version 2.
+TEST(CPluginAbi1, OneKvHeadIsStillBroadcastForIt) {
+  const Inputs in = make_inputs({"mqa", 2, 4, 6, 6, 4, 4, true, false, false, false, CausalAlignment::top_left, 1},
+                                DType::float64, 33);
+  const CoreResult old = run_core(plugin("naive_c_v1"), in.q, in.k, in.v, in.spec, 10);
+  EXPECT_EQ(old.dk.shape(), in.k.shape());
+  expect_core_close(old, run_core(plugin("naive_c"), in.q, in.k, in.v, in.spec, 10), 1e-14, 1e-12);
+}
+
+// H not a multiple of Hkv is bad input, named as such, for either build.
+TEST(CPluginGroupedKv, HNotAMultipleOfHkvIsInvalid) {
+  Generator gen(34);
+  const Variable q(randn({1, 6, 3, 4}, DType::float64, gen)), k(randn({1, 4, 3, 4}, DType::float64, gen));
+  for (const char* name : {"naive_c", "naive_c_v1"})
+    headgrad::test::expect_invalid([&] { (void)plugin(name).core_forward(q, k, k, AttentionSpec{}); },
+                                   {"plugin '" + std::string(name) + "'", "H = 6", "Hkv = 4", "multiple"});
+}
+
+// A kv head's gradient is the sum over its group: with every query head of a
+// group given the same q, dk of the kv head is G times one member's dk in plain
+// multi-head (each member with its own copy of the kv head).
+TEST(CPluginGroupedKv, KvGradientIsTheSumOverTheGroup) {
+  Generator gen(35);
+  const std::int64_t B = 2, Hkv = 2, G = 3, T = 5, d = 4;
+  const Tensor q1 = randn({B, Hkv, 1, T, d}, DType::float64, gen);
+  const Tensor q = q1.expand({B, Hkv, G, T, d}).contiguous().reshape({B, Hkv * G, T, d});
+  const Tensor k = randn({B, Hkv, T, d}, DType::float64, gen), v = randn({B, Hkv, T, d}, DType::float64, gen);
+  AttentionSpec spec;
+  spec.causal = true;
+  Variable vq(q, true), vk(k, true), vv(v, true);
+  Variable out = plugin("naive_c").core_forward(vq, vk, vv, spec);
+  sum(out).backward();  // loss = sum(out): every member of a group sends the same gradient
+  Variable mq(q1.reshape({B, Hkv, T, d}), true), mk(k, true), mv(v, true);
+  sum(plugin("naive_c").core_forward(mq, mk, mv, spec)).backward();
+  const std::vector<double> dk = vk.grad().to_vector(), dk1 = mk.grad().to_vector();
+  const std::vector<double> dv = vv.grad().to_vector(), dv1 = mv.grad().to_vector();
+  ASSERT_EQ(dk.size(), dk1.size());
+  for (std::size_t i = 0; i < dk.size(); ++i) {
+    EXPECT_NEAR(dk[i], G * dk1[i], 1e-12 * (1 + std::abs(dk[i])));
+    EXPECT_NEAR(dv[i], G * dv1[i], 1e-12 * (1 + std::abs(dv[i])));
+  }
 }
 
 TEST(CPlugin, DescriptorWithoutForwardIsSkipped) {
@@ -348,6 +462,14 @@ TEST(CPluginProgram, SuiteAgainstFusedSdpaPasses) {
       run(kHeadgrad.string() + " run " + kSuite.string() + " --plugin-path " + kCPluginDir.string());
   EXPECT_EQ(code, 0) << out;
   EXPECT_TRUE(contains(out, "naive_c"));
+  EXPECT_TRUE(contains(out, "Hkv=3")) << out;  // the grouped-kv cases ran
+}
+
+TEST(CPluginProgram, AVersion1PluginInAGroupedKvCaseExits2NamingTheCapability) {
+  const auto [code, out] =
+      run(kHeadgrad.string() + " run " + kV1GqaSuite.string() + " --plugin-path " + kCPluginV1Dir.string());
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_TRUE(contains(out, "plugin 'naive_c_v1' lacks the capability 'grouped_kv'")) << out;
 }
 
 }  // namespace

@@ -291,6 +291,54 @@ TEST(Catalog, NamesAreUniqueAndResolve) {
   EXPECT_EQ(bug_catalog().size(), static_cast<std::size_t>(Bug::count_));
 }
 
+// The tile permutation (worked by hand for H 12, Hkv 3, G 4: position g*3 + j
+// holds head j*4 + g) turns the tiled mapping into the correct one: the tile
+// hypothesis on the reordered Wq rows and Wo columns equals per_head on the
+// original weights, its dWq rows and dWo columns in the same order, and the
+// other mapping bugs stay wrong under it.
+TEST(Catalog, TilePermutationTurnsTheTiledMappingIntoTheCorrectOne) {
+  EXPECT_EQ(tile_to_repeat_heads(12, 3), (std::vector<std::int64_t>{0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11}));
+  EXPECT_EQ(tile_to_repeat_heads(4, 4), (std::vector<std::int64_t>{0, 1, 2, 3}));  // G = 1: the identity
+  EXPECT_EQ(tile_to_repeat_heads(4, 1), (std::vector<std::int64_t>{0, 1, 2, 3}));  // MQA: the identity
+  EXPECT_THROW((void)tile_to_repeat_heads(6, 4), std::invalid_argument);
+  PluginRegistry reg;
+  reg.load_directories({HEADGRAD_BUILD_PLUGIN_DIR});
+  const LoadedPlugin& per_head = reg.get("per_head");
+  const std::int64_t B = 2, T = 5, D = 16, H = 12, Hkv = 3, d = 6;
+  Generator gen(17);
+  const Tensor x = randn({B, T, D}, DType::float64, gen), r = randn({B, T, D}, DType::float64, gen);
+  const std::vector<Tensor> ws = {randn({H * d, D}, DType::float64, gen, 0.3), randn({Hkv * d, D}, DType::float64, gen, 0.3),
+                                  randn({Hkv * d, D}, DType::float64, gen, 0.3), randn({D, H * d}, DType::float64, gen, 0.3)};
+  AttentionSpec spec;
+  spec.d_model = D;
+  spec.num_heads = H;
+  spec.num_kv_heads = Hkv;
+  spec.head_width = d;
+  spec.causal = true;
+  const std::vector<std::int64_t> order = tile_to_repeat_heads(H, Hkv);
+  auto run = [&](const std::vector<Tensor>& w4, auto&& forward) {
+    Variable vx(x, true);
+    MhaWeights w{Variable(w4[0], true), Variable(w4[1], true), Variable(w4[2], true), Variable(w4[3], true)};
+    Variable out = forward(vx, w);
+    sum(mul(out, Variable(r))).backward();
+    return std::vector<Tensor>{out.data(), vx.grad(), w.wq.grad(), w.wk.grad(), w.wv.grad(), w.wo.grad()};
+  };
+  const auto ref = run(ws, [&](auto& vx, auto& w) { return per_head.attention->mha_forward(vx, w, spec); });
+  const std::vector<Tensor> tiled_ws = {reorder_blocks(ws[0], 0, d, order), ws[1], ws[2], reorder_blocks(ws[3], 1, d, order)};
+  // head h' of the reordered Wq is head order[h'] of the original: rows h'*d .. of one = rows order[h']*d .. of the other
+  EXPECT_EQ(max_abs_diff(tiled_ws[0].narrow(0, 1 * d, d), ws[0].narrow(0, 4 * d, d)), 0.0);
+  EXPECT_EQ(max_abs_diff(tiled_ws[3].narrow(1, 11 * d, d), ws[3].narrow(1, 11 * d, d)), 0.0);
+  const auto tiled = run(tiled_ws, [&](auto& vx, auto& w) { return hypothesis_mha(vx, w, spec, Bug::kv_map_tile); });
+  std::vector<Tensor> expect = ref;
+  expect[2] = reorder_blocks(ref[2], 0, d, order);
+  expect[5] = reorder_blocks(ref[5], 1, d, order);
+  for (std::size_t i = 0; i < ref.size(); ++i) EXPECT_LT(max_abs_diff(expect[i], tiled[i]), 1e-12) << i;
+  for (Bug other : {Bug::kv_group_wrong_divisor, Bug::kv_interleaved_head_slices}) {
+    const auto wrong = run(tiled_ws, [&](auto& vx, auto& w) { return hypothesis_mha(vx, w, spec, other); });
+    EXPECT_GT(max_abs_diff(expect[0], wrong[0]), 1e-3) << bug_info(other).name;
+  }
+}
+
 // Grouped kv heads (H 12, Hkv 3, d 10): the correct hypothesis equals per_head on
 // the output and every gradient, and the averaged group gradient is exactly 1/G
 // of the summed one on dWk and dWv, dx differs and out, dWq, dWo are untouched
@@ -327,12 +375,34 @@ TEST(Catalog, GroupedHypothesesAgainstPerHead) {
     EXPECT_LT(max_abs_diff(scale(Variable(ref[i]), 1.0 / static_cast<double>(G)).data(), mean[i]), 1e-13) << i;
     EXPECT_GT(max_abs_diff(ref[i], mean[i]), 1e-3) << i;
   }
-  // the wrong divisor h / Hkv runs past the 3 kv heads at G = 4 > Hkv: refused, named
-  try {
-    run([&](auto& vx, auto& w) { return hypothesis_mha(vx, w, spec, Bug::kv_group_wrong_divisor); });
-    ADD_FAILURE() << "no error";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_STREQ(e.what(), "hypothesis kv_group_wrong_divisor: query head 9 would read kv head 3 of 3");
+  // The wrong divisor h / Hkv runs past the 3 kv heads at G = 4 > Hkv (heads 9..11
+  // would read kv head 3) and is clamped to the last: query heads read kv heads
+  // 0 0 0 1 1 1 2 2 2 2 2 2. Its oracle: per_head as plain multi-head with kv head
+  // blocks laid out that way; dWk, dWv are the sums of the blocks of each kv head.
+  const std::vector<std::int64_t> reads = {0, 0, 0, 1, 1, 1, 2, 2, 2, 2, 2, 2};
+  auto widen = [&](const Tensor& w) {
+    std::vector<Variable> blocks;
+    for (std::int64_t j : reads) blocks.push_back(narrow(Variable(w), 0, j * d, d));
+    return cat(blocks, 0).data();
+  };
+  AttentionSpec mha = spec;
+  mha.num_kv_heads = H;
+  Variable vx(x, true);
+  MhaWeights wide{Variable(ws[0], true), Variable(widen(ws[1]), true), Variable(widen(ws[2]), true),
+                  Variable(ws[3], true)};
+  const Variable wide_out = per_head.attention->mha_forward(vx, wide, mha);
+  sum(mul(wide_out, Variable(r))).backward();
+  const auto wrong = run([&](auto& vx, auto& w) { return hypothesis_mha(vx, w, spec, Bug::kv_group_wrong_divisor); });
+  EXPECT_LT(max_abs_diff(wide_out.data(), wrong[0]), 1e-12);
+  EXPECT_LT(max_abs_diff(vx.grad(), wrong[1]), 1e-12);
+  EXPECT_GT(max_abs_diff(ref[0], wrong[0]), 1e-3);  // and it is not the correct attention
+  for (const auto& [i, g] : {std::pair<std::size_t, Tensor>{3u, wide.wk.grad()}, {4u, wide.wv.grad()}}) {
+    for (std::int64_t j = 0; j < Hkv; ++j) {
+      Tensor block_sum = Tensor::zeros({d, D}, DType::float64);
+      for (std::int64_t h = 0; h < H; ++h)
+        if (reads[static_cast<std::size_t>(h)] == j) block_sum = add(Variable(block_sum), narrow(Variable(g), 0, h * d, d)).data();
+      EXPECT_LT(max_abs_diff(block_sum, narrow(Variable(wrong[i]), 0, j * d, d).data()), 1e-12) << i << " kv head " << j;
+    }
   }
 }
 

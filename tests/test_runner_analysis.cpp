@@ -442,6 +442,42 @@ TEST_F(Analysis, GroupedKvBugsLocalizeToTheirKvHeadCounts) {
     if (s.tensor == "dwk") EXPECT_EQ(s.per_head.size(), 3u);
 }
 
+// The tile mapping is named with the evidence of a re-run: the failing plugin
+// with its query heads in tile order (Wq row blocks, Wo column blocks) computes
+// the correct attention. A grouped-kv bug that is not a tile mapping is re-run
+// too and does not match, and no re-run happens without a group.
+TEST_F(Analysis, TileMappingIsConfirmedByARerunUnderTheTilePermutation) {
+  auto run = [](const std::string& mutant) {
+    const std::string yaml = "suite: t\ncases:\n  - name: c\n    compare: [" + mutant +
+                             ", per_head]\n    shape: {B: 2, T: 7, D: 24, H: 12, Hkv: 3, d: 10}\n    causal: true\n";
+    return check_case(parse_suite(yaml, "analysis.yaml").cases.at(0), *registry_, {});
+  };
+  const CaseResult tile = run("mutant_kv_map_tile");
+  ASSERT_EQ(tile.status, CaseStatus::fail);
+  ASSERT_TRUE(tile.diagnosis);
+  EXPECT_EQ(tile.diagnosis->best(), "kv_map_tile");
+  ASSERT_EQ(tile.diagnosis->evidence.size(), 1u);
+  const std::string& why = tile.diagnosis->evidence[0];
+  EXPECT_EQ(why.rfind("re-run of mutant_kv_map_tile with its query heads in tile order", 0), 0u) << why;
+  EXPECT_NE(why.find("matches the correct attention"), std::string::npos) << why;
+  EXPECT_NE(tile.diagnosis->sentence.find("Evidence: re-run of mutant_kv_map_tile"), std::string::npos)
+      << tile.diagnosis->sentence;
+  for (const char* other : {"mutant_kv_group_wrong_divisor", "mutant_kv_interleaved_head_slices", "mutant_kv_grad_averaged"}) {
+    SCOPED_TRACE(other);
+    const CaseResult r = run(other);
+    ASSERT_EQ(r.status, CaseStatus::fail);
+    ASSERT_TRUE(r.diagnosis);
+    EXPECT_EQ("mutant_" + r.diagnosis->best(), other);
+    ASSERT_EQ(r.diagnosis->evidence.size(), 1u);
+    EXPECT_NE(r.diagnosis->evidence[0].find("does not match the correct attention"), std::string::npos)
+        << r.diagnosis->evidence[0];
+    EXPECT_EQ(r.diagnosis->evidence[0].find("matches the correct"), std::string::npos);
+  }
+  const CaseResult plain = run_pair("mutant_merge_without_transpose");  // H 2, Hkv = H
+  ASSERT_TRUE(plain.diagnosis);
+  EXPECT_TRUE(plain.diagnosis->evidence.empty());
+}
+
 }  // namespace
 
 namespace {

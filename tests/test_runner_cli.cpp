@@ -188,6 +188,22 @@ TEST_F(Cli, JsonHoldsTheAlignmentAndTheRuledOutHypotheses) {
   EXPECT_EQ(j["cases"][1]["description"], "CORE(B=2,H=2,Tq=1,Tk=7,d=4,causal=bottom_right)");
 }
 
+// The tile re-run's evidence is in the JSON diagnosis.
+TEST_F(Cli, JsonHoldsTheEvidenceOfTheTileRerun) {
+  const fs::path json = fs::temp_directory_path() / ("headgrad_cli_tile_" + std::to_string(::getpid()) + ".json");
+  const Outcome r = headgrad({"run", HEADGRAD_SOURCE_ROOT "/configs/mutants.yaml", "--filter", "kv_map_tile", "--json",
+                              json.string()});
+  const nlohmann::json j = nlohmann::json::parse(slurp(json));
+  fs::remove(json);
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  ASSERT_EQ(j["cases"].size(), 1u);
+  EXPECT_EQ(j["cases"][0]["diagnosis"]["best"], "kv_map_tile");
+  ASSERT_EQ(j["cases"][0]["diagnosis"]["evidence"].size(), 1u);
+  const std::string evidence = j["cases"][0]["diagnosis"]["evidence"][0].get<std::string>();
+  EXPECT_NE(evidence.find("re-run of mutant_kv_map_tile with its query heads in tile order"), std::string::npos) << evidence;
+  EXPECT_NE(evidence.find("matches the correct attention"), std::string::npos) << evidence;
+}
+
 TEST_F(Cli, MissingPluginStopsTheRunBeforeAnyCase) {
   const Outcome r = headgrad({"run", (kFixtures / "missing_plugin.yaml").string(), "--plugin-path", kTestPlugins});
   EXPECT_EQ(r.code, 3) << r.out << r.err;

@@ -16,9 +16,18 @@
  *   D_i = dout_i . out_i;   dv_j += p_ij dout_i;   dp_ij = dout_i . v_j
  *   ds_ij = p_ij (dp_ij - D_i);   dq_i += scale ds_ij k_j;   dk_j += scale ds_ij q_i
  *
+ * Grouped KV heads (HG_CAP_GROUPED_KV): q's leading index n reads k's and v's
+ * leading index n / G (G = hg_kv_group(call)), so query head h reads kv head
+ * h / G; dk and dv accumulate (+=) over the G query heads of each kv head.
+ *
  * Built with NAIVE_C_TOP_LEFT_ONLY it is "naive_c_top_left", a plugin written
  * before bottom-right alignment existed: it does not declare it and fails the
  * call if it ever sees HG_CAUSAL_BOTTOM_RIGHT.
+ *
+ * Built with NAIVE_C_ABI_V1 it is "naive_c_v1", the plugin as it was written
+ * against C ABI 1, before grouped KV heads: it reports version 1, uses no name
+ * version 2 added (version 2 changed no layout, so this is the version-1
+ * build), and reads k and v at q's own leading index.
  *
  * Elements are read and written through the strides headgrad gives, in double
  * whatever the dtype (float32 buffers are converted on load and store).
@@ -72,13 +81,23 @@ static int attends(const hg_core_call* call, int64_t mask_base, int64_t i, int64
   return 1;
 }
 
-#ifdef NAIVE_C_TOP_LEFT_ONLY
+#if defined(NAIVE_C_TOP_LEFT_ONLY) || defined(NAIVE_C_ABI_V1)
 #define NAIVE_C_CAPS (HG_CAP_CAUSAL | HG_CAP_BOOL_MASK | HG_CAP_CROSS_LENGTHS | HG_CAP_FLOAT32 | HG_CAP_FLOAT64)
 #else
 #define NAIVE_C_CAPS                                                                              \
   (HG_CAP_CAUSAL | HG_CAP_CAUSAL_BOTTOM_RIGHT | HG_CAP_BOOL_MASK | HG_CAP_CROSS_LENGTHS |       \
-   HG_CAP_FLOAT32 | HG_CAP_FLOAT64)
+   HG_CAP_FLOAT32 | HG_CAP_FLOAT64 | HG_CAP_GROUPED_KV)
 #endif
+
+/* G: query heads per kv head (1 for a version-1 plugin, which never gets Hkv < H). */
+static int64_t kv_group_of(const hg_core_call* call) {
+#ifdef NAIVE_C_ABI_V1
+  (void)call;
+  return 1;
+#else
+  return hg_kv_group(call);
+#endif
+}
 
 static int64_t leading_count(const hg_tensor* t) {
   int64_t n = 1;
@@ -115,7 +134,7 @@ static double score_row(const hg_core_call* call, int64_t qb, int64_t kb, int64_
 static int naive_forward(const hg_core_call* call, hg_tensor* out, hg_tensor* stats) {
   const int64_t n_lead = leading_count(&call->q);
   const int64_t tq = call->q.shape[call->q.ndim - 2], tk = call->k.shape[call->k.ndim - 2];
-  const int64_t dv = call->v.shape[call->v.ndim - 1];
+  const int64_t dv = call->v.shape[call->v.ndim - 1], group = kv_group_of(call);
   double* s;
   int64_t n, i, j, c;
   if (call->q.dtype != HG_FLOAT32 && call->q.dtype != HG_FLOAT64)
@@ -126,8 +145,9 @@ static int naive_forward(const hg_core_call* call, hg_tensor* out, hg_tensor* st
   s = (double*)malloc((size_t)(tk > 0 ? tk : 1) * sizeof(double));
   if (!s) return fail(call, 2, "naive_c: out of memory for a row of scores");
   for (n = 0; n < n_lead; ++n) {
-    const int64_t qb = lead_offset(&call->q, n), kb = lead_offset(&call->k, n),
-                  vb = lead_offset(&call->v, n), ob = lead_offset(out, n),
+    /* query head h of leading index n reads kv head h / G: kv leading index n / G */
+    const int64_t qb = lead_offset(&call->q, n), kb = lead_offset(&call->k, n / group),
+                  vb = lead_offset(&call->v, n / group), ob = lead_offset(out, n),
                   sb = lead_offset(stats, n), mb = call->mask ? lead_offset(call->mask, n) : 0;
     for (i = 0; i < tq; ++i) {
       const double m = score_row(call, qb, kb, mb, i, s);
@@ -158,17 +178,19 @@ static int naive_backward(const hg_core_call* call, const hg_tensor* out, const 
   const int64_t n_lead = leading_count(&call->q);
   const int64_t tq = call->q.shape[call->q.ndim - 2], tk = call->k.shape[call->k.ndim - 2];
   const int64_t d = call->q.shape[call->q.ndim - 1], dvw = call->v.shape[call->v.ndim - 1];
+  const int64_t group = kv_group_of(call);
   double* p;
   int64_t n, i, j, c;
   p = (double*)malloc((size_t)(tk > 0 ? tk : 1) * sizeof(double));
   if (!p) return fail(call, 2, "naive_c: out of memory for a row of probabilities");
   for (n = 0; n < n_lead; ++n) {
-    const int64_t qb = lead_offset(&call->q, n), kb = lead_offset(&call->k, n),
-                  vb = lead_offset(&call->v, n), ob = lead_offset(out, n),
+    /* dk, dv of kv leading index n / G: each of its G query heads adds its part */
+    const int64_t qb = lead_offset(&call->q, n), kb = lead_offset(&call->k, n / group),
+                  vb = lead_offset(&call->v, n / group), ob = lead_offset(out, n),
                   sb = lead_offset(stats, n), gb = lead_offset(dout, n),
                   mb = call->mask ? lead_offset(call->mask, n) : 0;
-    const int64_t dqb = dq->data ? lead_offset(dq, n) : 0, dkb = dk->data ? lead_offset(dk, n) : 0,
-                  dvb = dv->data ? lead_offset(dv, n) : 0;
+    const int64_t dqb = dq->data ? lead_offset(dq, n) : 0, dkb = dk->data ? lead_offset(dk, n / group) : 0,
+                  dvb = dv->data ? lead_offset(dv, n / group) : 0;
     for (i = 0; i < tq; ++i) {
       const double lse = load(stats, sb, i, 0);
       double big_d = 0.0;
@@ -198,10 +220,14 @@ static int naive_backward(const hg_core_call* call, const hg_tensor* out, const 
 }
 
 static const hg_c_plugin kNaive = {
-#ifdef NAIVE_C_TOP_LEFT_ONLY
+#if defined(NAIVE_C_TOP_LEFT_ONLY)
     "naive_c_top_left",
     "1.0.0",
     "naive attention core in C99 (C ABI), top-left causal only",
+#elif defined(NAIVE_C_ABI_V1)
+    "naive_c_v1",
+    "1.0.0",
+    "naive attention core in C99 built against C ABI 1 (no grouped KV heads)",
 #else
     "naive_c",
     "1.0.0",
@@ -213,5 +239,9 @@ static const hg_c_plugin kNaive = {
     naive_backward,
 };
 
+#ifdef NAIVE_C_ABI_V1
+HG_C_EXPORT int headgrad_c_abi_version(void) { return 1; }
+#else
 HG_C_EXPORT int headgrad_c_abi_version(void) { return HEADGRAD_C_ABI_VERSION; }
+#endif
 HG_C_EXPORT const hg_c_plugin* headgrad_c_plugin(void) { return &kNaive; }

@@ -364,6 +364,7 @@ void write_verdict(Diagnosis& dx) {
       dx.sentence += std::string(dx.ruled_out.empty() ? "" : ";") + " (closest: " + dx.near.front().bug + " on " +
                      dx.near.front().side + ", " + fmt_g(dx.near.front().worst_ratio) + "x outside the tolerance)";
     dx.sentence += "; see where the error lives and the localization.";
+    if (!dx.evidence.empty()) dx.sentence += " Evidence: " + join(dx.evidence, "; ") + ".";
     return;
   }
   const HypothesisFit& best = dx.fits.front();
@@ -379,6 +380,7 @@ void write_verdict(Diagnosis& dx) {
     dx.sentence += " Also consistent at this shape: " + join(others, ", ") + ".";
   }
   if (!dx.ruled_out.empty()) dx.sentence += " Ruled out: " + join(dx.ruled_out, "; ") + ".";
+  if (!dx.evidence.empty()) dx.sentence += " Evidence: " + join(dx.evidence, "; ") + ".";
 }
 
 }  // namespace
@@ -486,6 +488,67 @@ void confirm_with_variants(Diagnosis& dx, const std::vector<VariantRun>& runs) {
   }
   if (kept.size() == dx.fits.size()) return;
   dx.fits = std::move(kept);
+  dx.judged_side = dx.fits.empty() ? std::string() : dx.fits.front().side;
+  write_verdict(dx);
+}
+
+// Grouped kv heads, mha level, 1 < Hkv < H: each failing plugin side is re-run
+// with its query heads in tile order (Wq row blocks, Wo column blocks;
+// tile_to_repeat_heads). A plugin that maps query head h to kv head h mod Hkv
+// then computes the correct attention (its dWq and dWo in the same order), and
+// no other plugin does: the match confirms kv_map_tile, a mismatch rules it out.
+void rerun_under_tile_permutation(Diagnosis& dx, const CaseResult& failed, const CaseInputs& in,
+                                  const PluginRegistry& registry, const RunOptions& options) {
+  const CaseSpec& c = failed.spec;
+  const std::int64_t heads = c.dims.H, kv_heads = c.dims.kv_heads();
+  if (c.level != Level::mha || kv_heads <= 1 || kv_heads >= heads || heads % kv_heads != 0) return;
+  const std::vector<std::int64_t> order = diagnosis::tile_to_repeat_heads(heads, kv_heads);
+  const std::int64_t d = in.wq.size(0) / heads;
+  CaseInputs tiled = in;
+  tiled.wq = diagnosis::reorder_blocks(in.wq, 0, d, order);  // [H*d, D]: head h' gets head order[h']'s rows
+  tiled.wo = diagnosis::reorder_blocks(in.wo, 1, d, order);  // [D, H*d]: and its columns
+  TensorSet correct = hypothesis_tensors(c, in, std::nullopt);
+  for (auto& [name, t] : correct) {
+    if (name == "dwq") t = diagnosis::reorder_blocks(t, 0, d, order);
+    if (name == "dwo") t = diagnosis::reorder_blocks(t, 1, d, order);
+  }
+  ExecOptions exec;
+  exec.isolate = options.isolate;
+  exec.timeout_s = options.timeout_s.value_or(c.timeout_s);
+  exec.on_wait = options.on_wait;
+  const std::string tile_name(bug_info(Bug::kv_map_tile).name);
+  bool changed = false;
+  for (std::size_t i = 0; i < c.compare.size(); ++i) {
+    const std::string& plugin = c.compare[i];
+    const std::string& label = i == 0 ? failed.lhs_label : failed.rhs_label;
+    if (label != plugin || label == dx.correct_side || !registry.find(plugin)) continue;
+    const std::string rerun = "re-run of " + plugin + " with its query heads in tile order (head g*Hkv + j given "
+                              "the Wq rows and Wo columns of head j*G + g)";
+    const SideResult side = run_side(c, tiled, registry.get(plugin), exec);
+    if (side.status != SideStatus::ok) {
+      dx.evidence.push_back(rerun + " did not complete: " + side.cause);
+      changed = true;
+      continue;
+    }
+    const auto [ratio, max_abs] = fit_ratio(side.tensors, correct, c);
+    const auto fit = std::find_if(dx.fits.begin(), dx.fits.end(),
+                                  [&](const HypothesisFit& f) { return f.bug == tile_name && f.side == plugin; });
+    if (ratio <= 1.0) {
+      dx.evidence.push_back(rerun + " matches the correct attention (max |Δ| " + fmt_g(max_abs) +
+                            "): it reads kv head h mod Hkv for query head h (" + tile_name + ")");
+      if (fit != dx.fits.end()) std::rotate(dx.fits.begin(), fit, fit + 1);  // the confirmed one first
+    } else {
+      dx.evidence.push_back(rerun + " does not match the correct attention (" + fmt_g(ratio) +
+                            "x the tolerance): not a tiled kv mapping alone");
+      if (fit != dx.fits.end()) {
+        dx.ruled_out.push_back(tile_name + " (fits at the failing shape, but the re-run under the tile permutation "
+                               "does not match)");
+        dx.fits.erase(fit);
+      }
+    }
+    changed = true;
+  }
+  if (!changed) return;
   dx.judged_side = dx.fits.empty() ? std::string() : dx.fits.front().side;
   write_verdict(dx);
 }
@@ -687,6 +750,7 @@ CaseResult check_case(const CaseSpec& spec, const PluginRegistry& registry, cons
         spec.is_reference() ? std::vector<VariantRun>{} : run_variants(spec, registry, options);
     res.localization = localize_from(res, runs);
     confirm_with_variants(*res.diagnosis, runs);
+    rerun_under_tile_permutation(*res.diagnosis, res, inputs, registry, options);
     if (const std::string p = precision_sentence(res); !p.empty()) res.diagnosis->sentence += " " + p;
     const std::string named = res.diagnosis->best();
     const bool as_expected = spec.expect_diagnosis == "none" ? named.empty() : named == spec.expect_diagnosis;

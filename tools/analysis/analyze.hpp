@@ -66,7 +66,9 @@ Localization localize(const CaseResult& failed, const PluginRegistry& registry, 
 // those that reproduce one side's output and gradients within the case's
 // tolerance, at this one shape. check_case goes further: a hypothesis is kept
 // only if it also reproduces that side at every localization variant that ran
-// (the others are listed in Diagnosis::ruled_out, with the variant that refutes them).
+// (the others are listed in Diagnosis::ruled_out, with the variant that refutes them);
+// in a grouped-kv case it re-runs the failing plugin under the tile permutation
+// of query heads (Diagnosis::evidence), which confirms or rules out kv_map_tile.
 Diagnosis diagnose(const CaseResult& failed, const CaseInputs& inputs);
 
 // Under relative_to_baseline, what the errors are worth in the case's dtype,

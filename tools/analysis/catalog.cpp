@@ -99,7 +99,8 @@ constexpr std::array<BugInfo, static_cast<std::size_t>(Bug::count_)> kEntries{{
      "kv head = h // (H // Hkv), as repeat_interleave(G, dim=1) lays them out (not repeat)",
      {true, false, false, false, false, true, false, false, false, true, true, false}},
     {Bug::kv_group_wrong_divisor, {},
-     "query head h reads kv head h / Hkv (or h mod G) instead of h / G: the group size and the kv head count are swapped",
+     "query head h reads kv head h / Hkv (or h mod G) instead of h / G: the group size and the kv head count are "
+     "swapped (when G > Hkv the index runs past the last kv head: a checked gather fails, a clamping one reads the last)",
      "divide by the group size G = H / Hkv, not by Hkv",
      {true, false, false, false, false, true, false, false, false, true, true, true}},
     {Bug::kv_grad_not_accumulated, {},

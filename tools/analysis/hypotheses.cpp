@@ -1,7 +1,9 @@
 #include "analysis/hypotheses.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <string>
 
 namespace headgrad::diagnosis {
 
@@ -92,7 +94,9 @@ std::int64_t kv_head_of(std::int64_t h, std::int64_t heads, std::int64_t kv_head
   // path only when G > 1, as the catalog's needs_group says).
   if (group == 1) return h;
   if (is(bug, Bug::kv_map_tile)) return h % kv_heads;
-  if (is(bug, Bug::kv_group_wrong_divisor)) return h / kv_heads;  // may run past the kv heads
+  // h / Hkv runs past the last kv head when G > Hkv: a gather that clamps the
+  // index (JAX's, an unchecked kernel's) reads the last one
+  if (is(bug, Bug::kv_group_wrong_divisor)) return std::min(h / kv_heads, kv_heads - 1);
   return h / group;
 }
 
@@ -151,6 +155,27 @@ Variable hypothesis_core(const Variable& q, const Variable& k, const Variable& v
   const std::int64_t group = kv_group(q, k, v, "hypothesis");
   return attend(q, expand_kv_heads(k, group), expand_kv_heads(v, group), mask,
                 hypothesis_scale(spec, q.size(-1), bug), bug);
+}
+
+std::vector<std::int64_t> tile_to_repeat_heads(std::int64_t heads, std::int64_t kv_heads) {
+  if (kv_heads < 1 || heads % kv_heads != 0)
+    throw std::invalid_argument("tile_to_repeat_heads: H = " + std::to_string(heads) +
+                                " is not a multiple of Hkv = " + std::to_string(kv_heads));
+  const std::int64_t group = heads / kv_heads;
+  std::vector<std::int64_t> order;
+  for (std::int64_t h = 0; h < heads; ++h) order.push_back((h % kv_heads) * group + h / kv_heads);
+  return order;
+}
+
+Tensor reorder_blocks(const Tensor& w, std::int64_t dim, std::int64_t block,
+                      const std::vector<std::int64_t>& order) {
+  if (block < 1 || w.size(dim) != block * static_cast<std::int64_t>(order.size()))
+    throw std::invalid_argument("reorder_blocks: " + std::to_string(order.size()) + " blocks of " +
+                                std::to_string(block) + " do not tile dim " + std::to_string(dim) + " of " +
+                                shape_str(w.shape()));
+  std::vector<Variable> blocks;
+  for (std::int64_t b : order) blocks.push_back(Variable(w.narrow(dim, b * block, block)));
+  return cat(blocks, dim).data();
 }
 
 }  // namespace headgrad::diagnosis

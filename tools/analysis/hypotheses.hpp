@@ -10,7 +10,9 @@
 // heads, G = H / Hkv, d head width (D / H unless the spec gives it).
 #pragma once
 
+#include <cstdint>
 #include <optional>
+#include <vector>
 
 #include <headgrad/attention.hpp>
 
@@ -27,5 +29,20 @@ Variable hypothesis_mha(const Variable& x, const MhaWeights& w, const AttentionS
 // those this throws std::invalid_argument (check bug_info(bug).visibility.mha_only).
 Variable hypothesis_core(const Variable& q, const Variable& k, const Variable& v,
                          const AttentionSpec& spec, std::optional<Bug> bug);
+
+// ---- re-runs under a permutation of heads ----
+
+// The tile permutation of query heads: entry h' = g*Hkv + j is query head
+// j*G + g. Given Wq's row blocks and Wo's column blocks in this order, a
+// plugin that maps query head h' to kv head h' mod Hkv (kv_map_tile) reads kv
+// head j for the weights of head j*G + g, which the correct mapping (h / G)
+// gives it too: the tiled plugin then computes the correct attention, and any
+// other plugin does not (unless G = 1 or Hkv = 1, where tile and repeat agree).
+std::vector<std::int64_t> tile_to_repeat_heads(std::int64_t heads, std::int64_t kv_heads);
+
+// w with its blocks of `block` rows (dim 0) or columns (dim 1) reordered:
+// block i of the result is block order[i] of w.
+Tensor reorder_blocks(const Tensor& w, std::int64_t dim, std::int64_t block,
+                      const std::vector<std::int64_t>& order);
 
 }  // namespace headgrad::diagnosis

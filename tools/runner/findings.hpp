@@ -58,6 +58,9 @@ struct Diagnosis {
   std::string sentence;             // the verdict in words (says so when none fits)
   std::vector<std::string> ruled_out;  // "bug: why", hypotheses that fit the failing shape but not the localization
   std::vector<HypothesisFit> near;     // no fit: the nearest hypothesis when within 10x of the tolerance
+  // Re-runs of a failing side on transformed inputs, and what they showed
+  // ("re-run of X with its query heads in tile order matches ...").
+  std::vector<std::string> evidence;
   std::string best() const { return fits.empty() ? std::string() : fits.front().bug; }
 };
 

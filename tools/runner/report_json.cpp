@@ -67,6 +67,7 @@ json diagnosis_json(const Diagnosis& d) {
           {"judged_side", d.judged_side.empty() ? json(nullptr) : json(d.judged_side)},
           {"correct_side", d.correct_side.empty() ? json(nullptr) : json(d.correct_side)},
           {"ruled_out", d.ruled_out},
+          {"evidence", d.evidence},
           {"sentence", d.sentence}};
 }
 

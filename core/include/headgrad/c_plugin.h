@@ -27,7 +27,18 @@
  *
  * The contract
  * - Every tensor has the same leading dims [...]: headgrad broadcasts q, k, v
- *   and the mask before the call (a broadcast dim has stride 0).
+ *   and the mask before the call (a broadcast dim has stride 0). The one
+ *   exception is grouped KV heads, below.
+ * - Grouped KV heads (GQA, MQA; C ABI 2, only for a plugin that declares
+ *   HG_CAP_GROUPED_KV): k and v may have Hkv heads at dim -3 where q has H,
+ *   [..., H, Tq, d] against [..., Hkv, Tk, d], H a multiple of Hkv, every
+ *   other leading dim the same. Query head h reads kv head h / G, G = H / Hkv
+ *   (PyTorch's repeat_interleave and enable_gqa, HF's repeat_kv; not h mod Hkv).
+ *   Heads being the last leading dim, leading index n of q (and out, dout, dq)
+ *   reads leading index n / G of k and v: hg_kv_group(call) gives G (1 when k
+ *   has q's heads). dk and dv have k's and v's shapes: the gradient of a kv
+ *   head is the SUM over its G query heads. A plugin without the capability
+ *   never sees Hkv < H: headgrad refuses the call naming the capability.
  * - Inputs (q, k, v, mask, dout) may be strided views: read element
  *   (i0, ..., in) at data[i0 * strides[0] + ... + in * strides[n]]. Strides are
  *   in elements, not bytes, and are >= 0. Inputs are read only.
@@ -59,7 +70,12 @@
  * version (<headgrad/abi.hpp>), which moves with the C++ types. The loader
  * skips a mismatch with a message. Only C crosses this boundary: a C plugin
  * may be built by any C compiler for the same platform. */
-#define HEADGRAD_C_ABI_VERSION 1
+#define HEADGRAD_C_ABI_VERSION 2
+/* The oldest version headgrad still loads. Version 2 only added
+ * HG_CAP_GROUPED_KV and hg_kv_group(), changing no layout: a plugin built
+ * against version 1 runs as it did, and is refused grouped KV heads (a
+ * capability bit headgrad does not read from a version-1 plugin). */
+#define HEADGRAD_C_ABI_MIN_VERSION 1
 
 #if defined(_WIN32)
 #define HG_C_EXPORT_ATTR __declspec(dllexport)
@@ -85,6 +101,7 @@ typedef enum hg_dtype { HG_FLOAT32 = 0, HG_FLOAT64 = 1, HG_BOOL = 2 } hg_dtype;
 #define HG_CAP_FLOAT32 0x08u
 #define HG_CAP_FLOAT64 0x10u
 #define HG_CAP_CAUSAL_BOTTOM_RIGHT 0x20u /* call->causal may be HG_CAUSAL_BOTTOM_RIGHT */
+#define HG_CAP_GROUPED_KV 0x40u /* C ABI 2: k, v may have Hkv < H heads (dim -3); see the contract */
 
 /* call->causal. A plugin without HG_CAP_CAUSAL_BOTTOM_RIGHT never sees 2:
  * headgrad passes bottom-right as 1 when Tq == Tk (the same mask) and
@@ -132,6 +149,13 @@ typedef struct hg_c_plugin {
   hg_core_forward_fn core_forward;
   hg_core_backward_fn core_backward;  /* NULL: forward only (asking for a gradient is an error) */
 } hg_c_plugin;
+
+/* G = H / Hkv, the query heads per kv head of a call (1 without grouped KV
+ * heads): q's leading index n reads k's and v's leading index n / G. */
+static inline int64_t hg_kv_group(const hg_core_call* call) {
+  if (call->q.ndim < 3 || call->k.ndim < 3) return 1;
+  return call->q.shape[call->q.ndim - 3] / call->k.shape[call->k.ndim - 3];
+}
 
 /* The symbols a C plugin exports (declared here so their types are checked). */
 HG_C_EXPORT_ATTR int headgrad_c_abi_version(void);

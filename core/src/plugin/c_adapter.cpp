@@ -2,7 +2,8 @@
 // and backward call the plugin's C functions over raw strided buffers.
 //
 // Shape legend: [...] leading dims (broadcast over q, k, v), Tq/Tk query/key
-// lengths, d query/key width, dv value width, S stats per query row.
+// lengths, d query/key width, dv value width, S stats per query row; H query
+// heads and Hkv kv heads (dim -3), G = H / Hkv.
 #include "plugin/c_adapter.hpp"
 
 #include <array>
@@ -58,6 +59,7 @@ Shape lead_of(const Tensor& x) { return lead_dims(x.shape()); }
 // captured by the op's forward and backward.
 struct CallSettings {
   Shape lead;   // [...] after broadcasting q, k, v (and the mask)
+  Shape kv_lead;  // of k and v: lead with Hkv in place of H (= lead when G = 1)
   Tensor mask;  // bool [..., Tq, Tk] (a broadcast view), or undefined
   std::int32_t causal = HG_CAUSAL_NONE;  // HG_CAUSAL_*
   double scale = 1.0;
@@ -65,7 +67,7 @@ struct CallSettings {
 
 class CAttention final : public Attention {
  public:
-  CAttention(const hg_c_plugin* desc, std::shared_ptr<const void> library)
+  CAttention(const hg_c_plugin* desc, std::shared_ptr<const void> library, int abi_version)
       : desc_(desc), library_(std::move(library)) {
     info_.name = desc->name;
     info_.version = desc->version;
@@ -80,6 +82,8 @@ class CAttention final : public Attention {
     c.float32 = (f & HG_CAP_FLOAT32) != 0;
     c.float64 = (f & HG_CAP_FLOAT64) != 0;
     bottom_right_ = (f & HG_CAP_CAUSAL_BOTTOM_RIGHT) != 0;
+    // The bit means nothing to a plugin built against C ABI 1.
+    c.grouped_kv = abi_version >= 2 && (f & HG_CAP_GROUPED_KV) != 0;
     c.extra = {"c-abi"};
   }
 
@@ -96,8 +100,8 @@ class CAttention final : public Attention {
     return custom_op(
         name + ".core", {q, k, v},
         [desc, library, name, settings](CustomOpContext& ctx, const std::vector<Tensor>& in) {
-          const Tensor qx = expand_lead(in[0], settings.lead), kx = expand_lead(in[1], settings.lead),
-                       vx = expand_lead(in[2], settings.lead);
+          const Tensor qx = expand_lead(in[0], settings.lead), kx = expand_lead(in[1], settings.kv_lead),
+                       vx = expand_lead(in[2], settings.kv_lead);
           const std::int64_t tq = qx.size(-2), dv = vx.size(-1);
           Tensor out = Tensor::empty(with_last2(settings.lead, tq, dv), qx.dtype());
           Tensor stats;
@@ -117,8 +121,8 @@ class CAttention final : public Attention {
             throw std::runtime_error("plugin '" + name +
                                      "' (C ABI) has no core_backward: it cannot give gradients");
           const Tensor &q0 = ctx.saved[0], &k0 = ctx.saved[1], &v0 = ctx.saved[2];
-          const Tensor qx = expand_lead(q0, settings.lead), kx = expand_lead(k0, settings.lead),
-                       vx = expand_lead(v0, settings.lead);
+          const Tensor qx = expand_lead(q0, settings.lead), kx = expand_lead(k0, settings.kv_lead),
+                       vx = expand_lead(v0, settings.kv_lead);
           auto grad_for = [&](std::size_t i, const Tensor& x) {
             return ctx.needs_input_grad[i] ? Tensor::zeros(x.shape(), x.dtype()) : Tensor();
           };
@@ -130,7 +134,8 @@ class CAttention final : public Attention {
           const hg_core_call call = make_call(cq, ck, cv, cmask, settings, error);
           const int rc = desc->core_backward(&call, &cout_.t, &cstats.t, &cdout.t, &cdq.t, &cdk.t, &cdv.t);
           if (rc != 0) throw_failure(name, "core_backward", rc, error);
-          // Gradients of broadcast leading dims are summed back to each input's shape.
+          // Gradients of broadcast leading dims are summed back to each input's shape
+          // (the plugin has summed dk, dv over each kv head's group).
           auto reduce = [](const Tensor& g, const Tensor& x) {
             return !g.defined() || g.shape() == x.shape() ? g : kernels::sum_to(g, x.shape());
           };
@@ -162,8 +167,27 @@ class CAttention final : public Attention {
     if (spec.dropout_p != 0.0) throw UnsupportedError(who + " does not support dropout");
 
     CallSettings s;
-    s.lead = broadcast_shapes(lead_of(q), broadcast_shapes(lead_of(k), lead_of(v), "c plugin core"),
-                              "c plugin core");
+    // Grouped KV heads: k and v agree on Hkv heads at dim -3, fewer than q's H
+    // (the rule fused_sdpa's kernel reads). Broadcast then sees Hkv as H.
+    Shape lead_k = lead_of(k), lead_v = lead_of(v);
+    std::int64_t group = 1;
+    if (q.dim() >= 3 && k.dim() >= 3 && v.dim() >= 3 && k.size(-3) == v.size(-3) && k.size(-3) < q.size(-3)) {
+      const std::int64_t h = q.size(-3), hkv = k.size(-3);
+      if (h % hkv != 0)
+        throw std::invalid_argument(who + ": q has H = " + std::to_string(h) + " heads (dim -3) and k, v have Hkv = " +
+                                    std::to_string(hkv) + "; grouped KV heads need H to be a multiple of Hkv");
+      // Before C ABI 2 one kv head was plain broadcasting (stride 0), which an
+      // old plugin reads correctly; more than one needs the capability.
+      if (!caps.grouped_kv && hkv > 1)
+        throw UnsupportedError(who + " does not support grouped KV heads (HG_CAP_GROUPED_KV, C ABI 2): k and v have Hkv = " +
+                               std::to_string(hkv) + " heads where q has H = " + std::to_string(h));
+      if (caps.grouped_kv) {
+        group = h / hkv;
+        lead_k.back() = h;
+        lead_v.back() = h;
+      }
+    }
+    s.lead = broadcast_shapes(lead_of(q), broadcast_shapes(lead_k, lead_v, "c plugin core"), "c plugin core");
     s.scale = spec.scale_for(q.size(-1));
     const std::int64_t tq = q.size(-2), tk = k.size(-2);
     if (spec.mask.defined() && spec.mask.dtype() != DType::boolean)
@@ -193,6 +217,8 @@ class CAttention final : public Attention {
       s.lead = Shape(full.begin(), full.end() - 2);
       s.mask = as_given.mask.expand(full);
     }
+    s.kv_lead = s.lead;
+    if (group > 1) s.kv_lead.back() /= group;  // heads are lead's last dim (dim -3 of q)
     return s;
   }
 
@@ -231,7 +257,8 @@ class CAttention final : public Attention {
 
 }  // namespace
 
-std::shared_ptr<Attention> make_c_attention(const hg_c_plugin* desc, std::shared_ptr<const void> library) {
+std::shared_ptr<Attention> make_c_attention(const hg_c_plugin* desc, std::shared_ptr<const void> library,
+                                            int abi_version) {
   if (!desc) throw std::invalid_argument("headgrad_c_plugin() returned NULL");
   if (!desc->name || !*desc->name) throw std::invalid_argument("the C plugin declares an empty name");
   const std::string who = std::string("C plugin '") + desc->name + "'";
@@ -242,7 +269,7 @@ std::shared_ptr<Attention> make_c_attention(const hg_c_plugin* desc, std::shared
     throw std::invalid_argument(who + ": stats_per_row is negative (" + std::to_string(desc->stats_per_row) + ")");
   if (!(desc->capabilities & (HG_CAP_FLOAT32 | HG_CAP_FLOAT64)))
     throw std::invalid_argument(who + ": declares neither HG_CAP_FLOAT32 nor HG_CAP_FLOAT64");
-  return std::make_shared<CAttention>(desc, std::move(library));
+  return std::make_shared<CAttention>(desc, std::move(library), abi_version);
 }
 
 }  // namespace headgrad::detail

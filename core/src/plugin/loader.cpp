@@ -103,9 +103,10 @@ Opened open_plugin(const fs::path& file, const std::function<void(const char*)>&
   if (o.c_abi) {
     on_stage("c_abi");
     o.abi_version = library->get<int()>(detail::c_abi_symbol)();
-    if (o.abi_version != HEADGRAD_C_ABI_VERSION)
+    // Older C ABI versions still load: each version only added to the one before.
+    if (o.abi_version < HEADGRAD_C_ABI_MIN_VERSION || o.abi_version > HEADGRAD_C_ABI_VERSION)
       throw Rejected("C ABI version " + std::to_string(o.abi_version) + ", expected " +
-                     std::to_string(HEADGRAD_C_ABI_VERSION) +
+                     std::to_string(HEADGRAD_C_ABI_MIN_VERSION) + " to " + std::to_string(HEADGRAD_C_ABI_VERSION) +
                      "; rebuild the plugin against this headgrad's <headgrad/c_plugin.h>");
   } else {
     on_stage("build");
@@ -122,7 +123,8 @@ Opened open_plugin(const fs::path& file, const std::function<void(const char*)>&
     on_stage("factory");
     if (o.c_abi)
       o.keeper->object =
-          detail::make_c_attention(library->get<const hg_c_plugin*()>(detail::c_plugin_symbol)(), library);
+          detail::make_c_attention(library->get<const hg_c_plugin*()>(detail::c_plugin_symbol)(), library,
+                                   o.abi_version);
     else
       o.keeper->object = library->get_alias<PluginFactory>(plugin_factory_symbol)();
     if (!o.keeper->object) throw Rejected("the factory returned no object");
