@@ -10,6 +10,7 @@
 
 #include "analysis/catalog.hpp"
 #include "analysis/hypotheses.hpp"
+#include "runner/execute.hpp"
 #include "runner/inputs.hpp"
 
 namespace headgrad::analysis {
@@ -305,7 +306,8 @@ Tensor grad_or_zeros(const Variable& v) {
 
 // The tensors a side would produce if it had exactly `bug` (none: correct).
 TensorSet hypothesis_tensors(const CaseSpec& c, const CaseInputs& in, std::optional<Bug> bug) {
-  const AttentionSpec spec = attention_spec(c, in);
+  AttentionSpec spec = attention_spec(c, in);
+  if (!c.taps.empty()) spec.rope_taps = std::make_shared<RopeTaps>();  // q_rot, k_rot as the hypothesis rotates
   TensorSet out;
   if (c.level == Level::mha) {
     Variable x(in.x, true);
@@ -321,6 +323,8 @@ TensorSet hypothesis_tensors(const CaseSpec& c, const CaseInputs& in, std::optio
     sum(mul(y, Variable(in.r))).backward();
     out = {{"out", y.data()}, {"dq", grad_or_zeros(q)}, {"dk", grad_or_zeros(k)}, {"dv", grad_or_zeros(v)}};
   }
+  for (const auto& tap : c.taps)
+    out.push_back({tap, assemble_tap(tap == "q_rot" ? spec.rope_taps->q_rot : spec.rope_taps->k_rot)});
   return out;
 }
 
