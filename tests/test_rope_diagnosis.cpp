@@ -10,6 +10,7 @@
 // heads, d head width, r rotary width.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -282,6 +283,20 @@ TEST_F(RopeSuite, MutantsYamlCatchesAndNamesEveryRopeMutant) {
         EXPECT_EQ(t.allclose, t.name == "out" || t.name == "dwv" || t.name == "dwo") << t.name;
     if (c.spec.expect_diagnosis == "rope_position_shift")  // only the taps differ
       for (const auto& t : c.tensors) EXPECT_EQ(t.allclose, t.name != "q_rot" && t.name != "k_rot") << t.name;
+    // Localization's RoPE variants: every RoPE bug vanishes with the rotation
+    // off; one pair (r = 2) hides the pairing and the frequencies; one position
+    // for every token hides what scores see through position differences, but
+    // not a rotated v.
+    ASSERT_TRUE(c.localization.has_value()) << c.spec.name;
+    const auto& dep = c.localization->depends_on;
+    auto depends = [&](const std::string& dim) { return std::find(dep.begin(), dep.end(), dim) != dep.end(); };
+    EXPECT_TRUE(depends("rope")) << c.spec.name << ": " << c.localization->sentence;
+    const std::string& bug = c.spec.expect_diagnosis;
+    const bool pairs = bug == "rope_style_swapped" || bug == "rope_wrong_theta" || bug == "rope_freq_exponent";
+    EXPECT_EQ(depends("r"), pairs) << c.spec.name << ": " << c.localization->sentence;
+    if (pairs || bug == "rope_sign_flipped") EXPECT_TRUE(depends("positions")) << c.spec.name;
+    if (bug == "rope_on_v" || bug == "rope_missing_on_k" || bug == "rope_positions_ignored")
+      EXPECT_FALSE(depends("positions")) << c.spec.name << ": " << c.localization->sentence;
   }
   EXPECT_EQ(named.size(), rope_bugs(true).size());
 }

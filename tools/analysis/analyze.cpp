@@ -48,7 +48,7 @@ std::vector<Variant> variants_of(const CaseSpec& c) {
     v.expect_fail = false;
     v.expect_diagnosis.clear();
     const bool removes = change.find("= 1") != std::string::npos || dim == "Tq!=Tk" || dim == "mask" ||
-                         dim == "causal";
+                         dim == "causal" || dim == "rope" || dim == "r" || dim == "positions";
     out.push_back({std::move(dim), std::move(change), removes, std::move(v)});
   };
   const Dims& d0 = c.dims;
@@ -90,6 +90,27 @@ std::vector<Variant> variants_of(const CaseSpec& c) {
   if (d0.Hkv > 1 && d0.Hkv < d0.H) {
     add("G", "Hkv = H (G = 1)", [](CaseSpec& v) { v.dims.Hkv = 0; });
     add("Hkv", "Hkv = 1", [](CaseSpec& v) { v.dims.Hkv = 1; });
+  }
+  // RoPE: the rotation off (taps go with it), one pair (r = 2: both pairings and
+  // every base agree), every token at one position (scores then see none).
+  if (c.rope) {
+    add("rope", "rope off", [](CaseSpec& v) {
+      v.rope.reset();
+      v.check.erase(std::remove_if(v.check.begin(), v.check.end(),
+                                   [&](const std::string& t) { return std::find(v.taps.begin(), v.taps.end(), t) != v.taps.end(); }),
+                    v.check.end());
+      v.taps.clear();
+    });
+    const std::int64_t r = c.rope->rotary_dim > 0 ? c.rope->rotary_dim : d0.head_dim();
+    if (r > 2) add("r", "rotary_dim = 2", [](CaseSpec& v) { v.rope->rotary_dim = 2; });
+    const std::int64_t t = c.level == Level::core ? d0.Tk : d0.T;
+    if (t > 1)
+      add("positions", "positions constant (all 5)", [t](CaseSpec& v) {
+        v.rope->rows = {std::vector<std::int64_t>(static_cast<std::size_t>(t), 5)};
+        v.rope->per_row = false;
+        v.rope->generator.clear();
+        v.rope->offset = 0;
+      });
   }
   return out;
 }
@@ -185,6 +206,9 @@ std::string dim_words(const std::string& dim) {
   if (dim == "causal") return "the causal mask";
   if (dim == "G") return "the query heads per kv head (G = H / Hkv)";
   if (dim == "Hkv") return "the kv head count";
+  if (dim == "rope") return "the rotation (RoPE)";
+  if (dim == "r") return "the rotary width";
+  if (dim == "positions") return "the token positions";
   return "the head count";
 }
 
@@ -195,6 +219,9 @@ std::string need_words(const std::string& dim) {
   if (dim == "d") return "a head width above 1";
   if (dim == "mask") return "the mask (it shows only with the mask)";
   if (dim == "causal") return "the causal mask (it shows only when causal)";
+  if (dim == "rope") return "the rotation (it shows only with RoPE on)";
+  if (dim == "r") return "more than one rotating pair (rotary_dim > 2)";
+  if (dim == "positions") return "tokens at different positions";
   return dim_words(dim) + " above 1";
 }
 

@@ -35,7 +35,7 @@ struct Visibility {
   bool needs_rope = false;            // a RoPE bug: invisible without a rope block
   bool needs_rope_pairs = false;      // invisible at rotary_dim 2 (one pair, w_0 = 1 for every base)
   bool needs_gapped_positions = false;  // invisible when every row of positions is arange + c
-  bool needs_far_positions = false;   // invisible below position ~1000 (float32 angles err ~1e-6 there)
+  bool needs_far_positions = false;   // hides below position ~1000 (float32 angles err ~1e-6 relative there)
   bool needs_partial_rotary = false;  // invisible at rotary_dim = d
   bool needs_custom_theta = false;    // invisible at theta 10000 (the base it hard-codes)
   bool needs_rope_taps = false;       // invisible in out and every gradient: only taps or the rope level see it
