@@ -123,7 +123,7 @@ TEST_P(RopeBugs, HypothesisReproducesMutantAtTheMhaLevel) {
     const MhaRun correct = run_mha([&](auto& x, auto& w, auto& s) { return hypothesis_mha(x, w, s, std::nullopt); }, rope);
     double end_to_end = 0, in_taps = 0;
     for (std::size_t i = 0; i < 8; ++i) {
-      // the mutants' own rotations (float32 tables, the wrong span, before the split) record no taps
+      // rotated before the split, there is no per-head q or k to tap
       if (i >= 6 && (!plugin.tensors[i].defined() || !hyp.tensors[i].defined())) continue;
       EXPECT_LT(max_abs_diff(plugin.tensors[i], hyp.tensors[i]), 1e-12)
           << kMhaNames[i] << " of " << info.name << " (" << rope_style_name(style) << ")";
@@ -283,6 +283,14 @@ TEST_F(RopeSuite, MutantsYamlCatchesAndNamesEveryRopeMutant) {
         EXPECT_EQ(t.allclose, t.name == "out" || t.name == "dwv" || t.name == "dwo") << t.name;
     if (c.spec.expect_diagnosis == "rope_position_shift")  // only the taps differ
       for (const auto& t : c.tensors) EXPECT_EQ(t.allclose, t.name != "q_rot" && t.name != "k_rot") << t.name;
+    // The clues that tell RoPE bugs apart, each where it belongs only.
+    const std::string& text = c.diagnosis->sentence;
+    EXPECT_EQ(text.find("Signature = X X X = =") != std::string::npos,
+              c.spec.expect_diagnosis == "rope_backward_not_transposed") << text;
+    EXPECT_EQ(text.find("grows with the absolute position") != std::string::npos,
+              c.spec.expect_diagnosis == "rope_tables_float32") << text;
+    EXPECT_EQ(text.find("pass-through dims [6, 10) of q_rot differ") != std::string::npos,
+              c.spec.expect_diagnosis == "rope_partial_wrong_span") << text;
     // Localization's RoPE variants: every RoPE bug vanishes with the rotation
     // off; one pair (r = 2) hides the pairing and the frequencies; one position
     // for every token hides what scores see through position differences, but

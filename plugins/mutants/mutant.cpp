@@ -176,9 +176,15 @@ Variable rotate_float32(const Variable& x, const RopeSpec& r, std::int64_t q_off
   return rot == d ? rotated : cat({rotated, narrow(x, -1, rot, d - rot)}, -1);
 }
 
+// A rotation of the mutant's own, reported to the taps as rope_queries/rope_keys would.
+Variable tapped(const Variable& rotated, const AttentionSpec& spec, bool queries) {
+  if (spec.rope_taps) (queries ? spec.rope_taps->q_rot : spec.rope_taps->k_rot).push_back(rotated.data().clone());
+  return rotated;
+}
+
 // q [B, H, T, d] or k [B, Hkv, T, d] (or x [..., T, d] at the rope level,
 // rotated as keys) with this mutant's RoPE. The helpers rope_queries and
-// rope_keys record the taps; a rotation of its own records none.
+// rope_keys record the taps; a rotation of its own records them by tapped().
 Variable mutant_rope(const Variable& x, const AttentionSpec& spec, bool queries) {
   AttentionSpec s = spec;
   auto rotate = [&](const Variable& v, const AttentionSpec& sp) { return queries ? rope_queries(v, sp) : rope_keys(v, sp); };
@@ -206,13 +212,14 @@ Variable mutant_rope(const Variable& x, const AttentionSpec& spec, bool queries)
     const Variable wrong = rotate(x, back);
     return add(Variable(rotate(x, s).data()), sub(wrong, Variable(wrong.data())));
   }
-  if (kBug == "rope_tables_float32") return rotate_float32(x, spec.rope, queries ? spec.rope.q_offset : 0);
+  if (kBug == "rope_tables_float32")
+    return tapped(rotate_float32(x, spec.rope, queries ? spec.rope.q_offset : 0), spec, queries);
   if (kBug == "rope_partial_wrong_span") {  // BUG: the last r dims rotate, the first d - r pass
     const std::int64_t d = x.size(-1), r = spec.rope.rotary_dim > 0 ? spec.rope.rotary_dim : d;
     if (r == d) return rotate(x, s);
     s.rope.rotary_dim = 0;
     s.rope_taps = nullptr;
-    return cat({narrow(x, -1, 0, d - r), rotate(narrow(x, -1, d - r, r), s)}, -1);
+    return tapped(cat({narrow(x, -1, 0, d - r), rotate(narrow(x, -1, d - r, r), s)}, -1), spec, queries);
   }
   return rotate(x, s);
 }
