@@ -196,6 +196,14 @@ TEST_P(RopeBugs, RopeLevelShowsTheRotationBugs) {
   if (pairs_of_qk) EXPECT_LT(diff, 1e-15) << info.name;
   else EXPECT_GT(diff, info.visibility.needs_far_positions ? 1e-7 : 1e-3) << info.name;
   if (info.bug == Bug::rope_backward_not_transposed) EXPECT_LT(max_abs_diff(a[0], ok[0]), 1e-15);  // only dx
+  EXPECT_EQ(has_rope_level_form(info), !pairs_of_qk) << info.name;
+  if (!has_rope_level_form(info)) {
+    EXPECT_THROW(hypothesis_rope(Variable(x), spec, info.bug), std::invalid_argument);
+    return;
+  }
+  const auto h = run([&](const Variable& v) { return hypothesis_rope(v, spec, info.bug); });
+  EXPECT_LT(max_abs_diff(a[0], h[0]), 1e-12) << "out of " << info.name;
+  EXPECT_LT(max_abs_diff(a[1], h[1]), 1e-12) << "dx of " << info.name;
 }
 
 auto bug_name = [](const auto& p) { return std::string(p.param.name); };
@@ -281,7 +289,7 @@ TEST_F(RopeSuite, MutantsYamlCatchesAndNamesEveryRopeMutant) {
     if (c.spec.expect_diagnosis == "rope_backward_not_transposed")
       for (const auto& t : c.tensors)
         EXPECT_EQ(t.allclose, t.name == "out" || t.name == "dwv" || t.name == "dwo") << t.name;
-    if (c.spec.expect_diagnosis == "rope_position_shift")  // only the taps differ
+    if (c.spec.expect_diagnosis == "rope_position_shift" && c.spec.level == runner::Level::mha)  // only the taps differ
       for (const auto& t : c.tensors) EXPECT_EQ(t.allclose, t.name != "q_rot" && t.name != "k_rot") << t.name;
     // The clues that tell RoPE bugs apart, each where it belongs only.
     const std::string& text = c.diagnosis->sentence;
@@ -289,13 +297,17 @@ TEST_F(RopeSuite, MutantsYamlCatchesAndNamesEveryRopeMutant) {
               c.spec.expect_diagnosis == "rope_backward_not_transposed") << text;
     EXPECT_EQ(text.find("grows with the absolute position") != std::string::npos,
               c.spec.expect_diagnosis == "rope_tables_float32") << text;
-    EXPECT_EQ(text.find("pass-through dims [6, 10) of q_rot differ") != std::string::npos,
+    EXPECT_EQ(text.find("pass-through dims [6, 10)") != std::string::npos,
               c.spec.expect_diagnosis == "rope_partial_wrong_span") << text;
     // Localization's RoPE variants: every RoPE bug vanishes with the rotation
     // off; one pair (r = 2) hides the pairing and the frequencies; one position
     // for every token hides what scores see through position differences, but
     // not a rotated v.
     ASSERT_TRUE(c.localization.has_value()) << c.spec.name;
+    if (c.spec.level == runner::Level::rope) {  // x alone: the bug shows at every variant
+      EXPECT_TRUE(c.localization->depends_on.empty()) << c.spec.name << ": " << c.localization->sentence;
+      continue;
+    }
     const auto& dep = c.localization->depends_on;
     auto depends = [&](const std::string& dim) { return std::find(dep.begin(), dep.end(), dim) != dep.end(); };
     EXPECT_TRUE(depends("rope")) << c.spec.name << ": " << c.localization->sentence;

@@ -69,6 +69,9 @@ std::vector<Variant> variants_of(const CaseSpec& c) {
       if (d0.D % 2 == 0)
         add("H@D", "H = 2 (D kept, d = " + std::to_string(d0.D / 2) + ")", [](CaseSpec& v) { v.dims.H = 2; });
     }
+  } else if (c.level == Level::rope) {  // x [B, (H,) T, d]: the rotation alone
+    if (d0.B > 1) add("B", "B = 1", [](CaseSpec& v) { v.dims.B = 1; });
+    if (d0.T > 1) add("T", "T = 1", [](CaseSpec& v) { v.dims.T = 1; });
   } else {
     if (d0.B > 1) add("B", "B = 1", [](CaseSpec& v) { v.dims.B = 1; });
     else add("B", "B = 2", [](CaseSpec& v) { v.dims.B = 2; });
@@ -93,7 +96,7 @@ std::vector<Variant> variants_of(const CaseSpec& c) {
   }
   // RoPE: the rotation off (taps go with it), one pair (r = 2: both pairings and
   // every base agree), every token at one position (scores then see none).
-  if (c.rope) {
+  if (c.rope && c.level != Level::rope) {
     add("rope", "rope off", [](CaseSpec& v) {
       v.rope.reset();
       v.check.erase(std::remove_if(v.check.begin(), v.check.end(),
@@ -101,6 +104,8 @@ std::vector<Variant> variants_of(const CaseSpec& c) {
                     v.check.end());
       v.taps.clear();
     });
+  }
+  if (c.rope) {
     const std::int64_t r = c.rope->rotary_dim > 0 ? c.rope->rotary_dim : d0.head_dim();
     if (r > 2) add("r", "rotary_dim = 2", [](CaseSpec& v) { v.rope->rotary_dim = 2; });
     const std::int64_t t = c.level == Level::core ? d0.Tk : d0.T;
@@ -336,6 +341,12 @@ TensorSet hypothesis_tensors(const CaseSpec& c, const CaseInputs& in, std::optio
   AttentionSpec spec = attention_spec(c, in);
   if (!c.taps.empty()) spec.rope_taps = std::make_shared<RopeTaps>();  // q_rot, k_rot as the hypothesis rotates
   TensorSet out;
+  if (c.level == Level::rope) {
+    Variable x(in.x, true);
+    Variable y = diagnosis::hypothesis_rope(x, spec.rope, bug);
+    sum(mul(y, Variable(in.r))).backward();
+    return {{"out", y.data()}, {"dx", grad_or_zeros(x)}};
+  }
   if (c.level == Level::mha) {
     Variable x(in.x, true);
     MhaWeights w{Variable(in.wq, true), Variable(in.wk, true), Variable(in.wv, true),
@@ -435,6 +446,7 @@ Diagnosis diagnose(const CaseResult& failed, const CaseInputs& in) {
   std::optional<HypothesisFit> closest;
   for (const auto& info : bug_catalog()) {
     if (c.level == Level::core && info.visibility.mha_only) continue;
+    if (c.level == Level::rope && !diagnosis::has_rope_level_form(info)) continue;
     TensorSet hyp;
     try {
       hyp = hypothesis_tensors(c, in, info.bug);
@@ -477,6 +489,7 @@ void confirm_with_variants(Diagnosis& dx, const std::vector<VariantRun>& runs) {
       if (!side || side->empty()) continue;
       const CaseSpec& vc = run.variant.spec;
       if (vc.level == Level::core && bug_info(bug).visibility.mha_only) continue;
+      if (vc.level == Level::rope && !diagnosis::has_rope_level_form(bug_info(bug))) continue;
       TensorSet hyp;
       try {
         hyp = hypothesis_tensors(vc, run.inputs, bug);
@@ -512,30 +525,35 @@ namespace {
 std::vector<std::string> rope_clues(const CaseResult& failed, const CaseInputs& in) {
   std::vector<std::string> out;
   const CaseSpec& c = failed.spec;
-  if (!c.rope || c.level == Level::rope) return out;
+  if (!c.rope) return out;
   // exact: 1, differs: 0, not compared: -1
   auto state = [&](const std::string& name) {
     for (const auto& t : failed.tensors)
       if (t.name == name && t.problem.empty()) return t.allclose ? 1 : 0;
     return -1;
   };
-  const bool mha = c.level == Level::mha;
-  const std::vector<std::string> same = mha ? std::vector<std::string>{"out", "dwv", "dwo"} : std::vector<std::string>{"out", "dv"};
-  const std::vector<std::string> differ = mha ? std::vector<std::string>{"dx", "dwq", "dwk"} : std::vector<std::string>{"dq", "dk"};
-  if (std::all_of(same.begin(), same.end(), [&](const std::string& n) { return state(n) == 1; }) &&
-      std::all_of(differ.begin(), differ.end(), [&](const std::string& n) { return state(n) == 0; }))
-    out.push_back(std::string(mha ? "Signature = X X X = = over out, dx, dwq, dwk, dwv, dwo" : "Signature = X X = over out, dq, dk, dv") +
-                  ": the forward is exact and only the gradients through q and k differ, the mark of a RoPE backward "
-                  "that is not R^T.");
+  const bool mha = c.level == Level::mha, core = c.level == Level::core;
+  struct Signature {
+    std::vector<std::string> same, differ;
+    std::string text;
+  };
+  const Signature sig = mha    ? Signature{{"out", "dwv", "dwo"}, {"dx", "dwq", "dwk"}, "= X X X = = over out, dx, dwq, dwk, dwv, dwo"}
+                        : core ? Signature{{"out", "dv"}, {"dq", "dk"}, "= X X = over out, dq, dk, dv"}
+                               : Signature{{"out"}, {"dx"}, "= X over out, dx"};
+  if (std::all_of(sig.same.begin(), sig.same.end(), [&](const std::string& n) { return state(n) == 1; }) &&
+      std::all_of(sig.differ.begin(), sig.differ.end(), [&](const std::string& n) { return state(n) == 0; }))
+    out.push_back("Signature " + sig.text +
+                  ": the forward is exact and only the gradients through the rotation differ, the mark of a RoPE "
+                  "backward that is not R^T.");
 
   // The error per batch row against the row's positions: scores see position
   // differences only, so a row-to-row growth at the same tokens is absolute.
   const Tensor* a = find_tensor(failed.lhs, "out");
   const Tensor* b = find_tensor(failed.rhs, "out");
   const Tensor& pos = in.positions;
-  const std::int64_t tokens = mha ? c.dims.T : c.dims.Tq;
+  const std::int64_t tokens = core ? c.dims.Tq : c.dims.T;
   if (state("out") == 0 && a && b && a->defined() && b->defined() && a->shape() == b->shape() && pos.defined() && pos.dim() == 2 &&
-      pos.size(0) == a->size(0) && pos.size(0) > 1 && pos.size(1) == tokens && (mha || c.dims.Tq == c.dims.Tk)) {
+      pos.size(0) == a->size(0) && pos.size(0) > 1 && pos.size(1) == tokens && (!core || c.dims.Tq == c.dims.Tk)) {
     const std::vector<double> err = slot_max(*a, *b, 0, 0);  // per batch row
     const auto p = pos.contiguous().to_vector();
     std::vector<double> mean(err.size(), 0.0);
@@ -550,10 +568,17 @@ std::vector<std::string> rope_clues(const CaseResult& failed, const CaseInputs& 
                     "(float32 cos/sin).");
   }
 
-  // Partial rotary: dims [r, d) of the taps must pass through bitwise.
-  for (const auto& tap : c.taps) {
-    const Tensor* ta = find_tensor(failed.lhs, tap);
-    const Tensor* tb = find_tensor(failed.rhs, tap);
+  // Partial rotary: dims [r, d) of the taps (at the rope level: of out, against x)
+  // must pass through bitwise.
+  std::vector<std::pair<std::string, std::pair<const Tensor*, const Tensor*>>> pass;
+  for (const auto& tap : c.taps) pass.push_back({tap, {find_tensor(failed.lhs, tap), find_tensor(failed.rhs, tap)}});
+  if (c.level == Level::rope) {
+    pass.push_back({failed.lhs_label + "'s out", {find_tensor(failed.lhs, "out"), &in.x}});
+    if (!c.is_reference()) pass.push_back({failed.rhs_label + "'s out", {find_tensor(failed.rhs, "out"), &in.x}});
+  }
+  for (const auto& [tap, tensors] : pass) {
+    const Tensor* ta = tensors.first;
+    const Tensor* tb = tensors.second;
     if (!ta || !tb || !ta->defined() || !tb->defined() || ta->shape() != tb->shape() || ta->dim() < 1) continue;
     const std::int64_t d = ta->size(-1), r = c.rope->rotary_dim > 0 ? c.rope->rotary_dim : d;
     if (r >= d) continue;
@@ -563,7 +588,7 @@ std::vector<std::string> rope_clues(const CaseResult& failed, const CaseInputs& 
       if (static_cast<std::int64_t>(i) % d >= r && va[i] != vb[i]) ++differing;
     if (differing > 0)
       out.push_back("The pass-through dims [" + std::to_string(r) + ", " + std::to_string(d) + ") of " + tap + " differ in " +
-                    std::to_string(differing) + " elements (they must equal the projection bitwise): partial rotary on "
+                    std::to_string(differing) + " elements (they must pass through unchanged, bitwise): partial rotary on "
                     "the wrong span.");
   }
   return out;
@@ -732,8 +757,7 @@ CaseResult check_case(const CaseSpec& spec, const PluginRegistry& registry, cons
   CaseInputs inputs;
   CaseResult res = run_case(spec, registry, options, &inputs);
   const bool failed = res.status == CaseStatus::fail || res.status == CaseStatus::xfail;
-  // the rope level has no hypotheses or localization variants (yet): its tensors are the report
-  if (failed && !res.tensors.empty() && spec.level != Level::rope) {
+  if (failed && !res.tensors.empty()) {
     res.diagnosis = diagnose(res, inputs);
     const std::vector<VariantRun> runs =
         spec.is_reference() ? std::vector<VariantRun>{} : run_variants(spec, registry, options);

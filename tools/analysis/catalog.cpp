@@ -120,15 +120,15 @@ constexpr std::array<BugInfo, static_cast<std::size_t>(Bug::count_)> kEntries{{
     {Bug::rope_on_v, {},
      "v is rotated too: RoPE belongs on q and k only",
      "rotate q and k after the head split; leave v as projected",
-     {.needs_rope = true}},
+     {.needs_rope = true, .needs_qkv = true}},
     {Bug::rope_missing_on_k, {},
      "k is never rotated (only q is): scores see absolute query positions, not differences",
      "apply the same rotation to k (per kv head) as to q",
-     {.needs_seq = true, .needs_rope = true}},
+     {.needs_seq = true, .needs_rope = true, .needs_qkv = true}},
     {Bug::rope_before_head_split, {},
      "q and k are rotated as one [B, T, H*d] vector before the head split: pairs and frequencies span all heads",
      "split into [B, H, T, d] first, then rotate each head's first r dims with w_k = theta^(-2k/r)",
-     {.needs_heads = true, .needs_seq = true, .mha_only = true, .needs_rope = true}},
+     {.needs_heads = true, .needs_seq = true, .mha_only = true, .needs_rope = true, .needs_qkv = true}},
     {Bug::rope_wrong_theta, {},
      "the RoPE base is hard-coded at 10000 instead of the configured theta: the error grows with the position gaps",
      "read theta from the config (Llama 3 uses 500000) when building w_k = theta^(-2k/r)",
@@ -146,7 +146,7 @@ constexpr std::array<BugInfo, static_cast<std::size_t>(Bug::count_)> kEntries{{
      "q and k are rotated from different position bases (keys one position ahead, as a cache written at "
      "start_pos + 1): scores see p_q - p_k - 1",
      "rotate q and k from the same positions (queries at q_offset + p_t, keys at p_t)",
-     {.needs_seq = true, .needs_rope = true}},
+     {.needs_seq = true, .needs_rope = true, .needs_qkv = true}},
     {Bug::rope_positions_ignored, {},
      "the token positions are ignored and 0 .. T-1 used: gapped, reversed or per-row positions rotate wrongly",
      "rotate token t at positions[b, t] (position_ids), not at arange(T)",
@@ -188,6 +188,8 @@ static_assert([] {
 std::span<const BugInfo> bug_catalog() { return kCatalog; }
 
 const BugInfo& bug_info(Bug bug) { return kCatalog[static_cast<std::size_t>(bug)]; }
+
+bool has_rope_level_form(const BugInfo& info) { return info.visibility.needs_rope && !info.visibility.needs_qkv; }
 
 std::optional<Bug> bug_from_name(std::string_view name) {
   for (const auto& b : kCatalog)

@@ -39,6 +39,7 @@ struct Visibility {
   bool needs_partial_rotary = false;  // invisible at rotary_dim = d
   bool needs_custom_theta = false;    // invisible at theta 10000 (the base it hard-codes)
   bool needs_rope_taps = false;       // invisible in out and every gradient: only taps or the rope level see it
+  bool needs_qkv = false;             // lives between q, k and v (or in the projection): no rope-level form
 };
 
 struct BugInfo {
@@ -52,5 +53,7 @@ struct BugInfo {
 std::span<const BugInfo> bug_catalog();
 const BugInfo& bug_info(Bug bug);
 std::optional<Bug> bug_from_name(std::string_view name);
+// A bug of the rotation itself, which the rope level (x alone) can show.
+bool has_rope_level_form(const BugInfo& info);
 
 }  // namespace headgrad::diagnosis

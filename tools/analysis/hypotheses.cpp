@@ -324,4 +324,14 @@ Variable hypothesis_core(const Variable& q, const Variable& k, const Variable& v
                 hypothesis_scale(spec, q.size(-1), bug), bug);
 }
 
+Variable hypothesis_rope(const Variable& x, const RopeSpec& spec, std::optional<Bug> bug) {
+  if (bug && !has_rope_level_form(bug_info(*bug)))
+    throw std::invalid_argument(std::string("bug '") + std::string(bug_info(*bug).name) + "' has no rope-level form");
+  AttentionSpec s;
+  s.rope = spec;
+  s.rope.enabled = true;
+  s.rope.q_offset = 0;
+  return rope_as(x, s, true, bug);  // one tensor, rotated as queries at offset 0
+}
+
 }  // namespace headgrad::diagnosis

@@ -28,4 +28,10 @@ Variable hypothesis_mha(const Variable& x, const MhaWeights& w, const AttentionS
 Variable hypothesis_core(const Variable& q, const Variable& k, const Variable& v,
                          const AttentionSpec& spec, std::optional<Bug> bug);
 
+// x [..., T, d] -> [..., T, d]: the rotation alone (the rope level), rotated as
+// `bug` rotates (spec.enabled is not read). Bugs without a rope-level form
+// (has_rope_level_form: every bug outside RoPE, and those that live between q,
+// k and v) throw std::invalid_argument.
+Variable hypothesis_rope(const Variable& x, const RopeSpec& spec, std::optional<Bug> bug);
+
 }  // namespace headgrad::diagnosis
