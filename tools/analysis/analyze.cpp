@@ -681,6 +681,19 @@ void add_rope_warnings(const std::vector<const CaseSpec*>& cases, Add& add) {
     add("no case is at the rope level and none has taps (a uniform shift of every q and k position "
         "leaves out and every gradient unchanged)",
         {"rope_position_shift"});
+  // From the catalog's RoPE visibility: a base it hard-codes, a span it gets wrong.
+  auto rope_bugs_where = [](auto pred) {
+    std::vector<std::string> names;
+    for (const auto& b : bug_catalog())
+      if (b.visibility.needs_rope && pred(b.visibility)) names.emplace_back(b.name);
+    return names;
+  };
+  if (all([](const CaseSpec& c) { return c.rope->theta == 10000.0; }))
+    add("every RoPE case has theta 10000 (a base hard-coded at 10000 agrees)",
+        rope_bugs_where([](const auto& v) { return v.needs_custom_theta; }));
+  if (all([](const CaseSpec& c) { return c.rope->rotary_dim == 0 || c.rope->rotary_dim >= c.dims.head_dim(); }))
+    add("no RoPE case has rotary_dim < d (partial rotary)",
+        rope_bugs_where([](const auto& v) { return v.needs_partial_rotary; }));
 }
 
 }  // namespace
