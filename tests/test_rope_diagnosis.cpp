@@ -60,30 +60,41 @@ RopeSpec rope_for(const BugInfo& info, RopeStyle style) {
   return r;
 }
 
+// The built plugins (mutants included), loaded once for the whole program.
+const PluginRegistry& plugins() {
+  static const PluginRegistry registry = [] {
+    PluginRegistry r;
+    r.load_directories({HEADGRAD_BUILD_PLUGIN_DIR});
+    return r;
+  }();
+  return registry;
+}
+
 class RopeBugs : public ::testing::TestWithParam<BugInfo> {
  protected:
-  static void SetUpTestSuite() {
-    registry_ = new PluginRegistry();
-    registry_->load_directories({HEADGRAD_BUILD_PLUGIN_DIR});
-  }
-  static void TearDownTestSuite() {
-    delete registry_;
-    registry_ = nullptr;
-  }
-  static PluginRegistry* registry_;
-
   const LoadedPlugin& mutant() const {
-    const LoadedPlugin* m = registry_->find("mutant_" + std::string(GetParam().name));
+    const LoadedPlugin* m = plugins().find("mutant_" + std::string(GetParam().name));
     if (!m) throw std::runtime_error("mutant_" + std::string(GetParam().name) + " is not built");
     return *m;
   }
 };
-PluginRegistry* RopeBugs::registry_ = nullptr;
 
 // out, dx, dwq, dwk, dwv, dwo, q_rot, k_rot of one mha forward with a tap sink.
 struct MhaRun {
   std::vector<Tensor> tensors;
 };
+
+// A causal mha spec with grouped kv heads and head width d, RoPE as given.
+AttentionSpec grouped_spec(std::int64_t D, std::int64_t H, std::int64_t Hkv, std::int64_t d, const RopeSpec& rope) {
+  AttentionSpec spec;
+  spec.d_model = D;
+  spec.num_heads = H;
+  spec.num_kv_heads = Hkv;
+  spec.head_width = d;
+  spec.causal = true;
+  spec.rope = rope;
+  return spec;
+}
 
 // B 2, T 7, D 24, H 12, Hkv 3, d 10, causal: the mutants.yaml shape.
 template <class F>
@@ -94,13 +105,7 @@ MhaRun run_mha(F&& forward, const RopeSpec& rope) {
   const std::vector<Tensor> ws = {randn({H * d, D}, DType::float64, gen, 0.3), randn({Hkv * d, D}, DType::float64, gen, 0.3),
                                   randn({Hkv * d, D}, DType::float64, gen, 0.3), randn({D, H * d}, DType::float64, gen, 0.3)};
   const Tensor r = randn({B, T, D}, DType::float64, gen);
-  AttentionSpec spec;
-  spec.d_model = D;
-  spec.num_heads = H;
-  spec.num_kv_heads = Hkv;
-  spec.head_width = d;
-  spec.causal = true;
-  spec.rope = rope;
+  AttentionSpec spec = grouped_spec(D, H, Hkv, d, rope);
   spec.rope_taps = std::make_shared<RopeTaps>();
   Variable vx(x, true);
   MhaWeights w{Variable(ws[0], true), Variable(ws[1], true), Variable(ws[2], true), Variable(ws[3], true)};
@@ -215,9 +220,7 @@ INSTANTIATE_TEST_SUITE_P(Rope, RopeCoreBugs, ::testing::ValuesIn(rope_bugs(false
 // interleaved-pairing attention on rows permuted per head, new row
 // h*d + 2p + s = old row h*d + s*d/2 + p, on out and dx.
 TEST(RopePairing, HalfEqualsInterleavedWithPermutedRows) {
-  PluginRegistry reg;
-  reg.load_directories({HEADGRAD_BUILD_PLUGIN_DIR});
-  const LoadedPlugin& per_head = reg.get("per_head");
+  const LoadedPlugin& per_head = plugins().get("per_head");
   constexpr std::int64_t B = 2, T = 5, D = 16, H = 4, Hkv = 2, d = 8;
   Generator gen(29);
   const Tensor x = randn({B, T, D}, DType::float64, gen);
@@ -231,14 +234,10 @@ TEST(RopePairing, HalfEqualsInterleavedWithPermutedRows) {
           for (std::int64_t c = 0; c < D; ++c) p.set({h * d + 2 * pr + s, c}, w.at({h * d + s * d / 2 + pr, c}));
     return p;
   };
-  AttentionSpec spec;
-  spec.d_model = D;
-  spec.num_heads = H;
-  spec.num_kv_heads = Hkv;
-  spec.head_width = d;
-  spec.causal = true;
-  spec.rope.enabled = true;
-  spec.rope.positions = positions_tensor({3, 4, 8, 9, 20, 1000, 1001, 1005, 1006, 1100}, {2, 5});
+  RopeSpec rope;
+  rope.enabled = true;
+  rope.positions = positions_tensor({3, 4, 8, 9, 20, 1000, 1001, 1005, 1006, 1100}, {2, 5});
+  const AttentionSpec spec = grouped_spec(D, H, Hkv, d, rope);
   auto run = [&](const Tensor& q_w, const Tensor& k_w, RopeStyle style) {
     AttentionSpec s = spec;
     s.rope.style = style;
@@ -258,25 +257,11 @@ TEST(RopePairing, HalfEqualsInterleavedWithPermutedRows) {
 
 // The suite: mutants.yaml catches and names each RoPE mutant (its own case),
 // and a wrong backward shows as = X X X = = over out, dx, dwq, dwk, dwv, dwo.
-class RopeSuite : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    registry_ = new PluginRegistry();
-    registry_->load_directories({HEADGRAD_BUILD_PLUGIN_DIR});
-  }
-  static void TearDownTestSuite() {
-    delete registry_;
-    registry_ = nullptr;
-  }
-  static PluginRegistry* registry_;
-};
-PluginRegistry* RopeSuite::registry_ = nullptr;
-
-TEST_F(RopeSuite, MutantsYamlCatchesAndNamesEveryRopeMutant) {
+TEST(RopeSuite, MutantsYamlCatchesAndNamesEveryRopeMutant) {
   const runner::Suite suite = runner::load_suite(HEADGRAD_SOURCE_ROOT "/configs/mutants.yaml");
   runner::RunOptions options;
   options.filter = "rope_*";
-  const runner::SuiteResult result = analysis::run_suite(suite, *registry_, options);
+  const runner::SuiteResult result = analysis::run_suite(suite, plugins(), options);
   std::set<std::string> named;
   for (const auto& c : result.cases) {
     EXPECT_EQ(c.status, runner::CaseStatus::xfail) << c.spec.name << ": " << c.cause;
@@ -323,13 +308,13 @@ TEST_F(RopeSuite, MutantsYamlCatchesAndNamesEveryRopeMutant) {
 
 // Bugs outside RoPE, under a rope block (the mutants rotate the one right way
 // for them): named as themselves, never as a RoPE bug.
-TEST_F(RopeSuite, NonRopeBugUnderRopeIsNotNamedAsRope) {
+TEST(RopeSuite, NonRopeBugUnderRopeIsNotNamedAsRope) {
   for (const std::string bug : {"no_scale", "kv_swapped", "kv_map_tile", "merge_without_transpose", "batch_mixing"}) {
     const std::string yaml = "suite: t\ncases:\n  - name: c\n    compare: [mutant_" + bug +
                              ", per_head]\n    causal: true\n    shape: {B: 2, T: 7, D: 24, H: 12, Hkv: 3, d: 10}\n"
                              "    rope: {theta: 500000.0, style: half, positions: {generator: gapped, start: 1000}}\n";
     const runner::Suite s = runner::parse_suite(yaml, "rope.yaml");
-    const runner::CaseResult r = analysis::check_case(s.cases.at(0), *registry_, {});
+    const runner::CaseResult r = analysis::check_case(s.cases.at(0), plugins(), {});
     ASSERT_EQ(r.status, runner::CaseStatus::fail) << bug;
     ASSERT_TRUE(r.diagnosis.has_value()) << bug;
     EXPECT_EQ(r.diagnosis->best(), bug) << r.diagnosis->sentence;
