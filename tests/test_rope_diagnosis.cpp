@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <set>
 
 #include <headgrad/loader.hpp>
@@ -200,7 +201,9 @@ TEST_P(RopeBugs, RopeLevelShowsTheRotationBugs) {
                            info.bug == Bug::rope_before_head_split || info.bug == Bug::rope_qk_offset_mismatch;
   if (pairs_of_qk) EXPECT_LT(diff, 1e-15) << info.name;
   else EXPECT_GT(diff, info.visibility.needs_far_positions ? 1e-7 : 1e-3) << info.name;
-  if (info.bug == Bug::rope_backward_not_transposed) EXPECT_LT(max_abs_diff(a[0], ok[0]), 1e-15);  // only dx
+  if (info.bug == Bug::rope_backward_not_transposed) {
+    EXPECT_LT(max_abs_diff(a[0], ok[0]), 1e-15);  // only dx
+  }
   EXPECT_EQ(has_rope_level_form(info), !pairs_of_qk) << info.name;
   if (!has_rope_level_form(info)) {
     EXPECT_THROW(hypothesis_rope(Variable(x), spec, info.bug), std::invalid_argument);
@@ -271,11 +274,13 @@ TEST(RopeSuite, MutantsYamlCatchesAndNamesEveryRopeMutant) {
     EXPECT_EQ(c.diagnosis->judged_side, c.mutant) << c.spec.name;
     EXPECT_EQ(c.diagnosis->correct_side, "per_head") << c.spec.name;
     named.insert(c.diagnosis->best());
-    if (c.spec.expect_diagnosis == "rope_backward_not_transposed")
+    if (c.spec.expect_diagnosis == "rope_backward_not_transposed") {
       for (const auto& t : c.tensors)
         EXPECT_EQ(t.allclose, t.name == "out" || t.name == "dwv" || t.name == "dwo") << t.name;
-    if (c.spec.expect_diagnosis == "rope_position_shift" && c.spec.level == runner::Level::mha)  // only the taps differ
+    }
+    if (c.spec.expect_diagnosis == "rope_position_shift" && c.spec.level == runner::Level::mha) {  // only the taps differ
       for (const auto& t : c.tensors) EXPECT_EQ(t.allclose, t.name != "q_rot" && t.name != "k_rot") << t.name;
+    }
     // The clues that tell RoPE bugs apart, each where it belongs only.
     const std::string& text = c.diagnosis->sentence;
     EXPECT_EQ(text.find("Signature = X X X = =") != std::string::npos,
@@ -299,9 +304,12 @@ TEST(RopeSuite, MutantsYamlCatchesAndNamesEveryRopeMutant) {
     const std::string& bug = c.spec.expect_diagnosis;
     const bool pairs = bug == "rope_style_swapped" || bug == "rope_wrong_theta" || bug == "rope_freq_exponent";
     EXPECT_EQ(depends("r"), pairs) << c.spec.name << ": " << c.localization->sentence;
-    if (pairs || bug == "rope_sign_flipped") EXPECT_TRUE(depends("positions")) << c.spec.name;
-    if (bug == "rope_on_v" || bug == "rope_missing_on_k" || bug == "rope_positions_ignored")
+    if (pairs || bug == "rope_sign_flipped") {
+      EXPECT_TRUE(depends("positions")) << c.spec.name;
+    }
+    if (bug == "rope_on_v" || bug == "rope_missing_on_k" || bug == "rope_positions_ignored") {
       EXPECT_FALSE(depends("positions")) << c.spec.name << ": " << c.localization->sentence;
+    }
   }
   EXPECT_EQ(named.size(), rope_bugs(true).size());
 }
@@ -319,6 +327,37 @@ TEST(RopeSuite, NonRopeBugUnderRopeIsNotNamedAsRope) {
     ASSERT_TRUE(r.diagnosis.has_value()) << bug;
     EXPECT_EQ(r.diagnosis->best(), bug) << r.diagnosis->sentence;
     for (const auto& f : r.diagnosis->fits) EXPECT_NE(f.bug.rfind("rope_", 0), 0u) << bug << " also fits " << f.bug;
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// The default suite's RoPE cases are strong enough: each RoPE mutant, put in
+// place of the first plugin of every RoPE case (against the other plugin or
+// the PyTorch reference), fails at least one of them; the uniform shift only
+// where taps or the rope level look at the rotation itself.
+TEST(RopeSuite, DefaultSuiteCatchesEveryRopeMutant) {
+  const runner::Suite suite = runner::load_suite(HEADGRAD_SOURCE_ROOT "/configs/default.yaml");
+  runner::RunOptions options;
+  options.isolate = false;  // the mutants are well-behaved: throw, never crash
+  for (const auto& info : rope_bugs(true)) {
+    const std::string mutant = "mutant_" + std::string(info.name);
+    std::size_t rope_cases = 0, caught = 0;
+    for (runner::CaseSpec c : suite.cases) {
+      if (!c.rope) continue;
+      ++rope_cases;
+      const bool sees_rotation = c.level == runner::Level::rope || !c.taps.empty();
+      c.compare[0] = mutant;
+      const runner::CaseResult r = runner::run_case(c, plugins(), options);
+      if (r.status != runner::CaseStatus::fail || r.differing_tensors() == 0) continue;
+      ++caught;
+      if (info.visibility.needs_rope_taps) EXPECT_TRUE(sees_rotation) << info.name << " caught end to end by " << c.name;
+    }
+    std::printf("%s: caught by %zu of %zu RoPE cases\n", mutant.c_str(), caught, rope_cases);
+    EXPECT_GT(rope_cases, 20u);
+    EXPECT_GT(caught, 0u) << info.name << " passes every RoPE case of the default suite";
   }
 }
 
