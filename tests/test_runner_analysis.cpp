@@ -484,15 +484,20 @@ TEST(WeakSuite, RopeBlindSpots) {
   EXPECT_TRUE(has_condition(weak, "no RoPE case has a position >= 1000"));
   EXPECT_TRUE(has_condition(weak, "no case is at the rope level and none has taps"));
   EXPECT_TRUE(warns(weak, "every RoPE case has theta 10000 (a base hard-coded at 10000 agrees)", "rope_wrong_theta"));
+  EXPECT_TRUE(has_condition(weak, "no RoPE attention case has per-row positions with B apart from H and Hkv"));
+  // per-row positions, but B = H = 2: a broadcast onto the head axis fits by chance
+  EXPECT_TRUE(has_condition(warnings_for("  - {name: a, compare: [per_head, batched], shape: {B: 2, T: 4, D: 8, H: 2}, "
+                                         "rope: {positions: {generator: reversed, start: 9}}}\n"),
+                            "no RoPE attention case has per-row positions"));
   EXPECT_FALSE(has_condition(weak, "no RoPE case has rotary_dim < d"));  // r = 2 < d = 4 is partial
   EXPECT_TRUE(warns(warnings_for("  - {name: a, compare: [per_head, batched], shape: {B: 2, T: 4, D: 8, H: 2}, "
                                  "rope: {rotary_dim: 4, theta: 500000.0}}\n"),
                     "no RoPE case has rotary_dim < d (partial rotary)", "rope_partial_wrong_span"));
 
-  // each blind spot closed by one case: T > 1 and r = 4 < d = 8 with gapped rows reaching 1000, theta
-  // 500000, and taps
+  // each blind spot closed by one case: T > 1 and r = 4 < d = 8 with gapped rows reaching 1000 at
+  // B = 3 != H, theta 500000, and taps
   const auto strong = warnings_for(
-      "  - {name: a, compare: [per_head, batched], shape: {B: 2, T: 4, D: 16, H: 2}, causal: true, "
+      "  - {name: a, compare: [per_head, batched], shape: {B: 3, T: 4, D: 16, H: 2}, causal: true, "
       "rope: {theta: 500000.0, rotary_dim: 4, positions: {generator: gapped, start: 1000}}, taps: [q_rot]}\n");
   for (const auto& w : strong) EXPECT_EQ(w.condition.find("RoPE"), std::string::npos) << w.message;
   EXPECT_FALSE(has_condition(strong, "no case is at the rope level"));

@@ -681,6 +681,17 @@ void add_rope_warnings(const std::vector<const CaseSpec*>& cases, Add& add) {
     add("no case is at the rope level and none has taps (a uniform shift of every q and k position "
         "leaves out and every gradient unchanged)",
         {"rope_position_shift"});
+  // Positions [B, T] rotate batch row b; broadcast onto the head axis instead
+  // they fit by chance when B = H (or B = Hkv for k), and are one row for all with [T].
+  auto per_row = [](const CaseSpec& c) {
+    if (c.files && c.files->positions.defined()) return c.files->positions.dim() == 2;
+    return !c.rope->generator.empty() || c.rope->per_row;
+  };
+  if (all([&](const CaseSpec& c) {
+        return c.level == Level::rope || !per_row(c) || c.dims.B == c.dims.H || c.dims.B == c.dims.kv_heads();
+      }))
+    add("no RoPE attention case has per-row positions with B apart from H and Hkv",
+        {"positions [B, T] broadcast onto the head axis (they fit by chance where B = H)"});
   // From the catalog's RoPE visibility: a base it hard-codes, a span it gets wrong.
   auto rope_bugs_where = [](auto pred) {
     std::vector<std::string> names;
