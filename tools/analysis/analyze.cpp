@@ -658,29 +658,35 @@ void add_rope_warnings(const std::vector<const CaseSpec*>& cases, Add& add) {
     if (c->rope) rope.push_back(c);
   if (rope.empty()) return;
   auto all = [&](auto pred) { return std::all_of(rope.begin(), rope.end(), [&](const CaseSpec* c) { return pred(*c); }); };
+  // The bugs each blind spot hides, from the catalog's RoPE visibility.
+  auto rope_bugs_where = [](auto pred) {
+    std::vector<std::string> names;
+    for (const auto& b : bug_catalog())
+      if (b.visibility.needs_rope && pred(b.visibility)) names.emplace_back(b.name);
+    return names;
+  };
   auto tokens = [](const CaseSpec& c) { return c.level == Level::core ? std::min(c.dims.Tq, c.dims.Tk) : c.dims.T; };
   if (all([&](const CaseSpec& c) { return c.level == Level::rope || tokens(c) <= 1; }) &&
       !all([](const CaseSpec& c) { return c.level == Level::rope; }))
     add("every attention case with RoPE has T = 1 (one key: the softmax is constant, dWq = dWk = 0)",
-        {"rope_style_swapped", "rope_on_v", "rope_missing_on_k", "rope_wrong_theta", "rope_sign_flipped",
-         "rope_qk_offset_mismatch", "rope_backward_not_transposed"});
+        rope_bugs_where([](const auto& v) { return v.needs_seq; }));
   if (all([](const CaseSpec& c) {
         return (c.rope->rotary_dim > 0 ? c.rope->rotary_dim : c.dims.head_dim()) == 2;
       }))
     add("every RoPE case has rotary_dim 2 (one pair: both pairings are the same)",
-        {"rope_style_swapped", "rope_wrong_theta", "rope_freq_exponent"});
+        rope_bugs_where([](const auto& v) { return v.needs_rope_pairs; }));
   if (all([&](const CaseSpec& c) { return positions_are_arange(case_positions(c), c.level == Level::core ? c.dims.Tk : c.dims.T); }))
-    add("every RoPE case has positions arange + c", {"rope_positions_ignored"});
+    add("every RoPE case has positions arange + c", rope_bugs_where([](const auto& v) { return v.needs_gapped_positions; }));
   if (all([](const CaseSpec& c) {
         const auto p = case_positions(c);
         return p.empty() || *std::max_element(p.begin(), p.end()) + c.rope->q_offset < 1000;
       }))
     add("no RoPE case has a position >= 1000 (float32 angle tables err by about 1e-6 there)",
-        {"rope_tables_float32"});
+        rope_bugs_where([](const auto& v) { return v.needs_far_positions; }));
   if (all([](const CaseSpec& c) { return c.level != Level::rope && c.taps.empty(); }))
     add("no case is at the rope level and none has taps (a uniform shift of every q and k position "
         "leaves out and every gradient unchanged)",
-        {"rope_position_shift"});
+        rope_bugs_where([](const auto& v) { return v.needs_rope_taps; }));
   // Positions [B, T] rotate batch row b; broadcast onto the head axis instead
   // they fit by chance when B = H (or B = Hkv for k), and are one row for all with [T].
   auto per_row = [](const CaseSpec& c) {
@@ -693,12 +699,6 @@ void add_rope_warnings(const std::vector<const CaseSpec*>& cases, Add& add) {
     add("no RoPE attention case has per-row positions with B apart from H and Hkv",
         {"positions [B, T] broadcast onto the head axis (they fit by chance where B = H)"});
   // From the catalog's RoPE visibility: a base it hard-codes, a span it gets wrong.
-  auto rope_bugs_where = [](auto pred) {
-    std::vector<std::string> names;
-    for (const auto& b : bug_catalog())
-      if (b.visibility.needs_rope && pred(b.visibility)) names.emplace_back(b.name);
-    return names;
-  };
   if (all([](const CaseSpec& c) { return c.rope->theta == 10000.0; }))
     add("every RoPE case has theta 10000 (a base hard-coded at 10000 agrees)",
         rope_bugs_where([](const auto& v) { return v.needs_custom_theta; }));
