@@ -6,8 +6,13 @@
 // the mutant plugins, which are batched: a hypothesis matching a mutant is
 // two implementations agreeing, not one file agreeing with itself.
 //
+// With spec.rope on, every hypothesis rotates q and k per head (after the
+// split, with the engine's op) and fills spec.rope_taps when set; the RoPE
+// bugs change that rotation (a swapped pairing is the correct attention re-run
+// with Wq and Wk rows permuted between the pairings).
+//
 // Shape legend: B batch, T sequence, D model width, H (query) heads, Hkv kv
-// heads, G = H / Hkv, d head width (D / H unless the spec gives it).
+// heads, G = H / Hkv, d head width (D / H unless the spec gives it), r rotary width.
 #pragma once
 
 #include <optional>
