@@ -109,7 +109,8 @@ std::vector<Variant> variants_of(const CaseSpec& c) {
     const std::int64_t r = c.rope->rotary_dim > 0 ? c.rope->rotary_dim : d0.head_dim();
     if (r > 2) add("r", "rotary_dim = 2", [](CaseSpec& v) { v.rope->rotary_dim = 2; });
     const std::int64_t t = c.level == Level::core ? d0.Tk : d0.T;
-    if (t > 1)
+    // (explicit positions need Tq = Tk at the core level)
+    if (t > 1 && (c.level != Level::core || d0.Tq == d0.Tk))
       add("positions", "positions constant (all 5)", [t](CaseSpec& v) {
         v.rope->rows = {std::vector<std::int64_t>(static_cast<std::size_t>(t), 5)};
         v.rope->per_row = false;
