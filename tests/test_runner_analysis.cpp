@@ -270,8 +270,8 @@ TEST_F(Analysis, DefaultSuiteCatchesAndNamesTheEdgeCaseBugs) {
   for (const std::string bug : {"mask_fill_finite", "softmax_no_max_subtraction", "causal_alignment", "mask_ignored"}) {
     std::size_t caught = 0, named = 0;
     for (CaseSpec c : suite.cases) {
-      // (RoPE cases left out: the mutants do not rotate, so they fail there for that)
-      if (c.level != Level::core || c.is_reference() || c.rope) continue;
+      // (RoPE cases included: the mutants rotate the one right way for bugs outside RoPE)
+      if (c.level != Level::core || c.is_reference()) continue;
       c.compare = {"mutant_" + bug, "per_head"};
       const CaseResult r = check_case(c, *registry_, {});
       if (r.status == CaseStatus::pass) continue;
@@ -491,10 +491,10 @@ TEST(MutantsSuiteCli, PrintsAFullMutationScore) {
   while (std::size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
   const int status = pclose(pipe);
   EXPECT_EQ(WEXITSTATUS(status), 0) << out;
-  EXPECT_NE(out.find("mutation score: 24/24 mutants caught (100%), 24/24 named correctly (100%)"),
+  EXPECT_NE(out.find("mutation score: 42/42 mutants caught (100%), 42/42 named correctly (100%)"),
             std::string::npos)
       << out;
-  EXPECT_NE(out.find("24 passed, 0 failed"), std::string::npos) << out;
+  EXPECT_NE(out.find("42 passed, 0 failed"), std::string::npos) << out;
 }
 
 }  // namespace
@@ -519,11 +519,22 @@ TEST(WeakSuite, RopeBlindSpots) {
   EXPECT_TRUE(warns(weak, "every RoPE case has positions arange + c", "rope_positions_ignored"));
   EXPECT_TRUE(has_condition(weak, "no RoPE case has a position >= 1000"));
   EXPECT_TRUE(has_condition(weak, "no case is at the rope level and none has taps"));
+  EXPECT_TRUE(warns(weak, "every RoPE case has theta 10000 (a base hard-coded at 10000 agrees)", "rope_wrong_theta"));
+  EXPECT_TRUE(has_condition(weak, "no RoPE attention case has per-row positions with B apart from H and Hkv"));
+  // per-row positions, but B = H = 2: a broadcast onto the head axis fits by chance
+  EXPECT_TRUE(has_condition(warnings_for("  - {name: a, compare: [per_head, batched], shape: {B: 2, T: 4, D: 8, H: 2}, "
+                                         "rope: {positions: {generator: reversed, start: 9}}}\n"),
+                            "no RoPE attention case has per-row positions"));
+  EXPECT_FALSE(has_condition(weak, "no RoPE case has rotary_dim < d"));  // r = 2 < d = 4 is partial
+  EXPECT_TRUE(warns(warnings_for("  - {name: a, compare: [per_head, batched], shape: {B: 2, T: 4, D: 8, H: 2}, "
+                                 "rope: {rotary_dim: 4, theta: 500000.0}}\n"),
+                    "no RoPE case has rotary_dim < d (partial rotary)", "rope_partial_wrong_span"));
 
-  // each blind spot closed by one case: T > 1 and r = 4 with gapped rows reaching 1000, and taps
+  // each blind spot closed by one case: T > 1 and r = 4 < d = 8 with gapped rows reaching 1000 at
+  // B = 3 != H, theta 500000, and taps
   const auto strong = warnings_for(
-      "  - {name: a, compare: [per_head, batched], shape: {B: 2, T: 4, D: 8, H: 2}, causal: true, "
-      "rope: {positions: {generator: gapped, start: 1000}}, taps: [q_rot]}\n");
+      "  - {name: a, compare: [per_head, batched], shape: {B: 3, T: 4, D: 16, H: 2}, causal: true, "
+      "rope: {theta: 500000.0, rotary_dim: 4, positions: {generator: gapped, start: 1000}}, taps: [q_rot]}\n");
   for (const auto& w : strong) EXPECT_EQ(w.condition.find("RoPE"), std::string::npos) << w.message;
   EXPECT_FALSE(has_condition(strong, "no case is at the rope level"));
   // 997 + 3 = 1000 counts; a list [0, 1, 2, 3] is an arange

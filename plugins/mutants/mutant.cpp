@@ -5,7 +5,7 @@
 // class is caught and named. Never use them as a reference.
 //
 // Shape legend: B batch, T sequence, D model width, H (query) heads, Hkv kv
-// heads, G = H / Hkv, d head width.
+// heads, G = H / Hkv, d head width, r rotary width.
 #include <headgrad/plugin.hpp>
 
 #include <algorithm>
@@ -92,6 +92,140 @@ Variable widen_kv(const Variable& kv, std::int64_t h) {
   return wide;
 }
 
+// ---- RoPE as this mutant rotates (spec.rope on) ----
+
+bool rope_bug() { return kBug.rfind("rope_", 0) == 0; }
+
+// The spec with every position shifted by `by` (p_t + by): explicit
+// positions get it per element, offset positions through the offset.
+RopeSpec shift_positions(RopeSpec r, double by) {
+  if (!r.positions.defined()) {
+    r.offset += static_cast<std::int64_t>(by);
+    return r;
+  }
+  Tensor p = r.positions.clone();
+  for (std::int64_t i = 0; i < p.numel(); ++i) p.set_flat(i, p.flat(i) + by);
+  r.positions = p;
+  return r;
+}
+
+// The spec with every position negated (-p_t), q_offset too: rotation by -phi.
+RopeSpec negate_positions(RopeSpec r, std::int64_t t) {
+  if (!r.positions.defined()) {
+    std::vector<std::int64_t> p;
+    for (std::int64_t i = 0; i < t; ++i) p.push_back(-(r.offset + i));
+    r.positions = positions_tensor(p, {t});
+    r.offset = 0;
+  } else {
+    Tensor p = r.positions.clone();
+    for (std::int64_t i = 0; i < p.numel(); ++i) p.set_flat(i, -p.flat(i));
+    r.positions = p;
+  }
+  r.q_offset = -r.q_offset;
+  return r;
+}
+
+// x [B, H, T, d] rotated with float32 angle tables (BUG rope_tables_float32):
+// inv_freq, t * inv_freq, cos and sin in float, as float32 reference code builds them.
+Variable rotate_float32(const Variable& x, const RopeSpec& r, std::int64_t q_offset) {
+  const std::int64_t t = x.size(-2), d = x.size(-1), rot = r.rotary_dim > 0 ? r.rotary_dim : d, half = rot / 2;
+  const std::vector<double> pos = r.positions.defined() ? r.positions.to_vector() : std::vector<double>{};
+  const std::int64_t rows = pos.empty() ? 1 : static_cast<std::int64_t>(pos.size()) / t;
+  std::vector<double> c, sn;  // [rows, T, r/2]
+  for (std::int64_t row = 0; row < rows; ++row)
+    for (std::int64_t i = 0; i < t; ++i) {
+      const double p = pos.empty() ? static_cast<double>(r.offset + i) : pos[static_cast<std::size_t>(row * t + i)];
+      const float pf = static_cast<float>(p + static_cast<double>(q_offset));
+      for (std::int64_t k = 0; k < half; ++k) {
+        const float w = std::pow(static_cast<float>(r.theta), -2.0f * static_cast<float>(k) / static_cast<float>(rot));
+        const float phi = pf * w;  // BUG: float32 angles and tables in a float64 unit
+        c.push_back(std::cos(phi));
+        sn.push_back(std::sin(phi));
+      }
+    }
+  Shape table{t, half};  // positions [B, T]: row b for every head of batch item b, [B, 1.., T, r/2]
+  if (rows > 1) {
+    table.assign(static_cast<std::size_t>(x.dim() - 2), 1);
+    table[0] = rows;
+    table.push_back(t);
+    table.push_back(half);
+  }
+  const Variable cs(Tensor::from_values(c, table, x.dtype())), sn_t(Tensor::from_values(sn, table, x.dtype()));
+  Variable a, b;  // the pairs' first and second members, [.., T, r/2]
+  Shape lead(x.shape().begin(), x.shape().end() - 1);
+  if (r.style == RopeStyle::half) {
+    a = narrow(x, -1, 0, half);
+    b = narrow(x, -1, half, half);
+  } else {
+    Shape pairs = lead;
+    pairs.push_back(half);
+    pairs.push_back(2);
+    const Variable p2 = reshape(narrow(x, -1, 0, rot), pairs);
+    Shape one = lead;
+    one.push_back(half);
+    a = reshape(narrow(p2, -1, 0, 1), one);
+    b = reshape(narrow(p2, -1, 1, 1), one);
+  }
+  const Variable a2 = sub(mul(a, cs), mul(b, sn_t)), b2 = add(mul(a, sn_t), mul(b, cs));
+  Variable rotated;
+  if (r.style == RopeStyle::half) {
+    rotated = cat({a2, b2}, -1);
+  } else {
+    Shape flat = lead;
+    flat.push_back(rot);
+    rotated = reshape(stack({a2, b2}, -1), flat);
+  }
+  return rot == d ? rotated : cat({rotated, narrow(x, -1, rot, d - rot)}, -1);
+}
+
+// A rotation of the mutant's own, reported to the taps as rope_queries/rope_keys would.
+Variable tapped(const Variable& rotated, const AttentionSpec& spec, bool queries) {
+  if (spec.rope_taps) (queries ? spec.rope_taps->q_rot : spec.rope_taps->k_rot).push_back(rotated.data().clone());
+  return rotated;
+}
+
+// q [B, H, T, d] or k [B, Hkv, T, d] (or x [..., T, d] at the rope level,
+// rotated as keys) with this mutant's RoPE. The helpers rope_queries and
+// rope_keys record the taps; a rotation of its own records them by tapped().
+Variable mutant_rope(const Variable& x, const AttentionSpec& spec, bool queries) {
+  AttentionSpec s = spec;
+  auto rotate = [&](const Variable& v, const AttentionSpec& sp) { return queries ? rope_queries(v, sp) : rope_keys(v, sp); };
+  if (kBug == "rope_missing_on_k" && !queries) return x;  // BUG: k is never rotated
+  if (kBug == "rope_style_swapped")  // BUG: the other pairing
+    s.rope.style = spec.rope.style == RopeStyle::half ? RopeStyle::interleaved : RopeStyle::half;
+  if (kBug == "rope_wrong_theta") s.rope.theta = 10000.0;  // BUG: the base hard-coded
+  if (kBug == "rope_freq_exponent")  // BUG: theta^(-k/r), written as sqrt(theta)^(-2k/r)
+    s.rope.theta = std::sqrt(spec.rope.theta);
+  if (kBug == "rope_position_shift") s.rope = shift_positions(spec.rope, 1.0);  // BUG: positions from 1
+  if (kBug == "rope_qk_offset_mismatch" && !queries)  // BUG: keys one position ahead
+    s.rope = shift_positions(spec.rope, 1.0);
+  if (kBug == "rope_positions_ignored") {  // BUG: arange(T) whatever the positions
+    s.rope.positions = Tensor();
+    s.rope.offset = 0;
+  }
+  if (kBug == "rope_sign_flipped")  // BUG: rotation by -phi
+    s.rope = negate_positions(spec.rope, x.size(-2));
+  if (kBug == "rope_backward_not_transposed") {
+    // BUG: a hand-written backward that applies R(phi) to dy, not R^T: the
+    // value of R(phi) x, the gradient path of R(-phi) x (whose backward is R(phi))
+    AttentionSpec back = spec;
+    back.rope = negate_positions(spec.rope, x.size(-2));
+    back.rope_taps = nullptr;
+    const Variable wrong = rotate(x, back);
+    return add(Variable(rotate(x, s).data()), sub(wrong, Variable(wrong.data())));
+  }
+  if (kBug == "rope_tables_float32")
+    return tapped(rotate_float32(x, spec.rope, queries ? spec.rope.q_offset : 0), spec, queries);
+  if (kBug == "rope_partial_wrong_span") {  // BUG: the last r dims rotate, the first d - r pass
+    const std::int64_t d = x.size(-1), r = spec.rope.rotary_dim > 0 ? spec.rope.rotary_dim : d;
+    if (r == d) return rotate(x, s);
+    s.rope.rotary_dim = 0;
+    s.rope_taps = nullptr;
+    return tapped(cat({narrow(x, -1, 0, d - r), rotate(narrow(x, -1, d - r, r), s)}, -1), spec, queries);
+  }
+  return rotate(x, s);
+}
+
 // [B, H, T, d] -> [B, T, D]
 Variable merge(const Variable& o) {
   const std::int64_t b = o.size(0), h = o.size(1), t = o.size(2), d = o.size(3);
@@ -140,26 +274,57 @@ class Mutant final : public Attention {
     auto& c = i.capabilities;
     c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = true;
     c.grouped_kv = true;
+    c.rope = true;  // the RoPE bugs rotate wrongly, the others rotate the one right way
+    c.rope_level = rope_bug();
     return i;
   }
 
   Variable mha_forward(const Variable& x, const MhaWeights& w,
                        const AttentionSpec& spec) const override {
     const std::int64_t t = x.size(-2), dm = x.size(-1), h = spec.num_heads, hkv = spec.kv_heads();
+    const AttentionSpec s = fold_rope_positions(spec, x.shape());
     const Variable x3 = reshape(x, {-1, t, dm});
-    const Variable q = split(project(x3, w.wq), h);
-    const Variable k = widen_kv(split_kv(project(x3, w.wk), hkv), h);
-    const Variable v = widen_kv(split_kv(project(x3, w.wv), hkv), h);
-    const Variable o = merge(core(q, k, v, spec, dm));
+    Variable pq = project(x3, w.wq), pk = project(x3, w.wk);
+    const bool rope_on = s.rope.enabled;
+    if (rope_on && kBug == "rope_before_head_split") {  // BUG: rotated over the whole H*d width
+      AttentionSpec wide = s;
+      const std::int64_t r = s.rope.rotary_dim > 0 ? s.rope.rotary_dim : s.head_dim();
+      wide.rope.rotary_dim = r * h;
+      pq = rope_queries(pq, wide);
+      wide.rope.rotary_dim = r * hkv;
+      pk = rope_keys(pk, wide);
+    }
+    const bool per_head = rope_on && kBug != "rope_before_head_split";
+    Variable q = split(pq, h), k = split_kv(pk, hkv), v = split_kv(project(x3, w.wv), hkv);
+    if (per_head) {
+      q = mutant_rope(q, s, true);
+      k = mutant_rope(k, s, false);
+      if (kBug == "rope_on_v") v = rope(v, s.rope);  // BUG: v rotated like k
+    }
+    const Variable o = merge(core(q, widen_kv(k, h), widen_kv(v, h), without_rope(s), dm));
     if (kBug == "missing_output_projection") return reshape(o, x.shape());  // BUG: no wo
     return reshape(project(o, w.wo), x.shape());
   }
 
-  Variable core_forward(const Variable& q, const Variable& k, const Variable& v,
+  Variable core_forward(const Variable& q_in, const Variable& k_in, const Variable& v_in,
                         const AttentionSpec& spec) const override {
+    const bool rope_on = spec.rope.enabled;
+    const Variable q = rope_on ? mutant_rope(q_in, spec, true) : q_in;
+    const Variable k = rope_on ? mutant_rope(k_in, spec, false) : k_in;
+    const Variable v = rope_on && kBug == "rope_on_v" ? rope(v_in, spec.rope) : v_in;  // BUG: v rotated
     if (q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.size(1) < q.size(1))  // k, v with Hkv heads
       return core(q, widen_kv(k, q.size(1)), widen_kv(v, q.size(1)), spec, spec.d_model);
     return core(q, k, v, spec, spec.d_model);
+  }
+
+  // x [..., T, d]: the rotation alone, as queries at offset 0 are rotated
+  // (the RoPE bugs only; one tensor: a q/k mismatch has nothing to show on).
+  Variable rope_forward(const Variable& x, const RopeSpec& spec) const override {
+    AttentionSpec s;
+    s.rope = spec;
+    s.rope.enabled = true;
+    s.rope.q_offset = 0;
+    return mutant_rope(x, s, true);
   }
 };
 

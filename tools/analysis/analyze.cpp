@@ -10,6 +10,7 @@
 
 #include "analysis/catalog.hpp"
 #include "analysis/hypotheses.hpp"
+#include "runner/execute.hpp"
 #include "runner/inputs.hpp"
 #include "runner/report.hpp"
 
@@ -48,7 +49,7 @@ std::vector<Variant> variants_of(const CaseSpec& c) {
     v.expect_fail = false;
     v.expect_diagnosis.clear();
     const bool removes = change.find("= 1") != std::string::npos || dim == "Tq!=Tk" || dim == "mask" ||
-                         dim == "causal";
+                         dim == "causal" || dim == "rope" || dim == "r" || dim == "positions";
     out.push_back({std::move(dim), std::move(change), removes, std::move(v)});
   };
   const Dims& d0 = c.dims;
@@ -69,6 +70,9 @@ std::vector<Variant> variants_of(const CaseSpec& c) {
       if (d0.D % 2 == 0)
         add("H@D", "H = 2 (D kept, d = " + std::to_string(d0.D / 2) + ")", [](CaseSpec& v) { v.dims.H = 2; });
     }
+  } else if (c.level == Level::rope) {  // x [B, (H,) T, d]: the rotation alone
+    if (d0.B > 1) add("B", "B = 1", [](CaseSpec& v) { v.dims.B = 1; });
+    if (d0.T > 1) add("T", "T = 1", [](CaseSpec& v) { v.dims.T = 1; });
   } else {
     if (d0.B > 1) add("B", "B = 1", [](CaseSpec& v) { v.dims.B = 1; });
     else add("B", "B = 2", [](CaseSpec& v) { v.dims.B = 2; });
@@ -90,6 +94,30 @@ std::vector<Variant> variants_of(const CaseSpec& c) {
   if (d0.Hkv > 1 && d0.Hkv < d0.H) {
     add("G", "Hkv = H (G = 1)", [](CaseSpec& v) { v.dims.Hkv = 0; });
     add("Hkv", "Hkv = 1", [](CaseSpec& v) { v.dims.Hkv = 1; });
+  }
+  // RoPE: the rotation off (taps go with it), one pair (r = 2: both pairings and
+  // every base agree), every token at one position (scores then see none).
+  if (c.rope && c.level != Level::rope) {
+    add("rope", "rope off", [](CaseSpec& v) {
+      v.rope.reset();
+      v.check.erase(std::remove_if(v.check.begin(), v.check.end(),
+                                   [&](const std::string& t) { return std::find(v.taps.begin(), v.taps.end(), t) != v.taps.end(); }),
+                    v.check.end());
+      v.taps.clear();
+    });
+  }
+  if (c.rope) {
+    const std::int64_t r = c.rope->rotary_dim > 0 ? c.rope->rotary_dim : d0.head_dim();
+    if (r > 2) add("r", "rotary_dim = 2", [](CaseSpec& v) { v.rope->rotary_dim = 2; });
+    const std::int64_t t = c.level == Level::core ? d0.Tk : d0.T;
+    // (explicit positions need Tq = Tk at the core level)
+    if (t > 1 && (c.level != Level::core || d0.Tq == d0.Tk))
+      add("positions", "positions constant (all 5)", [t](CaseSpec& v) {
+        v.rope->rows = {std::vector<std::int64_t>(static_cast<std::size_t>(t), 5)};
+        v.rope->per_row = false;
+        v.rope->generator.clear();
+        v.rope->offset = 0;
+      });
   }
   return out;
 }
@@ -185,6 +213,9 @@ std::string dim_words(const std::string& dim) {
   if (dim == "causal") return "the causal mask";
   if (dim == "G") return "the query heads per kv head (G = H / Hkv)";
   if (dim == "Hkv") return "the kv head count";
+  if (dim == "rope") return "the rotation (RoPE)";
+  if (dim == "r") return "the rotary width";
+  if (dim == "positions") return "the token positions";
   return "the head count";
 }
 
@@ -195,6 +226,9 @@ std::string need_words(const std::string& dim) {
   if (dim == "d") return "a head width above 1";
   if (dim == "mask") return "the mask (it shows only with the mask)";
   if (dim == "causal") return "the causal mask (it shows only when causal)";
+  if (dim == "rope") return "the rotation (it shows only with RoPE on)";
+  if (dim == "r") return "more than one rotating pair (rotary_dim > 2)";
+  if (dim == "positions") return "tokens at different positions";
   return dim_words(dim) + " above 1";
 }
 
@@ -306,8 +340,15 @@ Tensor grad_or_zeros(const Variable& v) {
 
 // The tensors a side would produce if it had exactly `bug` (none: correct).
 TensorSet hypothesis_tensors(const CaseSpec& c, const CaseInputs& in, std::optional<Bug> bug) {
-  const AttentionSpec spec = attention_spec(c, in);
+  AttentionSpec spec = attention_spec(c, in);
+  if (!c.taps.empty()) spec.rope_taps = std::make_shared<RopeTaps>();  // q_rot, k_rot as the hypothesis rotates
   TensorSet out;
+  if (c.level == Level::rope) {
+    Variable x(in.x, true);
+    Variable y = diagnosis::hypothesis_rope(x, spec.rope, bug);
+    sum(mul(y, Variable(in.r))).backward();
+    return {{"out", y.data()}, {"dx", grad_or_zeros(x)}};
+  }
   if (c.level == Level::mha) {
     Variable x(in.x, true);
     MhaWeights w{Variable(in.wq, true), Variable(in.wk, true), Variable(in.wv, true),
@@ -322,6 +363,8 @@ TensorSet hypothesis_tensors(const CaseSpec& c, const CaseInputs& in, std::optio
     sum(mul(y, Variable(in.r))).backward();
     out = {{"out", y.data()}, {"dq", grad_or_zeros(q)}, {"dk", grad_or_zeros(k)}, {"dv", grad_or_zeros(v)}};
   }
+  for (const auto& tap : c.taps)
+    out.push_back({tap, assemble_tap(tap == "q_rot" ? spec.rope_taps->q_rot : spec.rope_taps->k_rot)});
   return out;
 }
 
@@ -428,6 +471,7 @@ Diagnosis diagnose(const CaseResult& failed, const CaseInputs& in) {
   std::optional<HypothesisFit> closest;
   for (const auto& info : bug_catalog()) {
     if (c.level == Level::core && info.visibility.mha_only) continue;
+    if (c.level == Level::rope && !diagnosis::has_rope_level_form(info)) continue;
     TensorSet hyp;
     try {
       hyp = hypothesis_tensors(c, in, info.bug);
@@ -470,6 +514,7 @@ void confirm_with_variants(Diagnosis& dx, const std::vector<VariantRun>& runs) {
       if (!side || side->empty()) continue;
       const CaseSpec& vc = run.variant.spec;
       if (vc.level == Level::core && bug_info(bug).visibility.mha_only) continue;
+      if (vc.level == Level::rope && !diagnosis::has_rope_level_form(bug_info(bug))) continue;
       TensorSet hyp;
       try {
         hyp = hypothesis_tensors(vc, run.inputs, bug);
@@ -555,6 +600,88 @@ void rerun_under_tile_permutation(Diagnosis& dx, const CaseResult& failed, const
 
 }  // namespace
 
+// ---------------------------------------------------------------- RoPE clues
+
+namespace {
+
+// What tells RoPE bugs apart, read off the failing case itself (it holds also
+// when no hypothesis fits, e.g. a user's own wrong kernel): which tensors stay
+// exact, whether the error grows with the absolute position, and whether the
+// pass-through dims of the taps are bitwise equal.
+std::vector<std::string> rope_clues(const CaseResult& failed, const CaseInputs& in) {
+  std::vector<std::string> out;
+  const CaseSpec& c = failed.spec;
+  if (!c.rope) return out;
+  // exact: 1, differs: 0, not compared: -1
+  auto state = [&](const std::string& name) {
+    for (const auto& t : failed.tensors)
+      if (t.name == name && t.problem.empty()) return t.allclose ? 1 : 0;
+    return -1;
+  };
+  const bool mha = c.level == Level::mha, core = c.level == Level::core;
+  struct Signature {
+    std::vector<std::string> same, differ;
+    std::string text;
+  };
+  const Signature sig = mha    ? Signature{{"out", "dwv", "dwo"}, {"dx", "dwq", "dwk"}, "= X X X = = over out, dx, dwq, dwk, dwv, dwo"}
+                        : core ? Signature{{"out", "dv"}, {"dq", "dk"}, "= X X = over out, dq, dk, dv"}
+                               : Signature{{"out"}, {"dx"}, "= X over out, dx"};
+  if (std::all_of(sig.same.begin(), sig.same.end(), [&](const std::string& n) { return state(n) == 1; }) &&
+      std::all_of(sig.differ.begin(), sig.differ.end(), [&](const std::string& n) { return state(n) == 0; }))
+    out.push_back("Signature " + sig.text +
+                  ": the forward is exact and only the gradients through the rotation differ, the mark of a RoPE "
+                  "backward that is not R^T.");
+
+  // The error per batch row against the row's positions: scores see position
+  // differences only, so a row-to-row growth at the same tokens is absolute.
+  const Tensor* a = find_tensor(failed.lhs, "out");
+  const Tensor* b = find_tensor(failed.rhs, "out");
+  const Tensor& pos = in.positions;
+  const std::int64_t tokens = core ? c.dims.Tq : c.dims.T;
+  if (state("out") == 0 && a && b && a->defined() && b->defined() && a->shape() == b->shape() && pos.defined() && pos.dim() == 2 &&
+      pos.size(0) == a->size(0) && pos.size(0) > 1 && pos.size(1) == tokens && (!core || c.dims.Tq == c.dims.Tk)) {
+    const std::vector<double> err = slot_max(*a, *b, 0, 0);  // per batch row
+    const auto p = pos.contiguous().to_vector();
+    std::vector<double> mean(err.size(), 0.0);
+    for (std::size_t i = 0; i < p.size(); ++i) mean[i / static_cast<std::size_t>(tokens)] += p[i] / static_cast<double>(tokens);
+    const std::size_t near = static_cast<std::size_t>(std::min_element(mean.begin(), mean.end()) - mean.begin());
+    const std::size_t far = static_cast<std::size_t>(std::max_element(mean.begin(), mean.end()) - mean.begin());
+    if (mean[far] - mean[near] >= 100 && err[far] > 10 * err[near])
+      out.push_back("The error grows with the absolute position: batch row " + std::to_string(far) + " (positions about " +
+                    fmt_g(mean[far]) + ") errs by " + fmt_g(err[far]) + ", row " + std::to_string(near) + " (about " +
+                    fmt_g(mean[near]) + ") by " + fmt_g(err[near]) +
+                    ", which no position difference explains: angle tables built below the compute precision "
+                    "(float32 cos/sin).");
+  }
+
+  // Partial rotary: dims [r, d) of the taps (at the rope level: of out, against x)
+  // must pass through bitwise.
+  std::vector<std::pair<std::string, std::pair<const Tensor*, const Tensor*>>> pass;
+  for (const auto& tap : c.taps) pass.push_back({tap, {find_tensor(failed.lhs, tap), find_tensor(failed.rhs, tap)}});
+  if (c.level == Level::rope) {
+    pass.push_back({failed.lhs_label + "'s out", {find_tensor(failed.lhs, "out"), &in.x}});
+    if (!c.is_reference()) pass.push_back({failed.rhs_label + "'s out", {find_tensor(failed.rhs, "out"), &in.x}});
+  }
+  for (const auto& [tap, tensors] : pass) {
+    const Tensor* ta = tensors.first;
+    const Tensor* tb = tensors.second;
+    if (!ta || !tb || !ta->defined() || !tb->defined() || ta->shape() != tb->shape() || ta->dim() < 1) continue;
+    const std::int64_t d = ta->size(-1), r = c.rope->rotary_dim > 0 ? c.rope->rotary_dim : d;
+    if (r >= d) continue;
+    const auto va = ta->contiguous().to_vector(), vb = tb->contiguous().to_vector();
+    std::int64_t differing = 0;
+    for (std::size_t i = 0; i < va.size(); ++i)
+      if (static_cast<std::int64_t>(i) % d >= r && va[i] != vb[i]) ++differing;
+    if (differing > 0)
+      out.push_back("The pass-through dims [" + std::to_string(r) + ", " + std::to_string(d) + ") of " + tap + " differ in " +
+                    std::to_string(differing) + " elements (they must pass through unchanged, bitwise): partial rotary on "
+                    "the wrong span.");
+  }
+  return out;
+}
+
+}  // namespace
+
 // ---------------------------------------------------------------- weak suites
 
 namespace {
@@ -617,29 +744,53 @@ void add_rope_warnings(const std::vector<const CaseSpec*>& cases, Add& add) {
     if (c->rope) rope.push_back(c);
   if (rope.empty()) return;
   auto all = [&](auto pred) { return std::all_of(rope.begin(), rope.end(), [&](const CaseSpec* c) { return pred(*c); }); };
+  // The bugs each blind spot hides, from the catalog's RoPE visibility.
+  auto rope_bugs_where = [](auto pred) {
+    std::vector<std::string> names;
+    for (const auto& b : bug_catalog())
+      if (b.visibility.needs_rope && pred(b.visibility)) names.emplace_back(b.name);
+    return names;
+  };
   auto tokens = [](const CaseSpec& c) { return c.level == Level::core ? std::min(c.dims.Tq, c.dims.Tk) : c.dims.T; };
   if (all([&](const CaseSpec& c) { return c.level == Level::rope || tokens(c) <= 1; }) &&
       !all([](const CaseSpec& c) { return c.level == Level::rope; }))
     add("every attention case with RoPE has T = 1 (one key: the softmax is constant, dWq = dWk = 0)",
-        {"rope_style_swapped", "rope_on_v", "rope_missing_on_k", "rope_wrong_theta", "rope_sign_flipped",
-         "rope_qk_offset_mismatch", "rope_backward_not_transposed"});
+        rope_bugs_where([](const auto& v) { return v.needs_seq; }));
   if (all([](const CaseSpec& c) {
         return (c.rope->rotary_dim > 0 ? c.rope->rotary_dim : c.dims.head_dim()) == 2;
       }))
     add("every RoPE case has rotary_dim 2 (one pair: both pairings are the same)",
-        {"rope_style_swapped", "rope_wrong_theta", "rope_freq_exponent"});
+        rope_bugs_where([](const auto& v) { return v.needs_rope_pairs; }));
   if (all([&](const CaseSpec& c) { return positions_are_arange(case_positions(c), c.level == Level::core ? c.dims.Tk : c.dims.T); }))
-    add("every RoPE case has positions arange + c", {"rope_positions_ignored"});
+    add("every RoPE case has positions arange + c", rope_bugs_where([](const auto& v) { return v.needs_gapped_positions; }));
   if (all([](const CaseSpec& c) {
         const auto p = case_positions(c);
         return p.empty() || *std::max_element(p.begin(), p.end()) + c.rope->q_offset < 1000;
       }))
     add("no RoPE case has a position >= 1000 (float32 angle tables err by about 1e-6 there)",
-        {"rope_tables_float32"});
+        rope_bugs_where([](const auto& v) { return v.needs_far_positions; }));
   if (all([](const CaseSpec& c) { return c.level != Level::rope && c.taps.empty(); }))
     add("no case is at the rope level and none has taps (a uniform shift of every q and k position "
         "leaves out and every gradient unchanged)",
-        {"rope_position_shift"});
+        rope_bugs_where([](const auto& v) { return v.needs_rope_taps; }));
+  // Positions [B, T] rotate batch row b; broadcast onto the head axis instead
+  // they fit by chance when B = H (or B = Hkv for k), and are one row for all with [T].
+  auto per_row = [](const CaseSpec& c) {
+    if (c.files && c.files->positions.defined()) return c.files->positions.dim() == 2;
+    return !c.rope->generator.empty() || c.rope->per_row;
+  };
+  if (all([&](const CaseSpec& c) {
+        return c.level == Level::rope || !per_row(c) || c.dims.B == c.dims.H || c.dims.B == c.dims.kv_heads();
+      }))
+    add("no RoPE attention case has per-row positions with B apart from H and Hkv",
+        {"positions [B, T] broadcast onto the head axis (they fit by chance where B = H)"});
+  // From the catalog's RoPE visibility: a base it hard-codes, a span it gets wrong.
+  if (all([](const CaseSpec& c) { return c.rope->theta == 10000.0; }))
+    add("every RoPE case has theta 10000 (a base hard-coded at 10000 agrees)",
+        rope_bugs_where([](const auto& v) { return v.needs_custom_theta; }));
+  if (all([](const CaseSpec& c) { return c.rope->rotary_dim == 0 || c.rope->rotary_dim >= c.dims.head_dim(); }))
+    add("no RoPE case has rotary_dim < d (partial rotary)",
+        rope_bugs_where([](const auto& v) { return v.needs_partial_rotary; }));
 }
 
 }  // namespace
@@ -743,14 +894,14 @@ CaseResult check_case(const CaseSpec& spec, const PluginRegistry& registry, cons
   CaseInputs inputs;
   CaseResult res = run_case(spec, registry, options, &inputs);
   const bool failed = res.status == CaseStatus::fail || res.status == CaseStatus::xfail;
-  // the rope level has no hypotheses or localization variants (yet): its tensors are the report
-  if (failed && !res.tensors.empty() && spec.level != Level::rope) {
+  if (failed && !res.tensors.empty()) {
     res.diagnosis = diagnose(res, inputs);
     const std::vector<VariantRun> runs =
         spec.is_reference() ? std::vector<VariantRun>{} : run_variants(spec, registry, options);
     res.localization = localize_from(res, runs);
     confirm_with_variants(*res.diagnosis, runs);
     rerun_under_tile_permutation(*res.diagnosis, res, inputs, registry, options);
+    for (const auto& clue : rope_clues(res, inputs)) res.diagnosis->sentence += " " + clue;
     if (const std::string p = precision_sentence(res); !p.empty()) res.diagnosis->sentence += " " + p;
     const std::string named = res.diagnosis->best();
     const bool as_expected = spec.expect_diagnosis == "none" ? named.empty() : named == spec.expect_diagnosis;

@@ -15,7 +15,9 @@
 // is invisible at H = 1 and at T = 1; a wrong scale at T = 1; a batch mix-up
 // at B = 1; a wrong causal mask without causal; a bottom-right causal mask at
 // Tq = Tk; a finite mask fill without a fully masked row; a softmax without
-// the max subtracted without large logits.
+// the max subtracted without large logits; a RoPE bug without a rope block
+// (and most at T = 1, r = 2 or constant positions; a uniform position shift
+// everywhere but in the taps and at the rope level).
 //
 // Shape legend: B batch, T sequence, D model width, H heads, d = D / H.
 #pragma once
@@ -54,7 +56,9 @@ CaseResult check_case(const CaseSpec& spec, const PluginRegistry& registry, cons
 
 // Re-runs the failing case's pair with one thing changed (same seed recipe):
 // B; at mha level T and H (d kept, D kept); at core level Tq = Tk, Tq = 1,
-// Tq > Tk, Tq = Tk = 1, H, d = 1, the mask file off; causal off. Reads the
+// Tq > Tk, Tq = Tk = 1, H, d = 1, the mask file off; causal off; with grouped
+// kv heads G = 1 and Hkv = 1; with a rope block the rotation off, rotary_dim = 2
+// and every position constant (the rope level: B, T and those two). Reads the
 // spread from its tensors (failed.lhs, failed.rhs). Variants that cannot run
 // (a mask file fixes B, Tq and Tk) are listed as such. A reference case
 // cannot be re-run at other shapes: its localization holds the spread alone.

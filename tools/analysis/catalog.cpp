@@ -13,7 +13,7 @@ constexpr std::string_view kNames[] = {
 
 // Field order: needs_heads, needs_seq, needs_batch, needs_causal, needs_d_lt_D, mha_only,
 // needs_tq_ne_tk, needs_empty_row, needs_large_logits, needs_group, needs_kv_heads,
-// needs_non_square, needs_mask (false when left out)
+// needs_non_square, needs_mask (false when left out); the RoPE entries name their fields.
 // Each entry's name is filled in from bug_names.def below.
 constexpr std::array<BugInfo, static_cast<std::size_t>(Bug::count_)> kEntries{{
     {Bug::split_without_transpose, {},
@@ -115,6 +115,66 @@ constexpr std::array<BugInfo, static_cast<std::size_t>(Bug::count_)> kEntries{{
      "kv head j takes rows j, j+Hkv, j+2Hkv, ... of Wk and Wv instead of the block [j*d, (j+1)*d)",
      "view k and v as [B, T, Hkv, d] (heads outermost), like q",
      {true, false, false, false, false, true, false, false, false, false, true, false}},
+    // Rotary position embeddings: q and k per head, after the split, before the
+    // scores, never v; pair k rotates by p_t * theta^(-2k/r) (docs/design.md).
+    {Bug::rope_style_swapped, {},
+     "RoPE uses the other pairing (half (k, k + r/2) where interleaved (2k, 2k+1) is asked, or the reverse): "
+     "it matches once the rows of Wq and Wk are permuted between the pairings",
+     "pair dims as the checkpoint was trained (interleaved: Meta, GPT-J; half: GPT-NeoX, HF rotate_half), or "
+     "permute Wq and Wk rows per head as HF's conversion does",
+     {.needs_seq = true, .needs_rope = true, .needs_rope_pairs = true}},
+    {Bug::rope_on_v, {},
+     "v is rotated too: RoPE belongs on q and k only",
+     "rotate q and k after the head split; leave v as projected",
+     {.needs_rope = true, .needs_qkv = true}},
+    {Bug::rope_missing_on_k, {},
+     "k is never rotated (only q is): scores see absolute query positions, not differences",
+     "apply the same rotation to k (per kv head) as to q",
+     {.needs_seq = true, .needs_rope = true, .needs_qkv = true}},
+    {Bug::rope_before_head_split, {},
+     "q and k are rotated as one [B, T, H*d] vector before the head split: pairs and frequencies span all heads",
+     "split into [B, H, T, d] first, then rotate each head's first r dims with w_k = theta^(-2k/r)",
+     {.needs_heads = true, .needs_seq = true, .mha_only = true, .needs_rope = true, .needs_qkv = true}},
+    {Bug::rope_wrong_theta, {},
+     "the RoPE base is hard-coded at 10000 instead of the configured theta: the error grows with the position gaps",
+     "read theta from the config (Llama 3 uses 500000) when building w_k = theta^(-2k/r)",
+     {.needs_seq = true, .needs_rope = true, .needs_rope_pairs = true, .needs_custom_theta = true}},
+    {Bug::rope_freq_exponent, {},
+     "the RoPE frequencies are theta^(-k/r) (arange(r/2) / r, the factor 2 lost) instead of theta^(-2k/r)",
+     "w_k = theta^(-2k/r) for k = 0 .. r/2-1, i.e. 1 / theta^(arange(0, r, 2) / r)",
+     {.needs_seq = true, .needs_rope = true, .needs_rope_pairs = true}},
+    {Bug::rope_position_shift, {},
+     "every position of q and k is shifted by one (positions start at 1): out and every gradient are unchanged, "
+     "only q and k after the rotation (taps, or the rope level) show it",
+     "rotate token t at its own position p_t (0-based), as the positions tensor gives it",
+     {.needs_rope = true, .needs_rope_taps = true}},
+    {Bug::rope_qk_offset_mismatch, {},
+     "q and k are rotated from different position bases (keys one position ahead, as a cache written at "
+     "start_pos + 1): scores see p_q - p_k - 1",
+     "rotate q and k from the same positions (queries at q_offset + p_t, keys at p_t)",
+     {.needs_seq = true, .needs_rope = true, .needs_qkv = true}},
+    {Bug::rope_positions_ignored, {},
+     "the token positions are ignored and 0 .. T-1 used: gapped, reversed or per-row positions rotate wrongly",
+     "rotate token t at positions[b, t] (position_ids), not at arange(T)",
+     {.needs_seq = true, .needs_rope = true, .needs_gapped_positions = true}},
+    {Bug::rope_sign_flipped, {},
+     "the forward rotates by -phi (a' = a cos + b sin, b' = -a sin + b cos): scores see p_k - p_q",
+     "a' = a cos(phi) - b sin(phi), b' = a sin(phi) + b cos(phi)",
+     {.needs_seq = true, .needs_rope = true}},
+    {Bug::rope_backward_not_transposed, {},
+     "a hand-written RoPE backward applies R (rotation by +phi) instead of R^T: out, dWv and dWo are exact, "
+     "dx, dWq and dWk are wrong (= X X X = =)",
+     "the backward of x' = R x is dx = R^T dy: rotate dy by -phi",
+     {.needs_seq = true, .needs_rope = true}},
+    {Bug::rope_tables_float32, {},
+     "the RoPE angles and cos/sin tables are float32 in a float64 unit: about 1e-6 relative error at position "
+     "1000, growing with the position",
+     "build w_k, phi = p * w_k, cos and sin in float64 (the compute dtype), then rotate",
+     {.needs_rope = true, .needs_far_positions = true}},
+    {Bug::rope_partial_wrong_span, {},
+     "partial rotary rotates the last r dims of each head instead of the first r (the rest must pass through)",
+     "rotate dims [0, r) of each head and pass [r, d) through unchanged",
+     {.needs_seq = true, .needs_rope = true, .needs_partial_rotary = true}},
 }};
 
 constexpr auto kCatalog = [] {
@@ -134,6 +194,8 @@ static_assert([] {
 std::span<const BugInfo> bug_catalog() { return kCatalog; }
 
 const BugInfo& bug_info(Bug bug) { return kCatalog[static_cast<std::size_t>(bug)]; }
+
+bool has_rope_level_form(const BugInfo& info) { return info.visibility.needs_rope && !info.visibility.needs_qkv; }
 
 std::optional<Bug> bug_from_name(std::string_view name) {
   for (const auto& b : kCatalog)

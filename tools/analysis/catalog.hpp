@@ -32,6 +32,15 @@ struct Visibility {
   bool needs_kv_heads = false;  // invisible at Hkv = 1 (MQA)
   bool needs_non_square = false;  // invisible at H = Hkv^2 (G = Hkv)
   bool needs_mask = false;  // invisible unless the case has a boolean mask (a mask file or a reference's mask.npy)
+  // Rotary position embeddings (a case's rope: block):
+  bool needs_rope = false;            // a RoPE bug: invisible without a rope block
+  bool needs_rope_pairs = false;      // invisible at rotary_dim 2 (one pair, w_0 = 1 for every base)
+  bool needs_gapped_positions = false;  // invisible when every row of positions is arange + c
+  bool needs_far_positions = false;   // hides below position ~1000 (float32 angles err ~1e-6 relative there)
+  bool needs_partial_rotary = false;  // invisible at rotary_dim = d
+  bool needs_custom_theta = false;    // invisible at theta 10000 (the base it hard-codes)
+  bool needs_rope_taps = false;       // invisible in out and every gradient: only taps or the rope level see it
+  bool needs_qkv = false;             // lives between q, k and v (or in the projection): no rope-level form
 };
 
 struct BugInfo {
@@ -45,5 +54,7 @@ struct BugInfo {
 std::span<const BugInfo> bug_catalog();
 const BugInfo& bug_info(Bug bug);
 std::optional<Bug> bug_from_name(std::string_view name);
+// A bug of the rotation itself, which the rope level (x alone) can show.
+bool has_rope_level_form(const BugInfo& info);
 
 }  // namespace headgrad::diagnosis

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace headgrad::diagnosis {
 
@@ -112,17 +113,183 @@ Variable kv_for_query_head(const Variable& kv, std::int64_t g, std::int64_t grou
   return kv;
 }
 
+// ---- RoPE, as the hypothesis rotates (spec.rope on) ----
+
+// r, the rotary width (0 in the spec means d).
+std::int64_t rotary_width(const RopeSpec& r, std::int64_t d) { return r.rotary_dim > 0 ? r.rotary_dim : d; }
+
+// A copy of q or k after the rotation for the case's taps (q_rot, k_rot), if it asked.
+Variable tap(const AttentionSpec& spec, bool queries, const Variable& rotated) {
+  if (spec.rope_taps) (queries ? spec.rope_taps->q_rot : spec.rope_taps->k_rot).push_back(rotated.data().clone());
+  return rotated;
+}
+
+// The spec without a tap sink: v rotated by rope_on_v is no tap.
+AttentionSpec without_rope_taps(const AttentionSpec& spec) {
+  AttentionSpec s = spec;
+  s.rope_taps = nullptr;
+  return s;
+}
+
+// x [..., d] with the second member of each rotating pair negated (F, its own
+// inverse): F R(phi) F = R(-phi), the rotation the other way round.
+Variable flip_pair_seconds(const Variable& x, const RopeSpec& rope) {
+  const std::int64_t d = x.size(-1), r = rotary_width(rope, d);
+  Tensor f = Tensor::empty({d}, x.dtype());
+  for (std::int64_t i = 0; i < d; ++i) {
+    const bool second = i < r && (rope.style == RopeStyle::interleaved ? i % 2 == 1 : i >= r / 2);
+    f.set({i}, second ? -1.0 : 1.0);
+  }
+  return mul(x, Variable(f));
+}
+
+// The HF permutation on the last dim, between the pairings: rotating in
+// `style` equals rotating P x in the other style and permuting back (P^-1).
+// Applied to q = x Wq^T per head it is Wq's rows permuted, so the hypothesis
+// of a swapped pairing is the correct attention re-run with Wq, Wk permuted.
+// from_half: P takes the half layout [s*r/2 + p] to the interleaved [2p + s].
+Variable permute_pairing(const Variable& x, std::int64_t r, bool from_half) {
+  const std::int64_t d = x.size(-1);
+  Shape lead(x.shape().begin(), x.shape().end() - 1);
+  Shape split = lead, flat = lead;
+  split.push_back(from_half ? 2 : r / 2);
+  split.push_back(from_half ? r / 2 : 2);
+  flat.push_back(r);
+  const Variable rot = reshape(transpose(reshape(narrow(x, -1, 0, r), split), -1, -2), flat);
+  return r == d ? rot : cat({rot, narrow(x, -1, r, d - r)}, -1);
+}
+
+// x [..., T, d] rotated with angles and cos/sin tables built in float32 (w_k,
+// phi = p * w_k, cos, sin), as popular float32 code does, then applied in x's
+// dtype: out = x * C + partner(x) * S, partner swapping the two members of
+// each pair, S = -sin on the first member and +sin on the second.
+Variable rotate_float32_tables(const Variable& x, const RopeSpec& rope, std::int64_t q_shift) {
+  const std::int64_t t = x.size(-2), d = x.size(-1), r = rotary_width(rope, d), half = r / 2;
+  std::vector<double> pos;
+  if (rope.positions.defined()) pos = rope.positions.to_vector();
+  else
+    for (std::int64_t i = 0; i < t; ++i) pos.push_back(static_cast<double>(rope.offset + i));
+  const std::int64_t rows = static_cast<std::int64_t>(pos.size()) / t;
+  std::vector<double> c(pos.size() * static_cast<std::size_t>(d), 1.0), sn(c.size(), 0.0);
+  for (std::size_t i = 0; i < pos.size(); ++i) {
+    const float p = static_cast<float>(pos[i] + static_cast<double>(q_shift));
+    for (std::int64_t k = 0; k < half; ++k) {
+      const float w = std::pow(static_cast<float>(rope.theta), -2.0f * static_cast<float>(k) / static_cast<float>(r));
+      const float phi = p * w;
+      const std::int64_t a = rope.style == RopeStyle::interleaved ? 2 * k : k;
+      const std::int64_t b = rope.style == RopeStyle::interleaved ? 2 * k + 1 : k + half;
+      const std::size_t at = i * static_cast<std::size_t>(d);
+      c[at + a] = c[at + b] = std::cos(phi);
+      sn[at + a] = -std::sin(phi);
+      sn[at + b] = std::sin(phi);
+    }
+  }
+  // [rows, 1.., T, d]: a positions row per first dim of x (rope()'s alignment)
+  Shape shape{t, d};
+  if (rows > 1) {
+    shape.assign(static_cast<std::size_t>(x.dim() - 2), 1);
+    shape[0] = rows;
+    shape.push_back(t);
+    shape.push_back(d);
+  }
+  const Variable cos_t(Tensor::from_values(c, shape, x.dtype()));
+  const Variable sin_t(Tensor::from_values(sn, shape, x.dtype()));
+  std::vector<Variable> partner;
+  if (rope.style == RopeStyle::half) {
+    partner = {narrow(x, -1, half, half), narrow(x, -1, 0, half)};
+  } else {
+    Shape pairs(x.shape().begin(), x.shape().end() - 1), flat = pairs;
+    pairs.push_back(half);
+    pairs.push_back(2);
+    flat.push_back(r);
+    const Variable p2 = reshape(narrow(x, -1, 0, r), pairs);
+    partner = {reshape(cat({narrow(p2, -1, 1, 1), narrow(p2, -1, 0, 1)}, -1), flat)};
+  }
+  if (r < d) partner.push_back(narrow(x, -1, r, d - r));
+  return add(mul(x, cos_t), mul(cat(partner, -1), sin_t));
+}
+
+// q or k of one head [B, T, d] (core level: [..., T, d]) rotated as `bug`
+// rotates it. Keys sit at the positions, queries there plus q_offset.
+Variable rope_as(const Variable& x, const AttentionSpec& spec, bool queries, std::optional<Bug> bug) {
+  if (is(bug, Bug::rope_missing_on_k) && !queries) return x;
+  const std::int64_t base = queries ? spec.rope.q_offset : 0;
+  AttentionSpec s = spec;
+  s.rope_taps = nullptr;  // tapped here, once
+  if (is(bug, Bug::rope_wrong_theta)) s.rope.theta = 10000.0;
+  // theta^(-k/r) = sqrt(theta)^(-2k/r)
+  if (is(bug, Bug::rope_freq_exponent)) s.rope.theta = std::sqrt(spec.rope.theta);
+  if (is(bug, Bug::rope_positions_ignored)) {
+    s.rope.positions = Tensor();
+    s.rope.offset = 0;
+  }
+  // rope_queries rotates at the positions + q_offset: any extra shift rides on it
+  auto at = [&](const Variable& v, std::int64_t shift) {
+    s.rope.q_offset = base + shift;
+    return rope_queries(v, s);
+  };
+  const std::int64_t r = rotary_width(spec.rope, x.size(-1));
+  Variable out;
+  if (is(bug, Bug::rope_position_shift)) {
+    out = at(x, 1);
+  } else if (is(bug, Bug::rope_qk_offset_mismatch)) {
+    out = at(x, queries ? 0 : 1);
+  } else if (is(bug, Bug::rope_sign_flipped)) {
+    out = flip_pair_seconds(at(flip_pair_seconds(x, spec.rope), 0), spec.rope);
+  } else if (is(bug, Bug::rope_backward_not_transposed)) {
+    // the value of R x; the gradient of F R F x = R^T x, which is R dy
+    const Variable reverse = flip_pair_seconds(at(flip_pair_seconds(x, spec.rope), 0), spec.rope);
+    out = add(Variable(at(x, 0).data()), sub(reverse, Variable(reverse.data())));
+  } else if (is(bug, Bug::rope_tables_float32)) {
+    out = rotate_float32_tables(x, spec.rope, base);
+  } else if (is(bug, Bug::rope_partial_wrong_span)) {
+    const std::int64_t d = x.size(-1);
+    s.rope.rotary_dim = 0;
+    out = r == d ? at(x, 0) : cat({narrow(x, -1, 0, d - r), at(narrow(x, -1, d - r, r), 0)}, -1);
+  } else if (is(bug, Bug::rope_style_swapped)) {
+    const bool half = spec.rope.style == RopeStyle::half;  // the side rotates in the other style
+    out = permute_pairing(at(permute_pairing(x, r, !half), 0), r, half);
+  } else {
+    out = at(x, 0);
+  }
+  return tap(spec, queries, out);
+}
+
+// q or k [B, T, n*d] rotated as one vector before the head split
+// (rope_before_head_split): pairs and frequencies over n*r.
+Variable rope_whole_width(const Variable& p, const AttentionSpec& spec, bool queries, std::int64_t n) {
+  AttentionSpec s = spec;
+  s.rope_taps = nullptr;
+  s.rope.rotary_dim = rotary_width(spec.rope, spec.head_dim()) * n;
+  return queries ? rope_queries(p, s) : rope_keys(p, s);
+}
+
 }  // namespace
 
-Variable hypothesis_mha(const Variable& x, const MhaWeights& w, const AttentionSpec& spec,
+Variable hypothesis_mha(const Variable& x, const MhaWeights& w, const AttentionSpec& spec_in,
                         std::optional<Bug> bug) {
+  const AttentionSpec spec = fold_rope_positions(spec_in, x.shape());
   const std::int64_t t = x.size(-2), dm = x.size(-1), heads = spec.num_heads;
   const std::int64_t kv_heads = spec.kv_heads(), group = heads / kv_heads;
   const std::int64_t d = spec.head_dim();
   // kv heads laid out like the query heads, unless the bug interleaves only them
   const std::optional<Bug> kv_layout = is(bug, Bug::kv_interleaved_head_slices) ? Bug::interleaved_head_slices : bug;
   const Variable x3 = reshape(x, {-1, t, dm});
-  const Variable q = project(x3, w.wq, bug), k = project(x3, w.wk, bug), v = project(x3, w.wv, bug);
+  Variable q = project(x3, w.wq, bug), k = project(x3, w.wk, bug);
+  const Variable v = project(x3, w.wv, bug);
+  // RoPE per head after the split, unless the bug rotates the whole width first
+  const bool whole = spec.rope.enabled && is(bug, Bug::rope_before_head_split);
+  const bool per_head = spec.rope.enabled && !whole;
+  if (whole) {
+    q = rope_whole_width(q, spec, true, heads);
+    k = rope_whole_width(k, spec, false, kv_heads);
+  }
+  std::vector<Variable> ks, vs;  // kv head j, rotated once
+  for (std::int64_t j = 0; j < kv_heads; ++j) {
+    const Variable kj = head_slice(k, j, kv_heads, kv_layout), vj = head_slice(v, j, kv_heads, kv_layout);
+    ks.push_back(per_head ? rope_as(kj, spec, false, bug) : kj);
+    vs.push_back(per_head && is(bug, Bug::rope_on_v) ? rope_as(vj, without_rope_taps(spec), false, std::nullopt) : vj);
+  }
   const Tensor mask = hypothesis_mask(spec, t, t, bug);
   const double factor = hypothesis_scale(spec, d, bug);
   std::vector<Variable> outs;
@@ -135,9 +302,10 @@ Variable hypothesis_mha(const Variable& x, const MhaWeights& w, const AttentionS
       throw std::invalid_argument("hypothesis " + std::string(bug_info(*bug).name) + ": query head " +
                                   std::to_string(h) + " would read kv head " + std::to_string(j) + " of " +
                                   std::to_string(kv_heads));
-    const Variable kh = kv_for_query_head(head_slice(k, j, kv_heads, kv_layout), h % group, group, bug);
-    const Variable vh = kv_for_query_head(head_slice(v, j, kv_heads, kv_layout), h % group, group, bug);
-    outs.push_back(attend(head_slice(q, h, heads, bug), kh, vh, m, factor, bug));
+    const Variable kh = kv_for_query_head(ks[static_cast<std::size_t>(j)], h % group, group, bug);
+    const Variable vh = kv_for_query_head(vs[static_cast<std::size_t>(j)], h % group, group, bug);
+    const Variable qh = head_slice(q, h, heads, bug);
+    outs.push_back(attend(per_head ? rope_as(qh, spec, true, bug) : qh, kh, vh, m, factor, bug));
   }
   const Variable merged = merge(outs, bug);
   if (is(bug, Bug::missing_output_projection)) return reshape(merged, x.shape());
@@ -153,7 +321,11 @@ Variable hypothesis_core(const Variable& q, const Variable& k, const Variable& v
   const Tensor mask = hypothesis_mask(spec, tq, tk, bug);
   // k, v with Hkv heads where q has H: query head h reads kv head h / G
   const std::int64_t group = kv_group(q, k, v, "hypothesis");
-  return attend(q, expand_kv_heads(k, group), expand_kv_heads(v, group), mask,
+  const bool rope = spec.rope.enabled;
+  const Variable qr = rope ? rope_as(q, spec, true, bug) : q;
+  const Variable kr = rope ? rope_as(k, spec, false, bug) : k;
+  const Variable vr = rope && is(bug, Bug::rope_on_v) ? rope_as(v, without_rope_taps(spec), false, std::nullopt) : v;
+  return attend(qr, expand_kv_heads(kr, group), expand_kv_heads(vr, group), mask,
                 hypothesis_scale(spec, q.size(-1), bug), bug);
 }
 
@@ -176,6 +348,16 @@ Tensor reorder_blocks(const Tensor& w, std::int64_t dim, std::int64_t block,
   std::vector<Variable> blocks;
   for (std::int64_t b : order) blocks.push_back(Variable(w.narrow(dim, b * block, block)));
   return cat(blocks, dim).data();
+}
+
+Variable hypothesis_rope(const Variable& x, const RopeSpec& spec, std::optional<Bug> bug) {
+  if (bug && !has_rope_level_form(bug_info(*bug)))
+    throw std::invalid_argument(std::string("bug '") + std::string(bug_info(*bug).name) + "' has no rope-level form");
+  AttentionSpec s;
+  s.rope = spec;
+  s.rope.enabled = true;
+  s.rope.q_offset = 0;
+  return rope_as(x, s, true, bug);  // one tensor, rotated as queries at offset 0
 }
 
 }  // namespace headgrad::diagnosis

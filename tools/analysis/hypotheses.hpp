@@ -6,8 +6,13 @@
 // the mutant plugins, which are batched: a hypothesis matching a mutant is
 // two implementations agreeing, not one file agreeing with itself.
 //
+// With spec.rope on, every hypothesis rotates q and k per head (after the
+// split, with the engine's op) and fills spec.rope_taps when set; the RoPE
+// bugs change that rotation (a swapped pairing is the correct attention re-run
+// with Wq and Wk rows permuted between the pairings).
+//
 // Shape legend: B batch, T sequence, D model width, H (query) heads, Hkv kv
-// heads, G = H / Hkv, d head width (D / H unless the spec gives it).
+// heads, G = H / Hkv, d head width (D / H unless the spec gives it), r rotary width.
 #pragma once
 
 #include <cstdint>
@@ -44,5 +49,10 @@ std::vector<std::int64_t> tile_to_repeat_heads(std::int64_t heads, std::int64_t 
 // block i of the result is block order[i] of w.
 Tensor reorder_blocks(const Tensor& w, std::int64_t dim, std::int64_t block,
                       const std::vector<std::int64_t>& order);
+// x [..., T, d] -> [..., T, d]: the rotation alone (the rope level), rotated as
+// `bug` rotates (spec.enabled is not read). Bugs without a rope-level form
+// (has_rope_level_form: every bug outside RoPE, and those that live between q,
+// k and v) throw std::invalid_argument.
+Variable hypothesis_rope(const Variable& x, const RopeSpec& spec, std::optional<Bug> bug);
 
 }  // namespace headgrad::diagnosis

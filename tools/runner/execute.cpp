@@ -430,6 +430,8 @@ SideResult run_in_process(const CaseSpec& c, const CaseInputs& in, const LoadedP
   return res;
 }
 
+}  // namespace
+
 // The taps a case asks for, from what rope_queries/rope_keys recorded: one
 // [B, H, T, d] as it is, or one [B, T, d] per head stacked on dim 1. A side
 // that recorded none (it rotates without the engine's helpers) reports the
@@ -446,6 +448,8 @@ Tensor assemble_tap(const std::vector<Tensor>& parts) {
   }
   return out;
 }
+
+namespace {
 
 void add_taps(const CaseSpec& c, const AttentionSpec& spec, TensorSet& res) {
   for (const auto& tap : c.taps)

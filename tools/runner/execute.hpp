@@ -55,6 +55,11 @@ struct ExecOptions {
   std::function<void()> on_wait;  // called about every 200 ms while a child runs (progress)
 };
 
+// One tap (q_rot or k_rot) from the parts rope_queries/rope_keys recorded:
+// one [B, H, T, d] as it is, or one [B, T, d] per head stacked to [B, H, T, d];
+// undefined when the parts do not assemble (none recorded, mixed shapes).
+Tensor assemble_tap(const std::vector<Tensor>& parts);
+
 // In this process; throws what the plugin throws (BadOutputError for an
 // output of the wrong shape or dtype).
 TensorSet compute_side(const CaseSpec& c, const CaseInputs& in, const Attention& plugin);
