@@ -166,6 +166,18 @@ def grouped_core(q, k, v, mask=None):
     return core(q, k, v, mask)
 
 
+def rope_core(q, k, v, *, positions, q_offset, mask, rope_settings):
+    """Core attention with RoPE: keys at positions, queries at positions[..., :Tq] + q_offset.
+
+    q [B, H, Tq, d], k and v [B, Hkv, Tk, d] (or all [B, T, d]); the rotation in float64
+    tables (rope above), then grouped_core. With a head axis it also returns the taps.
+    """
+    q_rot = rope(q, positions[..., : q.shape[-2]] + q_offset, **rope_settings)
+    k_rot = rope(k, positions, **rope_settings)
+    out = grouped_core(q_rot, k_rot, v, mask)
+    return (out, {"q_rot": q_rot, "k_rot": k_rot}) if q.dim() == 4 else out
+
+
 def gapped_positions(B, T, starts, seed):
     """[B, T] int64: row b starts at starts[b] and steps by random gaps of 1 to 5."""
     rng = np.random.default_rng(seed)
@@ -200,6 +212,26 @@ ROPE_MHA_CASES = [
     ("mha_B2_T7_D8_H6_Hkv3_d4_causal_rope_interleaved_float32", dict(B=2, T=7, D=8, H=6, Hkv=3, d=4),
      "float32", dict(theta=10000.0, style="interleaved", rotary_dim=4)),
 ]
+# Core-level RoPE: (name, shape, dtype, rope settings, positions, q_offset, mask).
+# positions: row starts of gapped per-row positions (written as positions.npy, Tq = Tk),
+# or an int N: keys at N + 0..Tk-1 (case.yaml {offset: N}; the runner builds them at
+# Tq != Tk). mask "causal" is top-left, "decode" bottom-right (key j <= q_offset + i:
+# queries are the last Tq tokens).
+ROPE_CORE_CASES = [
+    ("core_B2_H6_Hkv2_T7_d8_causal_rope_interleaved_float64", dict(B=2, H=6, Hkv=2, T=7, d=8), "float64",
+     dict(theta=10000.0, style="interleaved", rotary_dim=8), [0, 1000], 0, "causal"),
+    ("core_B2_H6_Hkv2_T7_d8_causal_rope_interleaved_float32", dict(B=2, H=6, Hkv=2, T=7, d=8), "float32",
+     dict(theta=10000.0, style="interleaved", rotary_dim=8), [0, 1000], 0, "causal"),
+    # decode-like: Tq < Tk, queries at 1000 + 4 + i, keys at 1000 + j
+    ("core_B2_H3_Tq3_Tk7_d8_decode_rope_half_float64", dict(B=2, H=3, Tq=3, Tk=7, d=8), "float64",
+     dict(theta=500000.0, style="half", rotary_dim=8), 1000, 4, "decode"),
+    # gapped per-row positions with a q_offset on top, half pairing, partial rotary, GQA
+    ("core_B2_H6_Hkv3_T6_d8_causal_rope_half_r4_qoff2_float64", dict(B=2, H=6, Hkv=3, T=6, d=8), "float64",
+     dict(theta=10000.0, style="half", rotary_dim=4), [1000, 3], 2, "causal"),
+    # CS336-shaped: 3-D q, k, v [B, T, d], interleaved, theta 10000
+    ("core_cs336_B2_T9_d16_causal_rope_interleaved_float64", dict(B=2, T=9, d=16), "float64",
+     dict(theta=10000.0, style="interleaved", rotary_dim=16), [0, 1000], 0, "causal"),
+]
 # RoPE level: (name, shape, dtype, rope settings, row starts of the positions)
 ROPE_LEVEL_CASES = [
     ("rope_B2_T9_d16_half_float64", dict(B=2, T=9, d=16), "float64",
@@ -229,6 +261,18 @@ def write_gqa_rope_cases(out):
         positions = gapped_positions(shape["B"], shape["T"], [0, 1000], seed)
         headgrad_ref.write_reference(fn, out / name, shape, seed=seed, dtype=dtype, positions=positions,
                                      rope=settings, suite_dir=out.parent, overwrite=True)
+        print("wrote", out / name)
+    for seed, (name, shape, dtype, settings, where, q_offset, mask) in enumerate(ROPE_CORE_CASES, start=500):
+        fn = functools.partial(rope_core, rope_settings=settings)
+        tq, tk = shape.get("Tq", shape.get("T")), shape.get("Tk", shape.get("T"))
+        if isinstance(where, int):
+            positions = where + np.arange(tk)
+        else:
+            positions = gapped_positions(shape["B"], tk, where, seed)
+        keep = np.tril(np.ones((tq, tk), dtype=bool), tk - tq if mask == "decode" else 0)
+        headgrad_ref.write_reference(fn, out / name, shape, level="core", seed=seed, dtype=dtype,
+                                     positions=positions, q_offset=q_offset, rope=settings, mask=keep,
+                                     suite_dir=out.parent, overwrite=True)
         print("wrote", out / name)
     for seed, (name, shape, dtype, settings, starts) in enumerate(ROPE_LEVEL_CASES, start=400):
         fn = functools.partial(rope, **settings)
