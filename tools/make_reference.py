@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Write PyTorch reference directories for headgrad (a developer tool).
 
-Each directory holds plain .npy files, the format of docs/references.md:
+Each directory holds plain .npy files, the format of docs/references.md
+(a float32 one also golden/: the same names in float64 from its rounded inputs):
   MHA level:  inputs x, wq, wk, wv, wo, r;   expected out, dx, dwq, dwk, dwv, dwo
   core level: inputs q, k, v, mask, r;       expected out, dq, dk, dv
   rope level: inputs x, positions, r;        expected out, dx
@@ -107,6 +108,26 @@ def write_first_cases(folder):
         save(folder / name, q=q, k=k, v=v, r=r, out=out, dq=q.grad, dk=k.grad, dv=v.grad,
              **extra)
         print("wrote", folder / name)
+
+
+def write_first_goldens(folder):
+    """golden/ for the first float32 MHA case: its committed float32 inputs cast to
+    float64, the same mha() in float64 (the float32 files themselves stay as written)."""
+    for B, T, D, H, causal, dtype in MHA_CASES:
+        if dtype != torch.float32:
+            continue
+        name = f"mha_B{B}_T{T}_D{D}_H{H}_{'causal' if causal else 'full'}_float32"
+        src = folder / name
+
+        def load(stem, grad=True):
+            return torch.from_numpy(np.load(src / f"{stem}.npy")).to(torch.float64).requires_grad_(grad)
+
+        x, ws, r = load("x"), [load(w) for w in ("wq", "wk", "wv", "wo")], load("r", grad=False)
+        out = mha(x, *ws, H, causal)
+        (out * r).sum().backward()
+        save(src / "golden", x=x, wq=ws[0], wk=ws[1], wv=ws[2], wo=ws[3], r=r, out=out,
+             dx=x.grad, dwq=ws[0].grad, dwk=ws[1].grad, dwv=ws[2].grad, dwo=ws[3].grad)
+        print("wrote", src / "golden")
 
 
 def rope(x, positions, *, theta, style, rotary_dim):
@@ -294,6 +315,7 @@ def main():
         write_first_cases(args.out)
     if args.cases in ("all", "gqa-rope"):
         write_gqa_rope_cases(args.out)
+        write_first_goldens(args.out)
 
 
 if __name__ == "__main__":
