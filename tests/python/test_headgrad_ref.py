@@ -347,6 +347,29 @@ class CoreRopeWriter(unittest.TestCase):
                 diff = np.abs(np.load(out / f"{stem}.npy") - g).max()
                 self.assertTrue(0 < diff < 1e-5, f"{stem}: {diff}")
 
+    def test_cli_core_rope_matches_the_api(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = pathlib.Path(tmp)
+            cli = subprocess.run([sys.executable, str(REPO / "tools" / "headgrad_ref.py"),
+                                  f"{__file__}:einsum_core_rope", "--level", "core",
+                                  "--shape", "B=2,H=4,Hkv=2,Tq=3,Tk=6,d=8", "--seed", "6",
+                                  "--positions", "1000,1001,1002,1003,1004,1005", "--q-offset", "3",
+                                  "--rope", "theta=500000.0,style=half,rotary_dim=8", "--out", str(tmp / "cli")],
+                                 capture_output=True, text=True, timeout=120)
+            self.assertEqual(cli.returncode, 0, cli.stderr)
+            headgrad_ref.write_reference(einsum_core_rope, tmp / "api", self.SHAPE, level="core", seed=6,
+                                         positions=1000 + np.arange(6), q_offset=3, rope=self.ROPE)
+            for name in ("q", "k_rot", "q_rot", "out", "dq", "dk", "mask"):
+                np.testing.assert_array_equal(np.load(tmp / "cli" / f"{name}.npy"),
+                                              np.load(tmp / "api" / f"{name}.npy"))
+            self.assertIn("positions: {offset: 1000}, q_offset: 3}", (tmp / "cli" / "case.yaml").read_text())
+            bad = subprocess.run([sys.executable, str(REPO / "tools" / "headgrad_ref.py"),
+                                  f"{__file__}:einsum_core_rope", "--level", "core",
+                                  "--shape", "B=2,H=4,Hkv=2,Tq=3,Tk=6,d=8", "--q-offset", "3",
+                                  "--out", str(tmp / "bad")], capture_output=True, text=True, timeout=120)
+            self.assertEqual(bad.returncode, 2, bad.stdout)
+            self.assertIn("q_offset needs positions", bad.stderr)
+
     def test_refusals_name_the_setting(self):
         with tempfile.TemporaryDirectory() as tmp:
             tmp = pathlib.Path(tmp)
