@@ -16,14 +16,21 @@ H query heads, Hkv key/value heads, d head width, Tq/Tk query/key tokens):
         q_rot, k_rot for RoPE).
   core  fn(q, k, v) -> out                    q [B, H, Tq, d], k and v [B, Hkv, Tk, d]
         (or [B, Tq, d] and [B, Tk, d] when shape has no H); out like q.
-        writes q, k, v, r, out, dq, dk, dv (+ mask when causal or a mask is given).
+        writes q, k, v, r, out, dq, dk, dv (+ mask when causal or a mask is given;
+        + positions, q_rot, k_rot for RoPE: keys at positions, queries at
+        positions[..., :Tq] + q_offset).
   rope  fn(x, positions) -> out               x [B, T, d] (or [B, H, T, d] with H),
         positions int64 [T] or [B, T]; writes x, positions, r, out, dx.
 
 Your function gets, as keyword arguments, those of num_heads, num_kv_heads,
 head_dim, causal, positions, mask that its signature names (or all of them if
-it takes **kwargs), so it need not close over the shape. An mha function may
-return (out, {"q_rot": q, "k_rot": k}) to add the taps after the rotation.
+it takes **kwargs), so it need not close over the shape (a core RoPE function
+also gets q_offset). An mha function, or a core one with a head axis, may return
+(out, {"q_rot": q, "k_rot": k}) to add the taps after the rotation.
+
+A float32 directory also gets golden/: the same files in float64, from the same
+function run in float64 on the float32 inputs cast up (the rounded inputs, so
+golden/ minus the float32 expected files is the float32 computation's own error).
 
 Python:
     import headgrad_ref  # tools/ on sys.path
@@ -47,7 +54,7 @@ import torch
 LEVELS = ("mha", "core", "rope")
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 # Keyword arguments a user function may ask for by naming them.
-OFFERED_KWARGS = ("num_heads", "num_kv_heads", "head_dim", "causal", "positions", "mask")
+OFFERED_KWARGS = ("num_heads", "num_kv_heads", "head_dim", "causal", "positions", "q_offset", "mask")
 # Every file a writer may produce: an overwrite removes exactly these.
 FILE_STEMS = ("x", "wq", "wk", "wv", "wo", "q", "k", "v", "mask", "r", "positions", "out", "dx", "dwq",
               "dwk", "dwv", "dwo", "dq", "dk", "dv", "q_rot", "k_rot")
@@ -163,8 +170,8 @@ def _call(fn, args, offered):
 def _split_taps(result, level):
     """An mha function may return (out, {"q_rot": ..., "k_rot": ...})."""
     if isinstance(result, tuple):
-        if level != "mha" or len(result) != 2 or not isinstance(result[1], dict):
-            _fail("the function returned a tuple; only an mha function may, "
+        if level == "rope" or len(result) != 2 or not isinstance(result[1], dict):
+            _fail("the function returned a tuple; only an mha or core function may, "
                   "as (out, {'q_rot': .., 'k_rot': ..})")
         unknown = set(result[1]) - {"q_rot", "k_rot"}
         if unknown:
@@ -189,38 +196,31 @@ def _check_tensor(name, t, shape, dtype):
 class _Draw:
     """Random tensors from one seeded generator, drawn in float64, then cast.
 
-    compute: the dtype the values are handed over in (default dtype). The golden
-    run draws the same stream cast to dtype and back to float64: the very values
-    of the dtype's run, computed in float64.
-    """
+    Keeps what it drew, in order, so _Replay can hand the same values out again."""
 
-    def __init__(self, seed, dtype, compute=None):
+    def __init__(self, seed, dtype):
         self.gen = torch.Generator().manual_seed(seed)
-        self.rounding = dtype
-        self.dtype = compute or dtype
+        self.dtype = dtype
+        self.drawn = []
 
     def __call__(self, *shape, std=1.0, grad=True):
-        t = (torch.randn(*shape, generator=self.gen, dtype=torch.float64) * std).to(self.rounding)
-        return t.to(self.dtype).requires_grad_(grad)
+        t = (torch.randn(*shape, generator=self.gen, dtype=torch.float64) * std).to(self.dtype)
+        self.drawn.append(t)
+        return t.requires_grad_(grad)
 
 
-# What a golden/ folder holds: the expected tensors, in float64.
-GOLDEN_STEMS = ("out", "dx", "dwq", "dwk", "dwv", "dwo", "dq", "dk", "dv", "q_rot", "k_rot")
+class _Replay:
+    """The tensors a _Draw drew, in the same order, cast to float64 (golden/)."""
 
+    dtype = torch.float64
 
-def _save_golden(out, tensors):
-    """Below float64: golden/ holds the expected tensors computed in float64 from the
-    same inputs (headgrad's relative_to_baseline rule judges against them)."""
-    golden = out / "golden"
-    golden.mkdir(exist_ok=True)
-    for p in golden.glob("*.npy"):
-        p.unlink()
-    for name in GOLDEN_STEMS:
-        if name in tensors:
-            arr = tensors[name].detach().cpu().numpy()
-            if arr.dtype != np.float64:
-                _fail(f"the golden {name} came back as {arr.dtype}; expected float64 from float64 inputs")
-            np.save(golden / f"{name}.npy", np.ascontiguousarray(arr))
+    def __init__(self, draw):
+        self.queue = list(draw.drawn)
+
+    def __call__(self, *shape, std=1.0, grad=True):
+        t = self.queue.pop(0)
+        assert tuple(t.shape) == shape, "the replay asks for the draws in another order"
+        return t.detach().to(torch.float64).requires_grad_(grad)
 
 
 def _prepare_dir(out_dir, overwrite):
@@ -228,20 +228,29 @@ def _prepare_dir(out_dir, overwrite):
     if out.exists() and not out.is_dir():
         _fail(f"{out} exists and is not a directory")
     ours = [out / f"{stem}.npy" for stem in FILE_STEMS] + [out / "case.yaml"]
+    ours += [out / "golden" / f"{stem}.npy" for stem in FILE_STEMS]
     present = [p for p in ours if p.exists()]
     if present and not overwrite:
         _fail(f"{out} already holds a reference ({present[0].name}); "
               "pass overwrite=True (--force) to replace it")
     for p in present:
         p.unlink()
+    if (out / "golden").is_dir() and not any((out / "golden").iterdir()):
+        (out / "golden").rmdir()
     out.mkdir(parents=True, exist_ok=True)
     return out
 
 
 def _save(out, tensors):
+    out.mkdir(exist_ok=True)
     for name, t in tensors.items():
         arr = t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
         np.save(out / f"{name}.npy", np.ascontiguousarray(arr))
+
+
+def _flow_map(items):
+    """{'positions': {'offset': 1000}, 'q_offset': 4} -> '{positions: {offset: 1000}, q_offset: 4}'."""
+    return "{" + ", ".join(f"{k}: {_flow_map(v) if isinstance(v, dict) else v}" for k, v in items.items()) + "}"
 
 
 def _case_yaml(out, level, shape_keys, causal, rope, taps, dtype, suite_dir):
@@ -260,7 +269,7 @@ def _case_yaml(out, level, shape_keys, causal, rope, taps, dtype, suite_dir):
         # a core directory's mask.npy holds the whole mask, so the case is not causal on top
         lines.append(f"  causal: {'true' if causal and level == 'mha' else 'false'}")
     if rope:
-        lines.append("  rope: {" + ", ".join(f"{k}: {v}" for k, v in rope.items()) + "}")
+        lines.append("  rope: " + _flow_map(rope))
     if taps:
         lines.append("  taps: [" + ", ".join(taps) + "]")
     if dtype != "float64":
@@ -299,7 +308,7 @@ def _dtype_of(dtype):
 
 
 def write_reference(fn, out_dir, shape, *, level="mha", seed=0, causal=True, dtype="float64",
-                    positions=None, rope=None, mask=None, suite_dir=None, overwrite=False):
+                    positions=None, q_offset=0, rope=None, mask=None, suite_dir=None, overwrite=False):
     """Run fn on random inputs and write a reference directory; returns its path.
 
     fn:        your PyTorch function (signatures in the module docstring).
@@ -309,8 +318,12 @@ def write_reference(fn, out_dir, shape, *, level="mha", seed=0, causal=True, dty
     seed:      seeds every random tensor (inputs, weights, r).
     causal:    mha: what your function does (checked: a mismatch is an error).
                core: writes the top-left causal mask [Tq, Tk] as mask.npy.
-    dtype:     "float64" or "float32".
-    positions: int64 [T] or [B, T], written as positions.npy and passed to fn.
+    dtype:     "float64" or "float32" (float32 also writes golden/, in float64).
+    positions: int64 [T] or [B, T], passed to fn. mha, and core at Tq = Tk: written
+               as positions.npy. core at Tq != Tk: the keys' positions N + 0..Tk-1
+               (one N for every row), written into case.yaml as {offset: N}.
+    q_offset:  core only: queries sit at positions[..., :Tq] + q_offset (passed to fn,
+               written into case.yaml); a decode-like case has Tq < Tk.
     rope:      the RoPE settings your function uses (theta, style, rotary_dim); not
                stored in .npy files, only written into case.yaml for the suite case.
     mask:      core only: bool [Tq, Tk] or [B, H, Tq, Tk], True = attend.
@@ -322,21 +335,23 @@ def write_reference(fn, out_dir, shape, *, level="mha", seed=0, causal=True, dty
                                     rope=rope, suite_dir=suite_dir, overwrite=overwrite)
     s = resolve_shape(level, shape)
     dtype_name, dt = _dtype_of(dtype)
-    draw = _Draw(seed, dt)
-    if level != "mha" and positions is not None:
-        _fail("positions are for the mha and rope levels; a core reference has none")
+    if q_offset and level != "core":
+        _fail("q_offset is a core-level setting (queries at positions + q_offset, keys at positions)")
 
-    def run(d):
+    def run(draw):
         if level == "mha":
-            return _run_mha(fn, s, d, causal, positions)
-        return _run_core(fn, s, d, causal, mask)
-    tensors, case_shape, taps = run(draw)
-    golden = run(_Draw(seed, dt, compute=torch.float64))[0] if dt != torch.float64 else None
+            return _run_mha(fn, s, draw, causal, positions)
+        return _run_core(fn, s, draw, causal, mask, positions, q_offset)
+
+    draw = _Draw(seed, dt)
+    tensors, case_shape, taps, rope_extra = run(draw)
+    golden = run(_Replay(draw))[0] if dt != torch.float64 else None
     out = _prepare_dir(out_dir, overwrite)
     _save(out, tensors)
     if golden is not None:
-        _save_golden(out, golden)
-    _case_yaml(out, level, case_shape, causal, rope, taps, dtype_name, suite_dir)
+        _save(out / "golden", golden)
+    _case_yaml(out, level, case_shape, causal, dict(rope or {}, **rope_extra) or None, taps, dtype_name,
+               suite_dir)
     return out
 
 
@@ -379,13 +394,36 @@ def _run_mha(fn, s, draw, causal, positions):
         case_shape["Hkv"] = Hkv
     if d * H != D:
         case_shape["d"] = d
-    return tensors, case_shape, [name for name in ("q_rot", "k_rot") if name in taps]
+    return tensors, case_shape, [name for name in ("q_rot", "k_rot") if name in taps], {}
 
 
-def _run_core(fn, s, draw, causal, mask):
+def _core_positions(positions, q_offset, B, Tq, Tk):
+    """Key positions for a core RoPE case, and what case.yaml's rope block needs.
+
+    The runner reads positions.npy only at Tq = Tk (one position per token, shared
+    by queries and keys); at Tq != Tk it builds them from {offset: N}."""
+    if positions is None:
+        if q_offset:
+            _fail("q_offset needs positions (the keys' positions; queries at positions[..., :Tq] + q_offset)")
+        return None, {}, False
+    if q_offset < 0:
+        _fail(f"q_offset must be >= 0, got {q_offset}")
+    pos = _check_positions(positions, B, Tk)
+    extra = {"q_offset": int(q_offset)} if q_offset else {}
+    if Tq == Tk:
+        return pos, extra, True
+    start = int(pos.flatten()[0])
+    if not torch.equal(pos, (start + torch.arange(Tk)).expand_as(pos)):
+        _fail(f"positions at Tq={Tq} != Tk={Tk} must be N + 0..Tk-1 for every row (headgrad builds them "
+              "from {offset: N}); explicit positions need Tq = Tk")
+    return pos, dict({"positions": {"offset": start}}, **extra), False
+
+
+def _run_core(fn, s, draw, causal, mask, positions, q_offset):
     B, Tq, Tk, d = s["B"], s["Tq"], s["Tk"], s["d"]
     heads = (s["H"],) if "H" in s else ()
     kv_heads = (s["Hkv"],) if "H" in s else ()
+    pos, rope_extra, pos_file = _core_positions(positions, q_offset, B, Tq, Tk)
     q, k, v = draw(B, *heads, Tq, d), draw(B, *kv_heads, Tk, d), draw(B, *kv_heads, Tk, d)
     r = draw(B, *heads, Tq, d, grad=False)
     if mask is not None:
@@ -402,19 +440,33 @@ def _run_core(fn, s, draw, causal, mask):
         keep = None
     offered = {"num_heads": s.get("H"), "num_kv_heads": s.get("Hkv"), "head_dim": d, "causal": causal,
                "mask": keep}
+    if pos is not None:
+        offered.update(positions=pos, q_offset=int(q_offset))
     result, used = _call(fn, (q, k, v), offered)
     if mask is not None and "mask" not in used:
         _fail("a mask was given but the function takes no 'mask' argument")
-    out, _ = _split_taps(result, "core")
+    if pos is not None and "positions" not in used:
+        _fail("positions were given but the function takes no 'positions' argument")
+    if q_offset and "q_offset" not in used:
+        _fail("q_offset was given but the function takes no 'q_offset' argument")
+    out, taps = _split_taps(result, "core")
+    if taps and not heads:
+        _fail("taps need a head axis (q_rot [B, H, Tq, d]); 3-D q, k, v have none")
     if "mask" not in used:  # the function masks (or not) by itself: check it matches mask.npy
-        _check_dependence(lambda vv: _call(fn, (q, k, vv), offered)[0], v, v.dim() - 2, keep,
-                          f"causal={causal} (top-left aligned)", "key")
+        _check_dependence(lambda vv: _split_taps(_call(fn, (q, k, vv), offered)[0], "core")[0], v,
+                          v.dim() - 2, keep, f"causal={causal} (top-left aligned)", "key")
     _check_tensor("out", out, (B, *heads, Tq, d), draw.dtype)
     (out * r).sum().backward()
     tensors = {"q": q, "k": k, "v": v, "r": r, "out": out, "dq": q.grad, "dk": k.grad, "dv": v.grad}
     if keep is not None:
         tensors["mask"] = keep
-    return tensors, {}, []  # q, k, v give every dim
+    if pos_file:
+        tensors["positions"] = pos
+    want = {"q_rot": (B, *heads, Tq, d), "k_rot": (B, *kv_heads, Tk, d)}
+    for name, t in taps.items():
+        _check_tensor(name, t, want[name], draw.dtype)
+        tensors[name] = t
+    return tensors, {}, [name for name in ("q_rot", "k_rot") if name in taps], rope_extra  # q, k, v give every dim
 
 
 def write_rope_reference(fn, out_dir, shape, *, positions=None, seed=0, dtype="float64", rope=None,
@@ -424,33 +476,33 @@ def write_rope_reference(fn, out_dir, shape, *, positions=None, seed=0, dtype="f
     positions: int64 [T] or [B, T] (default 0..T-1), written as positions.npy.
     rope:      the settings your function uses (theta, style, rotary_dim), for case.yaml.
     suite_dir: as for write_reference.
-    Writes x, positions, r, out, dx.
+    Writes x, positions, r, out, dx (+ golden/ for float32).
     """
     s = resolve_shape("rope", shape)
     dtype_name, dt = _dtype_of(dtype)
+    pos = _check_positions(np.arange(s["T"]) if positions is None else positions, s["B"], s["T"])
     draw = _Draw(seed, dt)
-    B, T, d = s["B"], s["T"], s["d"]
-    lead = (B, s["H"]) if "H" in s else (B,)
-    pos = _check_positions(np.arange(T) if positions is None else positions, B, T)
-
-    def run(draw):
-        x = draw(*lead, T, d)
-        r = draw(*lead, T, d, grad=False)
-        result, used = _call(fn, (x, pos), {})
-        out, _ = _split_taps(result, "rope")
-        _check_tensor("out", out, x.shape, draw.dtype)
-        (out * r).sum().backward()
-        if x.grad is None:
-            _fail("the output does not depend on x (no gradient reached it)")
-        return {"x": x, "positions": pos, "r": r, "out": out, "dx": x.grad}
-    tensors = run(draw)
-    golden = run(_Draw(seed, dt, compute=torch.float64)) if dt != torch.float64 else None
+    tensors = _run_rope(fn, s, draw, pos)
+    golden = _run_rope(fn, s, _Replay(draw), pos) if dt != torch.float64 else None
     out_path = _prepare_dir(out_dir, overwrite)
     _save(out_path, tensors)
     if golden is not None:
-        _save_golden(out_path, golden)
+        _save(out_path / "golden", golden)
     _case_yaml(out_path, "rope", {}, False, rope, [], dtype_name, suite_dir)
     return out_path
+
+
+def _run_rope(fn, s, draw, pos):
+    lead = (s["B"], s["H"]) if "H" in s else (s["B"],)
+    x = draw(*lead, s["T"], s["d"])
+    r = draw(*lead, s["T"], s["d"], grad=False)
+    result, used = _call(fn, (x, pos), {})
+    out, _ = _split_taps(result, "rope")
+    _check_tensor("out", out, x.shape, draw.dtype)
+    (out * r).sum().backward()
+    if x.grad is None:
+        _fail("the output does not depend on x (no gradient reached it)")
+    return {"x": x, "positions": pos, "r": r, "out": out, "dx": x.grad}
 
 
 # ---------------------------------------------------------------- command line
@@ -501,6 +553,8 @@ def main(argv=None):
                         help="mha: what your function does (checked); "
                              "core: write a causal mask (default: on)")
     parser.add_argument("--positions", help="token positions: 0,3,4 ([T]) or 0,3,4;1000,1002,1009 ([B, T])")
+    parser.add_argument("--q-offset", type=int, default=0,
+                        help="core: queries at positions[..., :Tq] + Q, keys at positions (decode-like)")
     parser.add_argument("--rope",
                         help="RoPE settings your function uses (for case.yaml): theta=..,style=..,rotary_dim=..")
     parser.add_argument("--suite-dir", type=pathlib.Path,
@@ -513,6 +567,7 @@ def main(argv=None):
         out = write_reference(fn, args.out, parse_shape(args.shape), level=args.level, seed=args.seed,
                               causal=args.causal, dtype=args.dtype,
                               positions=parse_positions(args.positions) if args.positions else None,
+                              q_offset=args.q_offset,
                               rope=parse_rope(args.rope) if args.rope else None, suite_dir=args.suite_dir,
                               overwrite=args.force)
     except (ValueError, ImportError) as e:

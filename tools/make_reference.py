@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Write PyTorch reference directories for headgrad (a developer tool).
 
-Each directory holds plain .npy files, the format of docs/references.md:
+Each directory holds plain .npy files, the format of docs/references.md
+(a float32 one also golden/: the same names in float64 from its rounded inputs):
   MHA level:  inputs x, wq, wk, wv, wo, r;   expected out, dx, dwq, dwk, dwv, dwo
   core level: inputs q, k, v, mask, r;       expected out, dq, dk, dv
   rope level: inputs x, positions, r;        expected out, dx
@@ -116,6 +117,26 @@ def write_first_cases(folder):
         print("wrote", folder / name)
 
 
+def write_first_goldens(folder):
+    """golden/ for the first float32 MHA case: its committed float32 inputs cast to
+    float64, the same mha() in float64 (the float32 files themselves stay as written)."""
+    for B, T, D, H, causal, dtype in MHA_CASES:
+        if dtype != torch.float32:
+            continue
+        name = f"mha_B{B}_T{T}_D{D}_H{H}_{'causal' if causal else 'full'}_float32"
+        src = folder / name
+
+        def load(stem, grad=True):
+            return torch.from_numpy(np.load(src / f"{stem}.npy")).to(torch.float64).requires_grad_(grad)
+
+        x, ws, r = load("x"), [load(w) for w in ("wq", "wk", "wv", "wo")], load("r", grad=False)
+        out = mha(x, *ws, H, causal)
+        (out * r).sum().backward()
+        save(src / "golden", x=x, wq=ws[0], wk=ws[1], wv=ws[2], wo=ws[3], r=r, out=out,
+             dx=x.grad, dwq=ws[0].grad, dwk=ws[1].grad, dwv=ws[2].grad, dwo=ws[3].grad)
+        print("wrote", src / "golden")
+
+
 def rope(x, positions, *, theta, style, rotary_dim):
     """Rotary embedding of x [..., T, d] at positions [T] or [B, T] (B = x's first dim).
 
@@ -173,6 +194,18 @@ def grouped_core(q, k, v, mask=None):
     return core(q, k, v, mask)
 
 
+def rope_core(q, k, v, *, positions, q_offset, mask, rope_settings):
+    """Core attention with RoPE: keys at positions, queries at positions[..., :Tq] + q_offset.
+
+    q [B, H, Tq, d], k and v [B, Hkv, Tk, d] (or all [B, T, d]); the rotation in float64
+    tables (rope above), then grouped_core. With a head axis it also returns the taps.
+    """
+    q_rot = rope(q, positions[..., : q.shape[-2]] + q_offset, **rope_settings)
+    k_rot = rope(k, positions, **rope_settings)
+    out = grouped_core(q_rot, k_rot, v, mask)
+    return (out, {"q_rot": q_rot, "k_rot": k_rot}) if q.dim() == 4 else out
+
+
 def gapped_positions(B, T, starts, seed):
     """[B, T] int64: row b starts at starts[b] and steps by random gaps of 1 to 5."""
     rng = np.random.default_rng(seed)
@@ -207,6 +240,26 @@ ROPE_MHA_CASES = [
     ("mha_B2_T7_D8_H6_Hkv3_d4_causal_rope_interleaved_float32", dict(B=2, T=7, D=8, H=6, Hkv=3, d=4),
      "float32", dict(theta=10000.0, style="interleaved", rotary_dim=4)),
 ]
+# Core-level RoPE: (name, shape, dtype, rope settings, positions, q_offset, mask).
+# positions: row starts of gapped per-row positions (written as positions.npy, Tq = Tk),
+# or an int N: keys at N + 0..Tk-1 (case.yaml {offset: N}; the runner builds them at
+# Tq != Tk). mask "causal" is top-left, "decode" bottom-right (key j <= q_offset + i:
+# queries are the last Tq tokens).
+ROPE_CORE_CASES = [
+    ("core_B2_H6_Hkv2_T7_d8_causal_rope_interleaved_float64", dict(B=2, H=6, Hkv=2, T=7, d=8), "float64",
+     dict(theta=10000.0, style="interleaved", rotary_dim=8), [0, 1000], 0, "causal"),
+    ("core_B2_H6_Hkv2_T7_d8_causal_rope_interleaved_float32", dict(B=2, H=6, Hkv=2, T=7, d=8), "float32",
+     dict(theta=10000.0, style="interleaved", rotary_dim=8), [0, 1000], 0, "causal"),
+    # decode-like: Tq < Tk, queries at 1000 + 4 + i, keys at 1000 + j
+    ("core_B2_H3_Tq3_Tk7_d8_decode_rope_half_float64", dict(B=2, H=3, Tq=3, Tk=7, d=8), "float64",
+     dict(theta=500000.0, style="half", rotary_dim=8), 1000, 4, "decode"),
+    # gapped per-row positions with a q_offset on top, half pairing, partial rotary, GQA
+    ("core_B2_H6_Hkv3_T6_d8_causal_rope_half_r4_qoff2_float64", dict(B=2, H=6, Hkv=3, T=6, d=8), "float64",
+     dict(theta=10000.0, style="half", rotary_dim=4), [1000, 3], 2, "causal"),
+    # CS336-shaped: 3-D q, k, v [B, T, d], interleaved, theta 10000
+    ("core_cs336_B2_T9_d16_causal_rope_interleaved_float64", dict(B=2, T=9, d=16), "float64",
+     dict(theta=10000.0, style="interleaved", rotary_dim=16), [0, 1000], 0, "causal"),
+]
 # RoPE level: (name, shape, dtype, rope settings, row starts of the positions)
 ROPE_LEVEL_CASES = [
     ("rope_B2_T9_d16_half_float64", dict(B=2, T=9, d=16), "float64",
@@ -237,6 +290,18 @@ def write_gqa_rope_cases(out):
         headgrad_ref.write_reference(fn, out / name, shape, seed=seed, dtype=dtype, positions=positions,
                                      rope=settings, suite_dir=out.parent, overwrite=True)
         print("wrote", out / name)
+    for seed, (name, shape, dtype, settings, where, q_offset, mask) in enumerate(ROPE_CORE_CASES, start=500):
+        fn = functools.partial(rope_core, rope_settings=settings)
+        tq, tk = shape.get("Tq", shape.get("T")), shape.get("Tk", shape.get("T"))
+        if isinstance(where, int):
+            positions = where + np.arange(tk)
+        else:
+            positions = gapped_positions(shape["B"], tk, where, seed)
+        keep = np.tril(np.ones((tq, tk), dtype=bool), tk - tq if mask == "decode" else 0)
+        headgrad_ref.write_reference(fn, out / name, shape, level="core", seed=seed, dtype=dtype,
+                                     positions=positions, q_offset=q_offset, rope=settings, mask=keep,
+                                     suite_dir=out.parent, overwrite=True)
+        print("wrote", out / name)
     for seed, (name, shape, dtype, settings, starts) in enumerate(ROPE_LEVEL_CASES, start=400):
         fn = functools.partial(rope, **settings)
         headgrad_ref.write_rope_reference(fn, out / name, shape, seed=seed, dtype=dtype, rope=settings,
@@ -257,6 +322,7 @@ def main():
         write_first_cases(args.out)
     if args.cases in ("all", "gqa-rope"):
         write_gqa_rope_cases(args.out)
+        write_first_goldens(args.out)
 
 
 if __name__ == "__main__":

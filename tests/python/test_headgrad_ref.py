@@ -13,6 +13,11 @@ meson) when torch cannot be imported, and says so.
    with Wk/Wv rows repeat-interleaved (dWk, dWv = group sums, 1e-12), core GQA against
    expanded k/v, RoPE against the complex-number form (interleaved) and HF's
    rotate_half (half), with the taps and the pass-through dims.
+3. The core-level RoPE writer path (positions, q_offset, taps; a decode-like Tq < Tk)
+   end to end through `headgrad run`, its refusals, and the committed core RoPE
+   references against einsum attention on the complex/rotate_half rotations.
+4. Float32 directories' golden/: the float32 inputs cast up bitwise, float64 expected
+   tensors that a second implementation reproduces to 1e-12.
 """
 import math
 import pathlib
@@ -288,6 +293,191 @@ class CommittedReferences(unittest.TestCase):
         self.assertEqual(q.dim(), 3)
         s = (q @ k.transpose(-1, -2) / 4.0).masked_fill(~mask, float("-inf"))
         torch.testing.assert_close(out, s.softmax(-1) @ v, atol=1e-12, rtol=0)
+
+
+def einsum_core_rope(q, k, v, *, positions, q_offset, mask, style="half", theta=500000.0, ignore_q_offset=False):
+    """A user's core RoPE attention: einsum over explicit heads, HF rotate_half (or the
+    complex form), keys at positions, queries at positions[..., :Tq] + q_offset."""
+    rope = (lambda t, p: half_rope(t, p, theta, t.shape[-1])) if style == "half" else \
+        (lambda t, p: interleaved_rope(t, p, theta))
+    qp = positions[..., : q.shape[-2]] + (0 if ignore_q_offset else q_offset)
+    q_rot, k_rot = rope(q, qp), rope(k, positions)
+    g = q.shape[1] // k.shape[1]
+    s = torch.einsum("bhtd,bhsd->bhts", q_rot, k_rot.repeat_interleave(g, 1)) / math.sqrt(q.shape[-1])
+    o = torch.einsum("bhts,bhsd->bhtd", s.masked_fill(~mask, float("-inf")).softmax(-1),
+                     v.repeat_interleave(g, 1))
+    return o, {"q_rot": q_rot, "k_rot": k_rot}
+
+
+def offset_blind_core_rope(q, k, v, *, positions, q_offset, mask):
+    return einsum_core_rope(q, k, v, positions=positions, q_offset=q_offset, mask=mask, ignore_q_offset=True)
+
+
+class CoreRopeWriter(unittest.TestCase):
+    SHAPE = dict(B=2, H=4, Hkv=2, Tq=3, Tk=6, d=8)
+    ROPE = dict(theta=500000.0, style="half", rotary_dim=8)
+
+    def write_decode(self, tmp, fn):
+        keep = np.tril(np.ones((3, 6), dtype=bool), 3)  # bottom-right: queries are the last 3 tokens
+        return headgrad_ref.write_reference(fn, tmp / "refs" / "dec", self.SHAPE, level="core", seed=5,
+                                            positions=1000 + np.arange(6), q_offset=3, rope=self.ROPE,
+                                            mask=keep, suite_dir=tmp)
+
+    def run_case_yaml(self, tmp, out):
+        case = "\n".join(line for line in (out / "case.yaml").read_text().splitlines()
+                         if not line.startswith("#"))
+        (tmp / "suite.yaml").write_text("suite: core-rope\ncases:\n" + "\n".join(
+            "  " + line for line in case.splitlines()) + "\n")
+        return run_headgrad(tmp / "suite.yaml")
+
+    def test_decode_reference_passes_through_headgrad(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = pathlib.Path(tmp)
+            out = self.write_decode(tmp, einsum_core_rope)
+            text = (out / "case.yaml").read_text()
+            self.assertIn("rope: {theta: 500000.0, style: half, rotary_dim: 8, positions: {offset: 1000}, "
+                          "q_offset: 3}", text)
+            self.assertIn("taps: [q_rot, k_rot]", text)
+            self.assertFalse((out / "positions.npy").exists())  # Tq != Tk: built from {offset: N}
+            self.assertEqual(np.load(out / "k_rot.npy").shape, (2, 2, 6, 8))
+            res = self.run_case_yaml(tmp, out)
+            self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
+            self.assertIn("OK", res.stdout)
+
+    def test_a_function_that_ignores_q_offset_fails_in_headgrad(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = pathlib.Path(tmp)
+            res = self.run_case_yaml(tmp, self.write_decode(tmp, offset_blind_core_rope))
+            self.assertEqual(res.returncode, 1, res.stdout + res.stderr)
+            self.assertIn("FAIL", res.stdout)
+
+    def test_float32_gets_a_float64_golden_of_the_same_computation(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            shape = dict(B=2, H=4, Hkv=2, T=5, d=8)
+            positions = np.array([[0, 2, 3, 7, 9], [1000, 1001, 1004, 1005, 1010]])
+            out = headgrad_ref.write_reference(einsum_core_rope, pathlib.Path(tmp) / "f32", shape, level="core",
+                                               dtype="float32", positions=positions, rope=self.ROPE)
+            for stem in ("q", "k", "v", "r"):  # the same rounded inputs
+                f32, g = np.load(out / f"{stem}.npy"), np.load(out / "golden" / f"{stem}.npy")
+                self.assertEqual((f32.dtype, g.dtype), (np.float32, np.float64))
+                np.testing.assert_array_equal(f32.astype(np.float64), g)
+            q, k, v, r = (torch.from_numpy(np.load(out / "golden" / f"{s}.npy")) for s in ("q", "k", "v", "r"))
+            mask = torch.from_numpy(np.load(out / "golden" / "mask.npy"))
+            pos = torch.from_numpy(np.load(out / "golden" / "positions.npy"))
+            want, (dq, dk, dv) = grads_of(lambda *t: einsum_core_rope(
+                *t, positions=pos, q_offset=0, mask=mask)[0], [q, k, v], r)
+            for stem, t in (("out", want), ("dq", dq), ("dk", dk), ("dv", dv)):
+                g = np.load(out / "golden" / f"{stem}.npy")
+                np.testing.assert_allclose(g, t.numpy(), atol=1e-12, rtol=0, err_msg=stem)
+                # float32 expected vs golden: float32 rounding, not zero
+                diff = np.abs(np.load(out / f"{stem}.npy") - g).max()
+                self.assertTrue(0 < diff < 1e-5, f"{stem}: {diff}")
+
+    def test_cli_core_rope_matches_the_api(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = pathlib.Path(tmp)
+            cli = subprocess.run([sys.executable, str(REPO / "tools" / "headgrad_ref.py"),
+                                  f"{__file__}:einsum_core_rope", "--level", "core",
+                                  "--shape", "B=2,H=4,Hkv=2,Tq=3,Tk=6,d=8", "--seed", "6",
+                                  "--positions", "1000,1001,1002,1003,1004,1005", "--q-offset", "3",
+                                  "--rope", "theta=500000.0,style=half,rotary_dim=8", "--out", str(tmp / "cli")],
+                                 capture_output=True, text=True, timeout=120)
+            self.assertEqual(cli.returncode, 0, cli.stderr)
+            headgrad_ref.write_reference(einsum_core_rope, tmp / "api", self.SHAPE, level="core", seed=6,
+                                         positions=1000 + np.arange(6), q_offset=3, rope=self.ROPE)
+            for name in ("q", "k_rot", "q_rot", "out", "dq", "dk", "mask"):
+                np.testing.assert_array_equal(np.load(tmp / "cli" / f"{name}.npy"),
+                                              np.load(tmp / "api" / f"{name}.npy"))
+            self.assertIn("positions: {offset: 1000}, q_offset: 3}", (tmp / "cli" / "case.yaml").read_text())
+            bad = subprocess.run([sys.executable, str(REPO / "tools" / "headgrad_ref.py"),
+                                  f"{__file__}:einsum_core_rope", "--level", "core",
+                                  "--shape", "B=2,H=4,Hkv=2,Tq=3,Tk=6,d=8", "--q-offset", "3",
+                                  "--out", str(tmp / "bad")], capture_output=True, text=True, timeout=120)
+            self.assertEqual(bad.returncode, 2, bad.stdout)
+            self.assertIn("q_offset needs positions", bad.stderr)
+
+    def test_refusals_name_the_setting(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = pathlib.Path(tmp)
+            with self.assertRaisesRegex(ValueError, r"Tq=3 != Tk=6 must be N \+ 0..Tk-1"):
+                headgrad_ref.write_reference(einsum_core_rope, tmp / "a", self.SHAPE, level="core",
+                                             positions=[0, 2, 3, 5, 8, 9], rope=self.ROPE)
+            with self.assertRaisesRegex(ValueError, "q_offset needs positions"):
+                headgrad_ref.write_reference(einsum_core_rope, tmp / "b", self.SHAPE, level="core", q_offset=3)
+            with self.assertRaisesRegex(ValueError, "q_offset is a core-level setting"):
+                headgrad_ref.write_reference(einsum_mha, tmp / "c", dict(B=1, T=4, D=8, H=2), q_offset=1)
+            with self.assertRaisesRegex(ValueError, "takes no 'q_offset' argument"):
+                headgrad_ref.write_reference(lambda q, k, v, positions, mask: q, tmp / "d", self.SHAPE,
+                                             level="core", positions=1000 + np.arange(6), q_offset=3)
+            self.assertFalse(any(tmp.iterdir()))
+
+
+class CommittedCoreRope(unittest.TestCase):
+    # (directory, rotation, rotary width, q_offset, positions when not in positions.npy, bottom-right mask)
+    CASES = (("core_B2_H6_Hkv2_T7_d8_causal_rope_interleaved_float64",
+              lambda t, p: interleaved_rope(t, p, 1e4), 8, 0, None, False),
+             ("core_B2_H3_Tq3_Tk7_d8_decode_rope_half_float64",
+              lambda t, p: half_rope(t, p, 5e5, 8), 8, 4, 1000 + torch.arange(7), True),
+             ("core_B2_H6_Hkv3_T6_d8_causal_rope_half_r4_qoff2_float64",
+              lambda t, p: half_rope(t, p, 1e4, 4), 4, 2, None, False),
+             ("core_cs336_B2_T9_d16_causal_rope_interleaved_float64",
+              lambda t, p: interleaved_rope(t, p, 1e4), 16, 0, None, False))
+
+    def test_against_einsum_attention_on_a_second_rotation(self):
+        for name, rope, rot, q_offset, positions, decode in self.CASES:
+            q, k, v, mask, r, out, dq, dk, dv = load(name, "q", "k", "v", "mask", "r", "out", "dq", "dk", "dv")
+            if positions is None:
+                (positions,) = load(name, "positions")
+                self.assertEqual((positions.dtype, positions.dim()), (torch.int64, 2), name)
+                self.assertGreater(len(set(positions.diff(dim=1).flatten().tolist())), 1, name)  # gapped
+            self.assertGreaterEqual(int(positions.max()), 1000, name)
+            tq, tk = q.shape[-2], k.shape[-2]
+            self.assertTrue(torch.equal(mask, torch.ones(tq, tk, dtype=torch.bool).tril(tk - tq if decode else 0)))
+            three_d = q.dim() == 3
+            if three_d:  # [B, T, d] -> one head
+                q, k, v, r = (t[:, None] for t in (q, k, v, r))
+            g = q.shape[1] // k.shape[1]
+
+            def attention(q_, k_, v_):
+                qr, kr = rope(q_, positions[..., :tq] + q_offset), rope(k_, positions)
+                s = torch.einsum("bhtd,bhsd->bhts", qr, kr.repeat_interleave(g, 1)) / math.sqrt(q_.shape[-1])
+                return torch.einsum("bhts,bhsd->bhtd", s.masked_fill(~mask, float("-inf")).softmax(-1),
+                                    v_.repeat_interleave(g, 1))
+            out2, (dq2, dk2, dv2) = grads_of(attention, [q, k, v], r)
+            if three_d:
+                out2, dq2, dk2, dv2 = (t[:, 0] for t in (out2, dq2, dk2, dv2))
+            for what, got, want in (("out", out, out2), ("dq", dq, dq2), ("dk", dk, dk2), ("dv", dv, dv2)):
+                torch.testing.assert_close(got, want, atol=1e-12, rtol=0, msg=f"{name} {what}")
+            if three_d:
+                continue
+            q_rot, k_rot = load(name, "q_rot", "k_rot")
+            torch.testing.assert_close(q_rot, rope(q, positions[..., :tq] + q_offset), atol=1e-12, rtol=0)
+            torch.testing.assert_close(k_rot, rope(k, positions), atol=1e-12, rtol=0)
+            self.assertTrue(torch.equal(q_rot[..., rot:], q[..., rot:]), name)  # pass-through bitwise
+
+    def test_float32_golden_dirs(self):
+        dirs = sorted(REFS.glob("*_float32"))
+        self.assertGreaterEqual(len(dirs), 7)
+        for d in dirs:
+            self.assertTrue((d / "golden").is_dir(), f"{d.name} has no golden/")
+            for f in sorted(d.glob("*.npy")):
+                a, g = np.load(f), np.load(d / "golden" / f.name)
+                if a.dtype != np.float32:  # mask (bool), positions (int64) as they are
+                    np.testing.assert_array_equal(a, g, err_msg=str(f))
+                    continue
+                self.assertEqual((g.dtype, g.shape), (np.float64, a.shape), str(f))
+                if f.stem in ("x", "wq", "wk", "wv", "wo", "q", "k", "v", "r"):
+                    np.testing.assert_array_equal(a.astype(np.float64), g, err_msg=str(f))
+                else:
+                    np.testing.assert_allclose(a, g, atol=2e-5, rtol=1e-4, err_msg=str(f))
+        # one golden recomputed by a second implementation in float64
+        name = "core_B2_H6_Hkv2_T7_d8_causal_rope_interleaved_float32"
+        golden = REFS / name / "golden"
+        q, k, v, r, positions, mask, out = (torch.from_numpy(np.load(golden / f"{s}.npy"))
+                                            for s in ("q", "k", "v", "r", "positions", "mask", "out"))
+        want = einsum_core_rope(q, k, v, positions=positions, q_offset=0, mask=mask, style="interleaved",
+                                theta=1e4)[0]
+        torch.testing.assert_close(out, want, atol=1e-12, rtol=0)
 
 
 def main():
