@@ -1,12 +1,29 @@
 #include "runner/run.hpp"
 
 #include <fnmatch.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
 #include <limits>
+#include <thread>
 
 #include <headgrad/log.hpp>
+#include <headgrad/parallel.hpp>
+#include <nlohmann/json.hpp>
+
+#include "runner/report.hpp"
 
 namespace headgrad::runner {
 
@@ -83,6 +100,285 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 }  // namespace
+
+// ---- shards ----
+
+namespace {
+
+// A whole decimal number, nothing else ("3", not "3x", "-1" or "").
+std::optional<std::size_t> whole_number(std::string_view text) {
+  std::size_t n = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return n;
+}
+
+std::uint64_t fnv1a(std::string_view bytes, std::uint64_t h = 14695981039346656037ull) {
+  for (const char ch : bytes) {
+    h ^= static_cast<unsigned char>(ch);
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::string hex16(std::uint64_t h) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+}  // namespace
+
+ShardSpec parse_shard(std::string_view text) {
+  const auto slash = text.find('/');
+  const auto k = slash == std::string_view::npos ? std::nullopt : whole_number(text.substr(0, slash));
+  const auto n = slash == std::string_view::npos ? std::nullopt : whole_number(text.substr(slash + 1));
+  if (!k || !n || *n == 0 || *k == 0 || *k > *n)
+    throw std::invalid_argument("--shard: expected K/N with 1 <= K <= N (shards are numbered from 1), got '" +
+                                std::string(text) + "'");
+  return {*k, *n};
+}
+
+std::optional<ShardSpec> shard_from_environment() {
+  const char* index = std::getenv("GTEST_SHARD_INDEX");
+  const char* total = std::getenv("GTEST_TOTAL_SHARDS");
+  if (!index && !total) return std::nullopt;
+  if (!index || !total)
+    throw std::invalid_argument(std::string(index ? "GTEST_SHARD_INDEX is set but GTEST_TOTAL_SHARDS is not"
+                                                  : "GTEST_TOTAL_SHARDS is set but GTEST_SHARD_INDEX is not"));
+  const auto k = whole_number(index), n = whole_number(total);
+  if (!k || !n || *n == 0 || *k >= *n)
+    throw std::invalid_argument("GTEST_SHARD_INDEX=" + std::string(index) + " GTEST_TOTAL_SHARDS=" + total +
+                                ": expected 0 <= GTEST_SHARD_INDEX < GTEST_TOTAL_SHARDS (0-based, as GoogleTest)");
+  return ShardSpec{*k + 1, *n};
+}
+
+std::vector<const CaseSpec*> shard_cases(const std::vector<const CaseSpec*>& selected, ShardSpec shard) {
+  std::vector<const CaseSpec*> out;
+  for (std::size_t p = shard.index - 1; p < selected.size(); p += shard.count) out.push_back(selected[p]);
+  return out;
+}
+
+SuiteIdentity suite_identity(const Suite& suite, const std::vector<const CaseSpec*>& selected) {
+  SuiteIdentity id;
+  std::ifstream in(suite.file, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  id.file_hash = hex16(fnv1a(bytes));
+  std::uint64_t h = fnv1a("");
+  for (const CaseSpec* c : selected) {
+    std::string key = c->name + '\0' + describe_case(*c) + '\0' + join(c->compare) + '\0' + c->reference_text +
+                      '\0' + join(c->check) + '\0' + std::to_string(c->seed) + '\0' + (c->expect_fail ? "x" : "") +
+                      c->expect_diagnosis + '\0';
+    h = fnv1a(key, h);
+  }
+  id.cases_hash = hex16(h);
+  id.selected = selected.size();
+  return id;
+}
+
+// ---- parallel cases ----
+
+namespace {
+
+std::size_t cores() { return std::max(1u, std::thread::hardware_concurrency()); }
+
+// HEADGRAD_NUM_THREADS when set to a whole number >= 1.
+std::optional<std::size_t> threads_from_environment() {
+  const char* env = std::getenv("HEADGRAD_NUM_THREADS");
+  const auto n = env ? whole_number(env) : std::nullopt;
+  return n && *n >= 1 ? n : std::nullopt;
+}
+
+}  // namespace
+
+std::size_t default_jobs(std::size_t cases, bool isolate) {
+  if (!isolate || cores() == 1 || cases < 4) return 1;
+  const std::size_t threads = threads_from_environment().value_or(1);
+  return std::clamp<std::size_t>(cores() / threads, 1, cases);
+}
+
+int threads_per_case(std::size_t jobs) {
+  const std::size_t fit = std::max<std::size_t>(1, cores() / std::max<std::size_t>(1, jobs));
+  return static_cast<int>(std::min(fit, threads_from_environment().value_or(fit)));
+}
+
+namespace {
+
+// A forked worker running one case; its result arrives length-first on fd.
+struct Worker {
+  pid_t pid = -1;
+  int fd = -1;
+  std::size_t slot = 0;
+  std::string wire;
+  bool complete() const {
+    std::uint64_t n = 0;
+    if (wire.size() < sizeof n) return false;
+    std::memcpy(&n, wire.data(), sizeof n);
+    return wire.size() - sizeof n >= n;
+  }
+};
+
+void write_all_to(int fd, const std::string& data) {
+  std::size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return;
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+// In the worker: the case, its result as CBOR ('R'), or what it threw ('E').
+[[noreturn]] void worker_main(int fd, const CaseSpec& spec, const std::function<CaseResult(const CaseSpec&)>& check,
+                              int threads, pid_t parent) {
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the runner gone: its workers (and their sides) go too
+  if (::getppid() != parent) ::_exit(0);
+  if (threads > 0) ::setenv("HEADGRAD_NUM_THREADS", std::to_string(threads).c_str(), 1);
+  std::string message;
+  try {
+    const std::vector<std::uint8_t> cbor = nlohmann::json::to_cbor(case_report_json(check(spec), /*exact=*/true));
+    message = 'R' + std::string(cbor.begin(), cbor.end());
+  } catch (const std::exception& e) {
+    message = 'E' + std::string(e.what());
+  } catch (...) {
+    message = "Ea non-standard exception";
+  }
+  std::cout.flush();
+  std::cerr.flush();
+  const std::uint64_t length = message.size();
+  write_all_to(fd, std::string(reinterpret_cast<const char*>(&length), sizeof length) + message);
+  ::close(fd);
+  ::_exit(0);
+}
+
+Worker start_worker(std::size_t slot, const CaseSpec& spec, const std::function<CaseResult(const CaseSpec&)>& check,
+                    int threads) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+  set_num_threads(1);  // no pool threads across fork (see run_isolated in execute.cpp)
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+  }
+  if (pid == 0) {
+    ::close(fds[0]);
+    worker_main(fds[1], spec, check, threads, parent);
+  }
+  ::close(fds[1]);
+  Worker w;
+  w.pid = pid;
+  w.fd = fds[0];
+  w.slot = slot;
+  return w;
+}
+
+// The worker's case: its result, or an error case when it died or sent nonsense.
+CaseResult finish_worker(Worker& w, const CaseSpec& spec, std::string& thrown) {
+  ::close(w.fd);
+  int status = 0;
+  if (!w.complete()) ::kill(w.pid, SIGKILL);
+  while (::waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  CaseResult r;
+  r.spec = spec;
+  r.spec.files.reset();
+  r.lhs_label = spec.compare.at(0);
+  r.rhs_label = spec.is_reference() ? spec.reference_text : spec.compare.at(1);
+  r.status = CaseStatus::error;
+  if (!w.complete()) {
+    r.cause = "the process running this case ended without a result (" +
+              (WIFSIGNALED(status) ? std::string("signal ") + ::strsignal(WTERMSIG(status))
+                                   : "exit status " + std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1)) +
+              ")";
+    return r;
+  }
+  const std::string message = w.wire.substr(sizeof(std::uint64_t));
+  if (!message.empty() && message[0] == 'E') {
+    thrown = message.substr(1);
+    return r;
+  }
+  try {
+    return case_result_from_json(nlohmann::json::from_cbor(message.substr(1)), &spec);
+  } catch (const std::exception& e) {
+    r.cause = std::string("the process running this case sent a malformed result (") + e.what() + ")";
+    return r;
+  }
+}
+
+}  // namespace
+
+std::vector<CaseResult> run_cases(const std::vector<const CaseSpec*>& cases,
+                                  const std::function<CaseResult(const CaseSpec&)>& check,
+                                  const RunOptions& options) {
+  std::vector<CaseResult> results;
+  const std::size_t n = cases.size();
+  if (options.jobs <= 1 || options.keep_tensors || !options.isolate || n <= 1) {
+    for (std::size_t i = 0; i < n; ++i) {
+      if (options.on_case_start) options.on_case_start(i, n, *cases[i]);
+      results.push_back(check(*cases[i]));
+      if (options.on_case_done) options.on_case_done(results.back());
+    }
+    return results;
+  }
+  std::vector<std::optional<CaseResult>> done(n);
+  std::vector<Worker> active;
+  std::size_t next = 0, emitted = 0;
+  std::string thrown;  // what a case threw (as check would have): rethrown once the workers are gone
+  auto stop_all = [&] {
+    for (Worker& w : active) {
+      ::kill(w.pid, SIGKILL);
+      ::close(w.fd);
+      while (::waitpid(w.pid, nullptr, 0) < 0 && errno == EINTR) {
+      }
+    }
+    active.clear();
+  };
+  try {
+    while (emitted < n) {
+      while (thrown.empty() && active.size() < options.jobs && next < n) {
+        if (options.on_case_start) options.on_case_start(next, n, *cases[next]);
+        active.push_back(start_worker(next, *cases[next], check, options.threads_per_case));
+        ++next;
+      }
+      if (!thrown.empty() && active.empty()) throw std::invalid_argument(thrown);
+      std::vector<pollfd> fds;
+      for (const Worker& w : active) fds.push_back({w.fd, POLLIN, 0});
+      const int ready = ::poll(fds.data(), fds.size(), 200);
+      if (ready < 0 && errno != EINTR) throw std::runtime_error(std::string("poll: ") + std::strerror(errno));
+      if (ready <= 0) {
+        if (options.on_wait) options.on_wait();
+        continue;
+      }
+      char chunk[1 << 16];
+      for (std::size_t i = active.size(); i-- > 0;) {
+        if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        Worker& w = active[i];
+        const ssize_t got = ::read(w.fd, chunk, sizeof chunk);
+        if (got < 0 && errno == EINTR) continue;
+        if (got > 0) w.wire.append(chunk, static_cast<std::size_t>(got));
+        if (got > 0 && !w.complete()) continue;
+        done[w.slot] = finish_worker(w, *cases[w.slot], thrown);
+        active.erase(active.begin() + static_cast<std::ptrdiff_t>(i));
+      }
+      // In suite order: each result once every case before it is in.
+      while (emitted < n && done[emitted] && thrown.empty()) {
+        if (options.on_case_done) options.on_case_done(*done[emitted]);
+        ++emitted;
+      }
+    }
+  } catch (...) {
+    stop_all();
+    throw;
+  }
+  for (auto& r : done) results.push_back(std::move(*r));
+  return results;
+}
 
 std::string not_loaded_cause(const std::string& name, const PluginRegistry& registry) {
   std::vector<std::string> names;
