@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -204,11 +205,13 @@ int threads_per_case(std::size_t jobs) {
 
 namespace {
 
-// A forked worker running one case; its result arrives length-first on fd.
+// A forked worker: it reads case numbers (u64) on `command` and answers each
+// with its result, length-first, on `result`. Forked once and kept for many
+// cases, as a serial run keeps one process for all of them.
 struct Worker {
   pid_t pid = -1;
-  int fd = -1;
-  std::size_t slot = 0;
+  int command = -1, result = -1;
+  std::optional<std::size_t> slot;  // the case it runs; none: idle
   std::string wire;
   bool complete() const {
     std::uint64_t n = 0;
@@ -218,43 +221,61 @@ struct Worker {
   }
 };
 
-void write_all_to(int fd, const std::string& data) {
+bool write_all_to(int fd, const std::string& data) {
   std::size_t done = 0;
   while (done < data.size()) {
     const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return;
+    if (n < 0) return false;
     done += static_cast<std::size_t>(n);
   }
+  return true;
 }
 
-// In the worker: the case, its result as CBOR ('R'), or what it threw ('E').
-[[noreturn]] void worker_main(int fd, const CaseSpec& spec, const std::function<CaseResult(const CaseSpec&)>& check,
-                              int threads, pid_t parent) {
+bool read_all_from(int fd, void* out, std::size_t size) {
+  std::size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::read(fd, static_cast<char*>(out) + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+// In the worker: each case asked for, its result as CBOR ('R') or what it threw ('E').
+[[noreturn]] void worker_main(int command, int result, const std::vector<const CaseSpec*>& cases,
+                              const std::function<CaseResult(const CaseSpec&)>& check, int threads, pid_t parent) {
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the runner gone: its workers (and their sides) go too
   if (::getppid() != parent) ::_exit(0);
   if (threads > 0) ::setenv("HEADGRAD_NUM_THREADS", std::to_string(threads).c_str(), 1);
-  std::string message;
-  try {
-    const std::vector<std::uint8_t> cbor = nlohmann::json::to_cbor(case_report_json(check(spec), /*exact=*/true));
-    message = 'R' + std::string(cbor.begin(), cbor.end());
-  } catch (const std::exception& e) {
-    message = 'E' + std::string(e.what());
-  } catch (...) {
-    message = "Ea non-standard exception";
+  for (std::uint64_t slot = 0; read_all_from(command, &slot, sizeof slot) && slot < cases.size();) {
+    std::string message;
+    try {
+      const auto cbor = nlohmann::json::to_cbor(case_report_json(check(*cases[slot]), /*exact=*/true));
+      message = 'R' + std::string(cbor.begin(), cbor.end());
+    } catch (const std::exception& e) {
+      message = 'E' + std::string(e.what());
+    } catch (...) {
+      message = "Ea non-standard exception";
+    }
+    std::cout.flush();
+    std::cerr.flush();
+    const std::uint64_t length = message.size();
+    if (!write_all_to(result, std::string(reinterpret_cast<const char*>(&length), sizeof length) + message)) break;
   }
-  std::cout.flush();
-  std::cerr.flush();
-  const std::uint64_t length = message.size();
-  write_all_to(fd, std::string(reinterpret_cast<const char*>(&length), sizeof length) + message);
-  ::close(fd);
   ::_exit(0);
 }
 
-Worker start_worker(std::size_t slot, const CaseSpec& spec, const std::function<CaseResult(const CaseSpec&)>& check,
-                    int threads) {
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+Worker start_worker(const std::vector<const CaseSpec*>& cases, const std::function<CaseResult(const CaseSpec&)>& check,
+                    int threads, const std::vector<Worker>& others) {
+  int cmd[2], res[2];
+  if (::pipe2(cmd, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+  if (::pipe2(res, O_CLOEXEC) != 0) {
+    ::close(cmd[0]);
+    ::close(cmd[1]);
+    throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+  }
   set_num_threads(1);  // no pool threads across fork (see run_isolated in execute.cpp)
   std::cout.flush();
   std::cerr.flush();
@@ -262,52 +283,59 @@ Worker start_worker(std::size_t slot, const CaseSpec& spec, const std::function<
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
-    ::close(fds[0]);
-    ::close(fds[1]);
+    for (int fd : {cmd[0], cmd[1], res[0], res[1]}) ::close(fd);
     throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
   }
   if (pid == 0) {
-    ::close(fds[0]);
-    worker_main(fds[1], spec, check, threads, parent);
+    ::close(cmd[1]);
+    ::close(res[0]);
+    for (const Worker& w : others)  // the other workers' pipes are theirs
+      for (int fd : {w.command, w.result})
+        if (fd >= 0) ::close(fd);
+    worker_main(cmd[0], res[1], cases, check, threads, parent);
   }
-  ::close(fds[1]);
+  ::close(cmd[0]);
+  ::close(res[1]);
   Worker w;
   w.pid = pid;
-  w.fd = fds[0];
-  w.slot = slot;
+  w.command = cmd[1];
+  w.result = res[0];
   return w;
 }
 
-// The worker's case: its result, or an error case when it died or sent nonsense.
-CaseResult finish_worker(Worker& w, const CaseSpec& spec, std::string& thrown) {
-  ::close(w.fd);
+void stop_worker(Worker& w) {
+  ::kill(w.pid, SIGKILL);
+  ::close(w.command);
+  ::close(w.result);
   int status = 0;
-  if (!w.complete()) ::kill(w.pid, SIGKILL);
   while (::waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
   }
+  w.command = w.result = -1;  // their numbers may be reused: never closed twice
+}
+
+// An error result for a case whose worker died (or sent nonsense), with why.
+CaseResult worker_error(const CaseSpec& spec, const std::string& cause) {
   CaseResult r;
   r.spec = spec;
   r.spec.files.reset();
   r.lhs_label = spec.compare.at(0);
   r.rhs_label = spec.is_reference() ? spec.reference_text : spec.compare.at(1);
   r.status = CaseStatus::error;
-  if (!w.complete()) {
-    r.cause = "the process running this case ended without a result (" +
-              (WIFSIGNALED(status) ? std::string("signal ") + ::strsignal(WTERMSIG(status))
-                                   : "exit status " + std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1)) +
-              ")";
-    return r;
-  }
+  r.cause = cause;
+  return r;
+}
+
+// The worker's complete answer for its case: the result, or (thrown) what check threw.
+CaseResult worker_result(const Worker& w, const CaseSpec& spec, std::string& thrown) {
   const std::string message = w.wire.substr(sizeof(std::uint64_t));
   if (!message.empty() && message[0] == 'E') {
     thrown = message.substr(1);
-    return r;
+    return worker_error(spec, thrown);
   }
   try {
     return case_result_from_json(nlohmann::json::from_cbor(message.substr(1)), &spec);
   } catch (const std::exception& e) {
-    r.cause = std::string("the process running this case sent a malformed result (") + e.what() + ")";
-    return r;
+    return worker_error(spec, std::string("the process running this case sent a malformed result (") + e.what() + ")");
   }
 }
 
@@ -327,28 +355,25 @@ std::vector<CaseResult> run_cases(const std::vector<const CaseSpec*>& cases,
     return results;
   }
   std::vector<std::optional<CaseResult>> done(n);
-  std::vector<Worker> active;
+  std::vector<Worker> workers;
   std::size_t next = 0, emitted = 0;
   std::string thrown;  // what a case threw (as check would have): rethrown once the workers are gone
-  auto stop_all = [&] {
-    for (Worker& w : active) {
-      ::kill(w.pid, SIGKILL);
-      ::close(w.fd);
-      while (::waitpid(w.pid, nullptr, 0) < 0 && errno == EINTR) {
-      }
-    }
-    active.clear();
-  };
   try {
+    while (workers.size() < std::min(options.jobs, n))
+      workers.push_back(start_worker(cases, check, options.threads_per_case, workers));
     while (emitted < n) {
-      while (thrown.empty() && active.size() < options.jobs && next < n) {
+      for (Worker& w : workers) {
+        if (w.slot || next >= n || !thrown.empty()) continue;
         if (options.on_case_start) options.on_case_start(next, n, *cases[next]);
-        active.push_back(start_worker(next, *cases[next], check, options.threads_per_case));
-        ++next;
+        const std::uint64_t slot = next;
+        w.slot = next++;
+        w.wire.clear();
+        write_all_to(w.command, std::string(reinterpret_cast<const char*>(&slot), sizeof slot));  // a dead worker: seen below
       }
-      if (!thrown.empty() && active.empty()) throw std::invalid_argument(thrown);
+      const bool busy = std::any_of(workers.begin(), workers.end(), [](const Worker& w) { return w.slot.has_value(); });
+      if (!thrown.empty() && !busy) throw std::invalid_argument(thrown);
       std::vector<pollfd> fds;
-      for (const Worker& w : active) fds.push_back({w.fd, POLLIN, 0});
+      for (const Worker& w : workers) fds.push_back({w.slot ? w.result : -1, POLLIN, 0});  // idle: not polled
       const int ready = ::poll(fds.data(), fds.size(), 200);
       if (ready < 0 && errno != EINTR) throw std::runtime_error(std::string("poll: ") + std::strerror(errno));
       if (ready <= 0) {
@@ -356,15 +381,23 @@ std::vector<CaseResult> run_cases(const std::vector<const CaseSpec*>& cases,
         continue;
       }
       char chunk[1 << 16];
-      for (std::size_t i = active.size(); i-- > 0;) {
-        if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-        Worker& w = active[i];
-        const ssize_t got = ::read(w.fd, chunk, sizeof chunk);
+      for (std::size_t i = 0; i < workers.size(); ++i) {
+        Worker& w = workers[i];
+        if (!w.slot || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        const ssize_t got = ::read(w.result, chunk, sizeof chunk);
         if (got < 0 && errno == EINTR) continue;
         if (got > 0) w.wire.append(chunk, static_cast<std::size_t>(got));
         if (got > 0 && !w.complete()) continue;
-        done[w.slot] = finish_worker(w, *cases[w.slot], thrown);
-        active.erase(active.begin() + static_cast<std::ptrdiff_t>(i));
+        const std::size_t slot = *w.slot;
+        w.slot.reset();
+        if (w.complete()) {
+          done[slot] = worker_result(w, *cases[slot], thrown);
+          continue;
+        }
+        // Died on this case: said, and a new worker takes the remaining cases.
+        stop_worker(w);
+        done[slot] = worker_error(*cases[slot], "the process running this case ended without a result");
+        w = start_worker(cases, check, options.threads_per_case, workers);
       }
       // In suite order: each result once every case before it is in.
       while (emitted < n && done[emitted] && thrown.empty()) {
@@ -373,9 +406,10 @@ std::vector<CaseResult> run_cases(const std::vector<const CaseSpec*>& cases,
       }
     }
   } catch (...) {
-    stop_all();
+    for (Worker& w : workers) stop_worker(w);
     throw;
   }
+  for (Worker& w : workers) stop_worker(w);
   for (auto& r : done) results.push_back(std::move(*r));
   return results;
 }
