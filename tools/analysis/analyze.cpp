@@ -663,7 +663,7 @@ SuiteResult run_suite(const Suite& suite, const PluginRegistry& registry, const 
   const std::vector<const CaseSpec*> cases = runner::shard_cases(selected, options.shard);
   for (const CaseSpec* c : cases) result.case_indices.push_back(static_cast<std::size_t>(c - suite.cases.data()));
   result.cases = runner::run_cases(
-      cases, [&](const CaseSpec& c) { return check_case(c, registry, options); }, options);
+      cases, [&](const CaseSpec& c, const RunOptions& o) { return check_case(c, registry, o); }, options);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return result;
 }

@@ -245,14 +245,15 @@ bool read_all_from(int fd, void* out, std::size_t size) {
 
 // In the worker: each case asked for, its result as CBOR ('R') or what it threw ('E').
 [[noreturn]] void worker_main(int command, int result, const std::vector<const CaseSpec*>& cases,
-                              const std::function<CaseResult(const CaseSpec&)>& check, int threads, pid_t parent) {
+                              const CaseCheck& check, const RunOptions& options, pid_t parent) {
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the runner gone: its workers (and their sides) go too
   if (::getppid() != parent) ::_exit(0);
-  if (threads > 0) ::setenv("HEADGRAD_NUM_THREADS", std::to_string(threads).c_str(), 1);
+  if (options.threads_per_case > 0)
+    ::setenv("HEADGRAD_NUM_THREADS", std::to_string(options.threads_per_case).c_str(), 1);
   for (std::uint64_t slot = 0; read_all_from(command, &slot, sizeof slot) && slot < cases.size();) {
     std::string message;
     try {
-      const auto cbor = nlohmann::json::to_cbor(case_report_json(check(*cases[slot]), /*exact=*/true));
+      const auto cbor = nlohmann::json::to_cbor(case_report_json(check(*cases[slot], options), /*exact=*/true));
       message = 'R' + std::string(cbor.begin(), cbor.end());
     } catch (const std::exception& e) {
       message = 'E' + std::string(e.what());
@@ -267,8 +268,10 @@ bool read_all_from(int fd, void* out, std::size_t size) {
   ::_exit(0);
 }
 
-Worker start_worker(const std::vector<const CaseSpec*>& cases, const std::function<CaseResult(const CaseSpec&)>& check,
-                    int threads, const std::vector<Worker>& others) {
+// The worker gets `options` without the callbacks: they are the parent's
+// (its terminal, its progress line), not the worker's.
+Worker start_worker(const std::vector<const CaseSpec*>& cases, const CaseCheck& check, const RunOptions& options,
+                    const std::vector<Worker>& others) {
   int cmd[2], res[2];
   if (::pipe2(cmd, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
   if (::pipe2(res, O_CLOEXEC) != 0) {
@@ -292,7 +295,11 @@ Worker start_worker(const std::vector<const CaseSpec*>& cases, const std::functi
     for (const Worker& w : others)  // the other workers' pipes are theirs
       for (int fd : {w.command, w.result})
         if (fd >= 0) ::close(fd);
-    worker_main(cmd[0], res[1], cases, check, threads, parent);
+    RunOptions quiet = options;
+    quiet.on_case_start = nullptr;
+    quiet.on_case_done = nullptr;
+    quiet.on_wait = nullptr;
+    worker_main(cmd[0], res[1], cases, check, quiet, parent);
   }
   ::close(cmd[0]);
   ::close(res[1]);
@@ -342,14 +349,14 @@ CaseResult worker_result(const Worker& w, const CaseSpec& spec, std::string& thr
 }  // namespace
 
 std::vector<CaseResult> run_cases(const std::vector<const CaseSpec*>& cases,
-                                  const std::function<CaseResult(const CaseSpec&)>& check,
+                                  const CaseCheck& check,
                                   const RunOptions& options) {
   std::vector<CaseResult> results;
   const std::size_t n = cases.size();
   if (options.jobs <= 1 || options.keep_tensors || !options.isolate || n <= 1) {
     for (std::size_t i = 0; i < n; ++i) {
       if (options.on_case_start) options.on_case_start(i, n, *cases[i]);
-      results.push_back(check(*cases[i]));
+      results.push_back(check(*cases[i], options));
       if (options.on_case_done) options.on_case_done(results.back());
     }
     return results;
@@ -360,7 +367,7 @@ std::vector<CaseResult> run_cases(const std::vector<const CaseSpec*>& cases,
   std::string thrown;  // what a case threw (as check would have): rethrown once the workers are gone
   try {
     while (workers.size() < std::min(options.jobs, n))
-      workers.push_back(start_worker(cases, check, options.threads_per_case, workers));
+      workers.push_back(start_worker(cases, check, options, workers));
     while (emitted < n) {
       for (Worker& w : workers) {
         if (w.slot || next >= n || !thrown.empty()) continue;
@@ -397,7 +404,7 @@ std::vector<CaseResult> run_cases(const std::vector<const CaseSpec*>& cases,
         // Died on this case: said, and a new worker takes the remaining cases.
         stop_worker(w);
         done[slot] = worker_error(*cases[slot], "the process running this case ended without a result");
-        w = start_worker(cases, check, options.threads_per_case, workers);
+        w = start_worker(cases, check, options, workers);
       }
       // In suite order: each result once every case before it is in.
       while (emitted < n && done[emitted] && thrown.empty()) {

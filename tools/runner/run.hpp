@@ -149,8 +149,9 @@ int threads_per_case(std::size_t jobs);
 // back as the JSON report holds it (case_report_json, exact), so what a
 // report shows is the same either way; tensors do not come back (keep_tensors
 // runs serially). A worker that dies gives its case an error naming the signal.
-std::vector<CaseResult> run_cases(const std::vector<const CaseSpec*>& cases,
-                                  const std::function<CaseResult(const CaseSpec&)>& check,
+// check gets `options`, in a worker without its callbacks (the parent's).
+using CaseCheck = std::function<CaseResult(const CaseSpec&, const RunOptions&)>;
+std::vector<CaseResult> run_cases(const std::vector<const CaseSpec*>& cases, const CaseCheck& check,
                                   const RunOptions& options);
 
 // "plugin X is not loaded (did you mean 'Y'?); loaded: ...; rejected FILE: reason"
