@@ -5,6 +5,8 @@
 // tests/runner/shard.yaml (cases from configs/default.yaml and mutants.yaml).
 #include <gtest/gtest.h>
 
+#include <pty.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -232,6 +234,44 @@ TEST(Jobs, TwoAtOnceReportWhatOneAtATimeReports) {
   EXPECT_EQ(lines(two.out), lines(one.out));
   EXPECT_EQ(two.err, "");  // no progress line off a terminal
   fs::remove_all(dir);
+}
+
+// On a terminal (a pseudo-terminal here): one progress line on stderr, its
+// counts never going back (workers draw none of their own), each drawing
+// followed by a clear before anything else is written.
+TEST(Progress, OnATerminalItCountsUpAndNeverMixesIntoReportLines) {
+  int pty = -1;
+  const pid_t pid = ::forkpty(&pty, nullptr, nullptr, nullptr);
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::unsetenv("GTEST_SHARD_INDEX");
+    ::unsetenv("GTEST_TOTAL_SHARDS");
+    ::unsetenv("HEADGRAD_PLUGIN_PATH");
+    const std::string suite = (fs::path(RUNNER_FIXTURES) / "misbehaving.yaml").string();
+    ::execl(HEADGRAD_EXE, HEADGRAD_EXE, "run", suite.c_str(), "--plugin-path", RUNNER_TEST_PLUGIN_DIR, "--timeout",
+            "3", "-j", "2", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(pty, buf, sizeof buf)) > 0;) out.append(buf, static_cast<std::size_t>(n));
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ::close(pty);
+  EXPECT_EQ(WEXITSTATUS(status), 3) << out;  // plugins crashed and hung
+  const std::regex drawn(R"(\r\x1b\[K\[(\d+)/8\] (\d+) failed, \d+\.\d s)");
+  std::size_t draws = 0;
+  int last_done = 0;
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), drawn); it != std::sregex_iterator(); ++it) {
+    ++draws;
+    const int done = std::stoi((*it)[1]);
+    EXPECT_GE(done, last_done) << "the progress went back: " << it->str();
+    last_done = done;
+    const std::size_t end = static_cast<std::size_t>(it->position() + it->length());
+    EXPECT_EQ(out.compare(end, 4, "\r\x1b[K"), 0) << "written after the progress line: " << out.substr(end, 60);
+  }
+  EXPECT_GE(draws, 2u) << out;  // the hanging case holds the run for 3 s
+  EXPECT_NE(out.find("] 4 failed, "), std::string::npos) << out;  // while hangs runs: 4 errors so far
 }
 
 }  // namespace
