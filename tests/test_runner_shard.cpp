@@ -236,6 +236,24 @@ TEST(Jobs, TwoAtOnceReportWhatOneAtATimeReports) {
   fs::remove_all(dir);
 }
 
+TEST(ShardMerge, ExitsThreeWhenAPluginCrashedInAnyShard) {
+  const fs::path dir = fs::temp_directory_path() / ("headgrad_merge3_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  // throws, throws-core, segfaults: the segfault lands in shard 1 (cases 0 and 2), throws-core in shard 2
+  const std::string suite = (fs::path(RUNNER_FIXTURES) / "misbehaving.yaml").string();
+  for (const char* k : {"1", "2"}) {
+    const Outcome r = headgrad({"run", suite, "--plugin-path", RUNNER_TEST_PLUGIN_DIR, "--filter", "[st]*", "--shard",
+                                std::string(k) + "/2", "--json", (dir / (std::string(k) + ".json")).string()});
+    EXPECT_EQ(r.code, 3) << r.out << r.err;
+  }
+  const Outcome m = headgrad({"merge", (dir / "2.json").string(), (dir / "1.json").string(), "-q"});
+  EXPECT_EQ(m.code, 3) << m.out << m.err;
+  EXPECT_NE(m.out.find("0 passed, 3 failed"), std::string::npos) << m.out;
+  EXPECT_NE(m.out.find("plugin segfaults crashed (SIGSEGV)"), std::string::npos) << m.out;
+  fs::remove_all(dir);
+}
+
 // On a terminal (a pseudo-terminal here): one progress line on stderr, its
 // counts never going back (workers draw none of their own), each drawing
 // followed by a clear before anything else is written.

@@ -651,7 +651,8 @@ int main(int argc, char** argv) {
       "Exit codes: 0 every case as expected; 1 a comparison failed; 2 bad usage, config or input file;\n"
       "3 a plugin could not be loaded or crashed.\n"
       "Environment: HEADGRAD_PLUGIN_PATH (plugin folders, colon-separated), HEADGRAD_LOG_LEVEL (trace, debug,\n"
-      "info, warn, error, off), NO_COLOR.");
+      "info, warn, error, off), NO_COLOR, HEADGRAD_NUM_THREADS (plugin threads), GTEST_SHARD_INDEX and\n"
+      "GTEST_TOTAL_SHARDS (run's shard when --shard is not given).");
 
   // Each subcommand's callback runs it and sets the exit code.
   int exit_code = kExitUsage;
