@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "headgrad_cli.hpp"
+#include "runner/run.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -252,6 +253,73 @@ TEST(ShardMerge, ExitsThreeWhenAPluginCrashedInAnyShard) {
   EXPECT_NE(m.out.find("0 passed, 3 failed"), std::string::npos) << m.out;
   EXPECT_NE(m.out.find("plugin segfaults crashed (SIGSEGV)"), std::string::npos) << m.out;
   fs::remove_all(dir);
+}
+
+// run_cases itself, with a check of our own: results in suite order whatever
+// finishes first, a worker that dies gives its case an error and the rest run
+// on, what a check throws reaches the caller.
+class RunCases : public ::testing::Test {
+ protected:
+  RunCases()
+      : suite_(headgrad::runner::parse_suite("cases:\n"
+                                             "  - {name: slow, compare: [a, b], shape: {B: 1, T: 2, D: 4, H: 2}}\n"
+                                             "  - {name: dies, compare: [a, b], shape: {B: 1, T: 2, D: 4, H: 2}}\n"
+                                             "  - {name: quick, compare: [a, b], shape: {B: 1, T: 2, D: 4, H: 2}}\n"
+                                             "  - {name: last, compare: [a, b], shape: {B: 1, T: 2, D: 4, H: 2}}\n",
+                                             "inline.yaml")) {
+    for (const auto& c : suite_.cases) cases_.push_back(&c);
+    options_.jobs = 2;
+    options_.on_case_done = [this](const headgrad::runner::CaseResult& r) { order_.push_back(r.spec.name); };
+  }
+  headgrad::runner::Suite suite_;
+  std::vector<const headgrad::runner::CaseSpec*> cases_;
+  headgrad::runner::RunOptions options_;
+  std::vector<std::string> order_;
+};
+
+TEST_F(RunCases, ADeadWorkerFailsItsCaseOnlyAndResultsStayInOrder) {
+  using namespace headgrad::runner;
+  const auto results = run_cases(
+      cases_,
+      [](const CaseSpec& c, const RunOptions& o) {
+        if (c.name == "slow") ::usleep(300 * 1000);  // finishes after quick and last
+        if (c.name == "dies") std::abort();
+        CaseResult r;
+        r.spec = c;
+        r.lhs_label = "a";
+        r.rhs_label = "b";
+        r.cause = (o.on_case_done ? "with the parent's callbacks, " : "") + std::string("ran in ") +
+                  std::to_string(::getpid());  // (an EXPECT here would fail in the worker, unseen)
+        return r;
+      },
+      options_);
+  ASSERT_EQ(results.size(), 4u);
+  EXPECT_EQ(order_, (std::vector<std::string>{"slow", "dies", "quick", "last"}));
+  EXPECT_EQ(results[1].status, CaseStatus::error);
+  EXPECT_EQ(results[1].cause, "the process running this case ended without a result");
+  for (std::size_t i : {0u, 2u, 3u}) {
+    EXPECT_EQ(results[i].status, CaseStatus::pass) << results[i].spec.name;
+    EXPECT_EQ(results[i].cause.rfind("ran in ", 0), 0u) << results[i].cause;  // no callbacks in the worker
+    EXPECT_NE(results[i].cause, "ran in " + std::to_string(::getpid())) << "not in a worker";
+  }
+}
+
+TEST_F(RunCases, WhatACheckThrowsReachesTheCaller) {
+  using namespace headgrad::runner;
+  auto check = [](const CaseSpec& c, const RunOptions&) -> CaseResult {
+    if (c.name == "quick") throw std::invalid_argument("quick: a bad case");
+    CaseResult r;
+    r.spec = c;
+    return r;
+  };
+  try {
+    run_cases(cases_, check, options_);
+    ADD_FAILURE() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "quick: a bad case");
+  }
+  // results before the throw were reported, none after it
+  EXPECT_EQ(order_, (std::vector<std::string>{"slow", "dies"}));
 }
 
 // On a terminal (a pseudo-terminal here): one progress line on stderr, its

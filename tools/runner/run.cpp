@@ -290,6 +290,7 @@ Worker start_worker(const std::vector<const CaseSpec*>& cases, const CaseCheck& 
     throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
   }
   if (pid == 0) {
+    ::signal(SIGPIPE, SIG_DFL);  // the parent ignores it (IgnoreSigpipe); the worker need not
     ::close(cmd[1]);
     ::close(res[0]);
     for (const Worker& w : others)  // the other workers' pipes are theirs
@@ -336,7 +337,7 @@ CaseResult worker_error(const CaseSpec& spec, const std::string& cause) {
 CaseResult worker_result(const Worker& w, const CaseSpec& spec, std::string& thrown) {
   const std::string message = w.wire.substr(sizeof(std::uint64_t));
   if (!message.empty() && message[0] == 'E') {
-    thrown = message.substr(1);
+    thrown = message.size() > 1 ? message.substr(1) : "case " + spec.name + " threw an exception without a message";
     return worker_error(spec, thrown);
   }
   try {
@@ -345,6 +346,24 @@ CaseResult worker_result(const Worker& w, const CaseSpec& spec, std::string& thr
     return worker_error(spec, std::string("the process running this case sent a malformed result (") + e.what() + ")");
   }
 }
+
+// While alive, SIGPIPE is ignored: a case number written to a worker that has
+// just died fails with EPIPE (and the death is seen on its result pipe)
+// instead of killing the runner.
+class IgnoreSigpipe {
+ public:
+  IgnoreSigpipe() {
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    ::sigaction(SIGPIPE, &ignore, &previous_);
+  }
+  ~IgnoreSigpipe() { ::sigaction(SIGPIPE, &previous_, nullptr); }
+  IgnoreSigpipe(const IgnoreSigpipe&) = delete;
+  IgnoreSigpipe& operator=(const IgnoreSigpipe&) = delete;
+
+ private:
+  struct sigaction previous_ {};
+};
 
 }  // namespace
 
@@ -361,24 +380,26 @@ std::vector<CaseResult> run_cases(const std::vector<const CaseSpec*>& cases,
     }
     return results;
   }
+  const IgnoreSigpipe no_sigpipe;
   std::vector<std::optional<CaseResult>> done(n);
   std::vector<Worker> workers;
   std::size_t next = 0, emitted = 0;
-  std::string thrown;  // what a case threw (as check would have): rethrown once the workers are gone
+  // What the first case to throw threw (as check would have, serially): rethrown
+  // once every case before it is reported; no case is started after it.
+  std::optional<std::size_t> thrown_at;
+  std::string thrown;
   try {
     while (workers.size() < std::min(options.jobs, n))
       workers.push_back(start_worker(cases, check, options, workers));
     while (emitted < n) {
       for (Worker& w : workers) {
-        if (w.slot || next >= n || !thrown.empty()) continue;
+        if (w.slot || next >= n || thrown_at) continue;
         if (options.on_case_start) options.on_case_start(next, n, *cases[next]);
         const std::uint64_t slot = next;
         w.slot = next++;
         w.wire.clear();
         write_all_to(w.command, std::string(reinterpret_cast<const char*>(&slot), sizeof slot));  // a dead worker: seen below
       }
-      const bool busy = std::any_of(workers.begin(), workers.end(), [](const Worker& w) { return w.slot.has_value(); });
-      if (!thrown.empty() && !busy) throw std::invalid_argument(thrown);
       std::vector<pollfd> fds;
       for (const Worker& w : workers) fds.push_back({w.slot ? w.result : -1, POLLIN, 0});  // idle: not polled
       const int ready = ::poll(fds.data(), fds.size(), 200);
@@ -398,7 +419,12 @@ std::vector<CaseResult> run_cases(const std::vector<const CaseSpec*>& cases,
         const std::size_t slot = *w.slot;
         w.slot.reset();
         if (w.complete()) {
-          done[slot] = worker_result(w, *cases[slot], thrown);
+          std::string what;
+          done[slot] = worker_result(w, *cases[slot], what);
+          if (!what.empty() && (!thrown_at || slot < *thrown_at)) {
+            thrown_at = slot;
+            thrown = what;
+          }
           continue;
         }
         // Died on this case: said, and a new worker takes the remaining cases.
@@ -407,10 +433,11 @@ std::vector<CaseResult> run_cases(const std::vector<const CaseSpec*>& cases,
         w = start_worker(cases, check, options, workers);
       }
       // In suite order: each result once every case before it is in.
-      while (emitted < n && done[emitted] && thrown.empty()) {
+      while (emitted < n && done[emitted] && (!thrown_at || emitted < *thrown_at)) {
         if (options.on_case_done) options.on_case_done(*done[emitted]);
         ++emitted;
       }
+      if (thrown_at && emitted == *thrown_at) throw std::invalid_argument(thrown);
     }
   } catch (...) {
     for (Worker& w : workers) stop_worker(w);
