@@ -79,8 +79,8 @@ struct SuiteIdentity {
 
 struct RunOptions {
   bool isolate = true;
-  // Cases run at once, each in a forked worker (its sides are forked from
-  // it); results come back in suite order (run_cases). 1: in this process.
+  // Cases run at once, in as many forked workers (each case's sides are
+  // forked from its worker); results in suite order (run_cases). 1: in this process.
   std::size_t jobs = 1;
   int threads_per_case = 0;         // HEADGRAD_NUM_THREADS of each worker's sides; 0: unchanged
   ShardSpec shard;                  // which part of the selected cases to run
@@ -145,10 +145,12 @@ int threads_per_case(std::size_t jobs);
 
 // Each case through `check` (in suite order), on_case_start and on_case_done
 // called as run_suite calls them (on_case_done always in suite order). With
-// options.jobs > 1 each case runs in a forked worker that sends its result
-// back as the JSON report holds it (case_report_json, exact), so what a
-// report shows is the same either way; tensors do not come back (keep_tensors
-// runs serially). A worker that dies gives its case an error naming the signal.
+// options.jobs > 1, options.jobs worker processes are forked once and fed case
+// after case; each result comes back as the JSON report holds it
+// (case_report_json, exact, as CBOR), so what a report shows is the same
+// either way; tensors do not come back (keep_tensors runs serially). A worker
+// that dies gives its case an error and is replaced; what a check throws is
+// rethrown once the cases before it are reported.
 // check gets `options`, in a worker without its callbacks (the parent's).
 using CaseCheck = std::function<CaseResult(const CaseSpec&, const RunOptions&)>;
 std::vector<CaseResult> run_cases(const std::vector<const CaseSpec*>& cases, const CaseCheck& check,
