@@ -1,5 +1,5 @@
 // Running the headgrad program from a test: no shell, stdout and stderr
-// captured, HEADGRAD_PLUGIN_PATH and HEADGRAD_LOG_LEVEL cleared. The test's
+// captured, HEADGRAD_PLUGIN_PATH, HEADGRAD_LOG_LEVEL and GTEST_SHARD_* cleared. The test's
 // meson target defines HEADGRAD_EXE (build/tools/headgrad).
 #pragma once
 
@@ -46,6 +46,8 @@ inline Outcome headgrad(const std::vector<std::string>& args,
     if (::chdir(cwd.c_str()) != 0) ::_exit(127);
     ::unsetenv("HEADGRAD_PLUGIN_PATH");
     ::unsetenv("HEADGRAD_LOG_LEVEL");
+    ::unsetenv("GTEST_SHARD_INDEX");  // a sharded test run must not shard the suites it runs
+    ::unsetenv("GTEST_TOTAL_SHARDS");
     for (const auto& [name, value] : env) ::setenv(name.c_str(), value.c_str(), 1);
     std::vector<char*> argv;
     argv.push_back(const_cast<char*>(HEADGRAD_EXE));

@@ -921,14 +921,15 @@ SuiteResult run_suite(const Suite& suite, const PluginRegistry& registry, const 
   SuiteResult result;
   result.name = suite.name;
   result.file = suite.file;
-  const std::vector<const CaseSpec*> cases = select_cases(suite, options.filter);
-  result.warnings = weak_suite_warnings(cases);
-  for (auto& w : capability_warnings(cases, registry)) result.warnings.push_back(std::move(w));
-  for (std::size_t i = 0; i < cases.size(); ++i) {
-    if (options.on_case_start) options.on_case_start(i, cases.size(), *cases[i]);
-    result.cases.push_back(check_case(*cases[i], registry, options));
-    if (options.on_case_done) options.on_case_done(result.cases.back());
-  }
+  const std::vector<const CaseSpec*> selected = select_cases(suite, options.filter);
+  result.warnings = weak_suite_warnings(selected);  // the whole selection's, in every shard alike
+  for (auto& w : capability_warnings(selected, registry)) result.warnings.push_back(std::move(w));
+  result.identity = runner::suite_identity(suite, selected);
+  result.shard = options.shard;
+  const std::vector<const CaseSpec*> cases = runner::shard_cases(selected, options.shard);
+  for (const CaseSpec* c : cases) result.case_indices.push_back(static_cast<std::size_t>(c - suite.cases.data()));
+  result.cases = runner::run_cases(
+      cases, [&](const CaseSpec& c, const RunOptions& o) { return check_case(c, registry, o); }, options);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return result;
 }

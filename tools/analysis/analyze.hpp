@@ -47,6 +47,7 @@ using runner::WeakSuiteWarning;
 // The selected cases of `suite` (options.filter), each run, analyzed when it
 // fails a comparison (an `expect: {diagnosis: NAME}` is checked against the
 // diagnosis), then cut down to what the reports need (keep_report_data).
+// Only options.shard's part of them runs, options.jobs at once (runner::run_cases).
 SuiteResult run_suite(const Suite& suite, const PluginRegistry& registry, const RunOptions& options);
 
 // One case as run_suite runs it.

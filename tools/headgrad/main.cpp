@@ -2,7 +2,8 @@
 //
 //   headgrad run SUITE.yaml [--plugin-path DIR]... [--filter GLOB] [--json FILE]
 //                [--junit FILE] [--html FILE] [--timeout SEC] [--max-memory SIZE] [--no-isolation]
-//                [--probe-timeout SEC] [-v | -q]
+//                [--probe-timeout SEC] [-j N] [--shard K/N] [-v | -q]
+//   headgrad merge SHARD.json... [--json FILE] [--junit FILE] [--html FILE] [-q]
 //   headgrad plugins [--plugin-path DIR]... [--all] [--json] [--strict] [--probe-timeout SEC]
 //   headgrad export SUITE.yaml --case NAME [--plugin NAME] --out DIR [--max-memory SIZE]
 //   headgrad bench [SUITE.yaml] ...          (tools/bench)
@@ -10,7 +11,7 @@
 //
 // Every subcommand is wired the same way: add_<name>_command(app, exit_code)
 // declares its flags and a callback that runs it and sets exit_code. run,
-// plugins and export live here, each as its args struct, its cmd_<name>
+// plugins, export and merge live here, each as its args struct, its cmd_<name>
 // function and its add_<name>_command; bench and new-plugin in their modules.
 //
 // Exit codes (docs/design.md): 0 every case as expected; 1 a comparison failed;
@@ -63,9 +64,16 @@ struct CommonArgs {
 };
 
 struct RunArgs : CommonArgs {
-  std::string suite, filter, json, junit, html, max_memory;
+  std::string suite, filter, json, junit, html, max_memory, shard;
   std::optional<double> timeout;
+  std::optional<std::size_t> jobs;
   bool no_isolation = false;
+};
+
+struct MergeArgs {
+  std::vector<std::string> reports;
+  std::string json, junit, html;
+  bool quiet = false;
 };
 
 struct PluginsArgs : CommonArgs {
@@ -135,20 +143,27 @@ bool stdout_colors() {
 
 void error(const std::string& message) { std::cerr << "headgrad: error: " << terminal_safe(message) << "\n"; }
 
-// "[3/30] name" on stderr, on a terminal, once the suite has taken a moment.
+// "[12/133] 1 failed, 4.2 s" on stderr, on a terminal, once the run has
+// taken a few seconds; cleared before each report line, so never mixed in.
 class Progress {
  public:
   explicit Progress(bool enabled) : enabled_(enabled), start_(std::chrono::steady_clock::now()) {}
-  void start(std::size_t index, std::size_t total, const std::string& name) {
-    line_ = "[" + std::to_string(index + 1) + "/" + std::to_string(total) + "] " + terminal_safe(name);
-    tick();
+  void set_total(std::size_t total) { total_ = total; }
+  void case_done(bool failed) {
+    ++done_;
+    failed_ += failed ? 1 : 0;
   }
-  // Shows the current case once the suite has run for a moment.
+  // Redraws the line, at most every 200 ms once the run has taken 2 s.
   void tick() {
-    if (!enabled_ || shown_ || line_.empty()) return;
-    if (std::chrono::steady_clock::now() - start_ < std::chrono::milliseconds(500)) return;
-    std::cerr << "\r\033[K" << line_ << std::flush;
+    if (!enabled_) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - start_ < std::chrono::seconds(2) || (shown_ && now - drawn_ < std::chrono::milliseconds(200))) return;
+    const double elapsed = std::chrono::duration<double>(now - start_).count();
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, "%.1f s", elapsed);
+    std::cerr << "\r\033[K[" << done_ << "/" << total_ << "] " << failed_ << " failed, " << seconds << std::flush;
     shown_ = true;
+    drawn_ = now;
   }
   void clear() {
     if (!shown_) return;
@@ -159,8 +174,8 @@ class Progress {
  private:
   bool enabled_;
   bool shown_ = false;
-  std::string line_;
-  std::chrono::steady_clock::time_point start_;
+  std::size_t total_ = 0, done_ = 0, failed_ = 0;
+  std::chrono::steady_clock::time_point start_, drawn_;
 };
 
 // Plugins that the cases name but that did not load: said once, up front,
@@ -245,6 +260,31 @@ CLI::Validator timeout_check() {
       "SEC");
 }
 
+// --json, --junit, --html (each when given); false (said) when one cannot be written.
+bool write_reports(const SuiteResult& result, const std::string& json, const std::string& junit,
+                   const std::string& html) {
+  try {
+    if (!json.empty())
+      write_report(json, json_report(result).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+    if (!junit.empty()) write_report(junit, junit_report(result));
+    if (!html.empty()) write_report(html, html_report(result));
+  } catch (const std::exception& e) {
+    error(e.what());
+    return false;
+  }
+  return true;
+}
+
+// The report files asked for, as check_outputs takes them.
+std::vector<std::pair<std::string, fs::path>> report_outputs(const std::string& json, const std::string& junit,
+                                                             const std::string& html) {
+  std::vector<std::pair<std::string, fs::path>> outputs;
+  if (!json.empty()) outputs.emplace_back("--json", json);
+  if (!junit.empty()) outputs.emplace_back("--junit", junit);
+  if (!html.empty()) outputs.emplace_back("--html", html);
+  return outputs;
+}
+
 int cmd_run(const RunArgs& a) {
   apply_verbosity(a);
   const Suite suite = load_suite(a.suite);
@@ -255,14 +295,13 @@ int cmd_run(const RunArgs& a) {
     error("no case of " + a.suite + " matches --filter '" + a.filter + "' (cases: " + names + ")");
     return kExitUsage;
   }
+  // --shard wins over GTEST_SHARD_INDEX / GTEST_TOTAL_SHARDS (then not even read).
+  const ShardSpec shard = !a.shard.empty() ? parse_shard(a.shard) : shard_from_environment().value_or(ShardSpec{});
+  if (a.no_isolation && a.jobs.value_or(1) > 1)
+    throw std::invalid_argument("-j " + std::to_string(*a.jobs) +
+                                " needs isolation: --no-isolation runs every case in this process, one at a time");
   check_memory_budget(selected, a.max_memory);
-  {
-    std::vector<std::pair<std::string, fs::path>> outputs;
-    if (!a.json.empty()) outputs.emplace_back("--json", a.json);
-    if (!a.junit.empty()) outputs.emplace_back("--junit", a.junit);
-    if (!a.html.empty()) outputs.emplace_back("--html", a.html);
-    check_outputs(outputs, input_files(suite, selected));
-  }
+  check_outputs(report_outputs(a.json, a.junit, a.html), input_files(suite, selected));
   // Only the plugins the selected cases name are loaded into this process.
   PluginRegistry registry = probed_registry(a);
   registry.load(plugins_named_by(selected));
@@ -277,31 +316,34 @@ int cmd_run(const RunArgs& a) {
 
   const TerminalStyle style = terminal_style(selected, stdout_colors(), a.quiet, a.verbose > 0);
   print_header(std::cout, suite, selected.size(), registry, style);
+  if (!a.quiet && shard.count > 1)
+    std::cout << "shard " << shard.str() << ": " << shard_cases(selected, shard).size() << " of the " << selected.size()
+              << " cases\n";
   Progress progress(::isatty(STDERR_FILENO) && !a.quiet);
+  progress.set_total(shard_cases(selected, shard).size());
   RunOptions options;
   options.isolate = !a.no_isolation;
   options.timeout_s = a.timeout;
   options.filter = a.filter;
-  options.on_case_start = [&](std::size_t i, std::size_t n, const CaseSpec& c) { progress.start(i, n, c.name); };
+  options.shard = shard;
+  options.jobs = a.jobs.value_or(default_jobs(shard_cases(selected, shard).size(), options.isolate));
+  options.threads_per_case = options.jobs > 1 ? threads_per_case(options.jobs) : 0;
+  logging::runner()->info("{} case(s) at once, {} plugin thread(s) each", options.jobs,
+                          options.jobs > 1 ? std::to_string(options.threads_per_case) : "default");
+  options.on_case_start = [&](std::size_t, std::size_t, const CaseSpec&) { progress.tick(); };
   options.on_wait = [&] { progress.tick(); };
   options.on_case_done = [&](const CaseResult& r) {
     progress.clear();
+    progress.case_done(!is_success(r.status));
     print_case(std::cout, r, style);
     std::cout.flush();
+    progress.tick();
   };
   const SuiteResult result = run_suite(suite, registry, options);
   progress.clear();
   print_summary(std::cout, result, style);
 
-  try {
-    if (!a.json.empty())
-      write_report(a.json, json_report(result).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
-    if (!a.junit.empty()) write_report(a.junit, junit_report(result));
-    if (!a.html.empty()) write_report(a.html, html_report(result));
-  } catch (const std::exception& e) {
-    error(e.what());
-    return kExitUsage;
-  }
+  if (!write_reports(result, a.json, a.junit, a.html)) return kExitUsage;
   return result.exit_code();
 }
 
@@ -323,10 +365,61 @@ void add_run_command(CLI::App& app, int& exit_code) {
       ->type_name("SEC")
       ->check(timeout_check());
   add_max_memory(run, args->max_memory);
+  run->add_option("-j,--jobs", args->jobs,
+                  "cases run at once, each in its own process, their plugins' threads divided so that N x threads "
+                  "<= cores; output in suite order as a serial run's. Default: 1 on one core or for fewer than 4 "
+                  "cases, else cores / HEADGRAD_NUM_THREADS (unset: 1 thread per case, the cores filled with cases: "
+                  "suite cases are small and gain more side by side than from threads)")
+      ->type_name("N")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1024}));
+  run->add_option("--shard", args->shard,
+                  "run shard K of N (1-based: 1/3, 2/3, 3/3): the selected cases at positions K-1, K-1+N, ... after "
+                  "sweeps are expanded; `headgrad merge` joins the shards' --json reports. Without it, "
+                  "GTEST_SHARD_INDEX (0-based) and GTEST_TOTAL_SHARDS select a shard; --shard wins over them")
+      ->type_name("K/N");
   run->add_flag("--no-isolation", args->no_isolation,
                 "run plugins in this process instead of a forked child (for a debugger); a crash or hang then "
                 "takes the runner down and --timeout has no effect");
   run->callback([args, &exit_code] { exit_code = cmd_run(*args); });
+}
+
+int cmd_merge(const MergeArgs& a) {
+  if (a.quiet) logging::set_level(spdlog::level::err);
+  std::vector<fs::path> files(a.reports.begin(), a.reports.end());
+  std::vector<std::pair<std::string, fs::path>> inputs;
+  for (const auto& f : files) inputs.emplace_back("a shard report", f);
+  check_outputs(report_outputs(a.json, a.junit, a.html), inputs);
+  const SuiteResult result = merge_shard_reports(files);
+  std::vector<const CaseSpec*> specs;
+  for (const auto& c : result.cases) specs.push_back(&c.spec);
+  const TerminalStyle style = terminal_style(specs, stdout_colors(), a.quiet, false);
+  if (!a.quiet)
+    std::cout << "suite " << terminal_safe(result.name) << " (" << terminal_safe(result.file.string()) << "): "
+              << files.size() << " shard" << (files.size() > 1 ? "s" : "") << " merged, " << result.cases.size()
+              << " cases\n";
+  for (const auto& c : result.cases) print_case(std::cout, c, style);
+  print_summary(std::cout, result, style);
+  if (!write_reports(result, a.json, a.junit, a.html)) return kExitUsage;
+  return result.exit_code();
+}
+
+void add_merge_command(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<MergeArgs>();
+  CLI::App* merge = app.add_subcommand(
+      "merge", "Join the JSON reports of the shards of one suite (headgrad run --shard K/N --json FILE) into one "
+               "report in suite order, with the exit code the whole suite would have had (0, 1 or 3, as run's). "
+               "Refused (exit 2, naming the file): a file that is no report, shards of different suites (file or "
+               "cases hash), of different shard counts, a shard missing or given twice.");
+  merge->add_option("reports", args->reports, "every shard's --json report, in any order")
+      ->required()
+      ->check(CLI::ExistingFile)
+      ->type_name("SHARD.json");
+  merge->add_option("--json", args->json, "write the merged JSON report here")->type_name("FILE");
+  merge->add_option("--junit", args->junit, "write a JUnit XML report of the merged result here")->type_name("FILE");
+  merge->add_option("--html", args->html, "write a self-contained HTML report of the merged result here")
+      ->type_name("FILE");
+  merge->add_flag("-q,--quiet", args->quiet, "only what did not go as expected, and the summary");
+  merge->callback([args, &exit_code] { exit_code = cmd_merge(*args); });
 }
 
 int cmd_plugins(const PluginsArgs& a) {
@@ -568,13 +661,15 @@ int main(int argc, char** argv) {
       "Exit codes: 0 every case as expected; 1 a comparison failed; 2 bad usage, config or input file;\n"
       "3 a plugin could not be loaded or crashed.\n"
       "Environment: HEADGRAD_PLUGIN_PATH (plugin folders, colon-separated), HEADGRAD_LOG_LEVEL (trace, debug,\n"
-      "info, warn, error, off), NO_COLOR.");
+      "info, warn, error, off), NO_COLOR, HEADGRAD_NUM_THREADS (plugin threads), GTEST_SHARD_INDEX and\n"
+      "GTEST_TOTAL_SHARDS (run's shard when --shard is not given).");
 
   // Each subcommand's callback runs it and sets the exit code.
   int exit_code = kExitUsage;
   add_run_command(app, exit_code);
   add_plugins_command(app, exit_code);
   add_export_command(app, exit_code);
+  add_merge_command(app, exit_code);
   headgrad::bench::add_bench_command(app, exit_code);
   headgrad::templates::add_new_plugin_command(app, exit_code);
 

@@ -67,6 +67,28 @@ void print_summary(std::ostream& os, const SuiteResult& result, const TerminalSt
 // Every case, every tensor's figures and verdicts, timings, causes. Numbers
 // that are not finite (NaN, Inf) are written as null.
 nlohmann::json json_report(const SuiteResult& result);
+// One case as json_report writes it; exact keeps NaN and Inf as numbers (for
+// a binary encoding such as CBOR: JSON text cannot hold them).
+nlohmann::json case_report_json(const CaseResult& r, bool exact = false);
+// The reverse, for merging shard reports and for -j workers' results:
+// the case as the reports need it (no tensors, no files). `spec` given: the
+// case's spec is that one (a -j worker's case), else read from the JSON.
+// Throws std::invalid_argument naming the key that is missing or wrong.
+CaseResult case_result_from_json(const nlohmann::json& j, const CaseSpec* spec = nullptr);
+
+// ---- merging shard reports (headgrad merge) ----
+// A report that cannot be merged: names the file and why (exit 2).
+class MergeError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+// The JSON reports of shards 1/N .. N/N of one suite, as one result in suite
+// order (shard 1/1, every case; seconds: the shards' sum), whose json_report
+// equals the unsharded run's apart from timings. MergeError for a file that is
+// no report, shards of different suites (identity) or counts, a missing or
+// duplicated shard.
+SuiteResult merge_shard_reports(const std::vector<std::filesystem::path>& files);
+
 // A <testcase> per case; <failure> (a mismatch, NaN, an unexpected pass) or
 // <error> (a plugin that could not run) with the figures.
 std::string junit_report(const SuiteResult& result);

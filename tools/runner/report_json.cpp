@@ -15,7 +15,17 @@ namespace {
 
 using nlohmann::json;
 
-json number(double x) { return std::isfinite(x) ? json(x) : json(nullptr); }
+// exact: NaN and Inf kept as numbers, for the binary form a -j worker sends
+// (CBOR holds them; JSON text has no such numbers: null there).
+thread_local bool t_exact = false;
+
+json number(double x) { return std::isfinite(x) || t_exact ? json(x) : json(nullptr); }
+
+json numbers_json(const std::vector<double>& v) {
+  json a = json::array();
+  for (double x : v) a.push_back(number(x));
+  return a;
+}
 
 json tolerance_json(const Tolerance& t) { return {{"atol", t.atol}, {"rtol", t.rtol}}; }
 
@@ -57,13 +67,18 @@ json tensor_json(const TensorComparison& t) {
   return j;
 }
 
+json fit_json(const HypothesisFit& f) {
+  return {{"bug", f.bug},   {"side", f.side}, {"worst_ratio", number(f.worst_ratio)}, {"max_abs", number(f.max_abs)},
+          {"explanation", f.explanation}, {"fix", f.fix}};
+}
+
 json diagnosis_json(const Diagnosis& d) {
-  json fits = json::array();
-  for (const auto& f : d.fits)
-    fits.push_back({{"bug", f.bug}, {"side", f.side}, {"worst_ratio", number(f.worst_ratio)},
-                    {"max_abs", number(f.max_abs)}});
+  json fits = json::array(), near = json::array();
+  for (const auto& f : d.fits) fits.push_back(fit_json(f));
+  for (const auto& f : d.near) near.push_back(fit_json(f));
   return {{"best", d.best().empty() ? json(nullptr) : json(d.best())},
           {"fits", fits},
+          {"near", near},
           {"judged_side", d.judged_side.empty() ? json(nullptr) : json(d.judged_side)},
           {"correct_side", d.correct_side.empty() ? json(nullptr) : json(d.correct_side)},
           {"ruled_out", d.ruled_out},
@@ -77,17 +92,36 @@ json localization_json(const Localization& loc) {
     rows.push_back({{"change", row.change}, {"shape", row.shape}, {"status", case_status_name(row.status)},
                     {"max_abs", number(row.max_abs)}, {"cause", row.cause}});
   json spread = json::array();
-  auto numbers = [](const std::vector<double>& v) {
-    json a = json::array();
-    for (double x : v) a.push_back(number(x));
-    return a;
-  };
   for (const auto& s : loc.spread)
-    spread.push_back({{"tensor", s.tensor}, {"per_head", numbers(s.per_head)},
-                      {"per_position", numbers(s.per_position)}, {"per_batch", numbers(s.per_batch)},
+    spread.push_back({{"tensor", s.tensor}, {"per_head", numbers_json(s.per_head)},
+                      {"per_position", numbers_json(s.per_position)}, {"per_batch", numbers_json(s.per_batch)},
                       {"tolerance", number(s.tolerance)}});
   return {{"rows", rows},           {"depends_on", loc.depends_on}, {"independent_of", loc.independent_of},
           {"sentence", loc.sentence}, {"where", loc.where},           {"spread", spread}};
+}
+
+json error_maps_json(const std::vector<TensorErrorMaps>& all) {
+  json a = json::array();
+  for (const auto& t : all) {
+    json maps = json::array();
+    for (const auto& m : t.maps)
+      maps.push_back({{"title", m.title},         {"rows", m.rows},           {"cols", m.cols},
+                      {"row_step", m.row_step},   {"col_step", m.col_step},   {"cell_rows", m.cell_rows},
+                      {"cell_cols", m.cell_cols}, {"cells", numbers_json(m.cells)}, {"row_block", m.row_block},
+                      {"col_block", m.col_block}, {"position_rows", m.position_rows}});
+    a.push_back({{"tensor", t.tensor}, {"shape", t.shape}, {"allclose", t.allclose}, {"vmax", number(t.vmax)},
+                 {"non_finite", t.non_finite}, {"axes", t.axes}, {"batches", t.batches}, {"maps", maps}});
+  }
+  return a;
+}
+
+json rope_json(const std::optional<RopeCase>& rope) {
+  if (!rope) return nullptr;
+  const RopeCase& r = *rope;
+  return {{"theta", r.theta}, {"style", rope_style_name(r.style)}, {"rotary_dim", r.rotary_dim},
+          {"offset", r.offset}, {"positions", r.rows},  {"per_row", r.per_row},
+          {"generator", r.generator}, {"start", r.start}, {"q_offset", r.q_offset},
+          {"description", r.describe()}};
 }
 
 json case_json(const CaseResult& r) {
@@ -144,7 +178,14 @@ json case_json(const CaseResult& r) {
           {"tensors", tensors},
           {"mutant", r.mutant.empty() ? json(nullptr) : json(r.mutant)},
           {"diagnosis", r.diagnosis ? diagnosis_json(*r.diagnosis) : json(nullptr)},
-          {"localization", r.localization ? localization_json(*r.localization) : json(nullptr)}};
+          {"localization", r.localization ? localization_json(*r.localization) : json(nullptr)},
+          // what merging shard reports (report_merge.cpp) rebuilds a case from
+          {"source_at", {{"file", c.source.file}, {"line", c.source.line}, {"column", c.source.column}}},
+          {"default_tolerance", tolerance_json(c.tolerance)},
+          {"rope", rope_json(c.rope)},
+          {"taps", c.taps},
+          {"timeout", c.timeout_s},
+          {"error_maps", error_maps_json(r.error_maps)}};
 }
 
 json mutation_json(const MutationScore& m) {
@@ -175,6 +216,14 @@ std::size_t make_valid_utf8(json& j) {
 
 }  // namespace
 
+nlohmann::json case_report_json(const CaseResult& r, bool exact) {
+  const bool was = t_exact;
+  t_exact = exact;
+  json j = case_json(r);
+  t_exact = was;
+  return j;
+}
+
 nlohmann::json json_report(const SuiteResult& result) {
   json cases = json::array();
   for (const auto& r : result.cases) cases.push_back(case_json(r));
@@ -193,6 +242,9 @@ nlohmann::json json_report(const SuiteResult& result) {
             {"exit_code", result.exit_code()}}},
           {"mutation_score", mutation_json(result.mutation_score())},
           {"warnings", warnings_json(result.warnings)},
+          {"shard", {{"index", result.shard.index}, {"count", result.shard.count}, {"cases", result.case_indices}}},
+          {"suite_identity", {{"file_hash", result.identity.file_hash}, {"cases_hash", result.identity.cases_hash},
+                              {"selected", result.identity.selected}}},
           {"cases", cases}};
   json notes = json::array();
   if (const std::size_t replaced = make_valid_utf8(report)) notes.push_back(text_replaced_note(replaced));

@@ -63,8 +63,30 @@ struct CaseResult {
   std::size_t differing_tensors() const; // tensors that are not allclose
 };
 
+// One of N parts of a suite (--shard K/N, 1-based): the selected cases at
+// positions p with p % N == K - 1, so every case is in exactly one shard.
+struct ShardSpec {
+  std::size_t index = 1, count = 1;
+  std::string str() const { return std::to_string(index) + "/" + std::to_string(count); }
+  bool operator==(const ShardSpec&) const = default;
+};
+
+// What a report was made from, so that shards of different suites (or of the
+// same file under another --filter, or edited in between) are never merged.
+struct SuiteIdentity {
+  std::string file_hash;   // FNV-1a 64 of the suite file's bytes, 16 hex digits
+  std::string cases_hash;  // of the selected cases as expanded (names, shapes, pairs, checks, seeds)
+  std::size_t selected = 0;  // cases selected (--filter) before sharding
+  bool operator==(const SuiteIdentity&) const = default;
+};
+
 struct RunOptions {
   bool isolate = true;
+  // Cases run at once, in as many forked workers (each case's sides are
+  // forked from its worker); results in suite order (run_cases). 1: in this process.
+  std::size_t jobs = 1;
+  int threads_per_case = 0;         // HEADGRAD_NUM_THREADS of each worker's sides; 0: unchanged
+  ShardSpec shard;                  // which part of the selected cases to run
   std::optional<double> timeout_s;  // overrides every case's `timeout`
   std::string filter;               // glob on case names (see select_cases); empty: all
   bool keep_tensors = false;        // keep lhs/rhs (passing cases too, and past keep_report_data)
@@ -84,7 +106,10 @@ struct SuiteResult {
   std::filesystem::path file;
   std::vector<CaseResult> cases;
   double seconds = 0;
-  std::vector<WeakSuiteWarning> warnings;  // bug classes the selected cases cannot expose
+  std::vector<WeakSuiteWarning> warnings;  // bug classes the selected cases cannot expose (every shard's)
+  ShardSpec shard;                         // the part run; 1/1 for a whole run or a merged report
+  std::vector<std::size_t> case_indices;   // each case's index in the expanded suite (suite.cases), 0-based
+  SuiteIdentity identity;
 
   MutationScore mutation_score() const;
 
@@ -100,6 +125,39 @@ struct SuiteResult {
 // name, or matches its name or its base name (the name before a sweep's [..]).
 bool glob_match(std::string_view pattern, std::string_view text);
 std::vector<const CaseSpec*> select_cases(const Suite& suite, const std::string& filter);
+
+// ---- shards and parallel cases ----
+
+// "K/N" with 1 <= K <= N (1-based); std::invalid_argument saying what was expected.
+ShardSpec parse_shard(std::string_view text);
+// GTEST_SHARD_INDEX (0-based, as GoogleTest reads it) and GTEST_TOTAL_SHARDS:
+// none when neither is set; std::invalid_argument when one is missing or bad.
+std::optional<ShardSpec> shard_from_environment();
+// This shard's part of `selected`, in suite order.
+std::vector<const CaseSpec*> shard_cases(const std::vector<const CaseSpec*>& selected, ShardSpec shard);
+// The identity of `suite` (file read again for its hash) as `selected` expands it.
+SuiteIdentity suite_identity(const Suite& suite, const std::vector<const CaseSpec*>& selected);
+
+// The default for -j: 1 on one core, for fewer than 4 cases, or without
+// isolation; else as many cases as the cores hold at `threads` threads each
+// (HEADGRAD_NUM_THREADS, else 1: suite cases are small and gain more from
+// running side by side than from threads), never more than the cases.
+std::size_t default_jobs(std::size_t cases, bool isolate);
+// Threads for each case's plugins at `jobs` cases at once: so that jobs x threads <= cores.
+int threads_per_case(std::size_t jobs);
+
+// Each case through `check` (in suite order), on_case_start and on_case_done
+// called as run_suite calls them (on_case_done always in suite order). With
+// options.jobs > 1, options.jobs worker processes are forked once and fed case
+// after case; each result comes back as the JSON report holds it
+// (case_report_json, exact, as CBOR), so what a report shows is the same
+// either way; tensors do not come back (keep_tensors runs serially). A worker
+// that dies gives its case an error and is replaced; what a check throws is
+// rethrown once the cases before it are reported.
+// check gets `options`, in a worker without its callbacks (the parent's).
+using CaseCheck = std::function<CaseResult(const CaseSpec&, const RunOptions&)>;
+std::vector<CaseResult> run_cases(const std::vector<const CaseSpec*>& cases, const CaseCheck& check,
+                                  const RunOptions& options);
 
 // "plugin X is not loaded (did you mean 'Y'?); loaded: ...; rejected FILE: reason"
 std::string not_loaded_cause(const std::string& name, const PluginRegistry& registry);
