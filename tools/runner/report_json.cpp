@@ -44,6 +44,8 @@ json tensor_json(const TensorComparison& t) {
     json profile = json::array(), base_profile = json::array();
     for (double e : b.err_by_position) profile.push_back(number(e));
     for (double e : b.baseline_by_position) base_profile.push_back(number(e));
+    json head_profiles = json::array();
+    for (const auto& head : b.err_by_head_position) head_profiles.push_back(numbers_json(head));
     j["baseline"] = {{"side", b.side},
                      {"error", number(b.err)},
                      {"baseline_error", number(b.baseline_err)},
@@ -55,7 +57,8 @@ json tensor_json(const TensorComparison& t) {
                      {"baseline_normwise", number(b.baseline_normwise)},
                      {"position_axis", b.position_axis.empty() ? json(nullptr) : json(b.position_axis)},
                      {"error_by_position", profile},
-                     {"baseline_error_by_position", base_profile}};
+                     {"baseline_error_by_position", base_profile},
+                     {"error_by_head_position", head_profiles}};
   } else {
     j["baseline"] = nullptr;
   }

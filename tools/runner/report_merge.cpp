@@ -81,6 +81,7 @@ Diagnosis diagnosis_of(const json& d) {
   out.judged_side = text_or_empty(d, "judged_side");
   out.correct_side = text_or_empty(d, "correct_side");
   out.ruled_out = value_of<std::vector<std::string>>(d, "ruled_out");
+  if (d.contains("evidence")) out.evidence = value_of<std::vector<std::string>>(d, "evidence");
   out.sentence = value_of<std::string>(d, "sentence");
   return out;
 }
@@ -142,6 +143,28 @@ TensorComparison tensor_of(const json& t) {
   c.numel = value_of<std::int64_t>(t, "numel");
   c.mismatched = value_of<std::int64_t>(t, "mismatched");
   c.problem = text_or_empty(t, "problem");
+  const json& b = at(t, "baseline");
+  if (!b.is_null()) {
+    BaselineCheck base;
+    base.side = value_of<std::string>(b, "side");
+    base.err = number_at(b, "error");
+    base.baseline_err = number_at(b, "baseline_error");
+    base.ratio = number_at(b, "ratio");
+    base.k = number_at(b, "k");
+    base.floor = number_at(b, "floor");
+    base.bound = number_at(b, "bound");
+    base.normwise = number_at(b, "normwise");
+    base.baseline_normwise = number_at(b, "baseline_normwise");
+    base.position_axis = text_or_empty(b, "position_axis");
+    base.err_by_position = numbers_at(b, "error_by_position");
+    base.baseline_by_position = numbers_at(b, "baseline_error_by_position");
+    for (const auto& head : at(b, "error_by_head_position")) {
+      std::vector<double> profile;
+      for (const auto& x : head) profile.push_back(number_of(x));
+      base.err_by_head_position.push_back(std::move(profile));
+    }
+    c.baseline = std::move(base);
+  }
   const json& w = at(t, "worst");
   if (!w.is_null())
     c.worst = ElementRef{value_of<Shape>(w, "index"), value_of<std::string>(w, "where"), number_at(w, "lhs"),
@@ -198,6 +221,10 @@ CaseSpec spec_of(const json& j) {
   c.layout = named(j, "input_layout", {InputLayout::contiguous, InputLayout::transposed, InputLayout::sliced},
                    layout_name);
   c.seed = value_of<std::uint64_t>(j, "seed");
+  if (j.contains("tolerance_rule"))
+    c.tolerance_rule = value_of<std::string>(j, "tolerance_rule") == "relative_to_baseline"
+                           ? ToleranceRule::relative_to_baseline
+                           : ToleranceRule::allclose;
   c.tolerance = tolerance_of(at(j, "default_tolerance"));
   for (const auto& [name, t] : at(j, "tolerance").items()) c.tensor_tolerance[name] = tolerance_of(t);
   c.check = value_of<std::vector<std::string>>(j, "check");
@@ -234,6 +261,8 @@ CaseResult case_result_from_json(const json& j, const CaseSpec* spec) {
   r.error_maps = error_maps_of(at(j, "error_maps"));
   r.seconds = value_of<double>(j, "seconds");
   r.mutant = text_or_empty(j, "mutant");
+  if (j.contains("golden")) r.golden_label = text_or_empty(j, "golden");
+  if (j.contains("baseline")) r.baseline_label = text_or_empty(j, "baseline");
   if (!at(j, "diagnosis").is_null()) r.diagnosis = diagnosis_of(j.at("diagnosis"));
   if (!at(j, "localization").is_null()) r.localization = localization_of(j.at("localization"));
   return r;
