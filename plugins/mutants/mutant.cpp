@@ -138,6 +138,7 @@ class Mutant final : public Attention {
     auto& c = i.capabilities;
     c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = true;
     c.grouped_kv = true;
+    c.extra = {"bfloat16", "float16"};  // the engine's ops: float32 math, 16-bit results
     return i;
   }
 

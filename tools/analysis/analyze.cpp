@@ -494,7 +494,10 @@ bool has_fully_masked_row(const CaseSpec& c) {
 // a few times scale * sqrt(d): past ln(max) of the dtype, exp overflows.
 bool has_large_logits(const CaseSpec& c) {
   if (!c.scale || c.is_reference()) return false;
-  const double limit = c.dtype == DType::float32 ? 88.7 : 709.8;
+  // ln of the largest finite value: float16 65504, bfloat16 ~ float32 3.4e38
+  const double limit = c.dtype == DType::float16                                   ? 11.09
+                       : c.dtype == DType::float32 || c.dtype == DType::bfloat16 ? 88.7
+                                                                                  : 709.8;
   return 3 * *c.scale * std::sqrt(static_cast<double>(std::max<std::int64_t>(c.dims.head_dim(), 1))) > limit;
 }
 
