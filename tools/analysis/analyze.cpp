@@ -598,6 +598,8 @@ std::vector<WeakSuiteWarning> weak_suite_warnings(const std::vector<const CaseSp
   if (!std::any_of(cases.begin(), cases.end(), [](const CaseSpec* c) { return has_large_logits(*c); }))
     add("no case has logits past exp's range (a large scale)",
         bugs_where([](const auto& v) { return v.needs_large_logits; }));
+  if (all([](const CaseSpec& c) { return !is_16bit(c.dtype); }))
+    add("no case is bfloat16 or float16", bugs_where([](const auto& v) { return v.needs_16bit; }));
   if (all([](const CaseSpec& c) { return c.layout == InputLayout::contiguous && !c.is_reference(); }))
     add("every input is contiguous",
         {"kernels that ignore strides (a view read as if it were contiguous)"});

@@ -13,7 +13,7 @@ constexpr std::string_view kNames[] = {
 
 // Field order: needs_heads, needs_seq, needs_batch, needs_causal, needs_d_lt_D, mha_only,
 // needs_tq_ne_tk, needs_empty_row, needs_large_logits, needs_group, needs_kv_heads,
-// needs_non_square (false when left out)
+// needs_non_square, needs_16bit (false when left out)
 // Each entry's name is filled in from bug_names.def below.
 constexpr std::array<BugInfo, static_cast<std::size_t>(Bug::count_)> kEntries{{
     {Bug::split_without_transpose, {},
@@ -109,6 +109,12 @@ constexpr std::array<BugInfo, static_cast<std::size_t>(Bug::count_)> kEntries{{
      "kv head j takes rows j, j+Hkv, j+2Hkv, ... of Wk and Wv instead of the block [j*d, (j+1)*d)",
      "view k and v as [B, T, Hkv, d] (heads outermost), like q",
      {true, false, false, false, false, true, false, false, false, false, true, false}},
+    // Precision: right in float64 and float32, wrong in 16 bits.
+    {Bug::fp16_accumulator, {},
+     "the products q k^T and P V accumulate in the 16-bit storage type (each partial sum rounded) instead of "
+     "float32: the error grows with the head width and the key count, far above one rounding of the result",
+     "accumulate matmuls in float32 and round the result once (as every float32-accumulating kernel does)",
+     {false, false, false, false, false, false, false, false, false, false, false, false, true}},
 }};
 
 constexpr auto kCatalog = [] {

@@ -31,6 +31,7 @@ struct Visibility {
   bool needs_group = false;     // invisible at Hkv = H (G = 1)
   bool needs_kv_heads = false;  // invisible at Hkv = 1 (MQA)
   bool needs_non_square = false;  // invisible at H = Hkv^2 (G = Hkv)
+  bool needs_16bit = false;  // invisible in float64 and float32: only bfloat16 / float16 show it
 };
 
 struct BugInfo {
