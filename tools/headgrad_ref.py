@@ -45,7 +45,14 @@ import numpy as np
 import torch
 
 LEVELS = ("mha", "core", "rope")
-DTYPES = {"float64": torch.float64, "float32": torch.float32}
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16,
+          "float16": torch.float16}
+# 16-bit references also hold golden/: the expected tensors recomputed in float64
+# on the same (16-bit) input values, for tolerances tied to the dtype's rounding.
+LOW_PRECISION = ("bfloat16", "float16")
+# The 16-bit suites' tolerance: 16 epsilons of the dtype (2^-7, 2^-10).
+LOW_PRECISION_TOL = {"bfloat16": 16 * 2.0 ** -7, "float16": 16 * 2.0 ** -10}
+EXPECTED_STEMS = ("out", "dx", "dwq", "dwk", "dwv", "dwo", "dq", "dk", "dv", "q_rot", "k_rot")
 # Keyword arguments a user function may ask for by naming them.
 OFFERED_KWARGS = ("num_heads", "num_kv_heads", "head_dim", "causal", "positions", "mask")
 # Every file a writer may produce: an overwrite removes exactly these.
@@ -187,15 +194,22 @@ def _check_tensor(name, t, shape, dtype):
 # ---------------------------------------------------------------- the writers
 
 class _Draw:
-    """Random tensors from one seeded generator, drawn in float64, then cast."""
+    """Random tensors from one seeded generator, drawn in float64, then cast.
 
-    def __init__(self, seed, dtype):
+    round_to: first round to that dtype (the golden run: float64 tensors holding
+    exactly the 16-bit values the 16-bit run saw).
+    """
+
+    def __init__(self, seed, dtype, round_to=None):
         self.gen = torch.Generator().manual_seed(seed)
         self.dtype = dtype
+        self.round_to = round_to
 
     def __call__(self, *shape, std=1.0, grad=True):
-        t = (torch.randn(*shape, generator=self.gen, dtype=torch.float64) * std).to(self.dtype)
-        return t.requires_grad_(grad)
+        t = torch.randn(*shape, generator=self.gen, dtype=torch.float64) * std
+        if self.round_to is not None:
+            t = t.to(self.round_to)
+        return t.to(self.dtype).requires_grad_(grad)
 
 
 def _prepare_dir(out_dir, overwrite):
@@ -215,8 +229,19 @@ def _prepare_dir(out_dir, overwrite):
 
 def _save(out, tensors):
     for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16:
+            t = t.float()  # .npy has no bfloat16: float32 holds every bfloat16 value exactly
         arr = t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
         np.save(out / f"{name}.npy", np.ascontiguousarray(arr))
+
+
+def _save_golden(out, tensors):
+    """golden/<name>.npy, float64, for each expected tensor of a 16-bit reference."""
+    golden = out / "golden"
+    golden.mkdir(exist_ok=True)
+    for p in golden.glob("*.npy"):
+        p.unlink()
+    _save(golden, {k: v.to(torch.float64) for k, v in tensors.items() if k in EXPECTED_STEMS})
 
 
 def _case_yaml(out, level, shape_keys, causal, rope, taps, dtype, suite_dir):
@@ -240,6 +265,9 @@ def _case_yaml(out, level, shape_keys, causal, rope, taps, dtype, suite_dir):
         lines.append("  taps: [" + ", ".join(taps) + "]")
     if dtype == "float32":
         lines.append("  atol: 1.0e-5\n  rtol: 1.0e-4")
+    if dtype in LOW_PRECISION:  # bfloat16 files are float32: only the case can say bfloat16
+        tol = LOW_PRECISION_TOL[dtype]
+        lines.append(f"  dtype: {dtype}\n  atol: {tol}\n  rtol: {tol}")
     (out / "case.yaml").write_text("\n".join(lines) + "\n")
 
 
@@ -283,7 +311,9 @@ def write_reference(fn, out_dir, shape, *, level="mha", seed=0, causal=True, dty
     seed:      seeds every random tensor (inputs, weights, r).
     causal:    mha: what your function does (checked: a mismatch is an error).
                core: writes the top-left causal mask [Tq, Tk] as mask.npy.
-    dtype:     "float64" or "float32".
+    dtype:     "float64", "float32", "bfloat16" or "float16". A 16-bit reference
+               also gets golden/: the expected tensors of fn run in float64 on the
+               same input values (bfloat16 files are float32, as .npy has no bfloat16).
     positions: int64 [T] or [B, T], written as positions.npy and passed to fn.
     rope:      the RoPE settings your function uses (theta, style, rotary_dim); not
                stored in .npy files, only written into case.yaml for the suite case.
@@ -296,15 +326,19 @@ def write_reference(fn, out_dir, shape, *, level="mha", seed=0, causal=True, dty
                                     rope=rope, suite_dir=suite_dir, overwrite=overwrite)
     s = resolve_shape(level, shape)
     dtype_name, dt = _dtype_of(dtype)
-    draw = _Draw(seed, dt)
-    if level == "mha":
-        tensors, case_shape, taps = _run_mha(fn, s, draw, causal, positions)
-    else:
-        if positions is not None:
-            _fail("positions are for the mha and rope levels; a core reference has none")
-        tensors, case_shape, taps = _run_core(fn, s, draw, causal, mask)
+    if level != "mha" and positions is not None:
+        _fail("positions are for the mha and rope levels; a core reference has none")
+
+    def run(draw):
+        if level == "mha":
+            return _run_mha(fn, s, draw, causal, positions)
+        return _run_core(fn, s, draw, causal, mask)
+
+    tensors, case_shape, taps = run(_Draw(seed, dt))
     out = _prepare_dir(out_dir, overwrite)
     _save(out, tensors)
+    if dtype_name in LOW_PRECISION:
+        _save_golden(out, run(_Draw(seed, torch.float64, round_to=dt))[0])
     _case_yaml(out, level, case_shape, causal, rope, taps, dtype_name, suite_dir)
     return out
 
