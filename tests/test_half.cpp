@@ -14,6 +14,7 @@
 
 #include <unistd.h>
 
+#include "headgrad/attention.hpp"
 #include "headgrad/kernels.hpp"
 #include "headgrad/npy.hpp"
 #include "headgrad/ops.hpp"
@@ -263,6 +264,23 @@ TEST_P(HalfOps, BackwardGradientsAreStoredIn16Bits) {
       .backward();
   ASSERT_EQ(vc.grad().dtype(), dt);
   EXPECT_EQ(vc.grad().flat(0), Tensor::full({}, 1.0 / 3.0, dt).item());
+}
+
+// RoPE in 16 bits: rotated in float32 (float64 tables), rounded once; its
+// backward (the rotation by -phi) stores dx in 16 bits the same way.
+TEST_P(HalfOps, RopeIsTheRoundedFloat32Rotation) {
+  const DType dt = GetParam();
+  hg::RopeSpec spec;
+  spec.style = hg::RopeStyle::half;
+  spec.rotary_dim = 6;
+  spec.offset = 1000;
+  const Tensor x = seeded({2, 3, 5, 8}, dt, 10), r = seeded({2, 3, 5, 8}, dt, 11);
+  hg::Variable v(x, true), v32(x.to(DType::float32), true);
+  const hg::Variable y = hg::rope(v, spec), y32 = hg::rope(v32, spec);
+  expect_rounded_float32(y.data(), y32.data(), "rope");
+  hg::sum(hg::mul(y, hg::Variable(r))).backward();
+  hg::sum(hg::mul(y32, hg::Variable(r.to(DType::float32)))).backward();
+  expect_rounded_float32(v.grad(), v32.grad(), "rope dx");
 }
 
 // Overflow behaves as the dtype does: float16 exp(12) is inf, bfloat16's is finite.
