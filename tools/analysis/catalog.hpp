@@ -26,7 +26,7 @@ struct Visibility {
   bool mha_only = false;       // lives in the projections or the head layout
   bool needs_tq_ne_tk = false; // invisible when Tq = Tk (so at the mha level): core cases only
   bool needs_empty_row = false;    // invisible unless a query row has every key masked
-  bool needs_large_logits = false; // invisible unless a score passes exp's range (~88 float32, ~709 float64)
+  bool needs_large_logits = false; // invisible unless a score passes exp's range (~11 float16, ~88 float32 and bfloat16, ~709 float64)
   // Grouped kv heads (G = H / Hkv query heads per kv head):
   bool needs_group = false;     // invisible at Hkv = H (G = 1)
   bool needs_kv_heads = false;  // invisible at Hkv = 1 (MQA)
