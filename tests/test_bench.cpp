@@ -140,10 +140,19 @@ TEST(BenchCli, ParsesShapes) {
   EXPECT_THROW(headgrad::bench::parse_shape("4,x,512,8"), headgrad::bench::BenchConfigError);
 }
 
+// The 16-bit dtypes run fused_sdpa and batched (both declare them).
+TEST(BenchCli, SixteenBitDtypesRun) {
+  for (const char* dt : {"bfloat16", "float16"})
+    EXPECT_EQ(run_bench_cli({"--shape", "2,3,8,2", "--dtype", dt, "--plugin", "fused_sdpa", "--plugin", "batched",
+                             "--repeats", "1", "--warmup", "0", "--gemm-size", "64"}),
+              0)
+        << dt;
+}
+
 TEST(BenchCli, BadUsageIsExitTwo) {
   EXPECT_EQ(run_bench_cli({"--shape", "2,3,8"}), 2);
   EXPECT_EQ(run_bench_cli({"--shape", "2,3,7,2"}), 2);  // D not divisible by H
-  EXPECT_EQ(run_bench_cli({"--shape", "2,3,8,2", "--dtype", "float16"}), 2);
+  EXPECT_EQ(run_bench_cli({"--shape", "2,3,8,2", "--dtype", "float8"}), 2);
   EXPECT_EQ(run_bench_cli({"--shape", "2,3,8,2", "--level", "layer"}), 2);
   EXPECT_EQ(run_bench_cli({"--no-such-flag"}), 2);
   EXPECT_EQ(run_bench_cli({}), 2);  // no suite and no shape

@@ -4,6 +4,8 @@
 // the bug can show.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include <cmath>
 
 #include <headgrad/loader.hpp>
@@ -53,13 +55,17 @@ class CatalogTest : public ::testing::TestWithParam<BugInfo> {
     return v.needs_group || v.needs_kv_heads || v.needs_non_square ? kGrouped : kPlain;
   }
   Shape5 s_ = kPlain;
+  DType dtype_ = DType::float64;  // the inputs' dtype (drawn in float64, then rounded)
 
   std::vector<Tensor> inputs() const {
     const auto [B, T, D, H, Hkv, d] = s_;
     Generator gen(7);
-    return {randn({B, T, D}, DType::float64, gen), randn({H * d, D}, DType::float64, gen, 0.35),
-            randn({Hkv * d, D}, DType::float64, gen, 0.35), randn({Hkv * d, D}, DType::float64, gen, 0.35),
-            randn({D, H * d}, DType::float64, gen, 0.35), randn({B, T, D}, DType::float64, gen)};
+    std::vector<Tensor> in = {
+        randn({B, T, D}, DType::float64, gen), randn({H * d, D}, DType::float64, gen, 0.35),
+        randn({Hkv * d, D}, DType::float64, gen, 0.35), randn({Hkv * d, D}, DType::float64, gen, 0.35),
+        randn({D, H * d}, DType::float64, gen, 0.35), randn({B, T, D}, DType::float64, gen)};
+    for (auto& t : in) t = t.to(dtype_);
+    return in;
   }
 
   template <class F>
@@ -113,12 +119,48 @@ TEST_P(CatalogTest, HypothesisReproducesMutantAndDiffersFromCorrect) {
   const auto& vis = info.visibility;
   const std::string at = "B=" + std::to_string(s_.B) + ", T=" + std::to_string(s_.T) + ", D=" + std::to_string(s_.D) +
                          ", H=" + std::to_string(s_.H) + ", Hkv=" + std::to_string(s_.Hkv) + ", d=" + std::to_string(s_.d);
-  // Tq = Tk = T, no boolean mask (so no fully masked row), small logits here:
-  // such bugs cannot show (CrossLengthCatalogTest and EdgeCatalogTest show them).
-  if (vis.needs_tq_ne_tk || vis.needs_empty_row || vis.needs_large_logits || vis.needs_mask)
+  // Tq = Tk = T, no boolean mask (so no fully masked row), small logits, float64
+  // here: such bugs cannot show (CrossLengthCatalogTest, EdgeCatalogTest and
+  // LowPrecisionCatalogTest show them).
+  if (vis.needs_tq_ne_tk || vis.needs_empty_row || vis.needs_large_logits || vis.needs_mask || vis.needs_16bit)
     EXPECT_LT(distance_from_correct, 1e-12) << info.name << " shows at " << at;
   else
     EXPECT_GT(distance_from_correct, 1e-3) << info.name << " is invisible at " << at;
+}
+
+// The precision-only bugs in float16 at a shape with long sums (d = 64, T = 32):
+// the hypothesis still reproduces the mutant bit for bit, and now both differ
+// from the correct attention by far more than float16's own rounding does.
+TEST_F(CatalogTest, LowPrecisionCatalogTestShowsThe16BitBugs) {
+  for (const auto& info : bug_catalog()) {
+    if (!info.visibility.needs_16bit) continue;
+    const std::string name = "mutant_" + std::string(info.name);
+    const LoadedPlugin* mutant = registry_->find(name);
+    ASSERT_NE(mutant, nullptr) << name << " is not built";
+    s_ = {2, 32, 128, 2, 2, 64};
+    dtype_ = DType::float16;
+    const Grads from_plugin = run_mha([&](auto& x, auto& w, auto& s) { return mutant->attention->mha_forward(x, w, s); });
+    const Grads hypothesis = run_mha([&](auto& x, auto& w, auto& s) { return hypothesis_mha(x, w, s, info.bug); });
+    const Grads correct = run_mha([&](auto& x, auto& w, auto& s) { return hypothesis_mha(x, w, s, std::nullopt); });
+    dtype_ = DType::float32;  // the same bug in float32: as accurate as the correct attention
+    const Grads mutant32 = run_mha([&](auto& x, auto& w, auto& s) { return mutant->attention->mha_forward(x, w, s); });
+    const Grads correct32 = run_mha([&](auto& x, auto& w, auto& s) { return hypothesis_mha(x, w, s, std::nullopt); });
+    // errors relative to each tensor's largest value (weight gradients sum B*T terms)
+    auto rel = [](const Tensor& a, const Tensor& b) {
+      const Tensor z = Tensor::zeros(b.shape(), b.dtype());
+      return max_abs_diff(a, b) / max_abs_diff(b, z);
+    };
+    double far = 0.0, near32 = 0.0;
+    for (std::size_t i = 0; i < 6; ++i) {
+      EXPECT_EQ(max_abs_diff(from_plugin.tensors[i], hypothesis.tensors[i]), 0.0) << i << " of " << name;
+      far = std::max(far, rel(hypothesis.tensors[i], correct.tensors[i]));
+      near32 = std::max(near32, rel(mutant32.tensors[i], correct32.tensors[i]));
+    }
+    // float16's epsilon is 2^-10, float32's 2^-23: far above the one, near the other
+    EXPECT_GT(far, 8 * 0x1p-10) << info.name << " hides in float16";
+    EXPECT_LT(near32, 64 * 0x1p-23) << info.name << " shows in float32";
+    std::printf("%s: relative error %.3g in float16, %.3g in float32\n", name.c_str(), far, near32);
+  }
 }
 
 // Only bugs that have a core-level form (not the projections or the head layout).

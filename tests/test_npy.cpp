@@ -346,7 +346,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"big_endian_f4", npy_image(1, hdr(">f4", "False", "(2,)"), f8_bytes(iota(1))),
                 "big-endian data ('>f4')"},
         BadCase{"int32", npy_image(1, hdr("<i4", "False", "(2,)"), f8_bytes(iota(1))),
-                "unsupported dtype '<i4' (supported: '<f4' (float32), '<f8' (float64), '|b1' (bool))"},
+                "unsupported dtype '<i4' (supported: '<f2' (float16), '<f4' (float32), '<f8' (float64), '|b1' (bool))"},
         BadCase{"structured", npy_image(1, "{'descr': [('a', '<f8'), ('b', '<i4', (2,))], "
                                            "'fortran_order': False, 'shape': (1,), }\n", f8_bytes(iota(2))),
                 "unsupported dtype: a structured"},

@@ -163,6 +163,29 @@ TEST_F(RunnerTest, LayoutsGiveTheSameTensors) {
 
 // ---- reference directories ----
 
+// bfloat16 references: float32 files of bfloat16 values, the case says dtype:
+// bfloat16. Read exactly (and checked in bfloat16), or refused naming the file,
+// the index and the value when a value is not a bfloat16.
+TEST_F(RunnerTest, Bfloat16ReferenceIsReadExactlyOrRefused) {
+  Suite gen = suite_from("cases:\n  - {name: g, compare: [per_head, batched], dtype: bfloat16, seed: 4, "
+                         "shape: {B: 2, T: 3, D: 8, H: 2}}\n");
+  write_reference(gen.cases[0], dir_ / "ref");
+  EXPECT_EQ(read_npy(dir_ / "ref" / "x.npy").dtype(), DType::float32);  // .npy has no bfloat16
+  const std::string yaml = "cases:\n  - {name: vs-ref, compare: [batched], reference: ref, dtype: bfloat16, "
+                           "shape: {H: 2}}\n";
+  Suite s = suite_from(yaml);
+  EXPECT_EQ(s.cases[0].dtype, DType::bfloat16);
+  CaseResult ok = run_case(s.cases[0], *registry_, {});
+  EXPECT_EQ(ok.status, CaseStatus::pass) << ok.cause;
+
+  Tensor x = read_npy(dir_ / "ref" / "x.npy");
+  x.set({0, 1, 2}, 1.0 + 0x1p-10);  // 10 mantissa bits: not a bfloat16
+  write_npy(dir_ / "ref" / "x.npy", x);
+  const std::string err = load_error(yaml);
+  for (const char* part : {"ref/x.npy", "[0, 1, 2]", "1.0009765625", "not exactly representable in bfloat16"})
+    EXPECT_NE(err.find(part), std::string::npos) << part << " not in: " << err;
+}
+
 TEST_F(RunnerTest, ReferenceDirectoryRoundTripAndAMutatedFile) {
   Suite gen = suite_from("cases:\n  - {name: g, compare: [per_head, batched], causal: true, seed: 3, "
                          "shape: {B: 2, T: 3, D: 8, H: 2}}\n");

@@ -293,7 +293,7 @@ TEST(SuiteErrors, WrongTypedValues) {
   EXPECT_EQ(error_of(head + "seed: [1]\n"), "t.yaml:4:11: case 'a': 'seed' must be an integer, got a list");
   EXPECT_EQ(error_of(head + "dtype:\n"), "t.yaml:4:5: case 'a': 'dtype' has no value");
   EXPECT_EQ(error_of(head + "dtype: float63\n"),
-            "t.yaml:4:12: case 'a': 'dtype' must be float64 | float32, got 'float63' (did you mean 'float64'?)");
+            "t.yaml:4:12: case 'a': 'dtype' must be float64 | float32 | bfloat16 | float16, got 'float63' (did you mean 'float64'?)");
   EXPECT_EQ(error_of(head + "input_layout: transposd\n"),
             "t.yaml:4:19: case 'a': 'input_layout' must be contiguous | transposed | sliced, got 'transposd' "
             "(did you mean 'transposed'?)");

@@ -52,7 +52,11 @@ import numpy as np
 import torch
 
 LEVELS = ("mha", "core", "rope")
-DTYPES = {"float64": torch.float64, "float32": torch.float32}
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16,
+          "float16": torch.float16}
+# The 16-bit dtypes: .npy has no bfloat16 (its files are float32 holding bfloat16
+# values), so their case.yaml names the dtype.
+LOW_PRECISION = ("bfloat16", "float16")
 # Keyword arguments a user function may ask for by naming them.
 OFFERED_KWARGS = ("num_heads", "num_kv_heads", "head_dim", "causal", "positions", "q_offset", "mask")
 # Every file a writer may produce: an overwrite removes exactly these.
@@ -196,7 +200,9 @@ def _check_tensor(name, t, shape, dtype):
 class _Draw:
     """Random tensors from one seeded generator, drawn in float64, then cast.
 
-    Keeps what it drew, in order, so _Replay can hand the same values out again."""
+    Keeps what it drew, in order, so _Replay can hand the same values out again
+    (the golden run: float64 tensors holding exactly the values the run in the
+    dtype saw)."""
 
     def __init__(self, seed, dtype):
         self.gen = torch.Generator().manual_seed(seed)
@@ -244,6 +250,8 @@ def _prepare_dir(out_dir, overwrite):
 def _save(out, tensors):
     out.mkdir(exist_ok=True)
     for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16:
+            t = t.float()  # .npy has no bfloat16: float32 holds every bfloat16 value exactly
         arr = t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
         np.save(out / f"{name}.npy", np.ascontiguousarray(arr))
 
@@ -272,6 +280,8 @@ def _case_yaml(out, level, shape_keys, causal, rope, taps, dtype, suite_dir):
         lines.append("  rope: " + _flow_map(rope))
     if taps:
         lines.append("  taps: [" + ", ".join(taps) + "]")
+    if dtype in LOW_PRECISION:  # bfloat16 files are float32: only the case can say bfloat16
+        lines.append(f"  dtype: {dtype}")
     if dtype != "float64":
         lines.append("  # below float64 the tolerance is relative to the oracle's own rounding error,\n"
                      "  # against the float64 tensors in golden/ (no atol/rtol needed)")
@@ -318,7 +328,9 @@ def write_reference(fn, out_dir, shape, *, level="mha", seed=0, causal=True, dty
     seed:      seeds every random tensor (inputs, weights, r).
     causal:    mha: what your function does (checked: a mismatch is an error).
                core: writes the top-left causal mask [Tq, Tk] as mask.npy.
-    dtype:     "float64" or "float32" (float32 also writes golden/, in float64).
+    dtype:     "float64", "float32", "bfloat16" or "float16". Below float64 the
+               directory also gets golden/: fn run in float64 on the same input
+               values (bfloat16 files are float32, as .npy has no bfloat16).
     positions: int64 [T] or [B, T], passed to fn. mha, and core at Tq = Tk: written
                as positions.npy. core at Tq != Tk: the keys' positions N + 0..Tk-1
                (one N for every row), written into case.yaml as {offset: N}.

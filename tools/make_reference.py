@@ -59,11 +59,23 @@ def mha(x, wq, wk, wv, wo, heads, causal):
     return o.transpose(1, 2).reshape(B, T, D) @ wo.T
 
 
+def mm(a, b):
+    """a @ b. torch 1.13 has no float16 matmul on a CPU: float16 runs it in float32
+    on the exact upcasts and rounds the result once (what its bfloat16 kernels do,
+    and headgrad's rule); the casts' backward rounds the gradients the same way."""
+    return (a.float() @ b.float()).to(a.dtype) if a.dtype == torch.float16 else a @ b
+
+
+def softmax(s):
+    """Softmax over the last dim; float16 through float32 as mm() (no CPU kernel)."""
+    return torch.softmax(s.float(), dim=-1).to(s.dtype) if s.dtype == torch.float16 else torch.softmax(s, dim=-1)
+
+
 def core(q, k, v, keep):
-    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    s = mm(q, k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
     if keep is not None:
         s = s.masked_fill(~keep, float("-inf"))
-    return torch.softmax(s, dim=-1) @ v
+    return mm(softmax(s), v)
 
 
 def save(directory, **tensors):
@@ -177,12 +189,12 @@ def grouped_attention(x, wq, wk, wv, wo, *, num_heads, num_kv_heads, head_dim, c
     def split(t, heads):  # [B, T, heads*d] -> [B, heads, T, d]
         return t.view(B, T, heads, d).transpose(1, 2)
 
-    q, k, v = split(x @ wq.T, H), split(x @ wk.T, Hkv), split(x @ wv.T, Hkv)
+    q, k, v = split(mm(x, wq.T), H), split(mm(x, wk.T), Hkv), split(mm(x, wv.T), Hkv)
     if rope_settings is not None:
         q, k = rope(q, positions, **rope_settings), rope(k, positions, **rope_settings)
     keep = torch.ones(T, T, dtype=torch.bool).tril() if causal else None
     o = core(q, k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1), keep)
-    out = o.transpose(1, 2).reshape(B, T, H * d) @ wo.T
+    out = mm(o.transpose(1, 2).reshape(B, T, H * d), wo.T)
     return out if rope_settings is None else (out, {"q_rot": q, "k_rot": k})
 
 
@@ -274,6 +286,22 @@ ROPE_LEVEL_CASES = [
 ]
 
 
+# 16-bit: (name, shape, dtype). PyTorch on a CPU computes each op in float32 and
+# rounds its result; the writer adds golden/ (float64 on the same input values).
+LOWP_CASES = [
+    ("mha_B2_T8_D16_H4_causal_bfloat16", dict(B=2, T=8, D=16, H=4), "bfloat16"),
+    ("mha_B2_T8_D16_H4_causal_float16", dict(B=2, T=8, D=16, H=4), "float16"),
+]
+
+
+def write_lowp_cases(out):
+    """bfloat16 and float16 MHA references (with golden/), through headgrad_ref."""
+    for seed, (name, shape, dtype) in enumerate(LOWP_CASES, start=500):
+        headgrad_ref.write_reference(grouped_attention, out / name, shape, seed=seed, dtype=dtype,
+                                     suite_dir=out.parent, overwrite=True)
+        print("wrote", out / name)
+
+
 def write_gqa_rope_cases(out):
     """Grouped-KV and RoPE cases, each from its own seed, through headgrad_ref."""
     for seed, (name, shape, dtype) in enumerate(GQA_CASES, start=100):
@@ -313,7 +341,7 @@ def write_gqa_rope_cases(out):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=pathlib.Path, help="folder to write the directories into")
-    parser.add_argument("--cases", choices=["all", "first", "gqa-rope"], default="gqa-rope",
+    parser.add_argument("--cases", choices=["all", "first", "gqa-rope", "lowp"], default="gqa-rope",
                         help="which directories to write (default: the grouped-KV and RoPE ones)")
     args = parser.parse_args()
     # The first cases are committed as written once; another torch build may round
@@ -323,6 +351,8 @@ def main():
     if args.cases in ("all", "gqa-rope"):
         write_gqa_rope_cases(args.out)
         write_first_goldens(args.out)
+    if args.cases in ("all", "lowp"):
+        write_lowp_cases(args.out)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ class FusedSdpa final : public Attention {
     auto& c = i.capabilities;
     c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = true;
     c.float32 = c.float64 = c.dropout = c.grouped_kv = c.rope = c.rope_level = true;
+    c.extra = {"bfloat16", "float16"};  // 16-bit q, k, v with float32 accumulation
     return i;
   }
 
@@ -47,7 +48,15 @@ class FusedSdpa final : public Attention {
 
   Variable core_forward(const Variable& q, const Variable& k, const Variable& v,
                         const AttentionSpec& spec) const override {
-    return fused_sdpa::sdpa(rope_queries(q, spec), rope_keys(k, spec), v, without_rope(spec));
+    const Variable qr = rope_queries(q, spec), kr = rope_keys(k, spec);
+    if (!is_16bit(q.dtype())) return fused_sdpa::sdpa(qr, kr, v, without_rope(spec));
+    // 16-bit q, k, v (as the usual kernels take them): the float32 kernel on
+    // their exact upcasts, so the scores, the softmax statistics, P V and every
+    // product of the backward accumulate in float32; the output and dq, dk, dv
+    // are rounded once to the storage type (cast's backward rounds them).
+    const DType f32 = DType::float32;
+    return cast(fused_sdpa::sdpa(cast(qr, f32), cast(kr, f32), cast(v, f32), without_rope(spec)),
+                q.dtype());
   }
 };
 

@@ -235,6 +235,17 @@ Variable merge(const Variable& o) {
   return merge_heads(o);
 }
 
+// a [..., M, K] @ b [..., K, N] as a loop over K whose running sum is stored in
+// the operands' dtype after every term: exact enough in float64 and float32,
+// a 16-bit accumulator in bfloat16 / float16.
+Variable matmul_accumulating(const Variable& a, const Variable& b) {
+  if (kBug != "fp16_accumulator") return matmul(a, b);
+  Variable acc = mul(narrow(a, -1, 0, 1), narrow(b, -2, 0, 1));
+  for (std::int64_t i = 1; i < a.size(-1); ++i)
+    acc = add(acc, mul(narrow(a, -1, i, 1), narrow(b, -2, i, 1)));  // BUG: rounded to 16 bits each step
+  return acc;
+}
+
 Variable core(const Variable& q, const Variable& k_in, const Variable& v_in,
               const AttentionSpec& spec, std::int64_t d_model) {
   const Variable& k = kBug == "kv_swapped" ? v_in : k_in;  // BUG: keys and values swapped
@@ -245,7 +256,7 @@ Variable core(const Variable& q, const Variable& k_in, const Variable& v_in,
   if (kBug == "scale_model_dim")
     factor = 1.0 / std::sqrt(static_cast<double>(d_model > 0 ? d_model : d));  // BUG
   if (kBug == "no_scale") factor = 1.0;                                   // BUG
-  Variable s = scale(matmul(q, transpose(k, -2, -1)), factor);
+  Variable s = scale(matmul_accumulating(q, transpose(k, -2, -1)), factor);
   const Tensor attend = mutant_mask(spec, q.size(-2), k.size(-2));
   if (attend.defined())  // BUG when mask_fill_finite: a "large negative" instead of -inf
     s = masked_fill(s, logical_not(attend), kBug == "mask_fill_finite" ? -1e4 : -INFINITY);
@@ -260,7 +271,7 @@ Variable core(const Variable& q, const Variable& k_in, const Variable& v_in,
     const std::int64_t n = p.size(0);
     p = cat({narrow(p, 0, 1, n - 1), narrow(p, 0, 0, 1)}, 0);
   }
-  return matmul(p, v);
+  return matmul_accumulating(p, v);
 }
 
 class Mutant final : public Attention {
@@ -276,6 +287,7 @@ class Mutant final : public Attention {
     c.grouped_kv = true;
     c.rope = true;  // the RoPE bugs rotate wrongly, the others rotate the one right way
     c.rope_level = rope_bug();
+    c.extra = {"bfloat16", "float16"};  // the engine's ops: float32 math, 16-bit results
     return i;
   }
 

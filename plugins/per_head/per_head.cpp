@@ -40,6 +40,7 @@ class PerHead final : public Attention {
     i.description = "loop over heads with sliced weights: the slow, obvious oracle";
     auto& c = i.capabilities;
     c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = c.grouped_kv = c.rope = c.rope_level = true;
+    c.extra = {"bfloat16", "float16"};  // through the engine's ops: float32 math, 16-bit results
     return i;
   }
 

@@ -197,6 +197,43 @@ def half_rope(x, positions, theta, rotary_dim):
     return torch.cat([turned, x[..., r:]], -1)
 
 
+class LowPrecisionReferences(unittest.TestCase):
+    """bfloat16 files are float32 holding bfloat16 values; float16 files are '<f2'; both get
+    golden/ (float64, the same function on the same input values) and pass headgrad."""
+
+    def write_and_check(self, dtype, np_dtype, exact):
+        import make_reference  # beside headgrad_ref: grouped_attention runs float16 through float32
+        fn = make_reference.grouped_attention
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = pathlib.Path(tmp)
+            out = headgrad_ref.write_reference(fn, tmp / "refs" / "lp", dict(B=2, T=6, D=16, H=4), seed=5,
+                                               dtype=dtype, suite_dir=tmp)
+            for stem in ("x", "wq", "out", "dx", "dwo"):
+                a = np.load(out / f"{stem}.npy")
+                self.assertEqual(a.dtype, np_dtype, stem)
+                self.assertTrue(exact(a), f"{stem}.npy holds values outside {dtype}")
+                g = np.load(out / "golden" / f"{stem}.npy") if stem not in ("x", "wq") else None
+                if g is not None:  # the 16-bit result is the golden one to the dtype's rounding
+                    self.assertEqual(g.dtype, np.float64)
+                    eps = 2.0 ** -7 if dtype == "bfloat16" else 2.0 ** -10
+                    err = np.abs(a.astype(np.float64) - g).max() / np.abs(g).max()
+                    self.assertLess(err, 16 * eps, stem)
+                    self.assertGreater(err, 0, f"{stem}: no rounding at all: not computed in {dtype}?")
+            self.assertIn(f"dtype: {dtype}", (out / "case.yaml").read_text())
+            case = (out / "case.yaml").read_text().split("\n", 1)[1]  # the case, without its comment
+            (tmp / "suite.yaml").write_text("suite: lp\ncases:\n" + "".join("  " + l + "\n" for l in case.splitlines()))
+            res = run_headgrad(tmp / "suite.yaml")
+            self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
+
+    def test_bfloat16(self):
+        def exact(a):
+            return np.array_equal(torch.from_numpy(a).bfloat16().float().numpy(), a)
+        self.write_and_check("bfloat16", np.float32, exact)
+
+    def test_float16(self):
+        self.write_and_check("float16", np.float16, lambda a: True)  # <f2 holds only float16
+
+
 class CommittedReferences(unittest.TestCase):
     def check_gqa_against_repeated_mha(self, name, H, Hkv, tol):
         x, wq, wk, wv, wo, r, out, dx, dwq, dwk, dwv, dwo = load(

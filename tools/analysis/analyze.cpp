@@ -706,7 +706,10 @@ bool has_fully_masked_row(const CaseSpec& c) {
 // a few times scale * sqrt(d): past ln(max) of the dtype, exp overflows.
 bool has_large_logits(const CaseSpec& c) {
   if (!c.scale || c.is_reference()) return false;
-  const double limit = c.dtype == DType::float32 ? 88.7 : 709.8;
+  // ln of the largest finite value: float16 65504, bfloat16 ~ float32 3.4e38
+  const double limit = c.dtype == DType::float16                                   ? 11.09
+                       : c.dtype == DType::float32 || c.dtype == DType::bfloat16 ? 88.7
+                                                                                  : 709.8;
   return 3 * *c.scale * std::sqrt(static_cast<double>(std::max<std::int64_t>(c.dims.head_dim(), 1))) > limit;
 }
 
@@ -831,6 +834,8 @@ std::vector<WeakSuiteWarning> weak_suite_warnings(const std::vector<const CaseSp
   if (!std::any_of(cases.begin(), cases.end(), [](const CaseSpec* c) { return has_large_logits(*c); }))
     add("no case has logits past exp's range (a large scale)",
         bugs_where([](const auto& v) { return v.needs_large_logits; }));
+  if (all([](const CaseSpec& c) { return !is_16bit(c.dtype); }))
+    add("no case is bfloat16 or float16", bugs_where([](const auto& v) { return v.needs_16bit; }));
   if (all([](const CaseSpec& c) { return c.layout == InputLayout::contiguous && !c.is_reference(); }))
     add("every input is contiguous",
         {"kernels that ignore strides (a view read as if it were contiguous)"});

@@ -13,7 +13,7 @@ constexpr std::string_view kNames[] = {
 
 // Field order: needs_heads, needs_seq, needs_batch, needs_causal, needs_d_lt_D, mha_only,
 // needs_tq_ne_tk, needs_empty_row, needs_large_logits, needs_group, needs_kv_heads,
-// needs_non_square, needs_mask (false when left out); the RoPE entries name their fields.
+// needs_non_square, needs_mask (false when left out); the RoPE and 16-bit entries name their fields.
 // Each entry's name is filled in from bug_names.def below.
 constexpr std::array<BugInfo, static_cast<std::size_t>(Bug::count_)> kEntries{{
     {Bug::split_without_transpose, {},
@@ -175,6 +175,12 @@ constexpr std::array<BugInfo, static_cast<std::size_t>(Bug::count_)> kEntries{{
      "partial rotary rotates the last r dims of each head instead of the first r (the rest must pass through)",
      "rotate dims [0, r) of each head and pass [r, d) through unchanged",
      {.needs_seq = true, .needs_rope = true, .needs_partial_rotary = true}},
+    // Precision: right in float64 and float32, wrong in 16 bits.
+    {Bug::fp16_accumulator, {},
+     "the products q k^T and P V accumulate in the 16-bit storage type (each partial sum rounded) instead of "
+     "float32: the error grows with the head width and the key count, far above one rounding of the result",
+     "accumulate matmuls in float32 and round the result once (as every float32-accumulating kernel does)",
+     {.needs_16bit = true}},
 }};
 
 constexpr auto kCatalog = [] {

@@ -26,7 +26,7 @@ struct Visibility {
   bool mha_only = false;       // lives in the projections or the head layout
   bool needs_tq_ne_tk = false; // invisible when Tq = Tk (so at the mha level): core cases only
   bool needs_empty_row = false;    // invisible unless a query row has every key masked
-  bool needs_large_logits = false; // invisible unless a score passes exp's range (~88 float32, ~709 float64)
+  bool needs_large_logits = false; // invisible unless a score passes exp's range (~11 float16, ~88 float32 and bfloat16, ~709 float64)
   // Grouped kv heads (G = H / Hkv query heads per kv head):
   bool needs_group = false;     // invisible at Hkv = H (G = 1)
   bool needs_kv_heads = false;  // invisible at Hkv = 1 (MQA)
@@ -41,6 +41,7 @@ struct Visibility {
   bool needs_custom_theta = false;    // invisible at theta 10000 (the base it hard-codes)
   bool needs_rope_taps = false;       // invisible in out and every gradient: only taps or the rope level see it
   bool needs_qkv = false;             // lives between q, k and v (or in the projection): no rope-level form
+  bool needs_16bit = false;  // invisible in float64 and float32: only bfloat16 / float16 show it
 };
 
 struct BugInfo {

@@ -45,13 +45,24 @@ Variable roll_batch(const Variable& p) {
   return cat({narrow(p, 0, 1, n - 1), narrow(p, 0, 0, 1)}, 0);
 }
 
+// a [..., M, K] @ b [..., K, N] one term of K at a time, the running sum stored
+// in the operands' dtype after each add: a 16-bit accumulator in 16 bits (in
+// float32 and float64 the same sum as a matmul, to their rounding).
+Variable matmul_narrow_accumulator(const Variable& a, const Variable& b) {
+  Variable acc = mul(narrow(a, -1, 0, 1), narrow(b, -2, 0, 1));
+  for (std::int64_t i = 1; i < a.size(-1); ++i) acc = add(acc, mul(narrow(a, -1, i, 1), narrow(b, -2, i, 1)));
+  return acc;
+}
+
 // One head: q [N, Tq, d], k [N, Tk, d], v [N, Tk, dv]; mask broadcast to [N, Tq, Tk].
 Variable attend(const Variable& q, const Variable& k_in, const Variable& v_in, const Tensor& mask,
                 double factor, std::optional<Bug> bug) {
   const bool swapped = is(bug, Bug::kv_swapped);
   const Variable& k = swapped ? v_in : k_in;
   const Variable& v = swapped ? k_in : v_in;
-  Variable s = scale(matmul(q, transpose(k, -2, -1)), factor);
+  const bool narrow_acc = is(bug, Bug::fp16_accumulator);
+  const Variable kt = transpose(k, -2, -1);
+  Variable s = scale(narrow_acc ? matmul_narrow_accumulator(q, kt) : matmul(q, kt), factor);
   const double fill = is(bug, Bug::mask_fill_finite) ? -1e4 : -INFINITY;
   if (mask.defined()) s = masked_fill(s, logical_not(mask), fill);
   Variable p;
@@ -62,7 +73,7 @@ Variable attend(const Variable& q, const Variable& k_in, const Variable& v_in, c
     p = softmax(s, is(bug, Bug::softmax_over_queries) ? -2 : -1);
   }
   if (is(bug, Bug::batch_mixing)) p = roll_batch(p);
-  return matmul(p, v);
+  return narrow_acc ? matmul_narrow_accumulator(p, v) : matmul(p, v);
 }
 
 Variable project(const Variable& x, const Variable& w, std::optional<Bug> bug) {

@@ -90,7 +90,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--shape", args->shapes, "B,T,D,H or B,T,D,H,Hkv (batch, sequence, model width, query heads, and kv heads for "
                   "grouped-query attention: query head h reads kv head h / (H / Hkv); default Hkv = H); repeatable")
       ->type_name("B,T,D,H")->allow_extra_args(false);
-  cmd->add_option("--dtype", args->dtypes, "float32 or float64; repeatable (default float32)")
+  cmd->add_option("--dtype", args->dtypes, "float32, float64, bfloat16 or float16; repeatable (default float32)")
       ->type_name("DTYPE")->allow_extra_args(false);
   cmd->add_option("--threads", args->threads,
                   "threads for the BLAS and headgrad's workers; repeatable (default 1)")

@@ -14,7 +14,9 @@ std::vector<std::string> default_plugins() { return {"batched", "per_head", "fus
 DType parse_dtype(const std::string& name) {
   if (name == "float32") return DType::float32;
   if (name == "float64") return DType::float64;
-  throw BenchConfigError("dtype '" + name + "' is not float32 or float64");
+  if (name == "bfloat16") return DType::bfloat16;
+  if (name == "float16") return DType::float16;
+  throw BenchConfigError("dtype '" + name + "' is not float32, float64, bfloat16 or float16");
 }
 
 void validate(const BenchConfig& c) {

@@ -76,7 +76,9 @@ Variable run_forward(const Attention& a, const BenchInputs& in, const AttentionS
 // ---------------------------------------------------------------- GEMM
 
 // Median GFLOP/s of C = A B, all [n, n], through the same BLAS the engine uses.
-json time_gemm(DType dtype, std::int64_t n, int threads) {
+// 16-bit runs compute in float32, so their yardstick is sgemm.
+json time_gemm(DType storage, std::int64_t n, int threads) {
+  const DType dtype = compute_dtype(storage);
   const Shape shape{n, n};
   Tensor a = Tensor::empty(shape, dtype), b = Tensor::empty(shape, dtype), c = Tensor::empty(shape, dtype);
   std::vector<double> ms;
@@ -120,6 +122,8 @@ std::string capability_gap(const Capabilities& caps, DType dtype, const std::str
   if (level == "core" && !caps.core) return "no core level";
   if (dtype == DType::float32 && !caps.float32) return "no float32";
   if (dtype == DType::float64 && !caps.float64) return "no float64";
+  if (is_16bit(dtype) && std::find(caps.extra.begin(), caps.extra.end(), dtype_name(dtype)) == caps.extra.end())
+    return "no " + std::string(dtype_name(dtype));
   if (causal && !caps.causal) return "no causal mask";
   if (kv_heads < heads && !caps.grouped_kv) return "no grouped kv heads";
   return "";

@@ -158,7 +158,7 @@ TensorSet decode_result(WireReader& r, double& compute_seconds) {
       continue;
     }
     const auto dtype = static_cast<DType>(r.get<std::uint8_t>());
-    if (dtype != DType::float32 && dtype != DType::float64 && dtype != DType::boolean)
+    if (dtype != DType::float32 && dtype != DType::float64 && dtype != DType::boolean && !is_16bit(dtype))
       throw std::runtime_error("unknown dtype in the result");
     const auto ndim = r.get<std::uint32_t>();
     if (ndim > 16) throw std::runtime_error("implausible rank in the result");

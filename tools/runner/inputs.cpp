@@ -450,6 +450,28 @@ Shape mask_target(const Dims& d) { return {d.B, d.H, d.Tq, d.Tk}; }
 
 std::string mask_key(const CaseSpec& c) { return c.key_source.count("mask") ? "mask" : "reference"; }
 
+// A case that says dtype: bfloat16 reads float32 files (.npy cannot name
+// bfloat16) whose values must all be bfloat16 values: converted exactly, or
+// refused naming the file, the index and the value.
+void as_bfloat16(const CaseSpec& c, ReferenceData& ref) {
+  const bool npz = c.reference.extension() == ".npz";
+  auto convert = [&](TensorSet& set) {
+    for (auto& nt : set) {
+      if (nt.name == "mask" || nt.name == "positions") continue;
+      const std::string file =
+          npz ? c.reference_text + " member " + nt.name : c.reference_text + "/" + nt.name + ".npy";
+      try {
+        nt.tensor = exact_bfloat16(nt.tensor, file);
+      } catch (const std::exception& e) {
+        throw ConfigError(c.where("reference"), "case '" + c.name + "' (dtype: bfloat16): " + e.what());
+      }
+    }
+  };
+  convert(ref.inputs);
+  convert(ref.expected);
+  ref.dtype = DType::bfloat16;
+}
+
 }  // namespace
 
 bool needs_files(const CaseSpec& c) { return c.is_reference() || !c.mask_file.empty(); }
@@ -459,6 +481,7 @@ void load_case_files(CaseSpec& c) {
   auto files = std::make_shared<CaseFiles>();
   if (c.is_reference()) {
     ReferenceData ref = ReferenceReader(c).read();
+    if (c.dtype == DType::bfloat16) as_bfloat16(c, ref);
     c.dims = ref.dims;
     c.dtype = ref.dtype;
     files->positions = ref.positions;

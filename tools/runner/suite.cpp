@@ -224,6 +224,17 @@ std::string describe_case(const CaseSpec& c) {
 
 namespace {
 
+// The allclose defaults of a bfloat16 / float16 case that opts out of the
+// relative rule (`tolerance: {rule: allclose}`): atol = rtol = kUlps16 machine
+// epsilons of the dtype (2^-7, 2^-10), since a correct 16-bit run differs from
+// another by a few roundings of each op's result, amplified by the sums of a
+// matmul.
+constexpr double kUlps16 = 16;
+Tolerance tolerance_16bit(DType dtype) {
+  const double eps = dtype == DType::bfloat16 ? 0x1p-7 : 0x1p-10;
+  return {kUlps16 * eps, kUlps16 * eps};
+}
+
 const std::vector<std::string> kTopKeys = {"suite", "description", "defaults", "cases"};
 const std::vector<std::string> kCaseKeys = {
     "name",  "description", "compare", "reference", "level",     "shape",     "sweep",
@@ -788,8 +799,9 @@ std::vector<CaseSpec> Parser::parse_case(const YAML::Node& node, std::size_t ind
     c.level = l == "mha" ? Level::mha : l == "core" ? Level::core : Level::rope;
   }
   if (has("dtype"))
-    c.dtype = choice(val("dtype"), "dtype", {"float64", "float32"}) == "float64" ? DType::float64 : DType::float32;
+    c.dtype = dtype_from_name(choice(val("dtype"), "dtype", {"float64", "float32", "bfloat16", "float16"}));
   if (c.dtype == DType::float32) c.tolerance = {1e-5, 1e-4};  // float32 defaults, unless set below
+  if (is_16bit(c.dtype)) c.tolerance = tolerance_16bit(c.dtype);
 
   if (!has("compare")) fail(node, "no 'compare' list (one plugin with 'reference', or two plugins)");
   c.compare = string_list(val("compare"), "compare");
@@ -1134,6 +1146,9 @@ std::vector<std::pair<std::string, std::string>> missing_capabilities(const Case
                                        std::to_string(c.dims.Hkv) + " kv heads");
   if (c.dtype == DType::float32 && !caps.float32) out.emplace_back("float32", "dtype: float32");
   if (c.dtype == DType::float64 && !caps.float64) out.emplace_back("float64", "dtype: float64");
+  // 16-bit support is declared in Capabilities::extra ("bfloat16", "float16"): no ABI change
+  if (is_16bit(c.dtype) && std::find(caps.extra.begin(), caps.extra.end(), dtype_name(c.dtype)) == caps.extra.end())
+    out.emplace_back(std::string(dtype_name(c.dtype)), "dtype: " + std::string(dtype_name(c.dtype)));
   if (c.rope && c.level != Level::rope && !caps.rope) out.emplace_back("rope", "the case has a 'rope:' block");
   return out;
 }

@@ -5,8 +5,10 @@
 //   auto arrays = read_npz("weights.npz");             // {"wq": ..., "wk": ...}
 //   Tensor wq = read_npz_member("weights.npz", "wq");  // or "wq.npy"
 //
-// Supported: format versions 1.0, 2.0 and 3.0; C order; dtypes '<f4' (float32),
-// '<f8' (float64) and '|b1' (bool). Everything else (Fortran order, big-endian,
+// Supported: format versions 1.0, 2.0 and 3.0; C order; dtypes '<f2' (float16),
+// '<f4' (float32), '<f8' (float64) and '|b1' (bool). bfloat16, which .npy
+// cannot name, travels as float32 values that are all exactly bfloat16:
+// write_npy writes a bfloat16 tensor so, read_npy_bfloat16 reads one back. Everything else (Fortran order, big-endian,
 // other dtypes, sizes that disagree with the shape) is rejected, never guessed at.
 // Every failure, reading or writing, throws NpyError whose message starts with
 // the file (and, inside an .npz, the member).
@@ -37,6 +39,12 @@ Tensor read_npy_integers(const std::filesystem::path& file);
 
 // Version 1.0 unless the header needs more than 65535 bytes, then 2.0.
 void write_npy(const std::filesystem::path& file, const Tensor& t);
+
+// read_npy, then exact_bfloat16.
+Tensor read_npy_bfloat16(const std::filesystem::path& file);
+// t (float32 or float64) as bfloat16 when every value is exactly representable;
+// otherwise an NpyError naming `where`, the first such value and its index.
+Tensor exact_bfloat16(const Tensor& t, const std::string& where);
 
 // A whole .npy image already in memory; `what` names it in errors.
 Tensor parse_npy(std::span<const std::byte> bytes, const std::string& what);

@@ -36,6 +36,10 @@ Variable scale(const Variable& x, double factor);
 Variable neg(const Variable& x);
 Variable exp(const Variable& x);
 Variable log(const Variable& x);
+// x converted to `dtype` (float dtypes): the gradient is converted back to x's
+// dtype. Rounds when narrowing (to bfloat16 or float16: nearest even); how a
+// 16-bit kernel runs in float32 and stores its result in 16 bits.
+Variable cast(const Variable& x, DType dtype);
 
 // ---- reductions ----
 Variable sum(const Variable& x);                                     // -> []

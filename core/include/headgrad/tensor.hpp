@@ -25,13 +25,23 @@
 #include <string_view>
 #include <vector>
 
+#include "headgrad/half.hpp"
+
 namespace headgrad {
 
-enum class DType : std::uint8_t { float32, float64, boolean };
+// bfloat16 and float16 are storage types (headgrad/half.hpp): ops compute in
+// float32 and round each result to them. New enumerators go at the end (the
+// plugin ABI pins the values).
+enum class DType : std::uint8_t { float32, float64, boolean, bfloat16, float16 };
 
 std::size_t dtype_size(DType dtype);
-std::string_view dtype_name(DType dtype);  // "float32", "float64", "bool"
+// "float32", "float64", "bool", "bfloat16", "float16"
+std::string_view dtype_name(DType dtype);
 DType dtype_from_name(std::string_view name);  // throws std::invalid_argument
+// bfloat16 or float16: the dtypes whose arithmetic runs in float32.
+constexpr bool is_16bit(DType dtype) { return dtype == DType::bfloat16 || dtype == DType::float16; }
+// float32 for a 16-bit dtype (the type its ops compute in), else dtype itself.
+constexpr DType compute_dtype(DType dtype) { return is_16bit(dtype) ? DType::float32 : dtype; }
 
 using Shape = std::vector<std::int64_t>;
 std::string shape_str(std::span<const std::int64_t> shape);  // "[2, 3, 4]"
@@ -192,6 +202,10 @@ template <>
 constexpr DType dtype_of<double>() { return DType::float64; }
 template <>
 constexpr DType dtype_of<bool>() { return DType::boolean; }
+template <>
+constexpr DType dtype_of<BFloat16>() { return DType::bfloat16; }
+template <>
+constexpr DType dtype_of<Float16>() { return DType::float16; }
 
 // A random stream that is identical on every machine: SplitMix64 for bits,
 // Box-Muller over doubles for normals (std::normal_distribution is
@@ -212,7 +226,9 @@ class Generator {
 Tensor randn(const Shape& shape, DType dtype, Generator& gen, double stddev = 1.0);
 Tensor rand_uniform(const Shape& shape, DType dtype, Generator& gen, double lo, double hi);
 
-// Calls f.template operator()<T>() with T = float or double for dtype.
+// Calls f.template operator()<T>() with T = float or double for dtype. The
+// 16-bit dtypes are not dispatched here: a kernel converts them to float32
+// around its float32 body (kernels.cpp), so arithmetic is never done in 16 bits.
 template <class F>
 decltype(auto) dispatch_float(DType dtype, const char* op, F&& f);
 

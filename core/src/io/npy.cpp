@@ -13,12 +13,14 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cmath>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <sstream>
 #include <string_view>
 #include <system_error>
 #include <utility>
@@ -32,7 +34,7 @@ static_assert(std::endian::native == std::endian::little,
 static_assert(sizeof(bool) == 1, "'|b1' data is copied into bool storage byte for byte");
 
 constexpr std::array<unsigned char, 6> kMagic = {0x93, 'N', 'U', 'M', 'P', 'Y'};
-constexpr const char* kSupportedDtypes = "'<f4' (float32), '<f8' (float64), '|b1' (bool)";
+constexpr const char* kSupportedDtypes = "'<f2' (float16), '<f4' (float32), '<f8' (float64), '|b1' (bool)";
 
 // ---------------------------------------------------------------- byte sources
 
@@ -310,12 +312,13 @@ DType dtype_from_descr(const PyValue& descr, const std::string& where) {
   if (descr.kind != PyValue::Kind::string)
     throw NpyError(where, "malformed header: 'descr' must be a string");
   const std::string& d = descr.text;
+  if (d == "<f2") return DType::float16;
   if (d == "<f4") return DType::float32;
   if (d == "<f8") return DType::float64;
   // One byte has no byte order: numpy writes '|b1', other writers may not.
   if (d.size() == 3 && d.substr(1) == "b1" && (d[0] == '|' || d[0] == '<' || d[0] == '>' || d[0] == '='))
     return DType::boolean;
-  if (d == ">f4" || d == ">f8")
+  if (d == ">f2" || d == ">f4" || d == ">f8")
     throw NpyError(where, "big-endian data ('" + d +
                               "') is not supported: headgrad reads little-endian arrays; save with "
                               "a.astype('<" + d.substr(1) + "')");
@@ -482,6 +485,8 @@ std::string descr_of(DType dtype) {
     case DType::float32: return "<f4";
     case DType::float64: return "<f8";
     case DType::boolean: return "|b1";
+    case DType::float16: return "<f2";
+    case DType::bfloat16: break;  // written as float32 by write_npy
   }
   throw std::logic_error("descr_of: unknown dtype");
 }
@@ -611,7 +616,8 @@ Tensor parse_npy(std::span<const std::byte> bytes, const std::string& what) {
 void write_npy(const std::filesystem::path& file, const Tensor& t) {
   const std::string where = file.string();
   if (!t.defined()) throw NpyError(where, "cannot write an undefined tensor");
-  const Tensor c = t.contiguous();  // logical row-major order, whatever t's strides
+  // logical row-major order, whatever t's strides; bfloat16 as its exact float32 values
+  const Tensor c = t.dtype() == DType::bfloat16 ? t.to(DType::float32) : t.contiguous();
 
   std::string header = "{'descr': '" + descr_of(c.dtype()) +
                        "', 'fortran_order': False, 'shape': " + shape_tuple(c.shape()) + ", }";
@@ -652,6 +658,28 @@ void write_npy(const std::filesystem::path& file, const Tensor& t) {
     throw;
   }
 }
+
+Tensor exact_bfloat16(const Tensor& t, const std::string& where) {
+  if (t.dtype() == DType::bfloat16) return t;
+  if (t.dtype() != DType::float32 && t.dtype() != DType::float64)
+    throw NpyError(where, "bfloat16 data must arrive as float32 values, got " + std::string(dtype_name(t.dtype())));
+  const Tensor b = t.to(DType::bfloat16);
+  const std::vector<double> want = t.to_vector(), got = b.to_vector();
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    // NaN is representable (any NaN stays a NaN); everything else must come back equal.
+    if (got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i]))) continue;
+    std::ostringstream v;
+    v.precision(17);
+    v << want[i];
+    throw NpyError(where, "value " + v.str() + " at " +
+                              shape_str(unravel_index(static_cast<std::int64_t>(i), t.shape())) +
+                              " is not exactly representable in bfloat16 (nearest: " +
+                              std::to_string(got[i]) + "); a bfloat16 reference stores bfloat16 values as float32");
+  }
+  return b;
+}
+
+Tensor read_npy_bfloat16(const std::filesystem::path& file) { return exact_bfloat16(read_npy(file), file.string()); }
 
 std::map<std::string, Tensor> read_npz(const std::filesystem::path& file) {
   ZipPtr z = open_npz(file);

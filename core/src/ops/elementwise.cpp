@@ -1,4 +1,7 @@
 // Elementwise ops with broadcasting, and their backward.
+#include <stdexcept>
+#include <string>
+
 #include "headgrad/kernels.hpp"
 #include "headgrad/ops.hpp"
 
@@ -87,6 +90,20 @@ Variable log(const Variable& x) {
   return Variable::from_op("log", kernels::unary(UnaryOp::log, x.data()), {x}, {x.data()},
                            [](const Tensor& g, const BackwardContext& c) {
                              return std::vector<Tensor>{kernels::binary(BinaryOp::div, g, c.saved[0])};
+                           });
+}
+
+Variable cast(const Variable& x, DType dtype) {
+  if (dtype == DType::boolean || x.dtype() == DType::boolean)
+    throw std::invalid_argument(std::string("cast: float dtypes only, got ") +
+                                std::string(dtype_name(x.dtype())) + " -> " +
+                                std::string(dtype_name(dtype)));
+  if (dtype == x.dtype()) return x;
+  const DType from = x.dtype();
+  return Variable::from_op("cast", x.data().to(dtype), {x}, {},
+                           [from](const Tensor& g, const BackwardContext&) {
+                             // forward: y = x in dtype; so dx = dy in x's dtype
+                             return std::vector<Tensor>{g.to(from)};
                            });
 }
 

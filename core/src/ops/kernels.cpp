@@ -38,6 +38,11 @@ void require_same_dtype(const Tensor& a, const Tensor& b, const char* op) {
 
 // The start of t's storage (offsets are added by the caller); the mutable
 // one counts as a write to t (see Storage::mutable_data).
+// 16-bit tensors run every kernel in float32: the float32 kernel on exact
+// upcasts, its result rounded once to the storage type (PyTorch's CPU rule),
+// so a kernel's float32 body never sees bfloat16 or float16.
+Tensor f32(const Tensor& t) { return is_16bit(t.dtype()) ? t.to(DType::float32) : t; }
+
 template <class T>
 const T* base_ptr(const Tensor& t) {
   return static_cast<const T*>(t.storage()->data());
@@ -120,6 +125,7 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   static constexpr const char* names[] = {"add", "sub", "mul", "div"};
   const char* name = names[static_cast<int>(op)];
   require_same_dtype(a, b, name);
+  if (is_16bit(a.dtype())) return binary(op, f32(a), f32(b)).to(a.dtype());
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
   Tensor out = Tensor::empty(shape, a.dtype());
   const Tensor ea = a.expand(shape), eb = b.expand(shape);
@@ -137,6 +143,7 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
 Tensor unary(UnaryOp op, const Tensor& x) {
   static constexpr const char* names[] = {"neg", "exp", "log"};
   const char* name = names[static_cast<int>(op)];
+  if (is_16bit(x.dtype())) return unary(op, f32(x)).to(x.dtype());
   Tensor out = Tensor::empty(x.shape(), x.dtype());
   dispatch_float(x.dtype(), name, [&]<class T>() {
     switch (op) {
@@ -149,6 +156,7 @@ Tensor unary(UnaryOp op, const Tensor& x) {
 }
 
 Tensor scale(const Tensor& x, double factor) {
+  if (is_16bit(x.dtype())) return scale(f32(x), factor).to(x.dtype());
   Tensor out = Tensor::empty(x.shape(), x.dtype());
   dispatch_float(x.dtype(), "scale", [&]<class T>() {
     const T f = static_cast<T>(factor);
@@ -164,6 +172,7 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
   if (shape.size() > g.shape().size())
     throw std::invalid_argument("sum_to: cannot reduce " + shape_str(g.shape()) + " to " +
                                 shape_str(shape));
+  if (is_16bit(g.dtype())) return sum_to(f32(g), shape).to(g.dtype());
   Tensor out = Tensor::zeros(shape, g.dtype());
   Tensor acc = out.expand(g.shape());
   dispatch_float(g.dtype(), "sum_to", [&]<class T>() {
@@ -188,6 +197,7 @@ Tensor sum_dim(const Tensor& x, std::int64_t dim, bool keepdim) {
 }
 
 Tensor sum_all(const Tensor& x) {
+  if (is_16bit(x.dtype())) return sum_all(f32(x)).to(x.dtype());
   Tensor out = Tensor::zeros({}, x.dtype());
   dispatch_float(x.dtype(), "sum", [&]<class T>() {
     // Accumulate in double so float32 sums of long tensors stay accurate.
@@ -243,6 +253,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
     throw std::invalid_argument("matmul: operands need at least 2 dims, got " +
                                 shape_str(a_in.shape()) + " and " + shape_str(b_in.shape()));
   require_same_dtype(a_in, b_in, "matmul");
+  if (is_16bit(a_in.dtype())) return matmul(f32(a_in), f32(b_in)).to(a_in.dtype());  // float32 tiles
   const std::int64_t m = a_in.size(-2), k = a_in.size(-1), n = b_in.size(-1);
   if (b_in.size(-2) != k)
     throw std::invalid_argument("matmul: inner dims differ: " + shape_str(a_in.shape()) + " @ " +
@@ -341,6 +352,7 @@ std::int64_t norm_dim(const Tensor& x, std::int64_t dim, const char* op) {
 
 Tensor softmax(const Tensor& x, std::int64_t dim) {
   const std::int64_t d = norm_dim(x, dim, "softmax");
+  if (is_16bit(x.dtype())) return softmax(f32(x), dim).to(x.dtype());
   const Tensor rows = dim_last(x, d);
   Tensor out = Tensor::empty(rows.shape(), x.dtype());
   dispatch_float(x.dtype(), "softmax", [&]<class T>() {
@@ -364,6 +376,8 @@ Tensor softmax(const Tensor& x, std::int64_t dim) {
 
 Tensor softmax_backward(const Tensor& y_in, const Tensor& dy_in, std::int64_t dim) {
   const std::int64_t d = norm_dim(y_in, dim, "softmax_backward");
+  require_same_dtype(y_in, dy_in, "softmax_backward");
+  if (is_16bit(y_in.dtype())) return softmax_backward(f32(y_in), f32(dy_in), dim).to(y_in.dtype());
   const Tensor y = dim_last(y_in, d), dy = dim_last(dy_in, d);
   Tensor dx = Tensor::empty(y.shape(), y.dtype());
   dispatch_float(y.dtype(), "softmax_backward", [&]<class T>() {
@@ -388,6 +402,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   if (shape != x.shape())
     throw std::invalid_argument("masked_fill: mask " + shape_str(mask.shape()) +
                                 " does not broadcast to input " + shape_str(x.shape()));
+  if (is_16bit(x.dtype())) return masked_fill(f32(x), mask, value).to(x.dtype());
   Tensor out = Tensor::empty(x.shape(), x.dtype());
   const Tensor m = mask.expand(shape);
   dispatch_float(x.dtype(), "masked_fill", [&]<class T>() {
@@ -445,6 +460,8 @@ std::int64_t attended_end(std::int64_t r, std::int64_t tq, std::int64_t n, bool 
 Tensor masked_softmax(const Tensor& x_in, double scale, const Tensor& attend, bool causal,
                       std::int64_t causal_shift) {
   check_masked_softmax(x_in, attend, causal, "masked_softmax");
+  if (is_16bit(x_in.dtype()))
+    return masked_softmax(f32(x_in), scale, attend, causal, causal_shift).to(x_in.dtype());
   const Tensor x = x_in.contiguous();
   Tensor out = Tensor::empty(x.shape(), x.dtype());
   const std::int64_t n = x.dim() == 0 ? 1 : x.size(-1);
@@ -499,6 +516,9 @@ Tensor masked_softmax_backward(const Tensor& y_in, const Tensor& dy_in, double s
                                 " and dy " + shape_str(dy_in.shape()) + " differ");
   require_same_dtype(y_in, dy_in, "masked_softmax_backward");
   check_masked_softmax(y_in, Tensor(), causal, "masked_softmax_backward");
+  if (is_16bit(y_in.dtype()))
+    return masked_softmax_backward(f32(y_in), f32(dy_in), scale, causal, causal_shift)
+        .to(y_in.dtype());
   const Tensor y = y_in.contiguous(), dy = dy_in.contiguous();
   Tensor dx = Tensor::empty(y.shape(), y.dtype());
   const std::int64_t n = y.dim() == 0 ? 1 : y.size(-1);

@@ -61,8 +61,8 @@ std::string where(const Variable& x, const RopeSpec& spec) {
 std::shared_ptr<const RopeTables> make_tables(const Variable& x, const RopeSpec& spec) {
   if (x.dim() < 2)
     throw std::invalid_argument(where(x, spec) + ": x must be [..., T, d]");
-  if (x.dtype() != DType::float32 && x.dtype() != DType::float64)
-    throw std::invalid_argument(where(x, spec) + ": x must be float32 or float64, got " +
+  if (x.dtype() != DType::float32 && x.dtype() != DType::float64 && !is_16bit(x.dtype()))
+    throw std::invalid_argument(where(x, spec) + ": x must be a float dtype, got " +
                                 std::string(dtype_name(x.dtype())));
   auto tables = std::make_shared<RopeTables>();
   RopeTables& tb = *tables;
@@ -123,6 +123,8 @@ std::shared_ptr<const RopeTables> make_tables(const Variable& x, const RopeSpec&
 
 // out = R(sign * phi) x over x [N, T, d] (any strides: read contiguous).
 Tensor rotate(const Tensor& x_any, const RopeTables& tb, double sign) {
+  // 16-bit: rotated in float32, rounded once to the storage type (as every kernel).
+  if (is_16bit(x_any.dtype())) return rotate(x_any.to(DType::float32), tb, sign).to(x_any.dtype());
   const Tensor x = x_any.contiguous();
   Tensor out = Tensor::empty(x.shape(), x.dtype());
   dispatch_float(x.dtype(), "rope", [&]<class T>() {

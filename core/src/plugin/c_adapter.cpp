@@ -23,6 +23,8 @@ hg_dtype to_c_dtype(DType dtype) {
     case DType::float32: return HG_FLOAT32;
     case DType::float64: return HG_FLOAT64;
     case DType::boolean: return HG_BOOL;
+    case DType::bfloat16:
+    case DType::float16: break;  // refused before any call (the C ABI has no 16-bit dtype)
   }
   throw std::logic_error("to_c_dtype: unknown dtype");
 }
@@ -158,7 +160,7 @@ class CAttention final : public Attention {
                                   ", " + std::string(dtype_name(k.dtype())) + ", " +
                                   std::string(dtype_name(v.dtype())) + "; they must share one");
     if ((q.dtype() == DType::float32 && !caps.float32) || (q.dtype() == DType::float64 && !caps.float64) ||
-        q.dtype() == DType::boolean)
+        q.dtype() == DType::boolean || is_16bit(q.dtype()))  // the C ABI has no 16-bit dtype
       throw UnsupportedError(who + " does not support " + std::string(dtype_name(q.dtype())));
     if (spec.causal && !caps.causal) throw UnsupportedError(who + " does not support causal masking");
     if (spec.mask.defined() && !caps.bool_mask) throw UnsupportedError(who + " does not support a bool mask");

@@ -8,6 +8,7 @@
 #include <numbers>
 #include <sstream>
 #include <stdexcept>
+#include <type_traits>
 
 #include "tensor/strided.hpp"
 
@@ -20,6 +21,8 @@ std::size_t dtype_size(DType dtype) {
     case DType::float32: return 4;
     case DType::float64: return 8;
     case DType::boolean: return 1;
+    case DType::bfloat16: return 2;
+    case DType::float16: return 2;
   }
   throw std::logic_error("dtype_size: unknown dtype");
 }
@@ -29,6 +32,8 @@ std::string_view dtype_name(DType dtype) {
     case DType::float32: return "float32";
     case DType::float64: return "float64";
     case DType::boolean: return "bool";
+    case DType::bfloat16: return "bfloat16";
+    case DType::float16: return "float16";
   }
   return "?";
 }
@@ -37,8 +42,10 @@ DType dtype_from_name(std::string_view name) {
   if (name == "float32") return DType::float32;
   if (name == "float64") return DType::float64;
   if (name == "bool") return DType::boolean;
+  if (name == "bfloat16") return DType::bfloat16;
+  if (name == "float16") return DType::float16;
   throw std::invalid_argument("unknown dtype '" + std::string(name) +
-                              "' (expected float32, float64 or bool)");
+                              "' (expected float32, float64, bfloat16, float16 or bool)");
 }
 
 void throw_dtype_mismatch(DType have, DType want) {
@@ -397,6 +404,38 @@ Tensor Tensor::squeeze(std::int64_t d) const {
 // ---------------------------------------------------------------- copies
 
 namespace {
+// One element from Src to Dst: 16-bit types go through float32 (exact), and
+// into 16 bits with one round-to-nearest-even (float64 included, see half.hpp).
+template <class T>
+float widen(T v) {
+  if constexpr (std::is_same_v<T, BFloat16> || std::is_same_v<T, Float16>)
+    return to_float(v);
+  else
+    return static_cast<float>(v);
+}
+template <class Dst, class Src>
+Dst convert(Src v) {
+  if constexpr (std::is_same_v<Dst, Src>) {
+    return v;
+  } else if constexpr (std::is_same_v<Dst, BFloat16> || std::is_same_v<Dst, Float16>) {
+    const auto narrow = [](auto x) {
+      if constexpr (std::is_same_v<Dst, BFloat16>) {
+        if constexpr (std::is_same_v<decltype(x), double>) return bfloat16_from_double(x);
+        else return bfloat16_from_float(x);
+      } else {
+        if constexpr (std::is_same_v<decltype(x), double>) return float16_from_double(x);
+        else return float16_from_float(x);
+      }
+    };
+    if constexpr (std::is_same_v<Src, double>) return narrow(v);
+    else return narrow(widen(v));
+  } else if constexpr (std::is_same_v<Src, BFloat16> || std::is_same_v<Src, Float16>) {
+    return static_cast<Dst>(to_float(v));
+  } else {
+    return static_cast<Dst>(v);
+  }
+}
+
 template <class Dst, class Src>
 void copy_typed(const Tensor& dst, const Tensor& src) {
   Dst* d = static_cast<Dst*>(dst.storage()->mutable_data());
@@ -404,13 +443,13 @@ void copy_typed(const Tensor& dst, const Tensor& src) {
   if (dst.is_contiguous() && src.is_contiguous()) {
     Dst* dp = d + dst.offset();
     const Src* sp = s + src.offset();
-    detail::parallel_elements(dst.numel(), [&](std::int64_t i) { dp[i] = static_cast<Dst>(sp[i]); });
+    detail::parallel_elements(dst.numel(), [&](std::int64_t i) { dp[i] = convert<Dst>(sp[i]); });
     return;
   }
   detail::parallel_for_each_offsets<2>(dst.shape(), {dst.strides(), src.strides()},
                                        {dst.offset(), src.offset()},
                                        [&](const std::array<std::int64_t, 2>& o) {
-                                         d[o[0]] = static_cast<Dst>(s[o[1]]);
+                                         d[o[0]] = convert<Dst>(s[o[1]]);
                                        });
 }
 
@@ -420,6 +459,8 @@ void dispatch_any(DType dtype, F&& f) {
     case DType::float32: f.template operator()<float>(); break;
     case DType::float64: f.template operator()<double>(); break;
     case DType::boolean: f.template operator()<bool>(); break;
+    case DType::bfloat16: f.template operator()<BFloat16>(); break;
+    case DType::float16: f.template operator()<Float16>(); break;
   }
 }
 }  // namespace
@@ -471,6 +512,8 @@ double read_at(const Tensor& t, std::int64_t off) {
     case DType::float32: return static_cast<const float*>(t.storage()->data())[off];
     case DType::float64: return static_cast<const double*>(t.storage()->data())[off];
     case DType::boolean: return static_cast<const bool*>(t.storage()->data())[off] ? 1.0 : 0.0;
+    case DType::bfloat16: return to_float(static_cast<const BFloat16*>(t.storage()->data())[off]);
+    case DType::float16: return to_float(static_cast<const Float16*>(t.storage()->data())[off]);
   }
   return 0.0;
 }
@@ -480,6 +523,8 @@ void write_at(const Tensor& t, std::int64_t off, double v) {
     case DType::float32: static_cast<float*>(base)[off] = static_cast<float>(v); break;
     case DType::float64: static_cast<double*>(base)[off] = v; break;
     case DType::boolean: static_cast<bool*>(base)[off] = v != 0.0; break;
+    case DType::bfloat16: static_cast<BFloat16*>(base)[off] = bfloat16_from_double(v); break;
+    case DType::float16: static_cast<Float16*>(base)[off] = float16_from_double(v); break;
   }
 }
 }  // namespace
@@ -525,7 +570,7 @@ void Tensor::set_flat(std::int64_t i, double value) { write_at(*this, flat_to_of
 void Tensor::fill_(double value) {
   dispatch_any(dtype_, [&]<class T>() {
     T* base = static_cast<T*>(storage_->mutable_data());
-    const T v = static_cast<T>(value);
+    const T v = convert<T>(value);
     detail::for_each_offsets<1>(shape_, {strides_}, {offset_},
                                 [&](const std::array<std::int64_t, 1>& o) { base[o[0]] = v; });
   });

@@ -1,0 +1,345 @@
+// bfloat16 and float16: the converters (every one of the 65536 bit patterns,
+// and rounding against an independent formula), tensors and ops in 16 bits
+// (each result is the float32 op on exact upcasts, rounded once), and .npy
+// round trips with the bfloat16 refusal.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "headgrad/attention.hpp"
+#include "headgrad/kernels.hpp"
+#include "headgrad/npy.hpp"
+#include "headgrad/ops.hpp"
+
+namespace hg = headgrad;
+using hg::DType;
+using hg::Tensor;
+
+namespace {
+
+// The reference rounding, written from the format's definition and nothing
+// of the converter: a 16-bit format with `mant` stored mantissa bits and
+// exponent range [emin, emax] holds the values m * 2^(e - mant) for integers
+// |m| < 2^(mant+1), e >= emin; rounding is std::nearbyint on the scaled value
+// (the default rounding mode: nearest, ties to even), in float64, where every
+// float32 is exact and the scaled value is exact too (a power-of-two scaling).
+double reference_round(double x, int mant, int emin, int emax) {
+  if (std::isnan(x) || std::isinf(x) || x == 0) return x;
+  int e = std::ilogb(x);            // x = 1.f * 2^e
+  if (e < emin) e = emin;           // subnormal range: a fixed quantum 2^(emin - mant)
+  const double quantum = std::ldexp(1.0, e - mant);
+  const double r = std::nearbyint(x / quantum) * quantum;
+  const double max_finite = std::ldexp(2.0 - std::ldexp(1.0, -mant), emax);
+  // Past the largest finite value: rounds to inf when at or past the midpoint
+  // to the next (non-existent) power 2^(emax+1).
+  if (std::fabs(r) > max_finite) return std::copysign(std::numeric_limits<double>::infinity(), x);
+  return r;
+}
+double ref_bf16(double x) { return reference_round(x, 7, -126, 127); }
+double ref_f16(double x) { return reference_round(x, 10, -14, 15); }
+
+float from_bits(std::uint32_t b) { return std::bit_cast<float>(b); }
+
+// A float32 sample that exercises every rounding case of both formats: each
+// exponent, with the dropped bits at 0, just below, at and just above the
+// midpoint, with an odd and an even kept lsb, plus random patterns.
+std::vector<float> rounding_sample() {
+  std::vector<float> out;
+  for (std::uint32_t exp = 0; exp < 255; ++exp)
+    for (std::uint32_t kept : {0u, 1u, 2u, 3u, 0x3feu, 0x3ffu, 0x7eu, 0x7fu})
+      for (std::uint32_t sign : {0u, 1u})
+        for (int drop : {13, 16})  // float16 drops 13 mantissa bits, bfloat16 16
+          for (std::uint32_t tail : {0u, 1u, 0x7ffu, 0x800u, 0x801u, 0xfffu}) {
+            const std::uint32_t half = 1u << (drop - 1);
+            const std::uint32_t low = tail == 0x800u ? half : tail == 0x7ffu ? half - 1 : tail == 0x801u ? half + 1 : tail;
+            const std::uint32_t mantissa = ((kept << drop) | (low & ((1u << drop) - 1))) & 0x7fffffu;
+            out.push_back(from_bits((sign << 31) | (exp << 23) | mantissa));
+          }
+  std::uint64_t s = 12345;
+  for (int i = 0; i < 200000; ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    const auto bits = static_cast<std::uint32_t>(s >> 32);
+    if ((bits & 0x7f800000u) != 0x7f800000u) out.push_back(from_bits(bits));
+  }
+  return out;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- converters
+
+TEST(HalfConvert, EveryBfloat16PatternRoundTrips) {
+  for (std::uint32_t b = 0; b < 65536; ++b) {
+    const hg::BFloat16 h{static_cast<std::uint16_t>(b)};
+    const float f = hg::to_float(h);
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(f), b << 16) << b;  // widening is exact: the top half
+    const std::uint16_t back = hg::bfloat16_from_float(f).bits;
+    if (std::isnan(f))  // NaN stays NaN, sign kept, made quiet
+      EXPECT_EQ(back, b | 0x0040u) << b;
+    else
+      EXPECT_EQ(back, b) << b;
+  }
+}
+
+TEST(HalfConvert, EveryFloat16PatternRoundTrips) {
+  int subnormals = 0;
+  for (std::uint32_t b = 0; b < 65536; ++b) {
+    const hg::Float16 h{static_cast<std::uint16_t>(b)};
+    const float f = hg::to_float(h);
+    const std::uint32_t e = (b >> 10) & 0x1f, m = b & 0x3ff;
+    const double sign = (b & 0x8000) ? -1.0 : 1.0;
+    // The value from the format's definition
+    if (e == 0x1f && m == 0) {
+      EXPECT_EQ(f, sign * std::numeric_limits<float>::infinity()) << b;
+    } else if (e == 0x1f) {
+      EXPECT_TRUE(std::isnan(f)) << b;
+    } else {
+      const double want = e == 0 ? sign * std::ldexp(m, -24) : sign * std::ldexp(1024.0 + m, static_cast<int>(e) - 25);
+      EXPECT_EQ(static_cast<double>(f), want) << b;
+      subnormals += e == 0 && m != 0;
+    }
+    const std::uint16_t back = hg::float16_from_float(f).bits;
+    if (std::isnan(f)) {
+      EXPECT_EQ(back, b | 0x0200u) << b;  // quiet bit set, payload and sign kept
+    } else {
+      EXPECT_EQ(back, b) << b;
+    }
+  }
+  EXPECT_EQ(subnormals, 2 * 1023);
+}
+
+TEST(HalfConvert, RoundsToNearestEvenAsTheReferenceFormula) {
+  for (const float f : rounding_sample()) {
+    const double want_b = ref_bf16(f), want_h = ref_f16(f);
+    EXPECT_EQ(static_cast<double>(hg::to_float(hg::bfloat16_from_float(f))), want_b)
+        << "bfloat16 of " << std::hexfloat << f;
+    EXPECT_EQ(static_cast<double>(hg::to_float(hg::float16_from_float(f))), want_h)
+        << "float16 of " << std::hexfloat << f;
+  }
+}
+
+TEST(HalfConvert, HandWorkedValues) {
+  // ties to even: 1 + 2^-11 is halfway between 1 and 1 + 2^-10 (float16): even is 1
+  EXPECT_EQ(hg::float16_from_float(1.0f + 0x1p-11f).bits, 0x3c00);
+  EXPECT_EQ(hg::float16_from_float(1.0f + 3 * 0x1p-11f).bits, 0x3c02);  // tie, odd lsb: up
+  EXPECT_EQ(hg::float16_from_float(65504.0f).bits, 0x7bff);             // largest finite
+  EXPECT_EQ(hg::float16_from_float(65519.0f).bits, 0x7bff);             // below the midpoint
+  EXPECT_EQ(hg::float16_from_float(65520.0f).bits, 0x7c00);             // the midpoint: inf
+  EXPECT_EQ(hg::float16_from_float(0x1p-24f).bits, 0x0001);             // smallest subnormal
+  EXPECT_EQ(hg::float16_from_float(0x1p-25f).bits, 0x0000);             // its half: tie to 0
+  EXPECT_EQ(hg::float16_from_float(0x1.000002p-25f).bits, 0x0001);      // just above: up
+  EXPECT_EQ(hg::float16_from_float(-0.0f).bits, 0x8000);
+  EXPECT_EQ(hg::bfloat16_from_float(1.0f / 3.0f).bits, 0x3eab);
+  EXPECT_EQ(hg::bfloat16_from_float(1.0f + 0x1p-8f).bits, 0x3f80);      // tie to even
+  EXPECT_EQ(hg::bfloat16_from_float(1.0f + 3 * 0x1p-8f).bits, 0x3f82);
+  EXPECT_EQ(hg::bfloat16_from_float(std::numeric_limits<float>::max()).bits, 0x7f80);  // past bf16's max
+  EXPECT_EQ(hg::bfloat16_from_float(-std::numeric_limits<float>::infinity()).bits, 0xff80);
+}
+
+// From float64 the rounding happens once: 1 + 2^-11 + 2^-40 is above the
+// float16 midpoint, though float32 would round it to the midpoint itself
+// (and a second rounding would then go to even: 1).
+TEST(HalfConvert, FromFloat64RoundsOnce) {
+  const double above = 1.0 + 0x1p-11 + 0x1p-40;
+  EXPECT_EQ(static_cast<float>(above), 1.0f + 0x1p-11f);  // what double rounding would see
+  EXPECT_EQ(hg::float16_from_double(above).bits, 0x3c01);
+  EXPECT_EQ(hg::bfloat16_from_double(1.0 + 0x1p-8 + 0x1p-40).bits, 0x3f81);
+  EXPECT_EQ(hg::float16_from_double(1e300).bits, 0x7c00);
+  EXPECT_EQ(hg::float16_from_double(-1e-300).bits, 0x8000);
+  std::uint64_t s = 99;
+  for (int i = 0; i < 100000; ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    const double x = std::ldexp(static_cast<double>(s >> 11) * 0x1p-53 + 0.5, static_cast<int>(s % 60) - 30);
+    EXPECT_EQ(static_cast<double>(hg::to_float(hg::float16_from_double(x))), ref_f16(x)) << x;
+    EXPECT_EQ(static_cast<double>(hg::to_float(hg::bfloat16_from_double(x))), ref_bf16(x)) << x;
+  }
+}
+
+// ---------------------------------------------------------------- tensors
+
+TEST(HalfTensor, DtypeNamesSizesAndConversions) {
+  EXPECT_EQ(hg::dtype_name(DType::bfloat16), "bfloat16");
+  EXPECT_EQ(hg::dtype_name(DType::float16), "float16");
+  EXPECT_EQ(hg::dtype_from_name("bfloat16"), DType::bfloat16);
+  EXPECT_EQ(hg::dtype_from_name("float16"), DType::float16);
+  EXPECT_EQ(hg::dtype_size(DType::bfloat16), 2u);
+  EXPECT_EQ(hg::dtype_size(DType::float16), 2u);
+  const std::vector<double> v = {1.0, 1.0 / 3.0, -65504.0, 1e5, 0x1p-24, -0.0};
+  const Tensor d = Tensor::from_values(v, {2, 3}, DType::float64);
+  const Tensor h = d.to(DType::float16), b = d.to(DType::bfloat16);
+  for (std::int64_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(h.flat(i), ref_f16(v[static_cast<std::size_t>(i)])) << i;
+    EXPECT_EQ(b.flat(i), ref_bf16(v[static_cast<std::size_t>(i)])) << i;
+  }
+  EXPECT_TRUE(std::isinf(h.flat(3)));  // 1e5 is past float16's range
+  // transposed (strided) conversions, and 16 -> 16 through float32
+  const Tensor ht = d.transpose(0, 1).to(DType::float16);
+  EXPECT_EQ(ht.at({2, 0}), h.at({0, 2}));
+  EXPECT_EQ(b.to(DType::float16).flat(1), ref_f16(ref_bf16(1.0 / 3.0)));
+  EXPECT_EQ(h.data<hg::Float16>()[0].bits, 0x3c00);
+  EXPECT_THROW(static_cast<void>(h.data<float>()), std::invalid_argument);
+  Tensor f = Tensor::full({3}, 0.1, DType::bfloat16);
+  EXPECT_EQ(f.flat(2), ref_bf16(0.1));
+}
+
+// ---------------------------------------------------------------- ops
+
+namespace {
+
+Tensor seeded(const hg::Shape& shape, DType dt, std::uint64_t seed, double stddev = 1.0) {
+  hg::Generator gen(seed);
+  return hg::randn(shape, dt, gen, stddev);
+}
+
+// The per-op rule, element by element: result == round(float32 op on exact upcasts).
+void expect_rounded_float32(const Tensor& got, const Tensor& f32_result, const char* what) {
+  ASSERT_EQ(got.shape(), f32_result.shape()) << what;
+  const Tensor want = f32_result.to(got.dtype());
+  for (std::int64_t i = 0; i < got.numel(); ++i) {
+    const double g = got.flat(i), w = want.flat(i);
+    if (std::isnan(w)) EXPECT_TRUE(std::isnan(g)) << what << " at " << i;
+    else ASSERT_EQ(g, w) << what << " at " << i << " (" << hg::dtype_name(got.dtype()) << ")";
+  }
+}
+
+class HalfOps : public ::testing::TestWithParam<DType> {};
+
+}  // namespace
+
+TEST_P(HalfOps, ElementwiseResultsAreTheRoundedFloat32Op) {
+  namespace k = hg::kernels;
+  const DType dt = GetParam();
+  const Tensor a = seeded({3, 4, 5}, dt, 1), b = seeded({4, 5}, dt, 2);  // b broadcasts
+  const Tensor a32 = a.to(DType::float32), b32 = b.to(DType::float32);
+  // the upcasts are exact: converting back gives the same bits
+  expect_rounded_float32(a, a32, "upcast");
+  using BO = k::BinaryOp;
+  for (BO op : {BO::add, BO::sub, BO::mul, BO::div})
+    expect_rounded_float32(k::binary(op, a, b), k::binary(op, a32, b32), "binary");
+  expect_rounded_float32(k::unary(k::UnaryOp::exp, a), k::unary(k::UnaryOp::exp, a32), "exp");
+  expect_rounded_float32(k::unary(k::UnaryOp::neg, a), k::unary(k::UnaryOp::neg, a32), "neg");
+  expect_rounded_float32(k::scale(a, 0.3), k::scale(a32, 0.3), "scale");
+  expect_rounded_float32(k::sum_to(a, {1, 4, 1}), k::sum_to(a32, {1, 4, 1}), "sum_to");
+  expect_rounded_float32(k::sum_all(a), k::sum_all(a32), "sum_all");
+  expect_rounded_float32(k::softmax(a, 1), k::softmax(a32, 1), "softmax");
+  expect_rounded_float32(k::softmax_backward(a, b.expand({3, 4, 5}), -1),
+                         k::softmax_backward(a32, b32.expand({3, 4, 5}), -1), "softmax_backward");
+  const Tensor causal = hg::causal_mask(4, 5);
+  expect_rounded_float32(k::masked_fill(a, causal, -1.5), k::masked_fill(a32, causal, -1.5), "masked_fill");
+  expect_rounded_float32(k::masked_softmax(a, 0.7, Tensor(), true), k::masked_softmax(a32, 0.7, Tensor(), true),
+                         "masked_softmax");
+  // matmul: float32 tiles on the upcasts, one rounding of each result
+  const Tensor m = seeded({3, 5, 6}, dt, 3);
+  expect_rounded_float32(k::matmul(a, m), k::matmul(a32, m.to(DType::float32)), "matmul");
+  expect_rounded_float32(k::matmul(a.transpose(1, 2), a), k::matmul(a32.transpose(1, 2), a32), "matmul^T");
+}
+
+// Through the graph: the output is 16-bit, the gradients are 16-bit, and each
+// equals the rounded float32 computation of the same op.
+TEST_P(HalfOps, BackwardGradientsAreStoredIn16Bits) {
+  const DType dt = GetParam();
+  const Tensor a = seeded({4, 6}, dt, 4), w = seeded({5, 6}, dt, 5), r = seeded({4, 5}, dt, 6);
+  hg::Variable va(a, true), vw(w, true);
+  const hg::Variable y = hg::linear(va, vw);
+  EXPECT_EQ(y.dtype(), dt);
+  hg::sum(hg::mul(y, hg::Variable(r))).backward();
+  ASSERT_EQ(va.grad().dtype(), dt);
+  ASSERT_EQ(vw.grad().dtype(), dt);
+  namespace k = hg::kernels;
+  // dy = round(1 * r) = r; da = round(dy @ w), dw = round(dy^T @ a), each in float32 inside
+  const Tensor r32 = r.to(DType::float32);
+  expect_rounded_float32(va.grad(), k::matmul(r32, w.to(DType::float32)), "da");
+  expect_rounded_float32(vw.grad(), k::matmul(r32.transpose(0, 1), a.to(DType::float32)), "dw");
+  // cast: float32 in the middle, gradient back in 16 bits
+  hg::Variable vc(a, true);
+  hg::sum(hg::mul(hg::cast(vc, DType::float32), hg::Variable(Tensor::full({4, 6}, 1.0 / 3.0, DType::float32))))
+      .backward();
+  ASSERT_EQ(vc.grad().dtype(), dt);
+  EXPECT_EQ(vc.grad().flat(0), Tensor::full({}, 1.0 / 3.0, dt).item());
+}
+
+// RoPE in 16 bits: rotated in float32 (float64 tables), rounded once; its
+// backward (the rotation by -phi) stores dx in 16 bits the same way.
+TEST_P(HalfOps, RopeIsTheRoundedFloat32Rotation) {
+  const DType dt = GetParam();
+  hg::RopeSpec spec;
+  spec.style = hg::RopeStyle::half;
+  spec.rotary_dim = 6;
+  spec.offset = 1000;
+  const Tensor x = seeded({2, 3, 5, 8}, dt, 10), r = seeded({2, 3, 5, 8}, dt, 11);
+  hg::Variable v(x, true), v32(x.to(DType::float32), true);
+  const hg::Variable y = hg::rope(v, spec), y32 = hg::rope(v32, spec);
+  expect_rounded_float32(y.data(), y32.data(), "rope");
+  hg::sum(hg::mul(y, hg::Variable(r))).backward();
+  hg::sum(hg::mul(y32, hg::Variable(r.to(DType::float32)))).backward();
+  expect_rounded_float32(v.grad(), v32.grad(), "rope dx");
+}
+
+// Overflow behaves as the dtype does: float16 exp(12) is inf, bfloat16's is finite.
+TEST_P(HalfOps, Float16OverflowsWhereBfloat16DoesNot) {
+  const DType dt = GetParam();
+  const Tensor big = Tensor::full({2}, 12.0, dt);
+  const double e = hg::kernels::unary(hg::kernels::UnaryOp::exp, big).flat(0);
+  if (dt == DType::float16) EXPECT_TRUE(std::isinf(e));
+  else EXPECT_NEAR(e, std::exp(12.0), std::exp(12.0) * 0x1p-8);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, HalfOps, ::testing::Values(DType::bfloat16, DType::float16),
+                         [](const auto& info) { return std::string(hg::dtype_name(info.param)); });
+
+// ---------------------------------------------------------------- npy
+
+namespace {
+std::filesystem::path temp_file(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / ("headgrad_half_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  return dir / name;
+}
+}  // namespace
+
+TEST(HalfNpy, Float16RoundTripsAsF2) {
+  const Tensor h = seeded({3, 4}, DType::float16, 7);
+  const auto file = temp_file("h.npy");
+  hg::write_npy(file, h.transpose(0, 1));
+  const Tensor back = hg::read_npy(file);
+  ASSERT_EQ(back.dtype(), DType::float16);
+  ASSERT_EQ(back.shape(), (hg::Shape{4, 3}));
+  for (std::int64_t i = 0; i < 4; ++i)
+    for (std::int64_t j = 0; j < 3; ++j) EXPECT_EQ(back.at({i, j}), h.at({j, i}));
+}
+
+TEST(HalfNpy, Bfloat16TravelsAsExactFloat32) {
+  const Tensor b = seeded({2, 5}, DType::bfloat16, 8);
+  const auto file = temp_file("b.npy");
+  hg::write_npy(file, b);
+  const Tensor as_written = hg::read_npy(file);
+  EXPECT_EQ(as_written.dtype(), DType::float32);  // numpy has no bfloat16
+  const Tensor back = hg::read_npy_bfloat16(file);
+  ASSERT_EQ(back.dtype(), DType::bfloat16);
+  for (std::int64_t i = 0; i < b.numel(); ++i) EXPECT_EQ(back.flat(i), b.flat(i));
+}
+
+TEST(HalfNpy, Bfloat16RefusesAValueItCannotHold) {
+  Tensor f = seeded({2, 3}, DType::bfloat16, 9).to(DType::float32);
+  f.set({1, 2}, 1.0 + 0x1p-10);  // needs 10 mantissa bits; bfloat16 has 7
+  const auto file = temp_file("bad_bf16.npy");
+  hg::write_npy(file, f);
+  try {
+    static_cast<void>(hg::read_npy_bfloat16(file));
+    FAIL() << "a value outside bfloat16 was accepted";
+  } catch (const hg::NpyError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(file.string()), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[1, 2]"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("1.0009765625"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("not exactly representable in bfloat16"), std::string::npos) << msg;
+  }
+}
