@@ -394,7 +394,7 @@ TEST(WeakSuite, GroupedKvBlindSpots) {
   }
   EXPECT_TRUE(batch);
   // the shape that hides nothing warns of nothing grouped; suites without Hkv are not judged
-  for (const std::string yaml : {"  - {name: a, " + pair + "shape: {B: 2, T: 7, D: 24, H: 12, Hkv: 3, d: 10}}\n",
+  for (const std::string& yaml : {"  - {name: a, " + pair + "shape: {B: 2, T: 7, D: 24, H: 12, Hkv: 3, d: 10}}\n",
                                  "  - {name: a, " + pair + "shape: {B: 2, T: 7, D: 24, H: 12}}\n"})
     for (const auto& w : warnings_for(yaml)) EXPECT_EQ(w.condition.find("grouped-kv"), std::string::npos) << w.message;
 }
@@ -431,8 +431,10 @@ TEST_F(Analysis, GroupedKvBugsLocalizeToTheirKvHeadCounts) {
   // out, dWq and dWo agree (= X = X X =); dWk's error sits in every kv head
   for (const auto& t : mean.tensors)
     EXPECT_EQ(t.allclose, t.name == "out" || t.name == "dwq" || t.name == "dwo") << t.name;
-  for (const auto& s : mean.localization->spread)
-    if (s.tensor == "dwk") EXPECT_EQ(s.per_head.size(), 3u);
+  for (const auto& s : mean.localization->spread) {
+    if (s.tensor != "dwk") continue;
+    EXPECT_EQ(s.per_head.size(), 3u);
+  }
 }
 
 // The tile mapping is named with the evidence of a re-run: the failing plugin
