@@ -537,14 +537,13 @@ std::string exported_suite(const CaseSpec& c, const LoadedPlugin& p, const std::
     << "    causal: " << (c.causal ? "true" : "false") << "\n";
   if (c.level == Level::mha) y << "    shape: {H: " << c.dims.H << "}\n";
   if (c.scale) y << "    scale: " << *c.scale << "\n";
-  if (c.relative_rule())  // below float64: judged against per_head's float64 golden, as the case was
-  {
+  if (c.relative_rule()) {  // below float64: judged against per_head's float64 golden, as the case was
     y << "    tolerance: {rule: relative_to_baseline, k: {out: " << c.baseline_k.out << ", grads: " << c.baseline_k.grads;
     for (const auto& [tensor, k] : c.baseline_k.tensor) y << ", " << tensor << ": " << k;
     y << "}}\n";
-  }
-  else
+  } else {
     y << "    atol: " << c.tolerance.atol << "\n    rtol: " << c.tolerance.rtol << "\n";
+  }
   return y.str();
 }
 
