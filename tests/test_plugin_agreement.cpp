@@ -872,10 +872,14 @@ TEST_P(CoreBroadcast, EqualsInputsCopiedOut) {
   full.q = copy_out(given.q, c.q_full);
   full.k = copy_out(given.k, c.kv_full);
   full.v = copy_out(given.v, c.kv_full);
-  for (bool causal : {false, true}) {
-    SCOPED_TRACE(causal ? "causal" : "full");
+  for (const char* variant : {"full", "causal", "causal+rope"}) {
+    SCOPED_TRACE(variant);
     AttentionSpec spec;
-    spec.causal = causal;
+    spec.causal = std::string(variant) != "full";
+    if (std::string(variant) == "causal+rope") {  // positions 5 + t: the same in every batch row
+      spec.rope.enabled = true;
+      spec.rope.offset = 5;
+    }
     const CoreResult a = run_core(p, given, spec);
     const CoreResult e = run_core(p, full, spec);
     EXPECT_EQ(a.out.shape(), c.q_full);
