@@ -222,7 +222,7 @@ TEST_P(CrossLengthCatalogTest, HypothesisReproducesMutantOnlyWhereTqDiffersFromT
   const BugInfo& info = GetParam();
   const LoadedPlugin* mutant = registry_->find("mutant_" + std::string(info.name));
   ASSERT_NE(mutant, nullptr);
-  for (const auto [tq, tk] : {std::pair<std::int64_t, std::int64_t>{1, 7}, {6, 4}, {4, 4}}) {
+  for (const auto& [tq, tk] : {std::pair<std::int64_t, std::int64_t>{1, 7}, {6, 4}, {4, 4}}) {
     Generator gen(5);
     const Tensor q = randn({2, 2, tq, 3}, DType::float64, gen);
     const Tensor k = randn({2, 2, tk, 3}, DType::float64, gen);

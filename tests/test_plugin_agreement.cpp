@@ -812,6 +812,110 @@ INSTANTIATE_TEST_SUITE_P(Plugins, GqaErrors, ::testing::Values("per_head", "batc
                            return info.param;
                          });
 
+// Leading dims of size 1 broadcast at the core level (k, v over q's batch, q
+// over k's heads), in every plugin alike: the result equals the core on the
+// inputs copied out to the full shape by hand, each gradient summed back by hand.
+struct CoreBroadcastCase {
+  const char* name;
+  Shape q, kv, q_full, kv_full;  // given and copied-out shapes, [B, H, T, d]
+};
+
+void PrintTo(const CoreBroadcastCase& c, std::ostream* os) { *os << c.name; }
+
+const CoreBroadcastCase kCoreBroadcast[] = {
+    {"kv_batch_1", {2, 3, 5, 4}, {1, 3, 7, 4}, {2, 3, 5, 4}, {2, 3, 7, 4}},
+    {"kv_batch_1_gqa", {2, 12, 5, 4}, {1, 3, 7, 4}, {2, 12, 5, 4}, {2, 3, 7, 4}},
+    {"q_heads_1", {2, 1, 5, 4}, {2, 3, 7, 4}, {2, 3, 5, 4}, {2, 3, 7, 4}},
+};
+
+// [.., 1, ..] -> `full`, element by element (index 0 along a size-1 dim).
+Tensor copy_out(const Tensor& t, const Shape& full) {
+  Tensor out = Tensor::empty(full, DType::float64);
+  for (std::int64_t i = 0; i < out.numel(); ++i) {
+    Shape at = unravel_index(i, full);
+    for (std::size_t a = 0; a < at.size(); ++a)
+      if (t.size(static_cast<std::int64_t>(a)) == 1) at[a] = 0;
+    out.set_flat(i, t.at(at));
+  }
+  return out;
+}
+
+// The reverse: `g` of shape full summed into `shape` over its size-1 dims.
+Tensor sum_back(const Tensor& g, const Shape& shape) {
+  Tensor out = Tensor::zeros(shape, DType::float64);
+  for (std::int64_t i = 0; i < g.numel(); ++i) {
+    Shape at = unravel_index(i, g.shape());
+    const double value = g.at(at);
+    for (std::size_t a = 0; a < at.size(); ++a)
+      if (shape[a] == 1) at[a] = 0;
+    out.set(at, out.at(at) + value);
+  }
+  return out;
+}
+
+class CoreBroadcast : public PluginTest,
+                      public ::testing::WithParamInterface<std::tuple<std::string, CoreBroadcastCase>> {
+ protected:
+  void SetUp() override { require_plugins({std::get<0>(GetParam())}); }
+};
+
+TEST_P(CoreBroadcast, EqualsInputsCopiedOut) {
+  const Attention& p = plugin(std::get<0>(GetParam()));
+  const CoreBroadcastCase c = std::get<1>(GetParam());
+  Generator gen(66);
+  CoreInputs given;
+  given.q = randn(c.q, DType::float64, gen);
+  given.k = randn(c.kv, DType::float64, gen);
+  given.v = randn(c.kv, DType::float64, gen);
+  given.r = randn(c.q_full, DType::float64, gen);
+  CoreInputs full = given;
+  full.q = copy_out(given.q, c.q_full);
+  full.k = copy_out(given.k, c.kv_full);
+  full.v = copy_out(given.v, c.kv_full);
+  for (const char* variant : {"full", "causal", "causal+rope"}) {
+    SCOPED_TRACE(variant);
+    AttentionSpec spec;
+    spec.causal = std::string(variant) != "full";
+    if (std::string(variant) == "causal+rope") {  // positions 5 + t: the same in every batch row
+      spec.rope.enabled = true;
+      spec.rope.offset = 5;
+    }
+    const CoreResult a = run_core(p, given, spec);
+    const CoreResult e = run_core(p, full, spec);
+    EXPECT_EQ(a.out.shape(), c.q_full);
+    EXPECT_TRUE(all_close("out", a.out, e.out, 1e-12, 1e-12));
+    EXPECT_TRUE(all_close("dq", a.dq, sum_back(e.dq, c.q), 1e-12, 1e-12));
+    EXPECT_TRUE(all_close("dk", a.dk, sum_back(e.dk, c.kv), 1e-12, 1e-12));
+    EXPECT_TRUE(all_close("dv", a.dv, sum_back(e.dv, c.kv), 1e-12, 1e-12));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Plugins, CoreBroadcast,
+                         ::testing::Combine(::testing::ValuesIn(kPlugins), ::testing::ValuesIn(kCoreBroadcast)),
+                         [](const ::testing::TestParamInfo<std::tuple<std::string, CoreBroadcastCase>>& info) {
+                           return std::get<0>(info.param) + "_" + std::get<1>(info.param).name;
+                         });
+
+// The oracle names the tensor that does not fit and the shape it should have.
+TEST_F(PluginTest, PerHeadCoreNamesALeadingDimThatDoesNotBroadcast) {
+  require_plugins({"per_head"});
+  const Attention& p = plugin("per_head");
+  using headgrad::test::expect_invalid;
+  Generator gen(67);
+  CoreInputs in;
+  in.q = randn({2, 3, 5, 4}, DType::float64, gen);
+  in.k = randn({3, 3, 7, 4}, DType::float64, gen);  // batch 3 where q has 2
+  in.v = randn({2, 3, 7, 4}, DType::float64, gen);
+  in.r = randn({2, 3, 5, 4}, DType::float64, gen);
+  expect_invalid([&] { run_core(p, in, AttentionSpec{}); },
+                 {"per_head: k [3, 3, 7, 4] does not fit q [2, 3, 5, 4]", "expected [2, 3, 7, 4]"});
+  in.k = randn({2, 3, 7, 4}, DType::float64, gen);
+  in.v = randn({2, 3, 7, 6}, DType::float64, gen);
+  AttentionSpec spec;
+  spec.mask = Tensor::full({4, 5, 7}, 1.0, DType::boolean);  // 4 heads where q has 3
+  expect_invalid([&] { run_core(p, in, spec); }, {"per_head: mask [4, 5, 7]", "expected [2, 3, 5, 7]"});
+}
+
 // ---------------------------------------------------------------- 8. RoPE in attention
 
 // Which token positions a RoPE case uses, for x [..., B, T, D] (lead = the dims before T).

@@ -353,7 +353,9 @@ TEST(RopeSuite, DefaultSuiteCatchesEveryRopeMutant) {
       const runner::CaseResult r = runner::run_case(c, plugins(), options);
       if (r.status != runner::CaseStatus::fail || r.differing_tensors() == 0) continue;
       ++caught;
-      if (info.visibility.needs_rope_taps) EXPECT_TRUE(sees_rotation) << info.name << " caught end to end by " << c.name;
+      if (info.visibility.needs_rope_taps) {
+        EXPECT_TRUE(sees_rotation) << info.name << " caught end to end by " << c.name;
+      }
     }
     std::printf("%s: caught by %zu of %zu RoPE cases\n", mutant.c_str(), caught, rope_cases);
     EXPECT_GT(rope_cases, 20u);

@@ -13,6 +13,7 @@
 
 #include "analysis/analyze.hpp"
 #include "runner/run.hpp"
+#include "runner_plugins.hpp"
 
 using namespace headgrad;
 using namespace headgrad::runner;
@@ -20,17 +21,8 @@ using namespace headgrad::analysis;
 
 namespace {
 
-class Analysis : public ::testing::Test {
+class Analysis : public headgrad::test::RunnerPluginsTest {
  protected:
-  static void SetUpTestSuite() {
-    registry_ = new PluginRegistry();
-    registry_->load_directories(plugin_search_path({RUNNER_TEST_PLUGIN_DIR}));
-  }
-  static void TearDownTestSuite() {
-    delete registry_;
-    registry_ = nullptr;
-  }
-  static PluginRegistry* registry_;
 
   // One mha case, mutant against the oracle, at a shape where every bug shows.
   static CaseResult run_pair(const std::string& lhs, const std::string& yaml_extra = "") {
@@ -38,6 +30,13 @@ class Analysis : public ::testing::Test {
                              ", per_head]\n    shape: {B: 2, T: 3, D: 8, H: 2}\n    causal: true\n" + yaml_extra;
     const Suite s = parse_suite(yaml, "analysis.yaml");
     return check_case(s.cases.at(0), *registry_, {});
+  }
+
+  // The same at the GQA shape that hides no grouped-kv bug (H 12, Hkv 3, d 10).
+  static CaseResult run_grouped(const std::string& lhs) {
+    const std::string yaml = "suite: t\ncases:\n  - name: c\n    compare: [" + lhs +
+                             ", per_head]\n    shape: {B: 2, T: 7, D: 24, H: 12, Hkv: 3, d: 10}\n    causal: true\n";
+    return check_case(parse_suite(yaml, "analysis.yaml").cases.at(0), *registry_, {});
   }
 
   static bool has(const std::vector<std::string>& v, const std::string& x) {
@@ -50,7 +49,6 @@ class Analysis : public ::testing::Test {
     return CaseStatus::error;
   }
 };
-PluginRegistry* Analysis::registry_ = nullptr;
 
 TEST_F(Analysis, MutantsSuiteCatchesAndNamesEveryMutant) {
   const Suite suite = load_suite(HEADGRAD_SOURCE_ROOT "/configs/mutants.yaml");
@@ -396,7 +394,7 @@ TEST(WeakSuite, GroupedKvBlindSpots) {
   }
   EXPECT_TRUE(batch);
   // the shape that hides nothing warns of nothing grouped; suites without Hkv are not judged
-  for (const std::string yaml : {"  - {name: a, " + pair + "shape: {B: 2, T: 7, D: 24, H: 12, Hkv: 3, d: 10}}\n",
+  for (const std::string& yaml : {"  - {name: a, " + pair + "shape: {B: 2, T: 7, D: 24, H: 12, Hkv: 3, d: 10}}\n",
                                  "  - {name: a, " + pair + "shape: {B: 2, T: 7, D: 24, H: 12}}\n"})
     for (const auto& w : warnings_for(yaml)) EXPECT_EQ(w.condition.find("grouped-kv"), std::string::npos) << w.message;
 }
@@ -414,13 +412,8 @@ TEST_F(Analysis, CoreGroupedKvCaseIsDiagnosed) {
 
 // Grouped kv heads: localization re-runs at Hkv = H and Hkv = 1.
 TEST_F(Analysis, GroupedKvBugsLocalizeToTheirKvHeadCounts) {
-  auto run = [](const std::string& mutant) {
-    const std::string yaml = "suite: t\ncases:\n  - name: c\n    compare: [" + mutant +
-                             ", per_head]\n    shape: {B: 2, T: 7, D: 24, H: 12, Hkv: 3, d: 10}\n    causal: true\n";
-    return check_case(parse_suite(yaml, "analysis.yaml").cases.at(0), *registry_, {});
-  };
   // the tiled mapping equals h / G when there is one kv head or one per query head
-  const CaseResult tile = run("mutant_kv_map_tile");
+  const CaseResult tile = run_grouped("mutant_kv_map_tile");
   ASSERT_EQ(tile.status, CaseStatus::fail);
   EXPECT_EQ(row_status(*tile.localization, "Hkv = H (G = 1)"), CaseStatus::pass);
   EXPECT_EQ(row_status(*tile.localization, "Hkv = 1"), CaseStatus::pass);
@@ -428,7 +421,7 @@ TEST_F(Analysis, GroupedKvBugsLocalizeToTheirKvHeadCounts) {
   EXPECT_TRUE(has(tile.localization->depends_on, "Hkv"));
   EXPECT_EQ(tile.diagnosis->best(), "kv_map_tile");
   // a group gradient needs a group, and shows with one kv head
-  const CaseResult mean = run("mutant_kv_grad_averaged");
+  const CaseResult mean = run_grouped("mutant_kv_grad_averaged");
   ASSERT_EQ(mean.status, CaseStatus::fail);
   EXPECT_EQ(row_status(*mean.localization, "Hkv = H (G = 1)"), CaseStatus::pass);
   EXPECT_EQ(row_status(*mean.localization, "Hkv = 1"), CaseStatus::fail);
@@ -438,8 +431,10 @@ TEST_F(Analysis, GroupedKvBugsLocalizeToTheirKvHeadCounts) {
   // out, dWq and dWo agree (= X = X X =); dWk's error sits in every kv head
   for (const auto& t : mean.tensors)
     EXPECT_EQ(t.allclose, t.name == "out" || t.name == "dwq" || t.name == "dwo") << t.name;
-  for (const auto& s : mean.localization->spread)
-    if (s.tensor == "dwk") EXPECT_EQ(s.per_head.size(), 3u);
+  for (const auto& s : mean.localization->spread) {
+    if (s.tensor != "dwk") continue;
+    EXPECT_EQ(s.per_head.size(), 3u);
+  }
 }
 
 // The tile mapping is named with the evidence of a re-run: the failing plugin
@@ -447,12 +442,7 @@ TEST_F(Analysis, GroupedKvBugsLocalizeToTheirKvHeadCounts) {
 // the correct attention. A grouped-kv bug that is not a tile mapping is re-run
 // too and does not match, and no re-run happens without a group.
 TEST_F(Analysis, TileMappingIsConfirmedByARerunUnderTheTilePermutation) {
-  auto run = [](const std::string& mutant) {
-    const std::string yaml = "suite: t\ncases:\n  - name: c\n    compare: [" + mutant +
-                             ", per_head]\n    shape: {B: 2, T: 7, D: 24, H: 12, Hkv: 3, d: 10}\n    causal: true\n";
-    return check_case(parse_suite(yaml, "analysis.yaml").cases.at(0), *registry_, {});
-  };
-  const CaseResult tile = run("mutant_kv_map_tile");
+  const CaseResult tile = run_grouped("mutant_kv_map_tile");
   ASSERT_EQ(tile.status, CaseStatus::fail);
   ASSERT_TRUE(tile.diagnosis);
   EXPECT_EQ(tile.diagnosis->best(), "kv_map_tile");
@@ -464,7 +454,7 @@ TEST_F(Analysis, TileMappingIsConfirmedByARerunUnderTheTilePermutation) {
       << tile.diagnosis->sentence;
   for (const char* other : {"mutant_kv_group_wrong_divisor", "mutant_kv_interleaved_head_slices", "mutant_kv_grad_averaged"}) {
     SCOPED_TRACE(other);
-    const CaseResult r = run(other);
+    const CaseResult r = run_grouped(other);
     ASSERT_EQ(r.status, CaseStatus::fail);
     ASSERT_TRUE(r.diagnosis);
     EXPECT_EQ("mutant_" + r.diagnosis->best(), other);

@@ -522,6 +522,18 @@ TEST_F(Cli, EverySubcommandHasHelp) {
   EXPECT_NE(top.out.find("Exit codes: 0"), std::string::npos);
 }
 
+// merge and new-plugin load no plugin and run no case: their help gives their own exit codes.
+TEST_F(Cli, MergeAndNewPluginHelpGiveTheirOwnExitCodes) {
+  const Outcome merge = headgrad({"merge", "--help"});
+  EXPECT_EQ(merge.code, 0);
+  EXPECT_NE(merge.out.find("2 bad usage or a\nreport refused"), std::string::npos) << merge.out;
+  EXPECT_EQ(merge.out.find("GTEST_SHARD_INDEX"), std::string::npos) << merge.out;
+  const Outcome np = headgrad({"new-plugin", "--help"});
+  EXPECT_EQ(np.code, 0);
+  EXPECT_NE(np.out.find("0 the project was written; 2 NAME is not a C identifier"), std::string::npos) << np.out;
+  EXPECT_EQ(np.out.find("a comparison failed"), std::string::npos) << np.out;
+}
+
 TEST_F(Cli, FilterAndQuiet) {
   const Outcome r = headgrad({"run", (kFixtures / "pass.yaml").string(), "--filter", "layouts", "-q"});
   EXPECT_EQ(r.code, 0) << r.err;

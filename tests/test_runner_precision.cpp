@@ -23,6 +23,7 @@
 #include "runner/golden.hpp"
 #include "runner/report.hpp"
 #include "runner/run.hpp"
+#include "runner_plugins.hpp"
 
 namespace fs = std::filesystem;
 
@@ -159,21 +160,9 @@ TEST(JudgeByBaseline, NormwiseAndHeadsAtCoreLevel) {
   EXPECT_TRUE(cmp.allclose);
 }
 
-class PrecisionRunTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    registry_ = new PluginRegistry();
-    registry_->load_directories(plugin_search_path({RUNNER_TEST_PLUGIN_DIR}));
-  }
-  static void TearDownTestSuite() {
-    delete registry_;
-    registry_ = nullptr;
-  }
-  static PluginRegistry* registry_;
-};
-PluginRegistry* PrecisionRunTest::registry_ = nullptr;
+class PrecisionRunTest : public headgrad::test::RunnerPluginsTest {};
 
-// The shape: a correct float32 GQA + RoPE comparison passes the rule
+// A Llama-like float32 shape: a correct GQA + RoPE comparison passes the rule
 // with no hand-picked tolerance, while PyTorch's float32 assert_close defaults
 // (atol 1e-5, rtol 1.3e-6) against the same float64 golden fail a gradient.
 TEST_F(PrecisionRunTest, CorrectFloat32GqaRopePassesWhereAssertCloseDefaultsFail) {
@@ -239,9 +228,10 @@ TEST_F(PrecisionRunTest, EveryCatalogMutantFailsInFloat32) {
     EXPECT_TRUE(judged || non_finite) << c.name << ": " << r.cause;
     covered.insert(mutant->substr(7));
   }
-  for (const auto& info : diagnosis::bug_catalog())
-    if (std::string(info.name) != "rope_tables_float32")
-      EXPECT_TRUE(covered.count(std::string(info.name))) << info.name << " has no case in configs/mutants.yaml";
+  for (const auto& info : diagnosis::bug_catalog()) {
+    if (std::string(info.name) == "rope_tables_float32") continue;
+    EXPECT_TRUE(covered.count(std::string(info.name))) << info.name << " has no case in configs/mutants.yaml";
+  }
 }
 
 // A reference directory's golden/ (float64, from the same inputs) is the golden;

@@ -14,6 +14,7 @@
 
 #include "analysis/analyze.hpp"
 #include "runner/run.hpp"
+#include "runner_plugins.hpp"
 
 namespace fs = std::filesystem;
 
@@ -25,16 +26,8 @@ using headgrad::analysis::run_suite;
 
 const fs::path kFixtures = RUNNER_FIXTURES;
 
-class RunnerTest : public ::testing::Test {
+class RunnerTest : public headgrad::test::RunnerPluginsTest {
  protected:
-  static void SetUpTestSuite() {
-    registry_ = new PluginRegistry();
-    registry_->load_directories(plugin_search_path({RUNNER_TEST_PLUGIN_DIR}));
-  }
-  static void TearDownTestSuite() {
-    delete registry_;
-    registry_ = nullptr;
-  }
   void SetUp() override {
     for (const char* name : {"per_head", "batched", "throws", "segfaults", "returns_nan", "limited"})
       ASSERT_NE(registry_->find(name), nullptr) << name << " is not loaded";
@@ -69,10 +62,8 @@ class RunnerTest : public ::testing::Test {
       write_npy(out / (name + ".npy"), t);
   }
 
-  static PluginRegistry* registry_;
   fs::path dir_;
 };
-PluginRegistry* RunnerTest::registry_ = nullptr;
 
 TEST_F(RunnerTest, PassingSuitePasses) {
   const Suite suite = load_suite(kFixtures / "pass.yaml");

@@ -31,6 +31,39 @@ Tensor head_mask(const Tensor& attend, std::int64_t h) {
   return attend.narrow(-3, slice, 1).squeeze(attend.dim() - 3);
 }
 
+// x as `shape` (a broadcasting view; its backward sums the broadcast dims).
+Variable expand_to(const Variable& x, const Shape& shape) {
+  return x.shape() == shape ? x : expand(x, shape);
+}
+
+// The leading dims of the core's output: q's, k's and v's (Hkv read as H) and
+// the mask's, broadcast. A tensor that does not fit is named with the shape
+// it should have, not left to a size error deep inside an op.
+Shape core_lead(const Variable& q, const Variable& k, const Variable& v, const Tensor& attend,
+                std::int64_t group) {
+  const std::int64_t tq = q.size(-2), tk = k.size(-2);
+  Shape lead(q.shape().begin(), q.shape().end() - 2);
+  const auto join = [&](const std::string& name, const Shape& shape, std::int64_t heads_per,
+                        std::int64_t rows, std::int64_t cols) {
+    Shape own(shape.begin(), shape.end() - 2);
+    if (!own.empty()) own.back() *= heads_per;
+    try {
+      lead = broadcast_shapes(lead, own, "per_head");
+    } catch (const std::invalid_argument&) {
+      Shape expected = lead;
+      if (!expected.empty()) expected.back() /= heads_per;
+      throw std::invalid_argument("per_head: " + name + " " + shape_str(shape) + " does not fit q " +
+                                  shape_str(q.shape()) + ": expected " +
+                                  shape_str(with_last2(expected, rows, cols)) +
+                                  " (a leading dim of 1 is broadcast)");
+    }
+  };
+  join("k", k.shape(), group, tk, k.size(-1));
+  join("v", v.shape(), group, tk, v.size(-1));
+  if (attend.defined()) join("mask", attend.shape(), 1, tq, tk);
+  return lead;
+}
+
 class PerHead final : public Attention {
  public:
   PluginInfo info() const override {
@@ -68,27 +101,29 @@ class PerHead final : public Attention {
     return reshape(linear(concat, w.wo), out_shape);
   }
 
-  // q [..., H, Tq, d], k [..., Hkv, Tk, d], v [..., Hkv, Tk, dv]: every slice
-  // of the leading dims (batch x heads) on its own; query slice n reads kv
-  // slice (n / H) * Hkv + (n % H) / G.
   // x [..., T, d]: the engine's RoPE op, the oracle of the rope level.
   Variable rope_forward(const Variable& x, const RopeSpec& spec) const override { return rope(x, spec); }
 
-  Variable core_forward(const Variable& q, const Variable& k, const Variable& v,
+  // q [..., H, Tq, d], k [..., Hkv, Tk, d], v [..., Hkv, Tk, dv] -> [..., Tq, dv]:
+  // the leading dims broadcast (k's and v's Hkv read as H), as in batched and
+  // fused_sdpa, then every slice of them (batch x heads) on its own; query
+  // slice n reads kv slice (n / H) * Hkv + (n % H) / G.
+  Variable core_forward(const Variable& q0, const Variable& k0, const Variable& v0,
                         const AttentionSpec& spec) const override {
-    const std::int64_t group = kv_group(q, k, v, "per_head");
-    const std::int64_t heads = q.dim() >= 3 ? q.size(-3) : 1;
-    const std::int64_t tq = q.size(-2), tk = k.size(-2), d = q.size(-1), dv = v.size(-1);
+    const std::int64_t group = kv_group(q0, k0, v0, "per_head");
+    const std::int64_t tq = q0.size(-2), tk = k0.size(-2), d = q0.size(-1), dv = v0.size(-1);
+    Tensor attend = attention_mask(spec, tq, tk);
+    const Shape lead = core_lead(q0, k0, v0, attend, group);
+    Shape kv_lead = lead;
+    if (group > 1) kv_lead.back() /= group;
+    const Variable q = expand_to(q0, with_last2(lead, tq, d));
+    const Variable k = expand_to(k0, with_last2(kv_lead, tk, d));
+    const Variable v = expand_to(v0, with_last2(kv_lead, tk, dv));
+    const std::int64_t heads = lead.empty() ? 1 : lead.back();
     const Variable q3 = reshape(rope_queries(q, spec), {-1, tq, d});  // rotated before slicing
     const Variable k3 = reshape(rope_keys(k, spec), {-1, tk, d});
     const Variable v3 = reshape(v, {-1, tk, dv});
-    Tensor attend = attention_mask(spec, tq, tk);
-    if (attend.defined()) {
-      Shape full(q.shape().begin(), q.shape().end() - 2);
-      full.push_back(tq);
-      full.push_back(tk);
-      attend = attend.expand(full).reshape({-1, tq, tk});
-    }
+    if (attend.defined()) attend = attend.expand(with_last2(lead, tq, tk)).reshape({-1, tq, tk});
     std::vector<Variable> slices;
     for (std::int64_t n = 0; n < q3.size(0); ++n) {
       const Tensor m = attend.defined() ? attend.narrow(0, n, 1) : Tensor();

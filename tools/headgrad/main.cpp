@@ -257,7 +257,7 @@ CLI::Validator timeout_check() {
         if (!(in >> t) || !in.eof()) return std::string("must be a number of seconds, got '" + text + "'");
         return timeout_problem(t);
       },
-      "SEC");
+      "FLOAT in (0 - 86400]");
 }
 
 // --json, --junit, --html (each when given); false (said) when one cannot be written.
@@ -366,15 +366,15 @@ void add_run_command(CLI::App& app, int& exit_code) {
       ->check(timeout_check());
   add_max_memory(run, args->max_memory);
   run->add_option("-j,--jobs", args->jobs,
-                  "cases run at once, each in its own process, their plugins' threads divided so that N x threads "
-                  "<= cores; output in suite order as a serial run's. Default: 1 on one core or for fewer than 4 "
-                  "cases, else cores / HEADGRAD_NUM_THREADS (unset: 1 thread per case, the cores filled with cases: "
-                  "suite cases are small and gain more side by side than from threads)")
+                  "how many cases run at once, each in its own process with cores / N plugin threads; the output "
+                  "is in suite order, as a serial run's. Default: 1 on one core, for fewer than 4 cases or with "
+                  "--no-isolation; otherwise one case per core at 1 thread each (cores / HEADGRAD_NUM_THREADS "
+                  "cases when that is set)")
       ->type_name("N")
       ->check(CLI::Range(std::size_t{1}, std::size_t{1024}));
   run->add_option("--shard", args->shard,
-                  "run shard K of N (1-based: 1/3, 2/3, 3/3): the selected cases at positions K-1, K-1+N, ... after "
-                  "sweeps are expanded; `headgrad merge` joins the shards' --json reports. Without it, "
+                  "run shard K of N (1-based: 1/3, 2/3, 3/3): every N-th selected case from the K-th, counted after "
+                  "--filter and after sweeps are expanded; `headgrad merge` joins the shards' --json reports. Without it, "
                   "GTEST_SHARD_INDEX (0-based) and GTEST_TOTAL_SHARDS select a shard; --shard wins over them")
       ->type_name("K/N");
   run->add_flag("--no-isolation", args->no_isolation,
@@ -406,10 +406,11 @@ int cmd_merge(const MergeArgs& a) {
 void add_merge_command(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<MergeArgs>();
   CLI::App* merge = app.add_subcommand(
-      "merge", "Join the JSON reports of the shards of one suite (headgrad run --shard K/N --json FILE) into one "
-               "report in suite order, with the exit code the whole suite would have had (0, 1 or 3, as run's). "
-               "Refused (exit 2, naming the file): a file that is no report, shards of different suites (file or "
-               "cases hash), of different shard counts, a shard missing or given twice.");
+      "merge", "Join the JSON reports of the shards of one suite (each from headgrad run --shard K/N --json FILE) "
+               "into one report in suite order, printed as run prints it, with the exit code the whole suite "
+               "would have had. Refused with exit 2, naming the file: a file that is not a headgrad JSON report, "
+               "shards of different suites (another suite file, or the same file with other cases), of different "
+               "shard counts, a shard missing or given twice.");
   merge->add_option("reports", args->reports, "every shard's --json report, in any order")
       ->required()
       ->check(CLI::ExistingFile)
@@ -419,6 +420,9 @@ void add_merge_command(CLI::App& app, int& exit_code) {
   merge->add_option("--html", args->html, "write a self-contained HTML report of the merged result here")
       ->type_name("FILE");
   merge->add_flag("-q,--quiet", args->quiet, "only what did not go as expected, and the summary");
+  merge->footer(
+      "Exit codes: 0 every case of the suite as expected; 1 a comparison failed in some shard; 2 bad usage or a\n"
+      "report refused; 3 a plugin could not be loaded or crashed in some shard.");
   merge->callback([args, &exit_code] { exit_code = cmd_merge(*args); });
 }
 
@@ -533,14 +537,13 @@ std::string exported_suite(const CaseSpec& c, const LoadedPlugin& p, const std::
     << "    causal: " << (c.causal ? "true" : "false") << "\n";
   if (c.level == Level::mha) y << "    shape: {H: " << c.dims.H << "}\n";
   if (c.scale) y << "    scale: " << *c.scale << "\n";
-  if (c.relative_rule())  // below float64: judged against per_head's float64 golden, as the case was
-  {
+  if (c.relative_rule()) {  // below float64: judged against per_head's float64 golden, as the case was
     y << "    tolerance: {rule: relative_to_baseline, k: {out: " << c.baseline_k.out << ", grads: " << c.baseline_k.grads;
     for (const auto& [tensor, k] : c.baseline_k.tensor) y << ", " << tensor << ": " << k;
     y << "}}\n";
-  }
-  else
+  } else {
     y << "    atol: " << c.tolerance.atol << "\n    rtol: " << c.tolerance.rtol << "\n";
+  }
   return y.str();
 }
 
@@ -661,7 +664,7 @@ int main(int argc, char** argv) {
       "Exit codes: 0 every case as expected; 1 a comparison failed; 2 bad usage, config or input file;\n"
       "3 a plugin could not be loaded or crashed.\n"
       "Environment: HEADGRAD_PLUGIN_PATH (plugin folders, colon-separated), HEADGRAD_LOG_LEVEL (trace, debug,\n"
-      "info, warn, error, off), NO_COLOR, HEADGRAD_NUM_THREADS (plugin threads), GTEST_SHARD_INDEX and\n"
+      "info, warn, error, critical, off), NO_COLOR, HEADGRAD_NUM_THREADS (plugin threads), GTEST_SHARD_INDEX and\n"
       "GTEST_TOTAL_SHARDS (run's shard when --shard is not given).");
 
   // Each subcommand's callback runs it and sets the exit code.

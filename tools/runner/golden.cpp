@@ -52,7 +52,7 @@ GoldenRun run_golden(const CaseSpec& c, const CaseInputs& in, const PluginRegist
     g.runs.push_back(std::move(s));
   };
   const std::string dtype(dtype_name(c.dtype));
-  if (c.files && !c.files->golden.empty()) {
+  if (own_golden) {
     // The reference's own math in both precisions: its float64 golden/ and its
     // tensors in the dtype (an oracle baseline would measure the oracle against
     // the reference, and pass anything when the reference is wrong).

@@ -101,15 +101,6 @@ bool CaseSpec::relative_rule() const {
   return tolerance_rule != ToleranceRule::allclose;
 }
 
-std::string_view tolerance_rule_name(ToleranceRule rule) {
-  switch (rule) {
-    case ToleranceRule::automatic: return "automatic";
-    case ToleranceRule::allclose: return "allclose";
-    case ToleranceRule::relative_to_baseline: return "relative_to_baseline";
-  }
-  return "?";
-}
-
 double BaselineFactors::k_for(const std::string& name) const {
   if (auto it = tensor.find(name); it != tensor.end()) return it->second;
   // out and the taps are forward values; every other tensor is a gradient

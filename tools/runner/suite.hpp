@@ -69,7 +69,6 @@ struct Tolerance {
 // automatic: relative_to_baseline below float64 unless atol or rtol is set on the
 // case itself; allclose in float64.
 enum class ToleranceRule { automatic, allclose, relative_to_baseline };
-std::string_view tolerance_rule_name(ToleranceRule rule);  // "automatic", "allclose", ...
 
 // The factors k of relative_to_baseline: `out` for forward tensors (out and the
 // taps), `grads` for gradients, a tensor's own entry before either.

@@ -449,12 +449,15 @@ void add_new_plugin_command(CLI::App& app, int& exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "new-plugin",
       "Write a ready-to-build plugin project in DIR: meson.build (dependency('headgrad')), NAME.cpp (a correct "
-      "batched attention from core ops, the places to change marked), suite.yaml (NAME against per_head), masks/ and "
-      "README.md.");
+      "batched attention from core ops, the places to change marked CHANGE HERE), suite.yaml (NAME against "
+      "per_head, with the edge cases where bugs hide), masks/ and README.md; then print the commands that build "
+      "and run it (against this build of headgrad when it runs uninstalled, from a build tree).");
   cmd->add_option("name", args->name, "the plugin's name: a C identifier (also its library and source name)")
       ->required()
       ->type_name("NAME");
   cmd->add_option("dir", args->dir, "the project folder to create (new, or empty)")->required()->type_name("DIR");
+  cmd->footer("Exit codes: 0 the project was written; 2 NAME is not a C identifier, or DIR is not empty or cannot "
+              "be written.");
   cmd->callback([args, &exit_code] { exit_code = run_new_plugin(args->name, args->dir, std::cout, std::cerr); });
 }
 
