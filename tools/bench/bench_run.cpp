@@ -30,6 +30,26 @@ double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
+// CPU time of the whole process (every thread), ms: on a shared machine the
+// wall clock also counts the time other jobs held the cores; this does not.
+double process_cpu_ms() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) * 1e-6;
+}
+
+// Wall and process CPU time of one call, ms.
+struct Timed {
+  double wall = 0, cpu = 0;
+};
+template <class F>
+Timed timed(F&& f) {
+  const double c0 = process_cpu_ms();
+  const auto t0 = Clock::now();
+  f();
+  return {ms_since(t0), process_cpu_ms() - c0};
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
@@ -150,25 +170,29 @@ json time_case(const LoadedPlugin& plugin, const BenchShape& s, DType dtype, int
   const Variable r(in.r);
 
   auto fwd_once = [&] {
-    const auto t0 = Clock::now();
-    Variable out = run_forward(a, in, spec, c.level);
-    const double ms = ms_since(t0);
-    return ms;  // the graph is freed after the clock stops
+    Variable out;  // the graph is freed after the clock stops
+    return timed([&] { out = run_forward(a, in, spec, c.level); });
   };
   auto fwdbwd_once = [&] {
     for (auto& leaf : in.leaves) leaf.zero_grad();
-    const auto t0 = Clock::now();
-    {
+    return timed([&] {  // includes freeing the graph: part of every training step
       Variable loss = sum(mul(run_forward(a, in, spec, c.level), r));
       loss.backward();
-    }
-    return ms_since(t0);  // includes freeing the graph: part of every training step
+    });
   };
 
   for (int i = 0; i < c.warmup; ++i) fwdbwd_once();
-  std::vector<double> fwd, fwdbwd;
-  for (int i = 0; i < c.repeats; ++i) fwd.push_back(fwd_once());
-  for (int i = 0; i < c.repeats; ++i) fwdbwd.push_back(fwdbwd_once());
+  std::vector<double> fwd, fwdbwd, fwd_cpu, fwdbwd_cpu;
+  for (int i = 0; i < c.repeats; ++i) {
+    const Timed t = fwd_once();
+    fwd.push_back(t.wall);
+    fwd_cpu.push_back(t.cpu);
+  }
+  for (int i = 0; i < c.repeats; ++i) {
+    const Timed t = fwdbwd_once();
+    fwdbwd.push_back(t.wall);
+    fwdbwd_cpu.push_back(t.cpu);
+  }
 
   // Peak extra memory of one forward + backward: live tensor bytes above what
   // the inputs already hold (gradients of the leaves included).
@@ -188,6 +212,10 @@ json time_case(const LoadedPlugin& plugin, const BenchShape& s, DType dtype, int
   row["fwd_min_ms"] = *std::min_element(fwd.begin(), fwd.end());
   row["fwdbwd_ms"] = fwdbwd_ms;
   row["fwdbwd_min_ms"] = *std::min_element(fwdbwd.begin(), fwdbwd.end());
+  // Process CPU time (every thread's): with one thread, the wall time less
+  // what other jobs on a loaded machine took from it.
+  row["fwd_cpu_ms"] = median(fwd_cpu);
+  row["fwdbwd_cpu_ms"] = median(fwdbwd_cpu);
   row["fwd_samples_ms"] = fwd;
   row["fwdbwd_samples_ms"] = fwdbwd;
   row["flops"] = {{"fwd_dense", f.fwd_dense},
