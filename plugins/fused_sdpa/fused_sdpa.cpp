@@ -1,6 +1,6 @@
 // fused_sdpa: the attention core as one custom op with a hand-written forward
 // and backward (FlashAttention-2 style, kernel.cpp), run with the default
-// tiles, inside the batched split and merge of heads. Grouped KV heads reach
+// tiles (256 x 256 from 2048 queries and keys up), inside the batched split and merge of heads. Grouped KV heads reach
 // the kernel unexpanded: its K/V memory is Hkv/H of the expanded one.
 //
 // Shape legend: B, T, D, H, Hkv as in plugin.hpp; [...] leading dims.
@@ -11,6 +11,17 @@
 namespace {
 
 using namespace headgrad;
+
+// The kernel's default 128 x 128 tiles, or 256 x 256 once both lengths reach
+// 2048: there the larger products pay more than the extra masked work of the
+// larger diagonal tiles costs (process CPU time at (1,2048,512,8) f+b, float32:
+// 279 against 298 ms; at T = 512, 128 x 128 stays ahead, 151-159 against
+// 154-169 ms; docs/performance.md).
+fused_sdpa::Tiles tiles_for(std::int64_t tq, std::int64_t tk) {
+  fused_sdpa::Tiles t;
+  if (tq >= 2048 && tk >= 2048) t.rows = t.keys = 256;
+  return t;
+}
 
 class FusedSdpa final : public Attention {
  public:
@@ -47,7 +58,8 @@ class FusedSdpa final : public Attention {
 
   Variable core_forward(const Variable& q, const Variable& k, const Variable& v,
                         const AttentionSpec& spec) const override {
-    return fused_sdpa::sdpa(rope_queries(q, spec), rope_keys(k, spec), v, without_rope(spec));
+    return fused_sdpa::sdpa(rope_queries(q, spec), rope_keys(k, spec), v, without_rope(spec),
+                            tiles_for(q.size(-2), k.size(-2)));
   }
 };
 
