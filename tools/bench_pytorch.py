@@ -303,6 +303,7 @@ def side_by_side(args):
                              "torch_winner": f"{best['coretype']}/{best['impl']}",
                              "ratio_fwd": r["fwd_ms"] / tb["best_fwd_ms"],
                              "ratio_fwdbwd": r["fwdbwd_ms"] / best["fwdbwd_ms"],
+                             "ratio_fwdbwd_cpu": r["fwdbwd_cpu_ms"] / tb["best_cpu"]["fwdbwd_cpu_ms"],
                              "headgrad_peak_bytes": r["peak_bytes"], "gemm_gflops": r["gemm_gflops"]})
 
     print("PyTorch, every core type and implementation (ms, median):")
@@ -317,10 +318,11 @@ def side_by_side(args):
     lines = [[shape_str(r["shape"]), r["dtype"], r["plugin"],
               f"{r['headgrad_fwd_ms']:.3f}", f"{r['torch_fwd_ms']:.3f}", f"{r['ratio_fwd']:.2f}",
               f"{r['headgrad_fwdbwd_ms']:.3f}", f"{r['torch_fwdbwd_ms']:.3f}", r["torch_winner"],
-              f"{r['ratio_fwdbwd']:.2f}"] for r in rows]
+              f"{r['ratio_fwdbwd']:.2f}", f"{r['ratio_fwdbwd_cpu']:.2f}"] for r in rows]
     print_table(["shape (B,T,D,H)", "dtype", "plugin", "hg fwd ms", "torch fwd ms", "fwd ratio",
-                 "hg f+b ms", "torch f+b ms", "torch won", "f+b ratio"], lines, 3)
-    print(f"\nratio = headgrad time / best PyTorch time (below 1: headgrad faster); {args.threads} thread(s); "
+                 "hg f+b ms", "torch f+b ms", "torch won", "f+b ratio", "f+b CPU ratio"], lines, 3)
+    print(f"\nratio = headgrad time / best PyTorch time (below 1: headgrad faster); CPU ratio: the same "
+          f"with process CPU time (each side's fastest); {args.threads} thread(s); "
           f"PyTorch {version}\nsame-run GEMM GFLOP/s: headgrad {args.gemm_size}^3 "
           + ", ".join(f"{k} {v:.1f}" for k, v in gemm.items()) + f"; PyTorch {args.torch_gemm_size}^3 "
           + ", ".join(f"{k} " + " ".join(f"{c} {v:.1f}" for c, v in per.items())
@@ -375,9 +377,12 @@ def goals(args):
         _, hg = measured[shape]
         r = hg_row(hg, plugin)
         frac = r["gflops_fwdbwd_causal"] / r["gemm_gflops_adjacent"]
+        cpu_gflops = r["flops"]["fwdbwd_causal"] / (r["fwdbwd_cpu_ms"] * 1e6)
+        cpu = cpu_gflops / r["gemm_gflops_cpu_adjacent"]
         out.append([f"{plugin} causal-useful GFLOP/s / sgemm at {shape_str(shape)}",
                     f"{frac:.2f} ({r['gflops_fwdbwd_causal']:.1f} / {r['gemm_gflops_adjacent']:.1f} "
-                    f"adjacent; {r['gemm_fraction_fwdbwd_causal']:.2f} of the run's)",
+                    f"adjacent; {r['gemm_fraction_fwdbwd_causal']:.2f} of the run's); CPU time {cpu:.2f} "
+                    f"({cpu_gflops:.1f} / {r['gemm_gflops_cpu_adjacent']:.1f})",
                     f">= {limit}", frac >= limit, frac])
 
     vs_torch("batched", mid, 0.8)

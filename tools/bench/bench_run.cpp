@@ -99,7 +99,7 @@ Variable run_forward(const Attention& a, const BenchInputs& in, const AttentionS
 json time_gemm(DType dtype, std::int64_t n, int threads) {
   const Shape shape{n, n};
   Tensor a = Tensor::empty(shape, dtype), b = Tensor::empty(shape, dtype), c = Tensor::empty(shape, dtype);
-  std::vector<double> ms;
+  std::vector<double> ms, cpu_ms;
   dispatch_float(dtype, "gemm", [&]<class T>() {
     T* pa = a.mutable_data<T>();
     T* pb = b.mutable_data<T>();
@@ -110,19 +110,21 @@ json time_gemm(DType dtype, std::int64_t n, int threads) {
     auto once = [&] { blas::gemm(false, false, n, n, n, T{1}, pa, n, pb, n, T{0}, c.mutable_data<T>(), n); };
     once();  // warm-up: pages touched, BLAS buffers made
     for (int rep = 0; rep < 3; ++rep) {
-      const auto t0 = Clock::now();
-      once();
-      ms.push_back(ms_since(t0));
+      const Timed t = timed(once);
+      ms.push_back(t.wall);
+      cpu_ms.push_back(t.cpu);
     }
   });
-  const double med = median(ms);
+  const double med = median(ms), cpu_med = median(cpu_ms);
   const double flops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
   return json{{"dtype", std::string(dtype_name(dtype))},
               {"threads", threads},
               {"size", n},
               {"routine", dtype == DType::float32 ? "sgemm" : "dgemm"},
               {"ms", med},
-              {"gflops", flops / (med * 1e6)}};
+              {"gflops", flops / (med * 1e6)},
+              {"cpu_ms", cpu_med},  // process CPU time: with one thread, the rate an idle core gives
+              {"gflops_cpu", flops / (cpu_med * 1e6)}};
 }
 
 // ---------------------------------------------------------------- one case
@@ -336,12 +338,14 @@ json run_bench(const BenchConfig& c, std::ostream* log) {
           try {
             // The machine's load may change during a run: each row is also
             // compared with a GEMM timed right before and right after it.
-            const double before = time_gemm(dtype, c.gemm_size, threads)["gflops"].get<double>();
+            const json before = time_gemm(dtype, c.gemm_size, threads);
             row = time_case(*p, shape, dtype, threads, c, gemm_gflops);
             if (!row.contains("skipped")) {
-              const double after = time_gemm(dtype, c.gemm_size, threads)["gflops"].get<double>();
-              const double near = 0.5 * (before + after);
+              const json after = time_gemm(dtype, c.gemm_size, threads);
+              const double near = 0.5 * (before["gflops"].get<double>() + after["gflops"].get<double>());
               row["gemm_gflops_adjacent"] = near;
+              row["gemm_gflops_cpu_adjacent"] =
+                  0.5 * (before["gflops_cpu"].get<double>() + after["gflops_cpu"].get<double>());
               row["gemm_fraction_fwdbwd_adjacent"] = row["gflops_fwdbwd"].get<double>() / near;
             }
           } catch (const std::exception& e) {
