@@ -371,7 +371,8 @@ def goals(args):
                     f"{ratio:.2f} ({ms(r['fwdbwd_ms'])} / {ms(best['fwdbwd_ms'])} ms, "
                     f"{best['coretype']}/{best['impl']}); CPU time {cpu:.2f} "
                     f"({ms(r['fwdbwd_cpu_ms'])} / {ms(best_cpu['fwdbwd_cpu_ms'])} ms, "
-                    f"{best_cpu['coretype']}/{best_cpu['impl']})", f"<= {limit}", ratio <= limit, ratio])
+                    f"{best_cpu['coretype']}/{best_cpu['impl']})", f"<= {limit}", ratio <= limit, ratio,
+                    cpu <= limit])
 
     def causal_of_gemm(plugin, shape, limit):
         _, hg = measured[shape]
@@ -383,7 +384,7 @@ def goals(args):
                     f"{frac:.2f} ({r['gflops_fwdbwd_causal']:.1f} / {r['gemm_gflops_adjacent']:.1f} "
                     f"adjacent; {r['gemm_fraction_fwdbwd_causal']:.2f} of the run's); CPU time {cpu:.2f} "
                     f"({cpu_gflops:.1f} / {r['gemm_gflops_cpu_adjacent']:.1f})",
-                    f">= {limit}", frac >= limit, frac])
+                    f">= {limit}", frac >= limit, frac, cpu >= limit])
 
     vs_torch("batched", mid, 0.8)
     vs_torch("fused_sdpa", long_, 0.5)
@@ -401,25 +402,29 @@ def goals(args):
         ratio = r2["fwdbwd_ms"] / predicted
         out.append([f"{p} 2 threads f+b at {shape_str(mid)} / sgemm-predicted",
                     f"{ratio:.2f} ({ms(r2['fwdbwd_ms'])} ms; predicted {ms(predicted)} = "
-                    f"{ms(r1['fwdbwd_ms'])} / {scaling:.2f})", "<= 1.1", ratio <= 1.1, ratio])
+                    f"{ms(r1['fwdbwd_ms'])} / {scaling:.2f})", "<= 1.1", ratio <= 1.1, ratio, None])
 
     print("Speed goals, float32, fwd+bwd medians, one thread unless stated; PyTorch at its best = "
           "the fastest of OPENBLAS_CORETYPE Haswell/SkylakeX x manual/functional MHA.\n"
-          "Verdicts are on wall time; the CPU-time ratio beside it (process CPU time, each side's "
-          "fastest) is what a loaded machine does not distort:")
-    print_table(["goal", "figure", "target", "verdict"],
-                [[g, f, t, "met" if ok else "MISSED"] for g, f, t, ok, _ in out], 2)
+          "The verdict is on wall time; 'on CPU time' judges the same goal by process CPU time (each "
+          "side's fastest), which a loaded machine does not distort (n/a for two threads):")
+    def verdict(ok):
+        return "n/a" if ok is None else "met" if ok else "MISSED"
+    print_table(["goal", "figure", "target", "verdict", "on CPU time"],
+                [[g, f, t, verdict(ok), verdict(cpu_ok)] for g, f, t, ok, _, cpu_ok in out], 2)
     tb, hg = measured[mid]
     gemm1 = [g for g in hg["gemm"] if g["threads"] == 1][0]["gflops"]
     gemm2 = [g for g in hg["gemm"] if g["threads"] == 2][0]["gflops"]
     print(f"\nheadgrad sgemm {args.gemm_size}^3: {gemm1:.1f} GFLOP/s on 1 thread, {gemm2:.1f} on 2; "
           "PyTorch sgemm " + ", ".join(f"{c} {v:.1f}" for c, v in tb["gemm_gflops"].items())
           + f" GFLOP/s ({args.torch_gemm_size}^3); PyTorch {tb['torch_version']}; {load_line()}; "
-          f"{sum(ok for *_, ok, _ in out)}/{len(out)} met")
+          f"{sum(bool(o[3]) for o in out)}/{len(out)} met on wall time, "
+          f"{sum(bool(o[5]) for o in out)}/{sum(o[5] is not None for o in out)} on CPU time")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"goals": [{"goal": g, "figure": fig, "target": t, "met": ok, "value": v}
-                                 for g, fig, t, ok, v in out],
+            json.dump({"goals": [{"goal": g, "figure": fig, "target": t, "met": ok, "value": v,
+                                  "met_on_cpu_time": cpu_ok}
+                                 for g, fig, t, ok, v, cpu_ok in out],
                        "measured": [{"shape": s, "torch": tb, "headgrad": hg}
                                     for s, (tb, hg) in measured.items()]}, f, indent=2)
 
