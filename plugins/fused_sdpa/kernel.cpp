@@ -71,6 +71,7 @@ namespace {
 using blas::gemm;
 
 using kernels::exp_shift_row;
+using kernels::row_max;  // in lanes: one running max took ~13% of f+b at (1,2048,512,8)
 
 constexpr std::uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
 std::uint64_t mix64(std::uint64_t z) {
@@ -286,25 +287,6 @@ Sdpa<T> make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const At
 }
 
 // ---------------------------------------------------------------- forward
-
-// max(x[0..n)), -inf for n = 0, in 16 independent lanes: one running max
-// is a chain of dependent instructions that the compiler will not reorder
-// (std::max is not associative for NaN), and it took about 13% of the
-// forward + backward at (1,2048,512,8) (perf, docs/performance.md). The
-// lanes vectorize; the maximum is the same whatever the order.
-template <class T>
-T row_max(const T* x, std::int64_t n) {
-  constexpr int kLanes = 16;
-  T lane[kLanes];
-  std::fill(lane, lane + kLanes, -std::numeric_limits<T>::infinity());
-  std::int64_t c = 0;
-  for (; c + kLanes <= n; c += kLanes)
-    for (int l = 0; l < kLanes; ++l) lane[l] = lane[l] < x[c + l] ? x[c + l] : lane[l];
-  for (; c < n; ++c) lane[0] = lane[0] < x[c] ? x[c] : lane[0];
-  T m = lane[0];
-  for (int l = 1; l < kLanes; ++l) m = std::max(m, lane[l]);
-  return m;
-}
 
 // o [N, Tq, dv] and lse [N, Tq] (contiguous): rows [i0, i0 + br) of slice nn,
 // one block of query rows. scratch: s [Br, Bc], acc [Br, dv], m [Br], l [Br].
