@@ -271,6 +271,32 @@ TEST(ExpShiftRow, Float64IsStdExpAndTrailingZerosKeepTheSum) {
   for (std::size_t i = orig.size(); i < b.size(); ++i) EXPECT_EQ(b[i], 0.0);
 }
 
+// ---------------------------------------------------------------- max of a row
+
+// kernels::row_max (16 lanes) against a plain running max, at lengths around
+// the lane count, with the maximum placed at every position in turn.
+TEST(RowMax, EqualsAPlainRunningMaxAtEveryLengthAndPosition) {
+  constexpr float neg_inf = -std::numeric_limits<float>::infinity();
+  EXPECT_EQ(kernels::row_max(static_cast<const float*>(nullptr), 0), neg_inf);
+  for (const std::int64_t n : {1, 2, 15, 16, 17, 31, 33, 100}) {
+    for (std::int64_t at = 0; at < n; ++at) {
+      std::vector<float> x(static_cast<std::size_t>(n));
+      for (std::int64_t j = 0; j < n; ++j) x[static_cast<std::size_t>(j)] = std::sin(0.7f * j) - 2.0f;
+      x[static_cast<std::size_t>(at)] = 1.5f + 0.001f * static_cast<float>(at);
+      float plain = neg_inf;
+      for (const float v : x) plain = std::max(plain, v);
+      EXPECT_EQ(kernels::row_max(x.data(), n), plain) << "n " << n << ", max at " << at;
+    }
+  }
+  // a fully masked row stays -inf; a NaN is skipped as by std::max(running, x)
+  const std::vector<double> masked(40, -std::numeric_limits<double>::infinity());
+  EXPECT_EQ(kernels::row_max(masked.data(), 40), -std::numeric_limits<double>::infinity());
+  std::vector<double> with_nan(20, -1.0);
+  with_nan[3] = std::numeric_limits<double>::quiet_NaN();
+  with_nan[19] = 2.0;
+  EXPECT_EQ(kernels::row_max(with_nan.data(), 20), 2.0);
+}
+
 // ---------------------------------------------------------------- masked softmax
 
 Tensor pattern_mask(const Shape& shape, std::uint64_t seed) {

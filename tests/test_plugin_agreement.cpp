@@ -297,6 +297,8 @@ const std::vector<MhaShape> kMhaShapes = {
     {"lead2x2_T4_D8_H2", {2, 2, 4, 8}, 2},
     {"B2_T5_D12_H3_x_transposed", {2, 5, 12}, 3, Layout::transposed},
     {"B2_T5_D12_H3_x_narrowed", {2, 5, 12}, 3, Layout::narrowed},
+    // long enough for batched's block-causal core: 128-row blocks and a partial one
+    {"B1_T300_D8_H2_row_blocks", {1, 300, 8}, 2},
 };
 
 void PrintTo(const MhaShape& s, std::ostream* os) { *os << s.name; }
@@ -1329,3 +1331,42 @@ TEST_F(PluginTest, RopeLevelDefaultIsUnsupported) {
     EXPECT_EQ(std::string(e.what()), "plugin 'core_only' does not implement the rope level");
   }
 }
+
+// ---------------------------------------------------------------- block-causal core
+
+namespace {
+
+using BlockCausalCase = std::tuple<AlignmentShape, CausalAlignment>;
+
+class BlockCausalCore : public PluginTest, public ::testing::WithParamInterface<BlockCausalCase> {};
+
+// batched runs causal cores of T >= 256 query rows by 128-row blocks, each
+// against only the keys it can see: it must equal the dense composed core given
+// the hand-built mask, out and every gradient, rows past a block's edge included.
+TEST_P(BlockCausalCore, EqualsTheDenseComposedCore) {
+  require_plugins({"batched"});
+  const auto& [shape, alignment] = GetParam();
+  const std::int64_t tq = shape.tq, tk = shape.tk;
+  const CoreInputs in = alignment_inputs(tq, tk, 53);
+  AttentionSpec explicit_mask;
+  explicit_mask.mask = hand_causal_mask(tq, tk, alignment == CausalAlignment::bottom_right ? tk - tq : 0);
+  const Variable q(in.q, true), k(in.k, true), v(in.v, true);
+  const Variable out = attention_core(q, k, v, explicit_mask);
+  sum(mul(out, Variable(in.r))).backward();
+  const CoreResult composed{out.data(), q.grad(), k.grad(), v.grad()};
+  expect_core_close(run_core(plugin("batched"), in, aligned_spec(alignment)), composed, 1e-12, 1e-10);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Batched, BlockCausalCore,
+    ::testing::Combine(::testing::Values(AlignmentShape{"square_tq300_tk300", 300, 300},
+                                         AlignmentShape{"tq300_tk420", 300, 420},
+                                         AlignmentShape{"tq420_tk300", 420, 300},
+                                         AlignmentShape{"exact_blocks_tq256_tk256", 256, 256}),
+                       ::testing::Values(CausalAlignment::top_left, CausalAlignment::bottom_right)),
+    [](const ::testing::TestParamInfo<BlockCausalCase>& info) {
+      return std::get<0>(info.param).name + "__" +
+             std::string(causal_alignment_name(std::get<1>(info.param)));
+    });
+
+}  // namespace

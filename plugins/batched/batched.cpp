@@ -5,13 +5,58 @@
 // Grouped kv heads: k and v are expanded to H heads (repeat_interleave by G,
 // kv head j serving query heads [jG, (j+1)G)), then the MHA core runs.
 //
+// Causal without a bool mask (and T >= 2 blocks): the same composed core,
+// matmul, masked_softmax, matmul, run on blocks of kBlockRows query rows, each
+// against only the keys it can see (block [i0, i1) sees keys [0, i1 + shift)),
+// and the blocks' outputs concatenated. The tiles above the diagonal are never
+// multiplied: about (n + 1) / 2n of the dense products for n blocks, and the
+// [T, T] score and weight buffers shrink alike. Each query row still sees all
+// of its keys in one softmax, so the values are those of the dense core (the
+// masked tail of a row adds exact zeros); the engine still derives the
+// gradients (narrow and cat have their own backward).
+//
 // Shape legend: B batch, T sequence, D model width, H query heads, Hkv
 // key/value heads, G = H / Hkv, d head width (D / H unless given).
+#include <algorithm>
+#include <vector>
+
 #include <headgrad/plugin.hpp>
 
 namespace {
 
 using namespace headgrad;
+
+// Query rows per block of the block-causal core: a block's products are
+// [kBlockRows, d] x [d, keys], large enough for the BLAS to run near its peak.
+constexpr std::int64_t kBlockRows = 128;
+
+// The causal core by row blocks: q [..., H, Tq, d], k and v [..., H, Tk, .]
+// (already widened) -> [..., H, Tq, dv]. Needs spec.causal, no bool mask and
+// shift >= 0, so that every row sees at least key 0.
+Variable block_causal_core(const Variable& q, const Variable& k, const Variable& v,
+                           const AttentionSpec& spec) {
+  const std::int64_t tq = q.size(-2), tk = k.size(-2);
+  const std::int64_t shift = spec.causal_shift(tq, tk);
+  const double scale_factor = spec.scale_for(q.size(-1));
+  const Variable kt = transpose(k, -2, -1);  // [..., d, Tk]
+  std::vector<Variable> blocks;
+  for (std::int64_t i0 = 0; i0 < tq; i0 += kBlockRows) {
+    const std::int64_t rows = std::min(kBlockRows, tq - i0);
+    const std::int64_t keys = std::min(tk, i0 + rows + shift);  // row i0 + rows - 1 sees keys <= it + shift
+    const Variable s = matmul(narrow(q, -2, i0, rows), narrow(kt, -1, 0, keys));  // [..., rows, keys]
+    // row r of the block is query i0 + r: it attends keys j <= r + (i0 + shift)
+    const Variable p = masked_softmax(s, scale_factor, Tensor(), true, i0 + shift);
+    blocks.push_back(matmul(p, narrow(v, -2, 0, keys)));  // [..., rows, dv]
+  }
+  return blocks.size() == 1 ? blocks[0] : cat(blocks, -2);
+}
+
+// Whether block_causal_core applies and pays: causal alone, rows to split.
+bool block_causal_applies(const Variable& q, const Variable& k, const AttentionSpec& spec) {
+  if (!spec.causal || spec.mask.defined() || q.dim() < 2) return false;
+  const std::int64_t tq = q.size(-2), tk = k.size(-2);
+  return spec.causal_shift(tq, tk) >= 0 && tq >= 2 * kBlockRows;
+}
 
 class Batched final : public Attention {
  public:
@@ -48,8 +93,10 @@ class Batched final : public Attention {
                         const AttentionSpec& spec) const override {
     // q [..., H, Tq, d], k and v [..., Hkv, Tk, .] -> widened to H heads
     const std::int64_t group = kv_group(q, k, v, "batched");
-    return attention_core(rope_queries(q, spec), expand_kv_heads(rope_keys(k, spec), group),
-                          expand_kv_heads(v, group), spec);
+    const Variable qr = rope_queries(q, spec);
+    const Variable kw = expand_kv_heads(rope_keys(k, spec), group), vw = expand_kv_heads(v, group);
+    if (block_causal_applies(qr, kw, spec)) return block_causal_core(qr, kw, vw, spec);
+    return attention_core(qr, kw, vw, spec);
   }
 };
 

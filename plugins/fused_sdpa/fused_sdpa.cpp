@@ -1,6 +1,6 @@
 // fused_sdpa: the attention core as one custom op with a hand-written forward
 // and backward (FlashAttention-2 style, kernel.cpp), run with the default
-// tiles, inside the batched split and merge of heads. Grouped KV heads reach
+// tiles (256 x 256 from 2048 queries and keys up), inside the batched split and merge of heads. Grouped KV heads reach
 // the kernel unexpanded: its K/V memory is Hkv/H of the expanded one.
 //
 // Shape legend: B, T, D, H, Hkv as in plugin.hpp; [...] leading dims.
@@ -11,6 +11,17 @@
 namespace {
 
 using namespace headgrad;
+
+// The kernel's default 128 x 128 tiles, or 256 x 256 once both lengths reach
+// 2048: there the larger products pay more than the extra masked work of the
+// larger diagonal tiles costs (process CPU time at (1,2048,512,8) f+b, float32:
+// 279 against 298 ms; at T = 512, 128 x 128 stays ahead, 151-159 against
+// 154-169 ms; docs/performance.md).
+fused_sdpa::Tiles tiles_for(std::int64_t tq, std::int64_t tk) {
+  fused_sdpa::Tiles t;
+  if (tq >= 2048 && tk >= 2048) t.rows = t.keys = 256;
+  return t;
+}
 
 class FusedSdpa final : public Attention {
  public:
@@ -49,13 +60,14 @@ class FusedSdpa final : public Attention {
   Variable core_forward(const Variable& q, const Variable& k, const Variable& v,
                         const AttentionSpec& spec) const override {
     const Variable qr = rope_queries(q, spec), kr = rope_keys(k, spec);
-    if (!is_16bit(q.dtype())) return fused_sdpa::sdpa(qr, kr, v, without_rope(spec));
+    const fused_sdpa::Tiles tiles = tiles_for(q.size(-2), k.size(-2));
+    if (!is_16bit(q.dtype())) return fused_sdpa::sdpa(qr, kr, v, without_rope(spec), tiles);
     // 16-bit q, k, v (as the usual kernels take them): the float32 kernel on
     // their exact upcasts, so the scores, the softmax statistics, P V and every
     // product of the backward accumulate in float32; the output and dq, dk, dv
     // are rounded once to the storage type (cast's backward rounds them).
     const DType f32 = DType::float32;
-    return cast(fused_sdpa::sdpa(cast(qr, f32), cast(kr, f32), cast(v, f32), without_rope(spec)),
+    return cast(fused_sdpa::sdpa(cast(qr, f32), cast(kr, f32), cast(v, f32), without_rope(spec), tiles),
                 q.dtype());
   }
 };

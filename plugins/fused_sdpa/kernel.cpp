@@ -71,6 +71,7 @@ namespace {
 using blas::gemm;
 
 using kernels::exp_shift_row;
+using kernels::row_max;  // in lanes: one running max took ~13% of f+b at (1,2048,512,8)
 
 constexpr std::uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
 std::uint64_t mix64(std::uint64_t z) {
@@ -312,8 +313,7 @@ void sdpa_forward_block(const Sdpa<T>& a, std::int64_t nn, std::int64_t i0, T* o
     bool any = false;  // a tile whose weights are all zero adds nothing to acc
     for (std::int64_t r = 0; r < br; ++r) {
       T* sr = s + r * bc;
-      T tile_max = neg_inf;
-      for (std::int64_t c = 0; c < bc; ++c) tile_max = std::max(tile_max, sr[c]);
+      const T tile_max = row_max(sr, bc);
       const T m_new = std::max(m[r], tile_max);
       if (m_new == neg_inf) {  // no key attended so far: weights 0, nothing to rescale
         std::fill(sr, sr + bc, T(0));

@@ -30,6 +30,26 @@ double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
+// CPU time of the whole process (every thread), ms: on a shared machine the
+// wall clock also counts the time other jobs held the cores; this does not.
+double process_cpu_ms() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) * 1e-6;
+}
+
+// Wall and process CPU time of one call, ms.
+struct Timed {
+  double wall = 0, cpu = 0;
+};
+template <class F>
+Timed timed(F&& f) {
+  const double c0 = process_cpu_ms();
+  const auto t0 = Clock::now();
+  f();
+  return {ms_since(t0), process_cpu_ms() - c0};
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
@@ -81,7 +101,7 @@ json time_gemm(DType storage, std::int64_t n, int threads) {
   const DType dtype = compute_dtype(storage);
   const Shape shape{n, n};
   Tensor a = Tensor::empty(shape, dtype), b = Tensor::empty(shape, dtype), c = Tensor::empty(shape, dtype);
-  std::vector<double> ms;
+  std::vector<double> ms, cpu_ms;
   dispatch_float(dtype, "gemm", [&]<class T>() {
     T* pa = a.mutable_data<T>();
     T* pb = b.mutable_data<T>();
@@ -92,19 +112,21 @@ json time_gemm(DType storage, std::int64_t n, int threads) {
     auto once = [&] { blas::gemm(false, false, n, n, n, T{1}, pa, n, pb, n, T{0}, c.mutable_data<T>(), n); };
     once();  // warm-up: pages touched, BLAS buffers made
     for (int rep = 0; rep < 3; ++rep) {
-      const auto t0 = Clock::now();
-      once();
-      ms.push_back(ms_since(t0));
+      const Timed t = timed(once);
+      ms.push_back(t.wall);
+      cpu_ms.push_back(t.cpu);
     }
   });
-  const double med = median(ms);
+  const double med = median(ms), cpu_med = median(cpu_ms);
   const double flops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
   return json{{"dtype", std::string(dtype_name(dtype))},
               {"threads", threads},
               {"size", n},
               {"routine", dtype == DType::float32 ? "sgemm" : "dgemm"},
               {"ms", med},
-              {"gflops", flops / (med * 1e6)}};
+              {"gflops", flops / (med * 1e6)},
+              {"cpu_ms", cpu_med},  // process CPU time: with one thread, the rate an idle core gives
+              {"gflops_cpu", flops / (cpu_med * 1e6)}};
 }
 
 // ---------------------------------------------------------------- one case
@@ -154,25 +176,29 @@ json time_case(const LoadedPlugin& plugin, const BenchShape& s, DType dtype, int
   const Variable r(in.r);
 
   auto fwd_once = [&] {
-    const auto t0 = Clock::now();
-    Variable out = run_forward(a, in, spec, c.level);
-    const double ms = ms_since(t0);
-    return ms;  // the graph is freed after the clock stops
+    Variable out;  // the graph is freed after the clock stops
+    return timed([&] { out = run_forward(a, in, spec, c.level); });
   };
   auto fwdbwd_once = [&] {
     for (auto& leaf : in.leaves) leaf.zero_grad();
-    const auto t0 = Clock::now();
-    {
+    return timed([&] {  // includes freeing the graph: part of every training step
       Variable loss = sum(mul(run_forward(a, in, spec, c.level), r));
       loss.backward();
-    }
-    return ms_since(t0);  // includes freeing the graph: part of every training step
+    });
   };
 
   for (int i = 0; i < c.warmup; ++i) fwdbwd_once();
-  std::vector<double> fwd, fwdbwd;
-  for (int i = 0; i < c.repeats; ++i) fwd.push_back(fwd_once());
-  for (int i = 0; i < c.repeats; ++i) fwdbwd.push_back(fwdbwd_once());
+  std::vector<double> fwd, fwdbwd, fwd_cpu, fwdbwd_cpu;
+  for (int i = 0; i < c.repeats; ++i) {
+    const Timed t = fwd_once();
+    fwd.push_back(t.wall);
+    fwd_cpu.push_back(t.cpu);
+  }
+  for (int i = 0; i < c.repeats; ++i) {
+    const Timed t = fwdbwd_once();
+    fwdbwd.push_back(t.wall);
+    fwdbwd_cpu.push_back(t.cpu);
+  }
 
   // Peak extra memory of one forward + backward: live tensor bytes above what
   // the inputs already hold (gradients of the leaves included).
@@ -192,6 +218,10 @@ json time_case(const LoadedPlugin& plugin, const BenchShape& s, DType dtype, int
   row["fwd_min_ms"] = *std::min_element(fwd.begin(), fwd.end());
   row["fwdbwd_ms"] = fwdbwd_ms;
   row["fwdbwd_min_ms"] = *std::min_element(fwdbwd.begin(), fwdbwd.end());
+  // Process CPU time (every thread's): with one thread, the wall time less
+  // what other jobs on a loaded machine took from it.
+  row["fwd_cpu_ms"] = median(fwd_cpu);
+  row["fwdbwd_cpu_ms"] = median(fwdbwd_cpu);
   row["fwd_samples_ms"] = fwd;
   row["fwdbwd_samples_ms"] = fwdbwd;
   row["flops"] = {{"fwd_dense", f.fwd_dense},
@@ -312,12 +342,14 @@ json run_bench(const BenchConfig& c, std::ostream* log) {
           try {
             // The machine's load may change during a run: each row is also
             // compared with a GEMM timed right before and right after it.
-            const double before = time_gemm(dtype, c.gemm_size, threads)["gflops"].get<double>();
+            const json before = time_gemm(dtype, c.gemm_size, threads);
             row = time_case(*p, shape, dtype, threads, c, gemm_gflops);
             if (!row.contains("skipped")) {
-              const double after = time_gemm(dtype, c.gemm_size, threads)["gflops"].get<double>();
-              const double near = 0.5 * (before + after);
+              const json after = time_gemm(dtype, c.gemm_size, threads);
+              const double near = 0.5 * (before["gflops"].get<double>() + after["gflops"].get<double>());
               row["gemm_gflops_adjacent"] = near;
+              row["gemm_gflops_cpu_adjacent"] =
+                  0.5 * (before["gflops_cpu"].get<double>() + after["gflops_cpu"].get<double>());
               row["gemm_fraction_fwdbwd_adjacent"] = row["gflops_fwdbwd"].get<double>() / near;
             }
           } catch (const std::exception& e) {

@@ -36,6 +36,13 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 float exp_shift_row(float* x, std::int64_t n, float shift);
 double exp_shift_row(double* x, std::int64_t n, double shift);
 
+// max(x[0..n)), -inf for n = 0: the row max of every softmax kernel, taken in
+// 16 independent lanes so that it vectorizes (one running std::max is a chain
+// of dependent instructions). A maximum is the same in any order; NaNs are
+// skipped as by std::max(running, x[j]).
+float row_max(const float* x, std::int64_t n);
+double row_max(const double* x, std::int64_t n);
+
 // Stable softmax over dim, and its backward: dx = y * (dy - sum(dy * y, dim)).
 // A row that is all -inf (every key masked) gives zeros rather than NaN.
 Tensor softmax(const Tensor& x, std::int64_t dim);

@@ -105,6 +105,20 @@ void softmax_row(T* row, std::int64_t n, T mx) {
   for (std::int64_t j = 0; j < n; ++j) row[j] *= inv;
 }
 
+template <class T>
+T lane_max(const T* x, std::int64_t n) {
+  constexpr int kLanes = 16;
+  T lane[kLanes];
+  std::fill(lane, lane + kLanes, -std::numeric_limits<T>::infinity());
+  std::int64_t c = 0;
+  for (; c + kLanes <= n; c += kLanes)
+    for (int l = 0; l < kLanes; ++l) lane[l] = lane[l] < x[c + l] ? x[c + l] : lane[l];
+  for (; c < n; ++c) lane[0] = lane[0] < x[c] ? x[c] : lane[0];
+  T m = lane[0];
+  for (int l = 1; l < kLanes; ++l) m = std::max(m, lane[l]);
+  return m;
+}
+
 // dx[j] = y[j] * (dy[j] - sum(dy * y)) * f for j < n.
 template <class T>
 void softmax_backward_row(const T* y, const T* dy, T* dx, std::int64_t n, T f) {
@@ -120,6 +134,9 @@ std::int64_t rows_per_worker(std::int64_t row_length) {
 }
 
 }  // namespace
+
+float row_max(const float* x, std::int64_t n) { return lane_max(x, n); }
+double row_max(const double* x, std::int64_t n) { return lane_max(x, n); }
 
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   static constexpr const char* names[] = {"add", "sub", "mul", "div"};
@@ -494,12 +511,9 @@ Tensor masked_softmax(const Tensor& x_in, double scale, const Tensor& attend, bo
             orow[j] = v;
             mx = std::max(mx, v);
           }
-        } else {
-          for (std::int64_t j = 0; j < end; ++j) {
-            const T v = row[j] * f;
-            orow[j] = v;
-            mx = std::max(mx, v);
-          }
+        } else {  // scaled in one pass, the max in lanes (it took 5% of batched at (4,512,512,8))
+          for (std::int64_t j = 0; j < end; ++j) orow[j] = row[j] * f;
+          mx = lane_max(orow, end);
         }
         std::fill(orow + end, orow + n, T(0));
         softmax_row(orow, end, mx);

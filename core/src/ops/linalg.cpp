@@ -37,7 +37,25 @@ Variable linear(const Variable& x, const Variable& w) {
                                 " and weight " + shape_str(w.shape()) +
                                 " do not fit (weight is [out, in] and in must equal the input's last dim)");
   if (x.dim() == 1) return view(matmul(view(x, {1, x.size(0)}), transpose(w, 0, 1)), {w.size(0)});
-  return matmul(x, transpose(w, 0, 1));
+  // One node for y = x W^T rather than a transpose and a matmul: at small
+  // shapes each graph node costs more than its arithmetic.
+  // forward: y [..., out] = x [..., in] @ W^T, W [out, in]; so dx = dy @ W
+  // and dW = dy2^T @ x2 over the folded rows (x2 [N, in], dy2 [N, out]).
+  Tensor out = kernels::matmul(x.data(), w.data().transpose(0, 1));
+  return Variable::from_op(
+      "linear", std::move(out), {x, w},
+      {w.requires_grad() ? x.data() : Tensor(), x.requires_grad() ? w.data() : Tensor()},
+      [](const Tensor& dy, const BackwardContext& c) {
+        const Tensor &x = c.saved[0], &w = c.saved[1];
+        std::vector<Tensor> grads(2);
+        if (c.needs_input_grad[0]) grads[0] = kernels::matmul(dy, w);
+        if (c.needs_input_grad[1]) {
+          const Tensor x2 = x.reshape({-1, x.size(-1)});
+          const Tensor dy2 = dy.reshape({-1, dy.size(-1)});
+          grads[1] = kernels::matmul(dy2.transpose(0, 1), x2);
+        }
+        return grads;
+      });
 }
 
 }  // namespace headgrad

@@ -18,13 +18,29 @@ BackwardFn reshape_back() {
     return std::vector<Tensor>{g.reshape(c.input_shapes[0])};
   };
 }
+
+// Whether `requested` (at most one -1) names x's own shape: then view and
+// reshape return x itself, since a graph node costs more than a small op's
+// arithmetic (docs/performance.md: the engine overhead at (2,3,8,2)).
+bool names_own_shape(const Shape& requested, const Shape& own) {
+  if (requested.size() != own.size()) return false;
+  int free_dims = 0;
+  for (std::size_t i = 0; i < own.size(); ++i) {
+    if (own[i] == 0) return false;  // -1 would be ambiguous: leave it to the checks
+    if (requested[i] == -1) ++free_dims;
+    else if (requested[i] != own[i]) return false;
+  }
+  return free_dims <= 1;  // the other dims match, so a single -1 infers its own size
+}
 }  // namespace
 
 Variable view(const Variable& x, const Shape& shape) {
+  if (names_own_shape(shape, x.shape())) return x;
   return Variable::from_op("view", x.data().view(shape), {x}, {}, reshape_back());
 }
 
 Variable reshape(const Variable& x, const Shape& shape) {
+  if (names_own_shape(shape, x.shape())) return x;
   return Variable::from_op("reshape", x.data().reshape(shape), {x}, {}, reshape_back());
 }
 
