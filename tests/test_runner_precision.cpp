@@ -215,6 +215,8 @@ TEST_F(PrecisionRunTest, EveryCatalogMutantFailsInFloat32) {
     ASSERT_NE(registry_->find(*mutant), nullptr) << *mutant;
     // a bug that is float32 arithmetic itself is the correct computation in a float32 case
     if (*mutant == "mutant_rope_tables_float32") continue;
+    // a case written in 16 bits shows a bug of 16-bit arithmetic, which float32 computes correctly
+    if (is_16bit(c.dtype)) continue;
     c.dtype = DType::float32;
     c.tolerance_rule = ToleranceRule::automatic;
     c.expect_fail = false;
@@ -229,7 +231,7 @@ TEST_F(PrecisionRunTest, EveryCatalogMutantFailsInFloat32) {
     covered.insert(mutant->substr(7));
   }
   for (const auto& info : diagnosis::bug_catalog()) {
-    if (std::string(info.name) == "rope_tables_float32") continue;
+    if (std::string(info.name) == "rope_tables_float32" || info.visibility.needs_16bit) continue;
     EXPECT_TRUE(covered.count(std::string(info.name))) << info.name << " has no case in configs/mutants.yaml";
   }
 }
