@@ -306,11 +306,67 @@ TEST_P(EdgeCatalogTest, HypothesisReproducesMutantWhereTheEdgeIs) {
   EXPECT_TRUE(differs) << info.name << " is invisible at its edge";
 }
 
+// The grouped-kv bugs at the core level (q [B, H, T, d], k and v [B, Hkv, T, d])
+// at H 12, Hkv 3 (1 < Hkv < H, H != Hkv^2, G = 4 > Hkv: the wrong divisor runs
+// past the kv heads and clamps), square and cross lengths: the hypothesis
+// reproduces the mutant, differs from the correct attention where the bug
+// lives (out and dq for a mapping, dk and dv only for a group gradient), and
+// from the other kv hypotheses.
+std::vector<BugInfo> core_grouping_bugs() {
+  std::vector<BugInfo> out;
+  for (const auto& b : bug_catalog())
+    if (b.visibility.needs_group && !b.visibility.mha_only) out.push_back(b);
+  return out;
+}
+
+class GroupedCoreCatalogTest : public CatalogTest {};
+
+TEST_P(GroupedCoreCatalogTest, HypothesisReproducesMutantAndNoOtherKvBug) {
+  const BugInfo& info = GetParam();
+  const LoadedPlugin* mutant = registry_->find("mutant_" + std::string(info.name));
+  ASSERT_NE(mutant, nullptr);
+  const bool gradient_bug = info.bug == Bug::kv_grad_not_accumulated || info.bug == Bug::kv_grad_averaged;
+  for (const auto& [tq, tk] : {std::pair<std::int64_t, std::int64_t>{5, 5}, {4, 6}}) {
+    SCOPED_TRACE("Tq=" + std::to_string(tq) + " Tk=" + std::to_string(tk));
+    Generator gen(21);
+    const Tensor q = randn({2, 12, tq, 10}, DType::float64, gen);
+    const Tensor k = randn({2, 3, tk, 10}, DType::float64, gen);
+    const Tensor v = randn({2, 3, tk, 10}, DType::float64, gen);
+    const Tensor r = randn({2, 12, tq, 10}, DType::float64, gen);
+    AttentionSpec spec;
+    spec.causal = true;
+    auto run = [&](auto&& forward) {
+      Variable vq(q, true), vk(k, true), vv(v, true);
+      Variable out = forward(vq, vk, vv);
+      sum(mul(out, Variable(r))).backward();
+      return std::vector<Tensor>{out.data(), vq.grad(), vk.grad(), vv.grad()};
+    };
+    const auto m = run([&](auto& x, auto& y, auto& z) { return mutant->attention->core_forward(x, y, z, spec); });
+    const auto h = run([&](auto& x, auto& y, auto& z) { return hypothesis_core(x, y, z, spec, info.bug); });
+    const auto c = run([&](auto& x, auto& y, auto& z) { return hypothesis_core(x, y, z, spec, std::nullopt); });
+    for (std::size_t i = 0; i < m.size(); ++i) {
+      EXPECT_LT(max_abs_diff(m[i], h[i]), 1e-12) << "tensor " << i;
+      const double from_correct = max_abs_diff(h[i], c[i]);
+      // out, dq: wrong for a mapping, exact for a gradient bug; dk, dv: wrong for both
+      if (i < 2 && gradient_bug) EXPECT_LT(from_correct, 1e-12) << "tensor " << i;
+      else EXPECT_GT(from_correct, 1e-3) << "tensor " << i;
+    }
+    for (const BugInfo& other : core_grouping_bugs()) {
+      if (other.bug == info.bug) continue;
+      const auto o = run([&](auto& x, auto& y, auto& z) { return hypothesis_core(x, y, z, spec, other.bug); });
+      double apart = 0;
+      for (std::size_t i = 0; i < m.size(); ++i) apart = std::max(apart, max_abs_diff(m[i], o[i]));
+      EXPECT_GT(apart, 1e-3) << "mutant_" << info.name << " also fits " << other.name;
+    }
+  }
+}
+
 auto bug_name = [](const auto& p) { return std::string(p.param.name); };
 INSTANTIATE_TEST_SUITE_P(Bugs, CatalogTest, ::testing::ValuesIn(non_rope_bugs()), bug_name);
 INSTANTIATE_TEST_SUITE_P(Bugs, CoreCatalogTest, ::testing::ValuesIn(core_level_bugs()), bug_name);
 INSTANTIATE_TEST_SUITE_P(Bugs, EdgeCatalogTest, ::testing::ValuesIn(edge_bugs()), bug_name);
 INSTANTIATE_TEST_SUITE_P(Bugs, CrossLengthCatalogTest, ::testing::ValuesIn(cross_length_bugs()), bug_name);
+INSTANTIATE_TEST_SUITE_P(Bugs, GroupedCoreCatalogTest, ::testing::ValuesIn(core_grouping_bugs()), bug_name);
 
 TEST(Catalog, CorrectHypothesisMatchesPerHead) {
   PluginRegistry reg;

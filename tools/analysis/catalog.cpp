@@ -93,24 +93,25 @@ constexpr std::array<BugInfo, static_cast<std::size_t>(Bug::count_)> kEntries{{
      "combine spec.mask with the causal mask (attention_mask(spec, Tq, Tk) does) before the softmax, True = attend",
      {false, false, false, false, false, false, false, false, false, false, false, false, true}},
     // Grouped kv heads: query head h must read kv head h / G (G = H / Hkv), and
-    // the gradient of a kv head is the sum over its G query heads.
+    // the gradient of a kv head is the sum over its G query heads. The first
+    // four show at the core level too (k, v given with Hkv heads).
     {Bug::kv_map_tile, {},
      "query head h reads kv head h mod Hkv (tiled) instead of h / G: heads of a group are spread over all kv heads",
      "kv head = h // (H // Hkv), as repeat_interleave(G, dim=1) lays them out (not repeat)",
-     {true, false, false, false, false, true, false, false, false, true, true, false}},
+     {true, false, false, false, false, false, false, false, false, true, true, false}},
     {Bug::kv_group_wrong_divisor, {},
      "query head h reads kv head h / Hkv (or h mod G) instead of h / G: the group size and the kv head count are "
      "swapped (when G > Hkv the index runs past the last kv head: a checked gather fails, a clamping one reads the last)",
      "divide by the group size G = H / Hkv, not by Hkv",
-     {true, false, false, false, false, true, false, false, false, true, true, true}},
+     {true, false, false, false, false, false, false, false, false, true, true, true}},
     {Bug::kv_grad_not_accumulated, {},
-     "the gradient of a shared kv head comes from one query head of its group, not all G: dWk and dWv are wrong, out is right",
+     "the gradient of a shared kv head comes from one query head of its group, not all G: dk and dv (dWk and dWv) are wrong, out is right",
      "sum dK and dV over the G query heads of each group (repeat_interleave's backward does)",
-     {true, false, false, false, false, true, false, false, false, true, false, false}},
+     {true, false, false, false, false, false, false, false, false, true, false, false}},
     {Bug::kv_grad_averaged, {},
-     "the gradient of a shared kv head is the mean over its group instead of the sum: dWk and dWv are 1/G of the truth",
+     "the gradient of a shared kv head is the mean over its group instead of the sum: dk and dv (dWk and dWv) are 1/G of the truth",
      "sum dK and dV over the group, do not divide by G",
-     {true, false, false, false, false, true, false, false, false, true, false, false}},
+     {true, false, false, false, false, false, false, false, false, true, false, false}},
     {Bug::kv_interleaved_head_slices, {},
      "kv head j takes rows j, j+Hkv, j+2Hkv, ... of Wk and Wv instead of the block [j*d, (j+1)*d)",
      "view k and v as [B, T, Hkv, d] (heads outermost), like q",

@@ -124,6 +124,26 @@ Variable kv_for_query_head(const Variable& kv, std::int64_t g, std::int64_t grou
   return kv;
 }
 
+// k or v [..., Hkv, T, d] -> [..., H, T, d] (the core level), each query head
+// h reading kv head kv_head_of(h) through kv_for_query_head: one head at a
+// time, as hypothesis_mha does, not one repeat over the group.
+Variable widen_kv_per_head(const Variable& kv, std::int64_t heads, std::optional<Bug> bug) {
+  const std::int64_t kv_heads = kv.size(-3), group = heads / kv_heads;
+  std::vector<Variable> per_head;
+  for (std::int64_t h = 0; h < heads; ++h) {
+    const Variable kj = narrow(kv, -3, kv_head_of(h, heads, kv_heads, bug), 1);  // [..., 1, T, d]
+    per_head.push_back(kv_for_query_head(kj, h % group, group, bug));
+  }
+  return cat(per_head, -3);
+}
+
+// The bugs of the group mapping and of the group's gradient (the core level
+// shows them; kv_interleaved_head_slices lives in the projection slicing).
+bool is_grouping_bug(std::optional<Bug> bug) {
+  return is(bug, Bug::kv_map_tile) || is(bug, Bug::kv_group_wrong_divisor) ||
+         is(bug, Bug::kv_grad_not_accumulated) || is(bug, Bug::kv_grad_averaged);
+}
+
 // ---- RoPE, as the hypothesis rotates (spec.rope on) ----
 
 // r, the rotary width (0 in the spec means d).
@@ -336,8 +356,12 @@ Variable hypothesis_core(const Variable& q, const Variable& k, const Variable& v
   const Variable qr = rope ? rope_as(q, spec, true, bug) : q;
   const Variable kr = rope ? rope_as(k, spec, false, bug) : k;
   const Variable vr = rope && is(bug, Bug::rope_on_v) ? rope_as(v, without_rope_taps(spec), false, std::nullopt) : v;
-  return attend(qr, expand_kv_heads(kr, group), expand_kv_heads(vr, group), mask,
-                hypothesis_scale(spec, q.size(-1), bug), bug);
+  const double factor = hypothesis_scale(spec, q.size(-1), bug);
+  if (group > 1 && is_grouping_bug(bug)) {
+    const std::int64_t heads = q.size(-3);
+    return attend(qr, widen_kv_per_head(kr, heads, bug), widen_kv_per_head(vr, heads, bug), mask, factor, bug);
+  }
+  return attend(qr, expand_kv_heads(kr, group), expand_kv_heads(vr, group), mask, factor, bug);
 }
 
 std::vector<std::int64_t> tile_to_repeat_heads(std::int64_t heads, std::int64_t kv_heads) {
