@@ -22,6 +22,18 @@ struct Grads {
   std::vector<Tensor> tensors;  // out, then the gradient of each input
 };
 
+// out, dq, dk, dv of forward(q, k, v) under the loss sum(out * r); a gradient
+// that never reached its input reads as zeros.
+template <class Forward>
+std::vector<Tensor> core_out_and_grads(Forward&& forward, const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const Tensor& r) {
+  Variable vq(q, true), vk(k, true), vv(v, true);
+  Variable out = forward(vq, vk, vv);
+  sum(mul(out, Variable(r))).backward();
+  auto g = [](const Variable& x) { return x.grad().defined() ? x.grad() : Tensor::zeros(x.shape(), x.dtype()); };
+  return std::vector<Tensor>{out.data(), g(vq), g(vk), g(vv)};
+}
+
 double max_abs_diff(const Tensor& a, const Tensor& b) {
   const auto va = a.to_vector(), vb = b.to_vector();
   double m = 0.0;
@@ -193,12 +205,7 @@ TEST_P(CoreCatalogTest, HypothesisReproducesMutant) {
   const Tensor r = randn({2, 2, 4, 3}, DType::float64, gen);
   AttentionSpec spec;
   spec.causal = true;
-  auto run = [&](auto&& forward) {
-    Variable vq(q, true), vk(k, true), vv(v, true);
-    Variable out = forward(vq, vk, vv);
-    sum(mul(out, Variable(r))).backward();
-    return std::vector<Tensor>{out.data(), vq.grad(), vk.grad(), vv.grad()};
-  };
+  auto run = [&](auto&& forward) { return core_out_and_grads(forward, q, k, v, r); };
   const auto a = run([&](auto& x, auto& y, auto& z) {
     return mutant->attention->core_forward(x, y, z, spec);
   });
@@ -230,13 +237,7 @@ TEST_P(CrossLengthCatalogTest, HypothesisReproducesMutantOnlyWhereTqDiffersFromT
     const Tensor r = randn({2, 2, tq, 3}, DType::float64, gen);
     AttentionSpec spec;
     spec.causal = true;
-    auto run = [&](auto&& forward) {
-      Variable vq(q, true), vk(k, true), vv(v, true);
-      Variable out = forward(vq, vk, vv);
-      sum(mul(out, Variable(r))).backward();
-      auto g = [](const Variable& x) { return x.grad().defined() ? x.grad() : Tensor::zeros(x.shape(), x.dtype()); };
-      return std::vector<Tensor>{out.data(), g(vq), g(vk), g(vv)};
-    };
+    auto run = [&](auto&& forward) { return core_out_and_grads(forward, q, k, v, r); };
     const auto m = run([&](auto& x, auto& y, auto& z) { return mutant->attention->core_forward(x, y, z, spec); });
     const auto h = run([&](auto& x, auto& y, auto& z) { return hypothesis_core(x, y, z, spec, info.bug); });
     const auto c = run([&](auto& x, auto& y, auto& z) { return hypothesis_core(x, y, z, spec, std::nullopt); });
@@ -280,13 +281,7 @@ TEST_P(EdgeCatalogTest, HypothesisReproducesMutantWhereTheEdgeIs) {
     spec.mask = m;
   }
   if (info.visibility.needs_large_logits) spec.scale = 2000.0;  // |q.k| * 2000 passes 709
-  auto run = [&](auto&& forward) {
-    Variable vq(q, true), vk(k, true), vv(v, true);
-    Variable out = forward(vq, vk, vv);
-    sum(mul(out, Variable(r))).backward();
-    auto g = [](const Variable& x) { return x.grad().defined() ? x.grad() : Tensor::zeros(x.shape(), x.dtype()); };
-    return std::vector<Tensor>{out.data(), g(vq), g(vk), g(vv)};
-  };
+  auto run = [&](auto&& forward) { return core_out_and_grads(forward, q, k, v, r); };
   // equal, NaN where the other has NaN included
   auto same = [](const Tensor& a, const Tensor& b) {
     const auto va = a.to_vector(), vb = b.to_vector();
@@ -335,12 +330,7 @@ TEST_P(GroupedCoreCatalogTest, HypothesisReproducesMutantAndNoOtherKvBug) {
     const Tensor r = randn({2, 12, tq, 10}, DType::float64, gen);
     AttentionSpec spec;
     spec.causal = true;
-    auto run = [&](auto&& forward) {
-      Variable vq(q, true), vk(k, true), vv(v, true);
-      Variable out = forward(vq, vk, vv);
-      sum(mul(out, Variable(r))).backward();
-      return std::vector<Tensor>{out.data(), vq.grad(), vk.grad(), vv.grad()};
-    };
+    auto run = [&](auto&& forward) { return core_out_and_grads(forward, q, k, v, r); };
     const auto m = run([&](auto& x, auto& y, auto& z) { return mutant->attention->core_forward(x, y, z, spec); });
     const auto h = run([&](auto& x, auto& y, auto& z) { return hypothesis_core(x, y, z, spec, info.bug); });
     const auto c = run([&](auto& x, auto& y, auto& z) { return hypothesis_core(x, y, z, spec, std::nullopt); });
