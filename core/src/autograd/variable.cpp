@@ -208,19 +208,25 @@ void Variable::backward(const Tensor& grad_output, const BackwardOptions& option
   pending[node_->slot] = grad_output.to(data_.dtype());
   {
     NoGradGuard no_grad;  // backward closures record no graph
+    // One context for every node: its vectors (and the input shapes' buffers)
+    // keep their capacity from node to node instead of being allocated anew.
+    BackwardContext ctx;
     for (std::size_t i = order.size(); i-- > 0;) {
       Node& n = *order[i];
       if (!n.is_op) continue;  // a leaf: its gradient is committed below
       const Tensor g = std::move(pending[i]);  // a non-leaf's gradient is not kept (as in PyTorch)
       pending[i] = Tensor();
       if (g.defined()) {
-        BackwardContext ctx;
         ctx.saved = unpack_saved(n);
-        for (const auto& in : n.inputs) {
-          ctx.needs_input_grad.push_back(in->requires_grad);
-          ctx.input_shapes.push_back(in->shape);
+        const std::size_t n_in = n.inputs.size();
+        ctx.needs_input_grad.resize(n_in);
+        ctx.input_shapes.resize(n_in);
+        for (std::size_t k = 0; k < n_in; ++k) {
+          ctx.needs_input_grad[k] = n.inputs[k]->requires_grad;
+          ctx.input_shapes[k] = n.inputs[k]->shape;  // copy-assign: reuses the buffer
         }
         const std::vector<Tensor> grads = n.backward(g, ctx);
+        ctx.saved.clear();  // the saved tensors die with the node, not with the next one
         if (grads.size() != n.inputs.size())
           throw std::logic_error("backward of '" + n.op + "' returned " +
                                  std::to_string(grads.size()) + " gradients for " +
