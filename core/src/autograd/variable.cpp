@@ -100,18 +100,20 @@ void Variable::zero_grad() {
   if (node_) node_->grad = Tensor();
 }
 
-Variable Variable::from_op(std::string op, Tensor data, const std::vector<Variable>& inputs,
-                           std::vector<Tensor> saved, BackwardFn backward) {
+// Inputs: a std::vector<Variable> or a braced list of references to them.
+template <class Inputs>
+Variable Variable::build_op(std::string op, Tensor data, const Inputs& inputs,
+                            std::vector<Tensor> saved, BackwardFn backward) {
   Variable out(std::move(data));
   out.node_->op = std::move(op);
   bool any = false;
-  for (const auto& in : inputs) any = any || in.requires_grad();
+  for (const Variable& in : inputs) any = any || in.requires_grad();
   if (any && t_grad_enabled) {
     Node& n = *out.node_;
     n.requires_grad = true;
     n.is_op = true;
     n.inputs.reserve(inputs.size());
-    for (const auto& in : inputs) {
+    for (const Variable& in : inputs) {
       if (!in.node_) throw_undefined(n.op.c_str());
       n.inputs.push_back(in.node_);
     }
@@ -123,6 +125,17 @@ Variable Variable::from_op(std::string op, Tensor data, const std::vector<Variab
     n.backward = std::move(backward);
   }
   return out;
+}
+
+Variable Variable::from_op(std::string op, Tensor data, const std::vector<Variable>& inputs,
+                           std::vector<Tensor> saved, BackwardFn backward) {
+  return build_op(std::move(op), std::move(data), inputs, std::move(saved), std::move(backward));
+}
+
+Variable Variable::from_op(std::string op, Tensor data,
+                           std::initializer_list<std::reference_wrapper<const Variable>> inputs,
+                           std::vector<Tensor> saved, BackwardFn backward) {
+  return build_op(std::move(op), std::move(data), inputs, std::move(saved), std::move(backward));
 }
 
 void Variable::backward(const BackwardOptions& options) const {
