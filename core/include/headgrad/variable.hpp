@@ -20,6 +20,7 @@
 #pragma once
 
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -81,9 +82,17 @@ class Variable {
   // mode is on; otherwise nothing is recorded.
   static Variable from_op(std::string op, Tensor data, const std::vector<Variable>& inputs,
                           std::vector<Tensor> saved, BackwardFn backward);
+  // The same for a braced list of inputs, `{x, w}`, which it refers to rather
+  // than copies (a copied Variable copies its tensor's shape and strides).
+  static Variable from_op(std::string op, Tensor data,
+                          std::initializer_list<std::reference_wrapper<const Variable>> inputs,
+                          std::vector<Tensor> saved, BackwardFn backward);
 
  private:
   struct Node;
+  template <class Inputs>
+  static Variable build_op(std::string op, Tensor data, const Inputs& inputs,
+                           std::vector<Tensor> saved, BackwardFn backward);
   // The node's saved tensors, checked unwritten since they were saved.
   static std::vector<Tensor> unpack_saved(const Node& n);
   Tensor data_;

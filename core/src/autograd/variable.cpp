@@ -100,18 +100,20 @@ void Variable::zero_grad() {
   if (node_) node_->grad = Tensor();
 }
 
-Variable Variable::from_op(std::string op, Tensor data, const std::vector<Variable>& inputs,
-                           std::vector<Tensor> saved, BackwardFn backward) {
+// Inputs: a std::vector<Variable> or a braced list of references to them.
+template <class Inputs>
+Variable Variable::build_op(std::string op, Tensor data, const Inputs& inputs,
+                            std::vector<Tensor> saved, BackwardFn backward) {
   Variable out(std::move(data));
   out.node_->op = std::move(op);
   bool any = false;
-  for (const auto& in : inputs) any = any || in.requires_grad();
+  for (const Variable& in : inputs) any = any || in.requires_grad();
   if (any && t_grad_enabled) {
     Node& n = *out.node_;
     n.requires_grad = true;
     n.is_op = true;
     n.inputs.reserve(inputs.size());
-    for (const auto& in : inputs) {
+    for (const Variable& in : inputs) {
       if (!in.node_) throw_undefined(n.op.c_str());
       n.inputs.push_back(in.node_);
     }
@@ -123,6 +125,17 @@ Variable Variable::from_op(std::string op, Tensor data, const std::vector<Variab
     n.backward = std::move(backward);
   }
   return out;
+}
+
+Variable Variable::from_op(std::string op, Tensor data, const std::vector<Variable>& inputs,
+                           std::vector<Tensor> saved, BackwardFn backward) {
+  return build_op(std::move(op), std::move(data), inputs, std::move(saved), std::move(backward));
+}
+
+Variable Variable::from_op(std::string op, Tensor data,
+                           std::initializer_list<std::reference_wrapper<const Variable>> inputs,
+                           std::vector<Tensor> saved, BackwardFn backward) {
+  return build_op(std::move(op), std::move(data), inputs, std::move(saved), std::move(backward));
 }
 
 void Variable::backward(const BackwardOptions& options) const {
@@ -208,19 +221,25 @@ void Variable::backward(const Tensor& grad_output, const BackwardOptions& option
   pending[node_->slot] = grad_output.to(data_.dtype());
   {
     NoGradGuard no_grad;  // backward closures record no graph
+    // One context for every node: its vectors (and the input shapes' buffers)
+    // keep their capacity from node to node instead of being allocated anew.
+    BackwardContext ctx;
     for (std::size_t i = order.size(); i-- > 0;) {
       Node& n = *order[i];
       if (!n.is_op) continue;  // a leaf: its gradient is committed below
       const Tensor g = std::move(pending[i]);  // a non-leaf's gradient is not kept (as in PyTorch)
       pending[i] = Tensor();
       if (g.defined()) {
-        BackwardContext ctx;
         ctx.saved = unpack_saved(n);
-        for (const auto& in : n.inputs) {
-          ctx.needs_input_grad.push_back(in->requires_grad);
-          ctx.input_shapes.push_back(in->shape);
+        const std::size_t n_in = n.inputs.size();
+        ctx.needs_input_grad.resize(n_in);
+        ctx.input_shapes.resize(n_in);
+        for (std::size_t k = 0; k < n_in; ++k) {
+          ctx.needs_input_grad[k] = n.inputs[k]->requires_grad;
+          ctx.input_shapes[k] = n.inputs[k]->shape;  // copy-assign: reuses the buffer
         }
         const std::vector<Tensor> grads = n.backward(g, ctx);
+        ctx.saved.clear();  // the saved tensors die with the node, not with the next one
         if (grads.size() != n.inputs.size())
           throw std::logic_error("backward of '" + n.op + "' returned " +
                                  std::to_string(grads.size()) + " gradients for " +

@@ -298,6 +298,13 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
     // One GEMM when b is a single matrix and a's batch folds into its rows
     // (linear layers: [B, T, D] @ [D, D] is one [B*T, D] @ [D, D]).
     if (b_batch.empty() && !a_batch.empty()) {
+      if (a_in.is_contiguous()) {  // the common case, without building a view
+        const Tensor b = gemm_ready(b_in);
+        const std::int64_t rows = a_in.numel() / k;
+        gemm<T>(gemm_operand(rows, k, k, 1), gemm_operand(k, n, b.stride(0), b.stride(1)), rows, n,
+                k, a_in.template data<T>(), b.template data<T>(), out.template mutable_data<T>());
+        return;
+      }
       if (auto a2 = a_in.try_view({-1, k})) {
         const auto ga = gemm_operand(a2->size(0), k, a2->stride(0), a2->stride(1));
         const Tensor b = gemm_ready(b_in);
@@ -312,12 +319,16 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
     const Tensor a = gemm_ready(a_in), b = gemm_ready(b_in);
     const auto ga = gemm_operand(m, k, a.stride(-2), a.stride(-1));
     const auto gb = gemm_operand(k, n, b.stride(-2), b.stride(-1));
-    // Walk the broadcast batch dims with each operand's batch strides.
+    // Walk the broadcast batch dims with each operand's batch strides: its
+    // own, right-aligned, and 0 where it has size 1 or lacks the dim (what
+    // expand() gives, without building a tensor per product).
     auto batch_strides = [&](const Tensor& t) {
-      Shape bs(t.shape().begin(), t.shape().end() - 2);
-      Shape st(t.strides().begin(), t.strides().end() - 2);
-      Tensor shell(t.storage(), bs, st, t.offset(), t.dtype());
-      return shell.expand(batch).strides();
+      const std::size_t own = static_cast<std::size_t>(t.dim()) - 2;
+      const std::size_t lead = batch.size() - own;
+      Shape st(batch.size(), 0);
+      for (std::size_t i = 0; i < own; ++i)
+        if (t.shape()[i] == batch[lead + i]) st[lead + i] = t.strides()[i];
+      return st;
     };
     const Shape sa = batch_strides(a), sb = batch_strides(b);
     const Shape so(out.strides().begin(), out.strides().end() - 2);

@@ -42,9 +42,13 @@ Variable linear(const Variable& x, const Variable& w) {
   // forward: y [..., out] = x [..., in] @ W^T, W [out, in]; so dx = dy @ W
   // and dW = dy2^T @ x2 over the folded rows (x2 [N, in], dy2 [N, out]).
   Tensor out = kernels::matmul(x.data(), w.data().transpose(0, 1));
+  // Built in place: a braced list would copy each tensor twice (shape and
+  // strides are heap vectors), and linear is the hottest op of a small model.
+  std::vector<Tensor> saved(2);
+  if (w.requires_grad()) saved[0] = x.data();
+  if (x.requires_grad()) saved[1] = w.data();
   return Variable::from_op(
-      "linear", std::move(out), {x, w},
-      {w.requires_grad() ? x.data() : Tensor(), x.requires_grad() ? w.data() : Tensor()},
+      "linear", std::move(out), {x, w}, std::move(saved),
       [](const Tensor& dy, const BackwardContext& c) {
         const Tensor &x = c.saved[0], &w = c.saved[1];
         std::vector<Tensor> grads(2);
