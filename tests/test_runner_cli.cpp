@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -391,12 +392,22 @@ TEST_F(Cli, AGrandchildHoldingThePipeIsKilledWithItsSide) {
   std::ifstream in(pid_file);
   pid_t pid = 0;
   ASSERT_TRUE(in >> pid) << "the plugin wrote no pid";
-  // Gone, or a zombie waiting for a reaper: either way no longer running.
-  std::string state;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  if (stat) {
-    std::string skip;
-    stat >> skip >> skip >> state;  // pid (comm) state
+  // Gone, or a zombie waiting for a reaper: either way no longer running. The
+  // SIGKILL is sent when the side ends, and a process on its way out can still
+  // read as running for a moment: allow it 2 s (it would sleep 60 s).
+  auto state_of = [](pid_t p) {
+    std::string state;
+    std::ifstream stat("/proc/" + std::to_string(p) + "/stat");
+    if (stat) {
+      std::string skip;
+      stat >> skip >> skip >> state;  // pid (comm) state
+    }
+    return state;
+  };
+  std::string state = state_of(pid);
+  for (int i = 0; i < 200 && !(state.empty() || state == "Z"); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    state = state_of(pid);
   }
   EXPECT_TRUE(state.empty() || state == "Z") << "grandchild " << pid << " is still running (state " << state << ")";
 }
