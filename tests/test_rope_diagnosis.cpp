@@ -258,6 +258,38 @@ TEST(RopePairing, HalfEqualsInterleavedWithPermutedRows) {
   EXPECT_GT(max_abs_diff(half.first, plain.first), 1e-3);  // the pairings do differ on the same rows
 }
 
+// Positions read by the head axis, checked slice by slice against rope() on
+// one [T, d] slab at one row of positions: x [B 2, H 3, T 7, d 10] rotates
+// slab (b, h) at row h mod 2, whatever b; [T] positions and x without a head
+// axis ([B, T, d]) are rotated as they should be.
+TEST(RopeWrongAxis, MutantRotatesHeadHAtRowHModB) {
+  const LoadedPlugin* m = plugins().find("mutant_rope_positions_wrong_axis");
+  ASSERT_NE(m, nullptr);
+  Generator gen(31);
+  const Tensor x = randn({2, 3, 7, 10}, DType::float64, gen);
+  RopeSpec spec;
+  spec.enabled = true;
+  spec.theta = 500000.0;
+  spec.positions = gapped_positions();
+  const Tensor out = m->attention->rope_forward(Variable(x), spec).data();
+  const Tensor ok = rope(Variable(x), spec).data();
+  for (std::int64_t b = 0; b < 2; ++b)
+    for (std::int64_t h = 0; h < 3; ++h) {
+      RopeSpec row = spec;
+      row.positions = spec.positions.narrow(0, h % 2, 1).reshape({7});
+      const Tensor slab = x.narrow(0, b, 1).narrow(1, h, 1).reshape({7, 10});
+      const Tensor want = rope(Variable(slab), row).data();
+      EXPECT_LT(max_abs_diff(out.narrow(0, b, 1).narrow(1, h, 1).reshape({7, 10}), want), 1e-14) << b << ", " << h;
+    }
+  // slab (1, 0) reads row 0 for batch row 1: far from the right row 1
+  EXPECT_GT(max_abs_diff(out.narrow(0, 1, 1).narrow(1, 0, 1), ok.narrow(0, 1, 1).narrow(1, 0, 1)), 1e-1);
+  RopeSpec shared = spec;
+  shared.positions = spec.positions.narrow(0, 1, 1).reshape({7});
+  EXPECT_LT(max_abs_diff(m->attention->rope_forward(Variable(x), shared).data(), rope(Variable(x), shared).data()), 1e-15);
+  const Tensor x3 = randn({2, 7, 10}, DType::float64, gen);
+  EXPECT_LT(max_abs_diff(m->attention->rope_forward(Variable(x3), spec).data(), rope(Variable(x3), spec).data()), 1e-15);
+}
+
 // The suite: mutants.yaml catches and names each RoPE mutant (its own case),
 // and a wrong backward shows as = X X X = = over out, dx, dwq, dwk, dwv, dwo.
 TEST(RopeSuite, MutantsYamlCatchesAndNamesEveryRopeMutant) {

@@ -184,6 +184,22 @@ Variable tapped(const Variable& rotated, const AttentionSpec& spec, bool queries
   return rotated;
 }
 
+// Positions [P, T] as read by the head axis: [B, H, T] whose [b, h] is row
+// h mod P, what broadcasting [P, T] to [1, H, T] instead of [B, 1, T] gives
+// (P = H exactly; the mod stands in for the shape error otherwise). [T]
+// positions, or x without a head axis, are left as they are.
+Tensor positions_by_head_axis(const Tensor& p, const Variable& x) {
+  if (!p.defined() || p.dim() != 2 || x.dim() < 4) return p;
+  const std::int64_t rows = p.size(0), t = p.size(1), b = x.size(0), h = x.size(1);
+  const std::vector<double> in = p.to_vector();
+  std::vector<double> out;
+  out.reserve(static_cast<std::size_t>(b * h * t));
+  for (std::int64_t i = 0; i < b; ++i)
+    for (std::int64_t j = 0; j < h; ++j)
+      for (std::int64_t k = 0; k < t; ++k) out.push_back(in[static_cast<std::size_t>((j % rows) * t + k)]);
+  return Tensor::from_values(out, {b, h, t}, DType::float64);
+}
+
 // q [B, H, T, d] or k [B, Hkv, T, d] (or x [..., T, d] at the rope level,
 // rotated as keys) with this mutant's RoPE. The helpers rope_queries and
 // rope_keys record the taps; a rotation of its own records them by tapped().
@@ -203,6 +219,8 @@ Variable mutant_rope(const Variable& x, const AttentionSpec& spec, bool queries)
     s.rope.positions = Tensor();
     s.rope.offset = 0;
   }
+  if (kBug == "rope_positions_wrong_axis")  // BUG: positions row by head, not by batch
+    s.rope.positions = positions_by_head_axis(spec.rope.positions, x);
   if (kBug == "rope_sign_flipped")  // BUG: rotation by -phi
     s.rope = negate_positions(spec.rope, x.size(-2));
   if (kBug == "rope_backward_not_transposed") {

@@ -786,7 +786,7 @@ void add_rope_warnings(const std::vector<const CaseSpec*>& cases, Add& add) {
         return c.level == Level::rope || !per_row(c) || c.dims.B == c.dims.H || c.dims.B == c.dims.kv_heads();
       }))
     add("no RoPE attention case has per-row positions with B apart from H and Hkv",
-        {"positions [B, T] broadcast onto the head axis (they fit by chance where B = H)"});
+        rope_bugs_where([](const auto& v) { return v.needs_position_rows; }));
   // From the catalog's RoPE visibility: a base it hard-codes, a span it gets wrong.
   if (all([](const CaseSpec& c) { return c.rope->theta == 10000.0; }))
     add("every RoPE case has theta 10000 (a base hard-coded at 10000 agrees)",

@@ -182,6 +182,11 @@ constexpr std::array<BugInfo, static_cast<std::size_t>(Bug::count_)> kEntries{{
      "float32: the error grows with the head width and the key count, far above one rounding of the result",
      "accumulate matmuls in float32 and round the result once (as every float32-accumulating kernel does)",
      {.needs_16bit = true}},
+    {Bug::rope_positions_wrong_axis, {},
+     "the positions [B, T] are broadcast onto the head axis instead of the batch axis ([1, H, T], not [B, 1, T]): "
+     "head h of every batch row rotates at positions row h mod B",
+     "index positions by the batch: positions[:, None, :] against q [B, H, T, d] (and k [B, Hkv, T, d])",
+     {.needs_seq = true, .needs_batch = true, .needs_rope = true, .needs_position_rows = true}},
 }};
 
 constexpr auto kCatalog = [] {

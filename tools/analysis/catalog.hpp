@@ -42,6 +42,9 @@ struct Visibility {
   bool needs_rope_taps = false;       // invisible in out and every gradient: only taps or the rope level see it
   bool needs_qkv = false;             // lives between q, k and v (or in the projection): no rope-level form
   bool needs_16bit = false;  // invisible in float64 and float32: only bfloat16 / float16 show it
+  // invisible unless rows of positions [B, T] differ and B is apart from H and Hkv
+  // (rows read by the head axis fit by chance where B = H; rows only shifted need Hkv < H)
+  bool needs_position_rows = false;
 };
 
 struct BugInfo {

@@ -240,6 +240,16 @@ Variable rotate_float32_tables(const Variable& x, const RopeSpec& rope, std::int
   return add(mul(x, cos_t), mul(cat(partner, -1), sin_t));
 }
 
+// rope_positions_wrong_axis: head i (of q, or kv head i of k) rotates at
+// positions row i mod P in every batch row, as [T]; other bugs keep the spec.
+AttentionSpec positions_of_head(const AttentionSpec& spec, std::int64_t i, std::optional<Bug> bug) {
+  const Tensor& p = spec.rope.positions;
+  if (!is(bug, Bug::rope_positions_wrong_axis) || !p.defined() || p.dim() != 2) return spec;
+  AttentionSpec s = spec;
+  s.rope.positions = p.narrow(0, i % p.size(0), 1).reshape({p.size(1)}).clone();
+  return s;
+}
+
 // q or k of one head [B, T, d] (core level: [..., T, d]) rotated as `bug`
 // rotates it. Keys sit at the positions, queries there plus q_offset.
 Variable rope_as(const Variable& x, const AttentionSpec& spec, bool queries, std::optional<Bug> bug) {
@@ -261,7 +271,15 @@ Variable rope_as(const Variable& x, const AttentionSpec& spec, bool queries, std
   };
   const std::int64_t r = rotary_width(spec.rope, x.size(-1));
   Variable out;
-  if (is(bug, Bug::rope_position_shift)) {
+  if (is(bug, Bug::rope_positions_wrong_axis) && x.dim() >= 4) {  // [B, H, .., T, d]: per head slice
+    std::vector<Variable> slices;
+    for (std::int64_t i = 0; i < x.size(1); ++i) {
+      AttentionSpec head = positions_of_head(s, i, bug);
+      head.rope.q_offset = base;
+      slices.push_back(rope_queries(narrow(x, 1, i, 1), head));
+    }
+    out = cat(slices, 1);
+  } else if (is(bug, Bug::rope_position_shift)) {
     out = at(x, 1);
   } else if (is(bug, Bug::rope_qk_offset_mismatch)) {
     out = at(x, queries ? 0 : 1);
@@ -318,7 +336,7 @@ Variable hypothesis_mha(const Variable& x, const MhaWeights& w, const AttentionS
   std::vector<Variable> ks, vs;  // kv head j, rotated once
   for (std::int64_t j = 0; j < kv_heads; ++j) {
     const Variable kj = head_slice(k, j, kv_heads, kv_layout), vj = head_slice(v, j, kv_heads, kv_layout);
-    ks.push_back(per_head ? rope_as(kj, spec, false, bug) : kj);
+    ks.push_back(per_head ? rope_as(kj, positions_of_head(spec, j, bug), false, bug) : kj);
     vs.push_back(per_head && is(bug, Bug::rope_on_v) ? rope_as(vj, without_rope_taps(spec), false, std::nullopt) : vj);
   }
   const Tensor mask = hypothesis_mask(spec, t, t, bug);
@@ -336,7 +354,7 @@ Variable hypothesis_mha(const Variable& x, const MhaWeights& w, const AttentionS
     const Variable kh = kv_for_query_head(ks[static_cast<std::size_t>(j)], h % group, group, bug);
     const Variable vh = kv_for_query_head(vs[static_cast<std::size_t>(j)], h % group, group, bug);
     const Variable qh = head_slice(q, h, heads, bug);
-    outs.push_back(attend(per_head ? rope_as(qh, spec, true, bug) : qh, kh, vh, m, factor, bug));
+    outs.push_back(attend(per_head ? rope_as(qh, positions_of_head(spec, h, bug), true, bug) : qh, kh, vh, m, factor, bug));
   }
   const Variable merged = merge(outs, bug);
   if (is(bug, Bug::missing_output_projection)) return reshape(merged, x.shape());
