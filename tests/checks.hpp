@@ -1,13 +1,15 @@
 // Checks shared by the tests: all_close (docs/design.md's float64 tolerances by
 // default) and all_finite on whole tensors, each naming the tensor and the
 // worst element's index when it fails; contains on text; expect_invalid on
-// an error message.
+// an error message; read_text for a whole file.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <initializer_list>
 #include <limits>
@@ -19,6 +21,14 @@
 #include "headgrad/tensor.hpp"
 
 namespace headgrad::test {
+
+// The whole file as text ("" when it cannot be read: the caller's checks say what was missing).
+inline std::string read_text(const std::filesystem::path& p) {
+  std::ifstream is(p);
+  std::stringstream ss;
+  ss << is.rdbuf();
+  return ss.str();
+}
 
 // |a - b| <= atol + rtol * |b| elementwise; NaN never passes. On failure: how
 // many elements fail, and the one furthest beyond its tolerance.

@@ -13,6 +13,7 @@
 
 #include <headgrad/gradcheck.hpp>
 
+#include "checks.hpp"
 #include "doc_examples/softcap.hpp"
 
 namespace fs = std::filesystem;
@@ -20,16 +21,9 @@ using namespace headgrad;
 
 namespace {
 
-std::string read(const fs::path& p) {
-  std::ifstream is(p);
-  std::stringstream ss;
-  ss << is.rdbuf();
-  return ss.str();
-}
-
 // The ```cpp block right after "<!-- compiled: FILE -->" in the guide.
 std::string guide_block(const std::string& file) {
-  const std::string guide = read(fs::path(HEADGRAD_SOURCE_ROOT) / "docs" / "plugin-guide.md");
+  const std::string guide = headgrad::test::read_text(fs::path(HEADGRAD_SOURCE_ROOT) / "docs" / "plugin-guide.md");
   const std::string marker = "<!-- compiled: " + file + " -->\n```cpp\n";
   const std::size_t at = guide.find(marker);
   if (at == std::string::npos) return "(no block marked " + file + " in docs/plugin-guide.md)";
@@ -39,7 +33,7 @@ std::string guide_block(const std::string& file) {
 
 // The lines of FILE between its two "// [TAG]" lines.
 std::string file_region(const std::string& file, const std::string& tag) {
-  const std::string text = read(fs::path(HEADGRAD_SOURCE_ROOT) / file);
+  const std::string text = headgrad::test::read_text(fs::path(HEADGRAD_SOURCE_ROOT) / file);
   const std::string marker = "// [" + tag + "]\n";
   const std::size_t a = text.find(marker);
   const std::size_t b = a == std::string::npos ? a : text.find(marker, a + marker.size());

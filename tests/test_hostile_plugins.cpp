@@ -170,7 +170,6 @@ TEST_F(HostilePlugins, GrandchildrenDoNotOutliveTheirProbe) {
 // runtime's own words. (In an ASan build of headgrad it loads like any other.)
 TEST(AsanRuntime, InAPluginItExitsOnlyTheProbe) {
   const fs::path dir = ASAN_PLUGIN_DIR;
-  if (dir.empty()) GTEST_SKIP() << "libasan not installed: the plugin that needs it was not built";
   const Outcome r = headgrad::test::headgrad({"plugins", "--plugin-path", dir.string()});
   EXPECT_EQ(r.code, 0) << r.err;
 #if defined(__SANITIZE_ADDRESS__)

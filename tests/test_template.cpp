@@ -21,13 +21,6 @@ using headgrad::test::contains;
 
 namespace {
 
-std::string read(const fs::path& p) {
-  std::ifstream is(p);
-  std::stringstream ss;
-  ss << is.rdbuf();
-  return ss.str();
-}
-
 std::size_t count(const std::string& text, const std::string& part) {
   std::size_t n = 0;
   for (std::size_t pos = text.find(part); pos != std::string::npos; pos = text.find(part, pos + 1)) ++n;
@@ -94,12 +87,12 @@ TEST_F(Scratch, WritesTheFourFilesWithTheNameFilledIn) {
                         "masks/empty_row_B2_Tq4_Tk6.npy"})
     EXPECT_TRUE(fs::is_regular_file(root_ / "proj" / f)) << f;
 
-  const std::string meson = read(root_ / "proj" / "meson.build");
+  const std::string meson = headgrad::test::read_text(root_ / "proj" / "meson.build");
   EXPECT_TRUE(contains(meson, "project('my_attn', 'cpp'"));
   EXPECT_TRUE(contains(meson, "dependency('headgrad')"));
   EXPECT_TRUE(contains(meson, "shared_module('my_attn', 'my_attn.cpp'"));
 
-  const std::string src = read(root_ / "proj" / "my_attn.cpp");
+  const std::string src = headgrad::test::read_text(root_ / "proj" / "my_attn.cpp");
   EXPECT_TRUE(contains(src, "i.name = \"my_attn\";"));
   EXPECT_TRUE(contains(src, "class MyAttnAttention final : public Attention"));
   EXPECT_TRUE(contains(src, "HEADGRAD_PLUGIN(MyAttnAttention)"));
@@ -112,7 +105,7 @@ TEST_F(Scratch, WritesTheFourFilesWithTheNameFilledIn) {
   EXPECT_EQ(count(src, "attention_mask(spec, q.size(-2), k.size(-2))"), 1u);
   EXPECT_EQ(count(src, "@NAME@") + count(src, "@CLASS@"), 0u);
 
-  const std::string suite = read(root_ / "proj" / "suite.yaml");
+  const std::string suite = headgrad::test::read_text(root_ / "proj" / "suite.yaml");
   EXPECT_TRUE(contains(suite, "compare: [my_attn, per_head]"));
   EXPECT_TRUE(contains(suite, "input_layout: transposed"));
   EXPECT_TRUE(contains(suite, "sweep: {B: [1, 2], T: [1, 5, 17], H: [1, 2, 4], D: [24]}"));
@@ -152,7 +145,7 @@ TEST_F(Scratch, ANonEmptyFolderIsRefusedAndLeftAlone) {
   const Run r = run_cli({"myattn", (root_ / "full").string()});
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(contains(r.err, "is not empty"));
-  EXPECT_EQ(read(root_ / "full" / "keep.txt"), "mine");
+  EXPECT_EQ(headgrad::test::read_text(root_ / "full" / "keep.txt"), "mine");
   EXPECT_FALSE(fs::exists(root_ / "full" / "myattn.cpp"));
 }
 
