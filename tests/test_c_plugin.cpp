@@ -297,11 +297,11 @@ TEST(CPluginAbi1, DeclaresGroupedKvOnlyFromVersion2) {
   const LoadedPlugin& v2 = registry().get("naive_c");
   EXPECT_EQ(v2.abi_version, 2);
   EXPECT_TRUE(v2.info.capabilities.grouped_kv);
-  EXPECT_TRUE(contains(capabilities_str(v2.info.capabilities), "gqa"));
+  EXPECT_TRUE(contains(capabilities_str(v2.info.capabilities), "grouped_kv"));
   const LoadedPlugin& v1 = registry().get("naive_c_v1");
   EXPECT_EQ(v1.abi_version, 1);
   EXPECT_FALSE(v1.info.capabilities.grouped_kv);
-  EXPECT_FALSE(contains(capabilities_str(v1.info.capabilities), "gqa"));
+  EXPECT_FALSE(contains(capabilities_str(v1.info.capabilities), "grouped_kv"));
   EXPECT_TRUE(v1.info.capabilities.core && v1.info.capabilities.causal && v1.info.capabilities.bool_mask);
 }
 

@@ -591,7 +591,7 @@ TEST_F(Cli, PluginsListsNameVersionAbiCapabilitiesFile) {
   for (const auto& p : j["plugins"]) {
     if (p["name"] != "limited") continue;
     found = true;
-    EXPECT_EQ(p["capabilities"], "mha, float64");
+    EXPECT_EQ(p["capabilities"], nlohmann::json::array({"mha", "float64"}));
     EXPECT_EQ(p["abi"], HEADGRAD_PLUGIN_ABI_VERSION);
     EXPECT_NE(p["file"].get<std::string>().find("limited.so"), std::string::npos);
   }

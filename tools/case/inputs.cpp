@@ -622,22 +622,9 @@ CaseInputs make_inputs(const CaseSpec& spec) {
 }
 
 CaseInputs private_copy(const CaseInputs& in, InputLayout layout) {
-  auto own = [](const Tensor& t) { return t.defined() ? t.clone() : t; };
-  auto own_laid_out = [&](const Tensor& t) { return t.defined() ? with_layout(t.clone(), layout) : t; };
-  CaseInputs out;
-  out.level = in.level;
-  out.x = own_laid_out(in.x);
-  out.q = own_laid_out(in.q);
-  out.k = own_laid_out(in.k);
-  out.v = own_laid_out(in.v);
-  out.wq = own(in.wq);
-  out.wk = own(in.wk);
-  out.wv = own(in.wv);
-  out.wo = own(in.wo);
-  out.mask = own(in.mask);
-  out.r = own(in.r);
-  out.positions = own(in.positions);
-  return out;
+  return map_inputs(in, [layout](const InputField& field, const Tensor& t) {
+    return field.role == InputRole::activation ? with_layout(t.clone(), layout) : t.clone();
+  });
 }
 
 AttentionSpec attention_spec(const CaseSpec& c, const CaseInputs& in) {
@@ -676,16 +663,13 @@ AttentionSpec attention_spec(const CaseSpec& c, const CaseInputs& in) {
 
 TensorSet input_tensors(const CaseInputs& in) {
   TensorSet out;
-  if (in.level == Level::rope) {
-    out = {{"x", in.x.clone()}};
-  } else if (in.level == Level::mha) {
-    out = {{"x", in.x.clone()}, {"wq", in.wq.clone()}, {"wk", in.wk.clone()},
-           {"wv", in.wv.clone()}, {"wo", in.wo.clone()}};
-  } else {
-    out = {{"q", in.q.clone()}, {"k", in.k.clone()}, {"v", in.v.clone()}};
-    if (in.mask.defined()) out.push_back({"mask", in.mask.clone()});
+  for (const InputField& field : kInputFields) {
+    const Tensor& t = in.*field.member;
+    if (field.role == InputRole::positions || !t.defined()) continue;  // written by the writers, not by export
+    // the rope level takes x alone (the mha level's x is its input too)
+    const bool here = field.every_level || field.level == in.level || (in.level == Level::rope && field.name == "x");
+    if (here) out.push_back({std::string(field.name), t.clone()});
   }
-  out.push_back({"r", in.r.clone()});
   return out;
 }
 

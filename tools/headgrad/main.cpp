@@ -451,7 +451,7 @@ int cmd_plugins(const PluginsArgs& a) {
                               {"version", p->info.version},
                               {"abi", p->abi_version},
                               {"description", p->info.description},
-                              {"capabilities", capabilities_str(c)},
+                              {"capabilities", capability_names(c)},
                               {"mutant", p->info.mutant},
                               {"file", p->file.string()}});
     }

@@ -7,21 +7,11 @@ std::string oracle_name(const CaseSpec& c, const PluginRegistry& registry) {
 }
 
 CaseInputs inputs_in_dtype(const CaseInputs& in, DType dtype) {
-  auto as = [&](const Tensor& t) { return t.defined() ? t.contiguous().to(dtype) : t; };
-  CaseInputs out;
-  out.level = in.level;
-  out.x = as(in.x);
-  out.wq = as(in.wq);
-  out.wk = as(in.wk);
-  out.wv = as(in.wv);
-  out.wo = as(in.wo);
-  out.q = as(in.q);
-  out.k = as(in.k);
-  out.v = as(in.v);
-  out.r = as(in.r);
-  out.mask = in.mask;            // bool
-  out.positions = in.positions;  // token positions, not values of the case's dtype
-  return out;
+  return map_inputs(in, [dtype](const InputField& field, const Tensor& t) {
+    // a mask is bool and positions are token numbers, not values of the case's dtype
+    if (field.role == InputRole::mask || field.role == InputRole::positions) return t;
+    return t.contiguous().to(dtype);
+  });
 }
 
 GoldenRun run_golden(const CaseSpec& c, const CaseInputs& in, const PluginRegistry& registry,
