@@ -24,6 +24,17 @@ struct MhaResult {
   std::vector<Tensor> all() const { return {out, dx, dwq, dwk, dwv, dwo}; }
 };
 
+// A causal MHA spec: D model width, H query heads, Hkv kv heads, d head width.
+inline AttentionSpec causal_mha_spec(std::int64_t D, std::int64_t H, std::int64_t Hkv, std::int64_t d) {
+  AttentionSpec spec;
+  spec.d_model = D;
+  spec.num_heads = H;
+  spec.num_kv_heads = Hkv;
+  spec.head_width = d;
+  spec.causal = true;
+  return spec;
+}
+
 namespace detail {
 
 // A gradient that never reached its input reads as zeros, so a broken

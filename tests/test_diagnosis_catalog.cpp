@@ -77,12 +77,7 @@ class CatalogTest : public ::testing::TestWithParam<BugInfo> {
   Grads run_mha(F&& forward) const {
     const auto [B, T, D, H, Hkv, d] = s_;
     const auto in = inputs();
-    AttentionSpec spec;
-    spec.d_model = D;
-    spec.num_heads = H;
-    spec.num_kv_heads = Hkv;
-    spec.head_width = d;
-    spec.causal = true;
+    AttentionSpec spec = test::causal_mha_spec(D, H, Hkv, d);
     return {test::run_mha([&](Variable& x, MhaWeights& w) { return forward(x, w, spec); },
                           in[0], in[1], in[2], in[3], in[4], in[5]).all()};
   }
@@ -390,12 +385,7 @@ TEST(Catalog, TilePermutationTurnsTheTiledMappingIntoTheCorrectOne) {
   const Tensor x = randn({B, T, D}, DType::float64, gen), r = randn({B, T, D}, DType::float64, gen);
   const std::vector<Tensor> ws = {randn({H * d, D}, DType::float64, gen, 0.3), randn({Hkv * d, D}, DType::float64, gen, 0.3),
                                   randn({Hkv * d, D}, DType::float64, gen, 0.3), randn({D, H * d}, DType::float64, gen, 0.3)};
-  AttentionSpec spec;
-  spec.d_model = D;
-  spec.num_heads = H;
-  spec.num_kv_heads = Hkv;
-  spec.head_width = d;
-  spec.causal = true;
+  const AttentionSpec spec = test::causal_mha_spec(D, H, Hkv, d);
   const std::vector<std::int64_t> order = tile_to_repeat_heads(H, Hkv);
   auto run = [&](const std::vector<Tensor>& w4, auto&& forward) {
     return run_mha(forward, x, w4[0], w4[1], w4[2], w4[3], r).all();
@@ -430,12 +420,7 @@ TEST(Catalog, GroupedHypothesesAgainstPerHead) {
   const std::vector<Tensor> ws = {randn({H * d, D}, DType::float64, gen, 0.2), randn({Hkv * d, D}, DType::float64, gen, 0.2),
                                   randn({Hkv * d, D}, DType::float64, gen, 0.2), randn({D, H * d}, DType::float64, gen, 0.2)};
   const Tensor r = randn({B, T, D}, DType::float64, gen);
-  AttentionSpec spec;
-  spec.d_model = D;
-  spec.num_heads = H;
-  spec.num_kv_heads = Hkv;
-  spec.head_width = d;
-  spec.causal = true;
+  const AttentionSpec spec = test::causal_mha_spec(D, H, Hkv, d);
   auto run = [&](auto&& forward) { return run_mha(forward, x, ws[0], ws[1], ws[2], ws[3], r).all(); };
   const auto ref = run([&](auto& vx, auto& w) { return per_head.attention->mha_forward(vx, w, spec); });
   const auto ok = run([&](auto& vx, auto& w) { return hypothesis_mha(vx, w, spec, std::nullopt); });

@@ -63,7 +63,6 @@ Tensor random_mask(const Shape& shape, double p, std::uint64_t seed) {
   return m;
 }
 
-
 // ---------------------------------------------------------------- fixture
 
 class FusedSdpaTest : public ::testing::Test {

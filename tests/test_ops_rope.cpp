@@ -369,12 +369,7 @@ TEST(RopeInAttention, InterleavedEqualsHalfUnderTheHfPermutation) {
   const Tensor wv = randn({hkv * d, dm}, DType::float64, gen, 0.5);
   const Tensor wo = randn({dm, h * d}, DType::float64, gen, 0.5);
   const Tensor r = randn({b, t, dm}, DType::float64, gen);
-  AttentionSpec spec;
-  spec.d_model = dm;
-  spec.num_heads = h;
-  spec.num_kv_heads = hkv;
-  spec.head_width = d;
-  spec.causal = true;
+  AttentionSpec spec = causal_mha_spec(dm, h, hkv, d);
   spec.rope = rope_spec(RopeStyle::interleaved);
   spec.rope.positions = positions_tensor({0, 3, 4, 10, 1000, 7, 2, 9, 11, 40, 41, 60, 5, 1}, {b, t});
   const MhaRun inter = run_batched_mha(x, wq, wk, wv, wo, r, spec);

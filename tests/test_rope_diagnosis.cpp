@@ -88,12 +88,7 @@ struct MhaRun {
 
 // A causal mha spec with grouped kv heads and head width d, RoPE as given.
 AttentionSpec grouped_spec(std::int64_t D, std::int64_t H, std::int64_t Hkv, std::int64_t d, const RopeSpec& rope) {
-  AttentionSpec spec;
-  spec.d_model = D;
-  spec.num_heads = H;
-  spec.num_kv_heads = Hkv;
-  spec.head_width = d;
-  spec.causal = true;
+  AttentionSpec spec = test::causal_mha_spec(D, H, Hkv, d);
   spec.rope = rope;
   return spec;
 }
