@@ -42,7 +42,7 @@ void cut(TensorErrorMaps& out, const CaseSpec& spec, const std::string& name, co
     const std::int64_t B = shape[0], T = shape[1], D = shape[2], H = spec.dims.H;
     const std::int64_t d = (H > 1 && D % H == 0) ? D / H : 0;
     out.batches = B;
-    out.axes = "rows: positions t; columns: heads &times; channels (d = " + std::to_string(d > 0 ? d : D) + ")";
+    out.axes = "rows: positions t; columns: heads × channels (d = " + std::to_string(d > 0 ? d : D) + ")";
     for (std::int64_t b = 0; b < std::min(B, kMaxMapBatch); ++b) {
       const std::vector<double> slice(diff.begin() + b * T * D, diff.begin() + (b + 1) * T * D);
       out.maps.push_back(downsample("b=" + std::to_string(b), T, D, slice, 0, d, true));
@@ -53,8 +53,8 @@ void cut(TensorErrorMaps& out, const CaseSpec& spec, const std::string& name, co
     const std::int64_t R = shape[0], C = shape[1], H = kv ? spec.dims.kv_heads() : spec.dims.H;
     const std::int64_t n = cols ? C : R;
     const std::int64_t d = (H > 1 && n % H == 0) ? n / H : 0;
-    out.axes = cols ? "rows: output features; columns: input features, head h owns columns [h&middot;d, (h+1)&middot;d)"
-                    : "rows: output features, head h owns rows [h&middot;d, (h+1)&middot;d); columns: input features";
+    out.axes = cols ? "rows: output features; columns: input features, head h owns columns [h·d, (h+1)·d)"
+                    : "rows: output features, head h owns rows [h·d, (h+1)·d); columns: input features";
     out.maps.push_back(downsample("", R, C, diff, cols ? 0 : d, cols ? d : 0, false));
   } else if (spec.level == Level::core && shape.size() == 4) {  // [B, H, T, c]
     const std::int64_t B = shape[0], H = shape[1], T = shape[2], c = shape[3];

@@ -162,6 +162,18 @@ std::vector<const CaseSpec*> shard_cases(const std::vector<const CaseSpec*>& sel
   return out;
 }
 
+namespace {
+
+std::string case_key(const CaseSpec& c) {
+  return c.name + '\0' + describe_case(c) + '\0' + join(c.compare) + '\0' + c.reference_text + '\0' +
+         join(c.check) + '\0' + std::to_string(c.seed) + '\0' + (c.expect_fail ? "x" : "") + c.expect_diagnosis +
+         '\0';
+}
+
+}  // namespace
+
+std::string case_hash(const CaseSpec& c) { return hex16(fnv1a(case_key(c))); }
+
 SuiteIdentity suite_identity(const Suite& suite, const std::vector<const CaseSpec*>& selected) {
   SuiteIdentity id;
   std::ifstream in(suite.file, std::ios::binary);
@@ -169,10 +181,9 @@ SuiteIdentity suite_identity(const Suite& suite, const std::vector<const CaseSpe
   id.file_hash = hex16(fnv1a(bytes));
   std::uint64_t h = fnv1a("");
   for (const CaseSpec* c : selected) {
-    std::string key = c->name + '\0' + describe_case(*c) + '\0' + join(c->compare) + '\0' + c->reference_text +
-                      '\0' + join(c->check) + '\0' + std::to_string(c->seed) + '\0' + (c->expect_fail ? "x" : "") +
-                      c->expect_diagnosis + '\0';
+    const std::string key = case_key(*c);
     h = fnv1a(key, h);
+    id.case_hashes.push_back(hex16(fnv1a(key)));
   }
   id.cases_hash = hex16(h);
   id.selected = selected.size();
@@ -343,7 +354,8 @@ CaseResult worker_result(const Worker& w, const CaseSpec& spec, std::string& thr
     return worker_error(spec, thrown);
   }
   try {
-    return case_result_from_json(nlohmann::json::from_cbor(message.substr(1)), &spec);
+    return case_result_from_json(nlohmann::json::from_cbor(message.substr(1)), &spec,
+                                 "the result of case '" + spec.name + "'");
   } catch (const std::exception& e) {
     return worker_error(spec, std::string("the process running this case sent a malformed result (") + e.what() + ")");
   }

@@ -77,8 +77,13 @@ struct SuiteIdentity {
   std::string file_hash;   // FNV-1a 64 of the suite file's bytes, 16 hex digits
   std::string cases_hash;  // of the selected cases as expanded (names, shapes, pairs, checks, seeds)
   std::size_t selected = 0;  // cases selected (--filter) before sharding
+  std::vector<std::string> case_hashes;  // case_hash of each selected case, in suite order
   bool operator==(const SuiteIdentity&) const = default;
 };
+// FNV-1a 64 of what identifies a case (name, shape, pair, reference, checks,
+// seed, expect), 16 hex digits: merge checks each shard's cases against the
+// identity's list, so a shard of another suite cannot pass under a copied identity.
+std::string case_hash(const CaseSpec& c);
 
 struct RunOptions {
   bool isolate = true;
