@@ -227,7 +227,11 @@ TEST_F(MergeHostile, AFifoOrAFolderGivenAsAReportIsRefusedWithTheReason) {
 
 // Item 5: inconsistent shards.
 TEST_F(MergeHostile, CaseIndicesOutOfRangeNegativeOrFractionalAreRefused) {
-  expect_refused([](json& j) { j["shard"]["cases"][1] = 99; }, "$.shard.cases[1]: case 99 is out of range");
+  expect_refused([](json& j) { j["shard"]["cases"][1] = 99; },
+                 "$.shard.cases[1]: case 99 is out of range: suite 'merge-hostile' expands to 4 cases");
+  // within range but shard 2/2's
+  expect_refused([](json& j) { j["shard"]["cases"][1] = 3; },
+                 "$.shard.cases[1]: case 3 is held twice: here and in " + shard(2).string() + " ($.shard.cases[1])");
   expect_refused([](json& j) { j["shard"]["cases"][1] = -1; }, "$.shard.cases[1]: expected a whole number");
   expect_refused([](json& j) { j["shard"]["cases"][1] = 1.5; }, "$.shard.cases[1]: expected a whole number");
 }
@@ -239,14 +243,21 @@ TEST_F(MergeHostile, IndicesSwappedBetweenShardsOrAnotherShardsCasesAreRefused) 
   write_json(*dir_ / "b.json", b);
   Outcome r = merge_refused({*dir_ / "a.json", *dir_ / "b.json"});
   EXPECT_EQ(r.code, 2) << r.err;
-  EXPECT_NE(r.err.find((*dir_ / "a.json").string() + ": $.shard.cases: "), std::string::npos) << r.err;
+  // case 0 comes first in suite order, held by b.json (shard 2/2)
+  EXPECT_NE(r.err.find((*dir_ / "b.json").string() + ": $.shard.cases[0]: case 0 is the suite's selected case 0, "
+                                                      "which shard 1/2 holds, not shard 2/2"),
+            std::string::npos)
+      << r.err;
   // shard 2's file holding shard 1's cases (and indices)
   b = read(1);
   b["shard"]["index"] = 2;
   write_json(*dir_ / "b.json", b);
   r = merge_refused({shard(1), *dir_ / "b.json"});
   EXPECT_EQ(r.code, 2) << r.err;
-  EXPECT_NE(r.err.find((*dir_ / "b.json").string() + ": $.shard.cases: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(shard(1).string() + ": $.shard.cases[0]: case 0 is held twice: here and in " +
+                       (*dir_ / "b.json").string() + " ($.shard.cases[0])"),
+            std::string::npos)
+      << r.err;
   // the cases swapped within a shard, the indices left: each case is checked against the identity
   a = read(1);
   std::swap(a["cases"][0], a["cases"][1]);
@@ -285,6 +296,8 @@ TEST_F(MergeHostile, WrongTypesNameTheFileAndThePathNeverABareJsonError) {
   expect_refused([](json& j) { j["cases"][0]["sides"][1]["status"] = "fine"; },
                  "$.cases[0].sides[1].status: expected one of ok, not_loaded");
   expect_refused([](json& j) { j["cases"] = json::object(); }, "$.cases: expected an array, got an object");
+  expect_refused([](json& j) { j["cases"][0]["compare"] = json::array(); },
+                 "$.cases[0].compare: expected 2 plugins (the case has no reference), got 0");
 }
 
 // Item 9: every string of a merged report is escaped in the HTML, error_maps.axes too.

@@ -65,7 +65,7 @@ static_assert(field_count<Dims>() == 8);
 static_assert(field_count<CaseSpec>() == 29);
 static_assert(field_count<CaseResult>() == 16);       // not: lhs, rhs (tensors)
 static_assert(field_count<ShardSpec>() == 2);
-static_assert(field_count<SuiteIdentity>() == 4);
+static_assert(field_count<SuiteIdentity>() == 5);
 static_assert(field_count<SuiteResult>() == 8);
 
 ErrorMap map_of(std::int64_t rows, std::int64_t cols, double base) {
@@ -226,6 +226,7 @@ SuiteResult full_result() {
   s.identity.file_hash = "0123456789abcdef";
   s.identity.cases_hash = "fedcba9876543210";
   s.identity.selected = 6;
+  s.identity.expanded = 9;
   s.identity.case_hashes = {"h0", "h1", "h2", "h3", "h4", "h5"};
   return s;
 }
@@ -562,9 +563,10 @@ TEST(ReportSchema, AnErrorMapsGeometryMustFollowFromRowsAndCols) {
   j["cases"][0]["error_maps"][0]["maps"] = json::array();
   EXPECT_EQ(refusal(j), "r.json: $.cases[0].error_maps[0].maps: expected 1 to 4 entries, got 0");
   j = report;
-  j["suite_identity"]["selected"] = 1000000000000ull;
-  EXPECT_EQ(refusal(j), "r.json: $.suite_identity.case_hashes: expected 1000000000000 hashes (one per selected "
-                        "case), got 6");
+  j["suite_identity"]["selected"] = 7;
+  EXPECT_EQ(refusal(j), "r.json: $.suite_identity.case_hashes: expected 7 hashes (one per selected case), got 6");
+  j["suite_identity"]["selected"] = 1000000000000ull;  // more than a suite can expand to
+  EXPECT_EQ(refusal(j), "r.json: $.suite_identity.selected: expected a whole number from 0 to 10000, got 1000000000000");
 }
 
 }  // namespace

@@ -179,8 +179,10 @@ class Reader {
   template <class I>
   I integer_of(const json& v, const std::string& p, I lo, I hi) const {
     auto refuse = [&] {
-      fail(p, "expected a whole number from " + std::to_string(lo) + " to " + std::to_string(hi) + ", got " +
-                  shown(v));
+      const std::string range = hi == std::numeric_limits<I>::max()
+                                    ? ">= " + std::to_string(lo)
+                                    : "from " + std::to_string(lo) + " to " + std::to_string(hi);
+      fail(p, "expected a whole number " + range + ", got " + shown(v));
     };
     if (!v.is_number_integer()) refuse();  // 1.5 and 2.0 alike: every integer is written as one
     if (v.is_number_unsigned() || v.get<std::int64_t>() >= 0) {
@@ -637,6 +639,11 @@ void spec_fields(Io& io, S& c) {
           c.reference = c.reference_text;
         }
       });
+  if constexpr (Io::reading)  // the reports name both sides: compare.at(0), and at(1) without a reference
+    if (c.compare.size() != (c.is_reference() ? 1u : 2u))
+      io.fail(io.path("compare"), std::string("expected ") + (c.is_reference() ? "1 plugin (the case has a reference)"
+                                                                                 : "2 plugins (the case has no reference)") +
+                                      ", got " + std::to_string(c.compare.size()));
   io.texts("check", c.check);
   io.custom(
       "tolerance",
@@ -731,7 +738,8 @@ template <class Io, Is<SuiteIdentity> S>
 void fields(Io& io, S& id) {
   io.text("file_hash", id.file_hash);
   io.text("cases_hash", id.cases_hash);
-  io.integer("selected", id.selected);
+  io.integer("selected", id.selected, std::size_t{0}, kMaxSuiteCases);
+  io.integer("expanded", id.expanded, id.selected, kMaxSuiteCases);
   io.texts("case_hashes", id.case_hashes);
   if constexpr (Io::reading)
     if (id.case_hashes.size() != id.selected)

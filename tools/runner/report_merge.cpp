@@ -57,43 +57,59 @@ struct Shard {
   SuiteResult result;
 };
 
-// The indices shard K/N of `selected` cases must hold: K-1, K-1+N, ... (shard_cases).
-void check_indices(const Shard& s) {
+// What one shard's report can say about itself: its case indices strictly
+// increasing (suite order), each within the expanded suite, and as many as
+// shard K/N of the selected cases holds.
+void check_own_indices(const Shard& s) {
   const std::string& file = s.file.string();
   const SuiteResult& r = s.result;
   const std::size_t k = r.shard.index, n = r.shard.count, selected = r.identity.selected;
-  for (std::size_t i = 0; i < r.case_indices.size(); ++i)
-    if (r.case_indices[i] >= selected)
-      throw MergeError(file + ": $.shard.cases[" + std::to_string(i) + "]: case " + std::to_string(r.case_indices[i]) +
-                       " is out of range: suite '" + r.name + "' selects " + std::to_string(selected) + " cases");
+  for (std::size_t i = 0; i < r.case_indices.size(); ++i) {
+    const std::size_t index = r.case_indices[i];
+    const std::string at = file + ": $.shard.cases[" + std::to_string(i) + "]: ";
+    if (index >= r.identity.expanded)
+      throw MergeError(at + "case " + std::to_string(index) + " is out of range: suite '" + r.name + "' expands to " +
+                       std::to_string(r.identity.expanded) + " cases");
+    if (i > 0 && index <= r.case_indices[i - 1])
+      throw MergeError(at + "case " + std::to_string(index) + " after case " + std::to_string(r.case_indices[i - 1]) +
+                       ": a shard lists its cases in suite order, each once");
+  }
   const std::size_t want = selected >= k ? (selected - k) / n + 1 : 0;
-  bool ok = r.case_indices.size() == want;
-  for (std::size_t i = 0; ok && i < want; ++i) ok = r.case_indices[i] == k - 1 + i * n;
-  if (ok) return;
-  std::string expected;
-  for (std::size_t i = 0; i < want && i < 10; ++i) expected += (i ? ", " : "") + std::to_string(k - 1 + i * n);
-  if (want > 10) expected += ", ...";
-  std::string given;
-  for (std::size_t i = 0; i < r.case_indices.size() && i < 10; ++i)
-    given += (i ? ", " : "") + std::to_string(r.case_indices[i]);
-  if (r.case_indices.size() > 10) given += ", ...";
-  throw MergeError(file + ": $.shard.cases: shard " + r.shard.str() + " of " + std::to_string(selected) +
-                   " cases holds the cases at " + (want ? expected : "none") + ", this file lists " +
-                   (given.empty() ? "none" : given));
+  if (r.case_indices.size() != want)
+    throw MergeError(file + ": $.shard.cases: shard " + r.shard.str() + " of " + std::to_string(selected) +
+                     " selected cases holds " + std::to_string(want) + ", this file lists " +
+                     std::to_string(r.case_indices.size()));
 }
 
-// Each case is the one its index names in the identity (its hash), so cases
-// swapped, or a foreign suite's shard under a copied identity, are refused.
-void check_case_hashes(const Shard& s) {
-  const SuiteResult& r = s.result;
-  for (std::size_t i = 0; i < r.cases.size(); ++i) {
-    const std::size_t index = r.case_indices[i];
-    const CaseSpec& c = r.cases[i].spec;
-    if (case_hash(c) != r.identity.case_hashes[index])
-      throw MergeError(s.file.string() + ": $.cases[" + std::to_string(i) + "]: case '" + c.name +
-                       "' is not case " + std::to_string(index) + " of suite '" + r.name +
-                       "' (its hash " + case_hash(c) + " differs from the identity's " +
-                       r.identity.case_hashes[index] + ")");
+// Where each case is held, by its index in the suite.
+struct Held {
+  Shard* shard;
+  std::size_t at;  // in shard->result.cases
+};
+
+// The selected cases in suite order are the union of the shards' indices:
+// the p-th belongs to shard p % N + 1 (shard_cases) and is the case whose
+// hash the identity lists p-th, so indices swapped between shards, one shard
+// holding another's, cases swapped within a shard or a foreign suite's shard
+// under a copied identity are each refused, naming the file.
+void check_positions(const std::map<std::size_t, Held>& cases, const SuiteResult& one) {
+  std::size_t p = 0;
+  for (const auto& [index, held] : cases) {
+    const SuiteResult& r = held.shard->result;
+    const std::string file = held.shard->file.string();
+    const std::size_t owner = p % one.shard.count + 1;
+    if (r.shard.index != owner)
+      throw MergeError(file + ": $.shard.cases[" + std::to_string(held.at) + "]: case " + std::to_string(index) +
+                       " is the suite's selected case " + std::to_string(p) + ", which shard " +
+                       std::to_string(owner) + "/" + std::to_string(one.shard.count) + " holds, not shard " +
+                       r.shard.str());
+    const CaseSpec& c = r.cases[held.at].spec;
+    const std::string hash = case_hash(c);
+    if (hash != one.identity.case_hashes[p])
+      throw MergeError(file + ": $.cases[" + std::to_string(held.at) + "]: case '" + c.name + "' is not case " +
+                       std::to_string(index) + " of suite '" + one.name + "' (its hash " + hash +
+                       " differs from the identity's " + one.identity.case_hashes[p] + ")");
+    ++p;
   }
 }
 
@@ -141,8 +157,7 @@ SuiteResult merge_shard_reports(const std::vector<std::filesystem::path>& files)
     if (s.result.shard.index > s.result.shard.count)
       throw MergeError(f.string() + ": $.shard.index: holds shard " + s.result.shard.str() +
                        ", which is no shard K/N with 1 <= K <= N");
-    check_indices(s);
-    check_case_hashes(s);
+    check_own_indices(s);
     shards.push_back(std::move(s));
   }
   const Shard& first = shards.front();
@@ -176,20 +191,26 @@ SuiteResult merge_shard_reports(const std::vector<std::filesystem::path>& files)
                      std::to_string(shards.size()) + " of " + std::to_string(one.shard.count) + ")");
   }
 
-  // Cases by their index in the suite: that is suite order. Each shard holds
-  // exactly its own indices (check_indices), so none is held twice.
-  std::map<std::size_t, CaseResult*> cases;
+  // Cases by their index in the suite: that is suite order.
+  std::map<std::size_t, Held> cases;
   SuiteResult result;
   for (Shard& s : shards) {
-    for (std::size_t i = 0; i < s.result.cases.size(); ++i) cases.emplace(s.result.case_indices[i], &s.result.cases[i]);
+    for (std::size_t i = 0; i < s.result.cases.size(); ++i) {
+      const auto [it, inserted] = cases.emplace(s.result.case_indices[i], Held{&s, i});
+      if (!inserted)  // which of the two is wrong cannot be told: both are named
+        throw MergeError(it->second.shard->file.string() + ": $.shard.cases[" + std::to_string(it->second.at) +
+                         "]: case " + std::to_string(it->first) + " is held twice: here and in " + s.file.string() +
+                         " ($.shard.cases[" + std::to_string(i) + "])");
+    }
     result.seconds += s.result.seconds;
   }
+  check_positions(cases, one);  // every shard holds its count: cases.size() == selected
   result.name = one.name;
   result.file = one.file;
   result.identity = one.identity;
   result.warnings = one.warnings;
-  for (const auto& [index, c] : cases) {
-    result.cases.push_back(std::move(*c));
+  for (const auto& [index, held] : cases) {
+    result.cases.push_back(std::move(held.shard->result.cases[held.at]));
     result.case_indices.push_back(index);
   }
   return result;

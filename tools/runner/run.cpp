@@ -187,6 +187,7 @@ SuiteIdentity suite_identity(const Suite& suite, const std::vector<const CaseSpe
   }
   id.cases_hash = hex16(h);
   id.selected = selected.size();
+  id.expanded = suite.cases.size();
   return id;
 }
 

@@ -77,6 +77,7 @@ struct SuiteIdentity {
   std::string file_hash;   // FNV-1a 64 of the suite file's bytes, 16 hex digits
   std::string cases_hash;  // of the selected cases as expanded (names, shapes, pairs, checks, seeds)
   std::size_t selected = 0;  // cases selected (--filter) before sharding
+  std::size_t expanded = 0;  // cases of the suite as expanded (what case indices range over)
   std::vector<std::string> case_hashes;  // case_hash of each selected case, in suite order
   bool operator==(const SuiteIdentity&) const = default;
 };
