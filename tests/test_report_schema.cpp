@@ -1,4 +1,4 @@
-// The JSON report's schema (tools/runner/report_json.cpp) in process: a
+// The JSON report's schema (tools/report/report_json.cpp) in process: a
 // result with every field set to a distinct, non-default value is written,
 // read back and compared field by field; NaN and Inf survive the exact (CBOR)
 // form; every value of a report replaced by a wrong type, or every key
@@ -19,7 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runner/report.hpp"
+#include "report/report.hpp"
 
 namespace {
 

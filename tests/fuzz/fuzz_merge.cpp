@@ -22,7 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runner/report.hpp"
+#include "report/report.hpp"
 
 namespace {
 
