@@ -60,9 +60,10 @@ static_assert(field_count<RopeCase>() == 11);         // not: positions_at, rota
 static_assert(field_count<WeakSuiteWarning>() == 3);
 static_assert(field_count<SourceLoc>() == 3);
 static_assert(field_count<Dims>() == 8);
-// not: key_source (suite locations), reference (reference_text, resolved), baseline_k
-// (each tensor's k is in its baseline), check_strict (a parsing rule), files (the inputs)
-static_assert(field_count<CaseSpec>() == 29);
+// not: key_source, expect_diagnosis_at (suite locations), reference (reference_text,
+// resolved), baseline_k (each tensor's k is in its baseline), check_strict (a parsing
+// rule), files (the inputs)
+static_assert(field_count<CaseSpec>() == 30);
 static_assert(field_count<CaseResult>() == 16);       // not: lhs, rhs (tensors)
 static_assert(field_count<ShardSpec>() == 2);
 static_assert(field_count<SuiteIdentity>() == 5);
