@@ -3,12 +3,18 @@
 // read back and compared field by field; NaN and Inf survive the exact (CBOR)
 // form; every value of a report replaced by a wrong type, or every key
 // removed, is refused naming the source and that value's JSON path, never
-// with a bare nlohmann exception. The field counts below fail to compile
+// with a bare nlohmann exception; several report files are written all or
+// none. The field counts below fail to compile
 // when a struct gains a field: write and read it in the schema, then here.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <algorithm>
 #include <functional>
 #include <limits>
@@ -568,6 +574,28 @@ TEST(ReportSchema, AnErrorMapsGeometryMustFollowFromRowsAndCols) {
   EXPECT_EQ(refusal(j), "r.json: $.suite_identity.case_hashes: expected 7 hashes (one per selected case), got 6");
   j["suite_identity"]["selected"] = 1000000000000ull;  // more than a suite can expand to
   EXPECT_EQ(refusal(j), "r.json: $.suite_identity.selected: expected a whole number from 0 to 10000, got 1000000000000");
+}
+
+TEST(ReportFiles, AllAreWrittenOrNone) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("headgrad_all_or_none_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  auto slurp = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  std::ofstream(dir / "a.json") << "old";
+  // the second cannot be staged (its folder is missing): the first is left as it was, no temporary remains
+  EXPECT_THROW(write_reports_all_or_none({{dir / "a.json", "new a"}, {dir / "missing" / "b.html", "new b"}}),
+               std::runtime_error);
+  EXPECT_EQ(slurp(dir / "a.json"), "old");
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 1);
+  write_reports_all_or_none({{dir / "a.json", "new a"}, {dir / "b.html", "new b"}});
+  EXPECT_EQ(slurp(dir / "a.json"), "new a");
+  EXPECT_EQ(slurp(dir / "b.html"), "new b");
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 2);
+  fs::remove_all(dir);
 }
 
 }  // namespace
