@@ -161,6 +161,24 @@ TEST_F(MergeHostile, TheTwoShardsMergeAndTheMutantHasErrorMaps) {
   EXPECT_EQ(read(1)["cases"][mapped_case(read(1))]["name"], "scale-bug");
 }
 
+// Under --filter the indices are the expanded suite's (2 and 3 here), not
+// positions in the selection: shards of a filtered run still merge.
+TEST_F(MergeHostile, FilteredShardsMergeAsTheFilteredRun) {
+  for (int k = 1; k <= 2; ++k)
+    ASSERT_EQ(headgrad({"run", kSuite.string(), "--filter", "s*", "--shard", std::to_string(k) + "/2", "--json",
+                        (*dir_ / ("f" + std::to_string(k) + ".json")).string()})
+                  .code,
+              0);
+  const Outcome r = limited({"merge", (*dir_ / "f2.json").string(), (*dir_ / "f1.json").string(), "--json",
+                             (*dir_ / "out.json").string()});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = json::parse(slurp(*dir_ / "out.json"));
+  EXPECT_EQ(j["shard"]["cases"], json::array({2, 3}));
+  ASSERT_EQ(j["cases"].size(), 2u);
+  EXPECT_EQ(j["cases"][0]["name"], "scale-bug");
+  EXPECT_EQ(j["cases"][1]["name"], "small");
+}
+
 // Item 2: an error map without maps, or with fewer cells than rows x cols.
 TEST_F(MergeHostile, ErrorMapsWithoutMapsOrShortCellsAreRefusedBeforeAnyOutput) {
   const std::size_t c = mapped_case(read(1));
