@@ -265,11 +265,14 @@ CLI::Validator timeout_check() {
 // --json, --junit, --html (each when given); false (said) when one cannot be written.
 bool write_reports(const SuiteResult& result, const std::string& json, const std::string& junit,
                    const std::string& html) {
-  try {
+  try {  // every report rendered, then all written or none
+    std::vector<std::pair<fs::path, std::string>> files;
     if (!json.empty())
-      write_report(json, json_report(result).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
-    if (!junit.empty()) write_report(junit, junit_report(result));
-    if (!html.empty()) write_report(html, html_report(result));
+      files.emplace_back(json,
+                         json_report(result).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+    if (!junit.empty()) files.emplace_back(junit, junit_report(result));
+    if (!html.empty()) files.emplace_back(html, html_report(result));
+    write_reports_all_or_none(files);
   } catch (const std::exception& e) {
     error(e.what());
     return false;

@@ -49,7 +49,7 @@ void cut(TensorErrorMaps& out, const CaseSpec& spec, const std::string& name, co
     const std::int64_t B = shape[0], T = shape[1], D = shape[2], block = dims[2].block;
     const std::int64_t d = D / block > 1 ? block : 0;  // one head: no head lines
     out.batches = B;
-    out.axes = "rows: positions t; columns: heads &times; channels (d = " + std::to_string(block) + ")";
+    out.axes = "rows: positions t; columns: heads × channels (d = " + std::to_string(block) + ")";
     for (std::int64_t b = 0; b < std::min(B, kMaxMapBatch); ++b) {
       const std::vector<double> slice(diff.begin() + b * T * D, diff.begin() + (b + 1) * T * D);
       out.maps.push_back(downsample("b=" + std::to_string(b), T, D, slice, 0, d, true));
@@ -58,8 +58,8 @@ void cut(TensorErrorMaps& out, const CaseSpec& spec, const std::string& name, co
     const bool cols = role(1) == AxisRole::heads;  // dwo [D, H*d]; else dwq [H*d, D], dwk, dwv [Hkv*d, D]
     const std::int64_t R = shape[0], C = shape[1], block = dims[cols ? 1 : 0].block;
     const std::int64_t d = (cols ? C : R) / block > 1 ? block : 0;
-    out.axes = cols ? "rows: output features; columns: input features, head h owns columns [h&middot;d, (h+1)&middot;d)"
-                    : "rows: output features, head h owns rows [h&middot;d, (h+1)&middot;d); columns: input features";
+    out.axes = cols ? "rows: output features; columns: input features, head h owns columns [h·d, (h+1)·d)"
+                    : "rows: output features, head h owns rows [h·d, (h+1)·d); columns: input features";
     out.maps.push_back(downsample("", R, C, diff, cols ? 0 : d, cols ? d : 0, false));
   } else if (dims.size() == 4 && role(0) == AxisRole::batch && role(1) == AxisRole::head &&
              role(2) == AxisRole::position) {  // [B, H, T, c]
