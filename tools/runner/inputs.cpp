@@ -253,6 +253,7 @@ class ReferenceReader {
     } catch (const std::exception& e) {
       fail(std::string("reference file ") + e.what());
     }
+    if (integers) return t;  // token positions: not values of the reference's dtype
     if (stem == "mask") {
       if (t.dtype() != DType::boolean)
         fail(file("mask") + " must hold bools (True = attend), got " + std::string(dtype_name(t.dtype())));
