@@ -280,6 +280,20 @@ TEST_F(Inputs, MaskAndPositionsThatAreNoFiles) {
   EXPECT_EQ(r.code, 2) << r.out << r.err;
   EXPECT_TRUE(contains(r.err, "ref/mask.npy is not a regular file")) << r.err;
 
+  // a suite's own mask file: a folder there, or more elements than [B, H, Tq, Tk]
+  fs::create_directory(dir_ / "m.npy");
+  suite("cases:\n  - {name: m, level: core, compare: [per_head, batched], mask: m.npy, "
+        "shape: {B: 2, H: 1, Tq: 3, Tk: 4, d: 4}}\n", "m.yaml");
+  r = run({}, "m.yaml");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "m.npy is a folder, not a file; a mask is a regular .npy file of bools")) << r.err;
+  fs::remove(dir_ / "m.npy");
+  write_npy(dir_ / "m.npy", Tensor::full({1000, 4}, 1.0, DType::boolean));
+  r = run({}, "m.yaml");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "m.npy: shape (1000, 4) of '|b1' is 4000 bytes of data, more than "
+                              "the 24 it may hold here")) << r.err;
+
   copy_ref("rope_B2_T9_d16_half_float64", "rope");
   fs::remove(dir_ / "rope" / "positions.npy");
   fs::create_directory(dir_ / "rope" / "positions.npy");

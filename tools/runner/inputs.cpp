@@ -517,11 +517,18 @@ Tensor read_mask_file(const CaseSpec& c) {
   auto fail = [&](const std::string& problem) {
     throw ConfigError(c.where("mask"), "case '" + c.name + "': " + problem);
   };
-  std::error_code ec;
-  if (!fs::is_regular_file(c.mask_file, ec)) fail("mask file " + c.mask_file.string() + " does not exist");
+  if (!something_at(c.mask_file)) fail("mask file " + c.mask_file.string() + " does not exist");
+  if (const std::string problem = not_regular_file(c.mask_file); !problem.empty())
+    fail("mask file " + c.mask_file.string() + " " + problem + "; a mask is a regular .npy file of bools");
+  // A mask broadcasts to [B, H, Tq, Tk] without growing it: one byte per element at most.
+  const Dims& d = c.dims;
+  const double most = static_cast<double>(d.B) * static_cast<double>(d.H) * static_cast<double>(d.Tq) *
+                      static_cast<double>(d.Tk);
+  const std::uint64_t max_bytes =
+      most > 0 && most < static_cast<double>(max_file_bytes()) ? static_cast<std::uint64_t>(most) : max_file_bytes();
   Tensor mask;
   try {
-    mask = read_case_npy(c.mask_file);
+    mask = read_case_npy(c.mask_file, {.max_bytes = max_bytes});
   } catch (const std::exception& e) {
     fail(std::string("mask file ") + e.what());
   }
