@@ -198,8 +198,8 @@ std::string rope_position_problem(const RopeCase& r, Level level, const Dims& d)
     const Wide steps = tk - 1;  // gapped steps 1, 2, 3, 1, ...
     const Wide last = r.generator == "reversed" ? steps : 6 * (steps / 3) + (steps % 3 == 2 ? 3 : steps % 3);
     keys = queries = Wide(b - 1) * r.start + last;
-    how = "generator " + r.generator + " (row " + std::to_string(b - 1) + " begins at " +
-          std::to_string(b - 1) + " x start " + std::to_string(r.start) + ")";
+    how = "generator " + r.generator + "; row " + std::to_string(b - 1) + " begins at " + std::to_string(b - 1) +
+          " x start " + std::to_string(r.start);
   } else {
     if (tk <= 0 || tq <= 0) return "";
     keys = Wide(r.offset) + tk - 1;
