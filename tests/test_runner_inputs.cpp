@@ -23,11 +23,11 @@
 
 #include <headgrad/npy.hpp>
 
-#include "analysis/analyze.hpp"
 #include "headgrad_cli.hpp"
+#include "job/run_suite.hpp"
 #include "real_plugins.hpp"
-#include "runner/golden.hpp"
-#include "runner/inputs.hpp"
+#include "case/inputs.hpp"
+#include "judge/golden.hpp"
 
 namespace fs = std::filesystem;
 
@@ -165,7 +165,7 @@ TEST_F(GoldenWithoutPerHead, IsRefusedNamingWhatIsMissing) {
         << e.what();
   }
   // run without the check: the case is an error, not judged by batched's own float64 run
-  const SuiteResult r = headgrad::analysis::run_suite(s, *registry_, {});
+  const SuiteResult r = run_suite(s, *registry_, {});
   ASSERT_EQ(r.cases.size(), 1u);
   EXPECT_EQ(r.cases[0].status, CaseStatus::error) << r.cases[0].cause;
   EXPECT_TRUE(contains(r.cases[0].cause, "per_head is not loaded")) << r.cases[0].cause;
@@ -176,7 +176,7 @@ TEST_F(GoldenWithoutPerHead, IsRefusedNamingWhatIsMissing) {
   const Suite g = load_suite(dir_ / "g.yaml");
   cases = {&g.cases[0]};
   EXPECT_NO_THROW(check_goldens(cases, *registry_));
-  const SuiteResult rg = headgrad::analysis::run_suite(g, *registry_, {});
+  const SuiteResult rg = run_suite(g, *registry_, {});
   EXPECT_EQ(rg.cases[0].status, CaseStatus::pass) << rg.cases[0].cause;
   // without golden/, the reference alone is no golden either
   fs::remove_all(dir_ / "ref" / "golden");

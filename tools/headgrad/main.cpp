@@ -35,14 +35,16 @@
 #include <nlohmann/json.hpp>
 
 #include "analysis/analyze.hpp"
+#include "job/run_suite.hpp"
+#include "job/workers.hpp"
 #include "bench.hpp"
-#include "runner/budget.hpp"
-#include "runner/golden.hpp"
-#include "runner/report.hpp"
-#include "runner/inputs.hpp"
-#include "runner/reads.hpp"
-#include "runner/run.hpp"
-#include "runner/suite.hpp"
+#include "case/budget.hpp"
+#include "case/inputs.hpp"
+#include "case/reads.hpp"
+#include "case/suite.hpp"
+#include "judge/golden.hpp"
+#include "judge/run_case.hpp"
+#include "report/report.hpp"
 #include "template/template.hpp"
 
 #ifndef HEADGRAD_VERSION
@@ -52,7 +54,7 @@
 namespace fs = std::filesystem;
 using namespace headgrad;
 using namespace headgrad::runner;
-using headgrad::analysis::run_suite;
+using headgrad::runner::run_suite;
 
 namespace {
 

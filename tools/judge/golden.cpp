@@ -1,0 +1,97 @@
+#include "judge/golden.hpp"
+
+namespace headgrad::runner {
+
+std::string oracle_name(const CaseSpec&, const PluginRegistry&) { return "per_head"; }
+
+std::string missing_golden(const CaseSpec& c, const PluginRegistry& registry) {
+  if (!c.relative_rule() || (c.files && !c.files->golden.empty()) || registry.find("per_head")) return "";
+  return "case '" + c.name + "' (" + std::string(dtype_name(c.dtype)) +
+         ", judged relative_to_baseline) has no golden: the oracle per_head is not loaded" +
+         (c.is_reference() ? " and the reference " + c.reference_text + " has no golden/ folder" : "") +
+         "; a compared plugin's own float64 run would make the side under test its own judge. Put per_head on "
+         "the plugin path (--plugin-path), " +
+         (c.is_reference() ? "give the reference a golden/ folder, " : "") + "or say tolerance: {rule: allclose}";
+}
+
+void check_goldens(const std::vector<const CaseSpec*>& cases, const PluginRegistry& registry) {
+  for (const CaseSpec* c : cases)
+    if (const std::string problem = missing_golden(*c, registry); !problem.empty())
+      throw ConfigError(c->source, problem);
+}
+
+CaseInputs inputs_in_dtype(const CaseInputs& in, DType dtype) {
+  auto as = [&](const Tensor& t) { return t.defined() ? t.contiguous().to(dtype) : t; };
+  CaseInputs out;
+  out.level = in.level;
+  out.x = as(in.x);
+  out.wq = as(in.wq);
+  out.wk = as(in.wk);
+  out.wv = as(in.wv);
+  out.wo = as(in.wo);
+  out.q = as(in.q);
+  out.k = as(in.k);
+  out.v = as(in.v);
+  out.r = as(in.r);
+  out.mask = in.mask;            // bool
+  out.positions = in.positions;  // token positions, not values of the case's dtype
+  return out;
+}
+
+GoldenRun run_golden(const CaseSpec& c, const CaseInputs& in, const PluginRegistry& registry,
+                     const ExecOptions& exec) {
+  GoldenRun g;
+  g.oracle = oracle_name(c, registry);
+  const LoadedPlugin* oracle = registry.find(g.oracle);
+  const bool own_golden = c.files && !c.files->golden.empty();
+  if (!oracle && !own_golden) {
+    g.cause = missing_golden(c, registry);
+    g.plugin_error = true;
+    return g;
+  }
+  // The oracle's own math on contiguous inputs: the layout is the tested sides' business.
+  CaseSpec at = c;
+  at.layout = InputLayout::contiguous;
+  at.files.reset();
+  auto run = [&](DType dtype, TensorSet& into, const std::string& role) {
+    at.dtype = dtype;
+    SideResult s = run_side(at, inputs_in_dtype(in, dtype), *oracle, exec);
+    if (s.status != SideStatus::ok) {
+      g.cause += (g.cause.empty() ? "" : "; ") + role + ": " + s.cause;
+      g.plugin_error = g.plugin_error || is_plugin_error(s.status);
+    } else {
+      into = std::move(s.tensors);
+    }
+    s.tensors.clear();
+    g.runs.push_back(std::move(s));
+  };
+  const std::string dtype(dtype_name(c.dtype));
+  if (own_golden) {
+    // The reference's own math in both precisions: its float64 golden/ and its
+    // tensors in the dtype (an oracle baseline would measure the oracle against
+    // the reference, and pass anything when the reference is wrong).
+    g.golden = c.files->golden;
+    g.baseline = c.files->expected;
+    g.golden_label = c.reference_text + "/golden";
+    g.baseline_label = c.reference_text + " (its " + dtype + " tensors)";
+    return g;
+  }
+  g.golden_label = g.oracle + " in float64";
+  g.baseline_label = g.oracle + " in " + dtype;
+  run(DType::float64, g.golden, "the golden (" + g.golden_label + ")");
+  run(c.dtype, g.baseline, "the baseline (" + g.baseline_label + ")");
+  return g;
+}
+
+void judge_sides(std::vector<TensorComparison>& cmps, const CaseSpec& c, const GoldenRun& g, const TensorSet& lhs,
+                 const TensorSet& rhs, const std::string& lhs_label, const std::string& rhs_label) {
+  for (auto& cmp : cmps) {
+    const Tensor* golden = find_tensor(g.golden, cmp.name);
+    const Tensor* baseline = find_tensor(g.baseline, cmp.name);
+    judge_by_baseline(cmp, {{lhs_label, find_tensor(lhs, cmp.name)}, {rhs_label, find_tensor(rhs, cmp.name)}},
+                      golden ? *golden : Tensor(), baseline ? *baseline : Tensor(), c.baseline_k.k_for(cmp.name),
+                      c.dtype, c.level);
+  }
+}
+
+}  // namespace headgrad::runner
