@@ -316,6 +316,13 @@ TEST_F(Inputs, CaseDtypeThatDisagreesWithTheFilesIsRefused) {
         "b.yaml");
   r = headgrad({"run", "b.yaml"}, dir_);  // not -q: the warning shows
   EXPECT_EQ(r.code, 0) << r.out << r.err;
+  // k on a reference whose files turn out float64: judged by allclose, so k does not apply
+  suite("cases:\n  - {name: k, compare: [per_head], reference: ref, shape: {H: 2}, causal: true, "
+        "tolerance: {k: {out: 4}}}\n", "k.yaml");
+  r = run({}, "k.yaml");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "k.yaml:2:93: case 'k': 'tolerance: k' is the factor of relative_to_baseline, and this "
+                              "reference's files are float64")) << r.err;
   // and so does a dtype from the defaults (one default for many cases)
   suite("defaults: {dtype: float32}\ncases:\n  - {name: d, compare: [per_head], reference: ref, shape: {H: 2}, "
         "causal: true}\n", "d.yaml");

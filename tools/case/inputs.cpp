@@ -585,6 +585,10 @@ void load_case_files(CaseSpec& c) {
     if (c.dtype == DType::bfloat16) as_bfloat16(c, ref);
     c.dims = ref.dims;
     c.dtype = ref.dtype;
+    if (c.baseline_k_at.line > 0 && !c.relative_rule())
+      throw ConfigError(c.baseline_k_at, "case '" + c.name + "': 'tolerance: k' is the factor of relative_to_baseline, "
+                                         "and this reference's files are " + std::string(dtype_name(c.dtype)) +
+                                         ", judged by allclose; set atol/rtol instead, or drop 'k'");
     files->positions = ref.positions;
     if (c.rope && c.rope->rotary_dim > c.dims.head_dim())
       throw ConfigError(c.rope->rotary_dim_at, "case '" + c.name + "': 'rotary_dim' " +

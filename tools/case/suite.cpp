@@ -342,7 +342,7 @@ class Parser {
   void read_tolerance_rule(const YAML::Node& key, const YAML::Node& value, CaseSpec& c) const;
   // The case's own `tolerance:` keys against what applies to it: its level's
   // tensors (and taps), and `k` only where relative_to_baseline can judge.
-  void check_tolerance_keys(const YAML::Node& map, const CaseSpec& c) const;
+  void check_tolerance_keys(const YAML::Node& map, CaseSpec& c) const;
   RopeCase read_rope(const YAML::Node& map, Level level) const;
   void read_rope_positions(const YAML::Node& v, RopeCase& r) const;
   void check_rope(const CaseSpec& c) const;
@@ -549,7 +549,7 @@ void Parser::read_tolerance_rule(const YAML::Node& key, const YAML::Node& value,
   }
 }
 
-void Parser::check_tolerance_keys(const YAML::Node& map, const CaseSpec& c) const {
+void Parser::check_tolerance_keys(const YAML::Node& map, CaseSpec& c) const {
   const auto& level_tensors = tensor_names(c.level);
   auto applies = [&](const std::string& t) {
     return std::find(level_tensors.begin(), level_tensors.end(), t) != level_tensors.end() ||
@@ -567,6 +567,7 @@ void Parser::check_tolerance_keys(const YAML::Node& map, const CaseSpec& c) cons
     }
     const bool allclose = c.tolerance_rule == ToleranceRule::allclose ||
                           (c.tolerance_rule == ToleranceRule::automatic && !c.is_reference() && c.dtype == DType::float64);
+    c.baseline_k_at = loc(it->first);
     if (allclose)
       fail(it->first, "'tolerance: k' is the factor of relative_to_baseline, and this case is judged by allclose (" +
                           std::string(c.tolerance_rule == ToleranceRule::allclose ? "atol/rtol or rule: allclose on the case"

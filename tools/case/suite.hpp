@@ -156,6 +156,7 @@ struct CaseSpec {
   std::map<std::string, Tolerance> tensor_tolerance;  // per tensor overrides
   ToleranceRule tolerance_rule = ToleranceRule::automatic;  // `tolerance: {rule: ...}` or atol/rtol on the case
   BaselineFactors baseline_k;                               // `tolerance: {k: {out: 2, grads: 3, dwq: 4}}`
+  SourceLoc baseline_k_at;  // where the case itself wrote `k` (line 0: it did not); checked once a reference's dtype is known
   std::vector<std::string> check;      // tensors compared, in tensor_names() order
   bool check_strict = false;           // set on the case itself: a reference dir must hold each
   bool expect_fail = false;
