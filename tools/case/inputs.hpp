@@ -19,8 +19,12 @@
 //               mask (bool, broadcastable to [B, H, Tq, Tk], True = attend),
 //               optional r [B, H, Tq, dv]; expected any of out, dq, dk, dv
 // Shapes and dtype come from the files; the case gives H (mha level) and causal.
-// An input with a zero-size dim, NaN or Inf, or a mask that is not bool, is a
-// ConfigError naming the file (exit code 2).
+// An input with a zero-size dim, NaN or Inf, an expected tensor that is not
+// finite, a mask that is not bool, a name that is a folder, fifo or dangling
+// symlink, or a golden/ that disagrees with the expected tensors beyond the
+// dtype's rounding, is a ConfigError naming the file (exit code 2). Only what
+// the case uses is read, each shape checked from its header first (an .npz
+// member is inflated only then).
 //
 // Shape legend: B batch, T sequence, D model width, H heads, d = D / H;
 // Tq/Tk query/key lengths, dv value width.

@@ -182,6 +182,42 @@ std::vector<std::int64_t> rope_positions(const RopeCase& r, std::int64_t b, std:
   return v;
 }
 
+std::string rope_position_problem(const RopeCase& r, Level level, const Dims& d) {
+  const bool core = level == Level::core;
+  const std::int64_t b = d.B, tk = core ? d.Tk : d.T, tq = core ? d.Tq : d.T;
+  using Wide = __int128;  // offsets and starts up to 2^53 times B: no overflow here
+  Wide keys = -1, queries = -1;
+  std::string how;
+  if (!r.rows.empty()) {
+    for (const auto& row : r.rows)
+      for (std::int64_t p : row) keys = std::max<Wide>(keys, p);
+    queries = keys;
+    how = "the 'positions' list";
+  } else if (!r.generator.empty()) {
+    if (b <= 0 || tk <= 0) return "";
+    const Wide steps = tk - 1;  // gapped steps 1, 2, 3, 1, ...
+    const Wide last = r.generator == "reversed" ? steps : 6 * (steps / 3) + (steps % 3 == 2 ? 3 : steps % 3);
+    keys = queries = Wide(b - 1) * r.start + last;
+    how = "generator " + r.generator + "; row " + std::to_string(b - 1) + " begins at " + std::to_string(b - 1) +
+          " x start " + std::to_string(r.start);
+  } else {
+    if (tk <= 0 || tq <= 0) return "";
+    keys = Wide(r.offset) + tk - 1;
+    queries = Wide(r.offset) + tq - 1;
+    how = "offset " + std::to_string(r.offset) + " + t";
+  }
+  queries += r.q_offset;
+  const Wide most = std::max(keys, queries);
+  if (most <= kMaxRopePosition) return "";
+  auto text = [](Wide v) {
+    std::string digits;
+    for (; v > 0; v /= 10) digits.insert(digits.begin(), static_cast<char>('0' + static_cast<int>(v % 10)));
+    return digits.empty() ? std::string("0") : digits;
+  };
+  return "positions reach " + text(most) + " (" + how + (r.q_offset ? ", queries + q_offset " + std::to_string(r.q_offset) : "") +
+         "), past 2^53 = " + std::to_string(kMaxRopePosition) + ", the largest position float64 holds exactly";
+}
+
 std::string describe_case(const CaseSpec& c) {
   std::string s = c.level == Level::mha ? "MHA(" : c.level == Level::core ? "CORE(" : "ROPE(";
   bool first = true;
@@ -305,6 +341,9 @@ class Parser {
   void read_tolerance_map(const YAML::Node& map, CaseSpec& c) const;
   // `rule:` and `k:` of a `tolerance:` map (the other keys are tensors' atol/rtol).
   void read_tolerance_rule(const YAML::Node& key, const YAML::Node& value, CaseSpec& c) const;
+  // The case's own `tolerance:` keys against what applies to it: its level's
+  // tensors (and taps), and `k` only where relative_to_baseline can judge.
+  void check_tolerance_keys(const YAML::Node& map, CaseSpec& c) const;
   RopeCase read_rope(const YAML::Node& map, Level level) const;
   void read_rope_positions(const YAML::Node& v, RopeCase& r) const;
   void check_rope(const CaseSpec& c) const;
@@ -511,6 +550,39 @@ void Parser::read_tolerance_rule(const YAML::Node& key, const YAML::Node& value,
   }
 }
 
+void Parser::check_tolerance_keys(const YAML::Node& map, CaseSpec& c) const {
+  const auto& level_tensors = tensor_names(c.level);
+  auto applies = [&](const std::string& t) {
+    return std::find(level_tensors.begin(), level_tensors.end(), t) != level_tensors.end() ||
+           std::find(c.taps.begin(), c.taps.end(), t) != c.taps.end();
+  };
+  const std::string tensors = join(level_tensors) + (c.taps.empty() ? "" : ", " + join(c.taps));
+  for (auto it = map.begin(); it != map.end(); ++it) {
+    const std::string key = it->first.Scalar();
+    if (key == "rule") continue;
+    if (key != "k") {
+      if (!applies(key))
+        fail(it->first, "'tolerance: " + key + "' is not a tensor of this " + std::string(level_name(c.level)) +
+                            "-level case (" + tensors + ")");
+      continue;
+    }
+    const bool allclose = c.tolerance_rule == ToleranceRule::allclose ||
+                          (c.tolerance_rule == ToleranceRule::automatic && !c.is_reference() && c.dtype == DType::float64);
+    c.baseline_k_at = loc(it->first);
+    if (allclose)
+      fail(it->first, "'tolerance: k' is the factor of relative_to_baseline, and this case is judged by allclose (" +
+                          std::string(c.tolerance_rule == ToleranceRule::allclose ? "atol/rtol or rule: allclose on the case"
+                                                                                  : "float64 is the checking precision") +
+                          "); set atol/rtol instead, or drop 'k'");
+    for (auto kt = it->second.begin(); kt != it->second.end(); ++kt) {
+      const std::string t = kt->first.Scalar();
+      if (t != "out" && t != "grads" && !applies(t))
+        fail(kt->first, "'tolerance: k: " + t + "' is not a tensor of this " + std::string(level_name(c.level)) +
+                            "-level case (out, grads, " + tensors + ")");
+    }
+  }
+}
+
 RopeCase Parser::read_rope(const YAML::Node& map, Level level) const {
   RopeCase r;
   r.positions_at = r.rotary_dim_at = loc(map);
@@ -532,7 +604,10 @@ RopeCase Parser::read_rope(const YAML::Node& map, Level level) const {
         fail(k, "'q_offset' is a core-level key (queries at q_offset + t, keys at t); at mha level "
                 "queries and keys are the same tokens");
       r.q_offset = int_value(v, "q_offset");
-      if (r.q_offset < 0) fail(v, "'q_offset' must be >= 0, got " + std::to_string(r.q_offset));
+      r.q_offset_at = loc(v);
+      if (r.q_offset < 0 || r.q_offset > kMaxRopePosition)
+        fail(v, "'q_offset' must be in [0, 2^53] (positions are exact in float64 up to 2^53), got " +
+                    std::to_string(r.q_offset));
     } else {
       r.positions_at = loc(v);
       read_rope_positions(v, r);
@@ -599,6 +674,12 @@ void Parser::check_rope(const CaseSpec& c) const {
   if (r.rotary_dim > 0 && d > 0 && r.rotary_dim > d)
     fail(r.rotary_dim_at, "'rotary_dim' " + std::to_string(r.rotary_dim) + " is wider than the head width d=" +
                               std::to_string(d) + " (r <= d: the first r dims rotate)");
+  if (r.rotary_dim == 0 && d > 0 && d % 2 != 0)
+    fail(r.rotary_dim_at, "the head width d=" + std::to_string(d) +
+                              " is odd and the 'rope' block gives no rotary_dim: RoPE rotates dims in pairs; "
+                              "give an even 'rotary_dim' <= d (the first r dims rotate, the rest pass through)");
+  if (const std::string problem = rope_position_problem(r, c.level, c.dims); !problem.empty())
+    fail(r.q_offset && problem.find("q_offset") != std::string::npos ? r.q_offset_at : r.positions_at, problem);
   if (r.rows.empty() && r.generator.empty()) return;
   const bool mha = c.level != Level::core;  // mha and rope: T tokens
   if (!mha && c.dims.Tq > 0 && c.dims.Tk > 0 && c.dims.Tq != c.dims.Tk)
@@ -869,8 +950,10 @@ std::vector<CaseSpec> Parser::parse_case(const YAML::Node& node, std::size_t ind
     const std::string l = choice(val("level"), "level", {"mha", "core", "rope"});
     c.level = l == "mha" ? Level::mha : l == "core" ? Level::core : Level::rope;
   }
-  if (has("dtype"))
+  if (has("dtype")) {
     c.dtype = dtype_from_name(choice(val("dtype"), "dtype", {"float64", "float32", "bfloat16", "float16"}));
+    c.dtype_on_case = keys["dtype"].from_case;
+  }
   if (c.dtype == DType::float32) c.tolerance = {1e-5, 1e-4};  // float32 defaults, unless set below
   if (is_16bit(c.dtype)) c.tolerance = tolerance_16bit(c.dtype);
 
@@ -958,9 +1041,14 @@ std::vector<CaseSpec> Parser::parse_case(const YAML::Node& node, std::size_t ind
         c.expect_diagnosis_at = loc(v);
       }
     }
+    if (!c.expect_diagnosis.empty() && !c.expect_fail)
+      fail(val("expect"), "'expect: diagnosis' names the bug a failing case is caught by; it needs 'fail: true' "
+                          "(a case expected to pass has no diagnosis)");
   }
 
   read_check_and_taps(keys, c);
+
+  if (has("tolerance") && keys["tolerance"].from_case) check_tolerance_keys(val("tolerance"), c);
 
   std::vector<DimValues> shape, sweep;
   for (const char* key : {"shape", "sweep"}) {

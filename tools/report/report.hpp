@@ -142,13 +142,4 @@ void write_reports_all_or_none(const std::vector<std::pair<std::filesystem::path
 void write_file_atomically(const std::filesystem::path& file,
                            const std::function<void(const std::filesystem::path&)>& write);
 
-// Up front, before any case runs: std::invalid_argument (exit 2) for an
-// output whose folder does not exist, that is a folder, that is one of the
-// `inputs`, or that another output also writes. Each pair is {option or role, path}.
-void check_outputs(const std::vector<std::pair<std::string, std::filesystem::path>>& outputs,
-                   const std::vector<std::pair<std::string, std::filesystem::path>>& inputs);
-// The files a run reads: the suite, the cases' mask files and reference files.
-std::vector<std::pair<std::string, std::filesystem::path>> input_files(const Suite& suite,
-                                                                       const std::vector<const CaseSpec*>& cases);
-
 }  // namespace headgrad::runner

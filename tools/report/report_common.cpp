@@ -325,49 +325,4 @@ void write_report(const fs::path& file, const std::string& text) {
   write_file_atomically(file, [&](const fs::path& tmp) { write_text(tmp, file, text); });
 }
 
-namespace {
-
-// Both name the same file (one may not exist yet).
-bool same_file(const fs::path& a, const fs::path& b) {
-  std::error_code ec;
-  if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec);
-  return fs::weakly_canonical(fs::absolute(a, ec), ec) == fs::weakly_canonical(fs::absolute(b, ec), ec);
-}
-
-}  // namespace
-
-void check_outputs(const std::vector<std::pair<std::string, fs::path>>& outputs,
-                   const std::vector<std::pair<std::string, fs::path>>& inputs) {
-  for (std::size_t i = 0; i < outputs.size(); ++i) {
-    const auto& [option, file] = outputs[i];
-    const std::string what = option + " " + file.string();
-    const fs::path folder = file.parent_path().empty() ? fs::path(".") : file.parent_path();
-    std::error_code ec;
-    if (!fs::is_directory(folder, ec))
-      throw std::invalid_argument(what + ": the folder " + folder.string() + " does not exist");
-    if (fs::is_directory(file, ec)) throw std::invalid_argument(what + ": is a folder, not a file");
-    for (const auto& [role, input] : inputs)
-      if (same_file(file, input))
-        throw std::invalid_argument(what + ": is " + role + " " + input.string() +
-                                    ", an input of this run; it would be overwritten");
-    for (std::size_t j = 0; j < i; ++j)
-      if (same_file(file, outputs[j].second))
-        throw std::invalid_argument(what + ": " + outputs[j].first + " writes the same file");
-  }
-}
-
-std::vector<std::pair<std::string, fs::path>> input_files(const Suite& suite,
-                                                          const std::vector<const CaseSpec*>& cases) {
-  std::vector<std::pair<std::string, fs::path>> out = {{"the suite", suite.file}};
-  for (const CaseSpec* c : cases) {
-    if (!c->mask_file.empty()) out.emplace_back("the mask file of case '" + c->name + "'", c->mask_file);
-    if (!c->is_reference()) continue;
-    std::error_code ec;
-    for (const auto& entry : fs::directory_iterator(c->reference, ec))
-      if (entry.is_regular_file(ec))
-        out.emplace_back("a reference file of case '" + c->name + "'", entry.path());
-  }
-  return out;
-}
-
 }  // namespace headgrad::runner
