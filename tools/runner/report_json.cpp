@@ -75,6 +75,16 @@ json fit_json(const HypothesisFit& f) {
           {"explanation", f.explanation}, {"fix", f.fix}};
 }
 
+// diagnosis.findings: what the evidence shows outside the catalog (runner::Finding).
+json findings_json(const std::vector<Finding>& findings) {
+  json out = json::array();
+  for (const auto& f : findings)
+    out.push_back({{"kind", f.kind},       {"relation", f.relation}, {"side", f.side},
+                   {"tensors", f.tensors}, {"figure", f.figure},     {"confirmed_at", f.confirmed_at},
+                   {"sentence", f.sentence}});
+  return out;
+}
+
 json diagnosis_json(const Diagnosis& d) {
   json fits = json::array(), near = json::array();
   for (const auto& f : d.fits) fits.push_back(fit_json(f));
@@ -86,6 +96,8 @@ json diagnosis_json(const Diagnosis& d) {
           {"correct_side", d.correct_side.empty() ? json(nullptr) : json(d.correct_side)},
           {"ruled_out", d.ruled_out},
           {"evidence", d.evidence},
+          {"findings", findings_json(d.findings)},
+          {"reference_side", d.reference_side.empty() ? json(nullptr) : json(d.reference_side)},
           {"sentence", d.sentence}};
 }
 

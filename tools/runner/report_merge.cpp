@@ -82,6 +82,13 @@ Diagnosis diagnosis_of(const json& d) {
   out.correct_side = text_or_empty(d, "correct_side");
   out.ruled_out = value_of<std::vector<std::string>>(d, "ruled_out");
   if (d.contains("evidence")) out.evidence = value_of<std::vector<std::string>>(d, "evidence");
+  if (d.contains("findings"))  // absent from older reports
+    for (const auto& f : d.at("findings"))
+      out.findings.push_back({value_of<std::string>(f, "kind"), value_of<std::string>(f, "relation"),
+                              value_of<std::string>(f, "side"), value_of<std::vector<std::string>>(f, "tensors"),
+                              value_of<std::string>(f, "figure"), value_of<std::vector<std::string>>(f, "confirmed_at"),
+                              value_of<std::string>(f, "sentence")});
+  out.reference_side = text_or_empty(d, "reference_side");
   out.sentence = value_of<std::string>(d, "sentence");
   return out;
 }
