@@ -187,11 +187,12 @@ TEST_F(Findings, CatalogBugsKeepTheirNameAndNoFindings) {
   EXPECT_TRUE(r.diagnosis->findings.empty());
 }
 
-// The JSON report holds diagnosis.findings with their evidence; the terminal the sentence.
+// The JSON report holds diagnosis.findings with their evidence; the terminal (-v expands an
+// expected failure) the sentence.
 TEST_F(Findings, JsonAndTerminalCarryTheFindings) {
   const fs::path json_file = fs::temp_directory_path() / ("findings_" + std::to_string(::getpid()) + ".json");
   const test::Outcome o = test::headgrad({"run", kSuite.string(), "--plugin-path", UNCATALOGUED_PLUGIN_DIR, "--filter",
-                                          "dk_accumulated_twice", "--json", json_file.string()});
+                                          "dk_accumulated_twice", "-v", "--json", json_file.string()});
   ASSERT_EQ(o.code, 0) << o.out << o.err;
   EXPECT_TRUE(has(o.out, "dK, the gradient that reaches K (dwk and dx follow) is 2 times the correct one")) << o.out;
   const auto j = nlohmann::json::parse(test::slurp(json_file));
