@@ -89,10 +89,10 @@ class Findings : public ::testing::Test {
   static inline SuiteResult* result_ = nullptr;
 };
 
-// The suite: 11 single bugs outside the catalog, 3 pairs, a missing gradient,
+// The suite: 12 single bugs outside the catalog (one at two levels), 3 pairs, a missing gradient,
 // and a correct plugin; every expectation (diagnosis none, pass) holds.
 TEST_F(Findings, SuiteRunsAsExpected) {
-  EXPECT_EQ(result_->cases.size(), 16u);
+  EXPECT_EQ(result_->cases.size(), 18u);
   EXPECT_EQ(result_->exit_code(), 0);
   for (const auto& c : result_->cases) EXPECT_TRUE(c.status == CaseStatus::xfail || c.status == CaseStatus::pass) << c.spec.name << ": " << c.cause;
 }
@@ -133,7 +133,8 @@ TEST_F(Findings, InputTransformsReproduceTheSide) {
 }
 
 // Measured facts: the last head alone wrong (its rows of Wq, Wk, Wv and
-// columns of Wo, d = 4: [8, 12)); every output row times its denominator.
+// columns of Wo, d = 4: [8, 12)); every output row times its denominator;
+// a factor per head.
 TEST_F(Findings, OneHeadAndMissingNormalization) {
   expect_relation("last_head_unscaled", "one_head", "head 2");
   const auto f = of_kind(case_named("last_head_unscaled"), "relation").at(0);
@@ -141,6 +142,9 @@ TEST_F(Findings, OneHeadAndMissingNormalization) {
   EXPECT_TRUE(has(f.sentence, "rows [8, 12) of Wq, Wk, Wv and columns [8, 12) of Wo")) << f.sentence;
   expect_relation("softmax_unnormalized", "row_normalization",
                   "out row i = sum_j exp(s_ij - max s_i) x correct row i");
+  // head h's output times h + 1, at both levels
+  expect_relation("head_gates_arange", "per_head_factor", "[1, 2, 3]");
+  expect_relation("head_gates_arange_core", "per_head_factor", "[1, 2, 3]");
 }
 
 // Two bugs at once, each reported as the pair.
@@ -175,7 +179,7 @@ TEST_F(Findings, CorrectPluginGetsNoFinding) {
       for (const auto& f : c.diagnosis->findings) EXPECT_NE(f.side, "per_head") << c.spec.name << ": " << f.sentence;
 }
 
-// At least 8 of the 11 single bugs get a relation; none is named wrongly
+// Each of the 12 single bugs gets a relation; none is named wrongly
 // (each expectation above is exact); a catalog bug gets fits, not findings.
 TEST_F(Findings, CatalogBugsKeepTheirNameAndNoFindings) {
   const Suite s = parse_suite("suite: t\ncases:\n  - name: c\n    compare: [mutant_merge_without_transpose, per_head]\n"

@@ -440,7 +440,8 @@ std::optional<double> estimate_factor(const CaseSpec& c, const CaseInputs& in, c
 // "sqrt(d) = 2", "2" (an expression that is its own figure is not repeated)
 std::string factor_figure(double f, const std::vector<std::string>& exprs) {
   if (exprs.empty()) return fmt(f);
-  if (exprs.size() == 1 && exprs[0] == fmt(f)) return exprs[0];
+  // a numeral among them already says the figure
+  if (std::find(exprs.begin(), exprs.end(), fmt(f)) != exprs.end()) return join(exprs, " = ");
   return join(exprs, " = ") + " = " + fmt(f);
 }
 
@@ -590,6 +591,47 @@ bool rows_unnormalized(const CaseSpec& c, const CaseInputs& in, const TensorSet&
     }
   }
   return any_scaled;
+}
+
+// Per-head factors c_h on the heads' outputs, when they are not all equal
+// and the re-run with them reproduces the side exactly; else nullopt.
+std::optional<std::vector<double>> per_head_factors(const CaseSpec& c, const CaseInputs& in, const TensorSet& side,
+                                                    const TensorSet& correct) {
+  if (c.rope || c.dims.H < 2 || c.level == Level::rope) return std::nullopt;
+  const std::string on = c.level == Level::core ? "out" : "dwo";
+  const Tensor* a = find_tensor(side, on);
+  const Tensor* e = find_tensor(correct, on);
+  if (!a || !e || !a->defined() || !e->defined() || a->shape() != e->shape()) return std::nullopt;
+  const std::int64_t dim = c.level == Level::core ? a->dim() - 3 : 1, n = c.dims.H, block = a->size(dim) / n;
+  if (c.level == Level::core && c.dims.kv_heads() != n) return std::nullopt;
+  std::vector<double> f;
+  for (std::int64_t h = 0; h < n; ++h) {
+    const auto x = lsq_factor(a->narrow(dim, h * block, block).contiguous().to_vector(),
+                              e->narrow(dim, h * block, block).contiguous().to_vector());
+    if (!x) return std::nullopt;
+    f.push_back(*x);
+  }
+  if (std::all_of(f.begin(), f.end(), [&](double x) { return std::abs(x - f[0]) <= 1e-9 * std::max(1.0, std::abs(x)); }))
+    return std::nullopt;  // one factor for all: a plain factor, not per head
+  auto scaled = [&](const Tensor& t, std::int64_t d, std::int64_t b) {
+    std::vector<Variable> parts;
+    for (std::int64_t h = 0; h < n; ++h) parts.push_back(scale(Variable(t.narrow(d, h * b, b)), f[static_cast<std::size_t>(h)]));
+    return cat(parts, d).data();
+  };
+  TensorSet predicted;
+  if (c.level == Level::core) {
+    predicted = hypothesis_tensors(c, in, {});
+    for (auto& [name, t] : predicted)
+      if (t.defined()) t = scaled(t, t.dim() - 3, 1);
+  } else {
+    CaseInputs changed = in;
+    const std::int64_t d = in.wo.size(1) / n;
+    changed.wo = scaled(in.wo, 1, d);
+    predicted = hypothesis_tensors(c, changed, {});
+    if (Tensor* g = find_mut(predicted, "dwo"); g && g->defined()) *g = scaled(*g, 1, d);
+  }
+  if (fit_ratio(side, predicted, c).first > 1.0) return std::nullopt;
+  return f;
 }
 
 // ---------------------------------------------------------------- confirmation
@@ -810,6 +852,20 @@ void diagnose_side(Diagnosis& dx, const CaseSpec& c, const CaseInputs& in, const
     return;  // the first pair that holds; the search is ordered by the catalog
   }
 
+  // A factor per head on the heads' outputs (mha: the correct attention with
+  // Wo's column block h times c_h, dwo's block h times c_h; core: out, dq, dk,
+  // dv of head h times c_h), the factors read from dwo (core: out) per head.
+  if (const auto per_head = per_head_factors(c, in, ts, correct)) {
+    std::vector<std::string> figures;
+    for (double f : *per_head) figures.push_back(fmt(f));
+    Finding fd{"relation", "per_head_factor", "", {c.level == Level::core ? "out" : "dwo"}, "[" + join(figures, ", ") + "]", {}, ""};
+    fd.sentence = who + " scales the output of each head by its own factor, heads 0.." + std::to_string(per_head->size() - 1) +
+                  ": " + fd.figure + " (the correct attention re-run with those factors reproduces every checked tensor "
+                  "at the failing shape).";
+    add(fd);
+    return;
+  }
+
   // Measured facts: one head wrong, rows unnormalized, an exact factor on one tensor.
   std::vector<std::string> used;
   const std::int64_t head = single_wrong_head(c, ts, correct, present_differ, used);
@@ -866,7 +922,7 @@ void diagnose_side(Diagnosis& dx, const CaseSpec& c, const CaseInputs& in, const
     std::vector<std::string> exprs;
     for (const auto& [n, v] : shape_expressions(c))
       if (std::abs(v - *f) <= 1e-6 * std::max(1.0, std::abs(v))) exprs.push_back(n);
-    Finding fd{"relation", "tensor_factor", "", {name}, (exprs.empty() ? "" : join(exprs, " = ") + " = ") + fmt(*f), {}, ""};
+    Finding fd{"relation", "tensor_factor", "", {name}, factor_figure(*f, exprs), {}, ""};
     fd.sentence = who + ": " + name + " is exactly " + fd.figure + " times the correct one (the other differing tensors are not a multiple).";
     add(fd);
   }
