@@ -18,8 +18,9 @@
 #include "analysis/analyze.hpp"
 #include "analysis/hypotheses.hpp"
 #include "headgrad_cli.hpp"
-#include "runner/report.hpp"
-#include "runner/run.hpp"
+#include "job/run_suite.hpp"
+#include "report/report.hpp"
+#include "judge/run_case.hpp"
 
 using namespace headgrad;
 using namespace headgrad::runner;

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "runner/execute.hpp"
+#include "exec/execute.hpp"
 
 namespace headgrad::analysis {
 

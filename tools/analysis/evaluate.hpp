@@ -6,8 +6,8 @@
 #include <utility>
 
 #include "analysis/hypotheses.hpp"
-#include "runner/inputs.hpp"
-#include "runner/suite.hpp"
+#include "case/inputs.hpp"
+#include "case/suite.hpp"
 
 namespace headgrad::analysis {
 

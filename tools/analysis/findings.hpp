@@ -25,9 +25,9 @@
 #include <string>
 #include <vector>
 
-#include "runner/findings.hpp"
-#include "runner/inputs.hpp"
-#include "runner/run.hpp"
+#include "case/findings.hpp"
+#include "case/inputs.hpp"
+#include "judge/run_case.hpp"
 
 namespace headgrad::analysis {
 
