@@ -565,7 +565,9 @@ bool rows_unnormalized(const CaseSpec& c, const CaseInputs& in, const TensorSet&
   const AttentionSpec spec = attention_spec(c, in);
   const std::int64_t tq = in.q.size(-2), tk = in.k.size(-2), d = in.q.size(-1);
   const std::int64_t group = in.q.size(-3) / in.k.size(-3);
-  const Tensor kx = expand_kv_heads(Variable(in.k), group).data();
+  std::vector<Variable> widened;  // query head h reads kv head h / G
+  for (std::int64_t h = 0; h < in.q.size(-3); ++h) widened.push_back(Variable(in.k.narrow(-3, h / group, 1)));
+  const Tensor kx = cat(widened, -3).data();
   Variable s = scale(matmul(Variable(in.q), transpose(Variable(kx), -2, -1)), spec.scale_for(d));
   const Tensor mask = diagnosis::hypothesis_mask(spec, tq, tk, {});
   Tensor scores = s.data();

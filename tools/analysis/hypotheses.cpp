@@ -126,12 +126,6 @@ Variable widen_kv_per_head(const Variable& kv, std::int64_t heads, BugSet bug) {
   return cat(per_head, -3);
 }
 
-// The bugs of the group mapping and of the group's gradient (the core level
-// shows them; kv_interleaved_head_slices lives in the projection slicing).
-bool is_grouping_bug(BugSet bug) {
-  return is(bug, Bug::kv_map_tile) || is(bug, Bug::kv_group_wrong_divisor) ||
-         is(bug, Bug::kv_grad_not_accumulated) || is(bug, Bug::kv_grad_averaged);
-}
 
 // ---- RoPE, as the hypothesis rotates (spec.rope on) ----
 
@@ -404,18 +398,21 @@ Variable hypothesis_core(const Variable& q, const Variable& k, const Variable& v
       throw std::invalid_argument(std::string("bug '") + std::string(bug_info(b).name) + "' has no core-level form");
   const std::int64_t tq = q.size(-2), tk = k.size(-2);
   const Tensor mask = hypothesis_mask(spec, tq, tk, bug);
-  // k, v with Hkv heads where q has H: query head h reads kv head h / G
-  const std::int64_t group = kv_group(q, k, v, "hypothesis");
+  // k, v with Hkv heads where q has H: query head h reads kv head h / G (widened
+  // here one query head at a time, not with the engine's expand_kv_heads)
+  const std::int64_t hq = q.dim() >= 3 ? q.size(-3) : 1, hk = k.dim() >= 3 ? k.size(-3) : 1;
+  const std::int64_t hv = v.dim() >= 3 ? v.size(-3) : 1;
+  if (hk < 1 || hv != hk || hq % hk != 0)
+    throw std::invalid_argument("hypothesis: q " + shape_str(q.shape()) + ", k " + shape_str(k.shape()) + ", v " +
+                                shape_str(v.shape()) + ": k and v need one head count that divides q's (dim -3)");
+  const std::int64_t group = hq / hk;
   const bool rope = spec.rope.enabled;
   const Variable qr = rope ? rope_as(q, spec, true, bug) : q;
   const Variable kr = rope ? rope_as(k, spec, false, bug) : k;
   const Variable vr = rope && is(bug, Bug::rope_on_v) ? rope_as(v, without_rope_taps(spec), false, BugSet()) : v;
   const double factor = hypothesis_scale(spec, q.size(-1), bug);
-  if (group > 1 && is_grouping_bug(bug)) {
-    const std::int64_t heads = q.size(-3);
-    return attend(qr, widen_kv_per_head(kr, heads, bug), widen_kv_per_head(vr, heads, bug), mask, factor, bug);
-  }
-  return attend(qr, expand_kv_heads(kr, group), expand_kv_heads(vr, group), mask, factor, bug);
+  if (group > 1) return attend(qr, widen_kv_per_head(kr, hq, bug), widen_kv_per_head(vr, hq, bug), mask, factor, bug);
+  return attend(qr, kr, vr, mask, factor, bug);
 }
 
 std::vector<std::int64_t> tile_to_repeat_heads(std::int64_t heads, std::int64_t kv_heads) {
