@@ -63,14 +63,14 @@ static_assert(field_count<Localization>() == 6);
 static_assert(field_count<ErrorMap>() == 11);
 static_assert(field_count<TensorErrorMaps>() == 8);
 static_assert(field_count<SideResult>() == 6);        // not: tensors (dropped before any report)
-static_assert(field_count<RopeCase>() == 11);         // not: positions_at, rotary_dim_at (suite locations)
+static_assert(field_count<RopeCase>() == 12);         // not: positions_at, rotary_dim_at, q_offset_at (suite locations)
 static_assert(field_count<WeakSuiteWarning>() == 3);
 static_assert(field_count<SourceLoc>() == 3);
 static_assert(field_count<Dims>() == 8);
-// not: key_source, expect_diagnosis_at (suite locations), reference (reference_text,
-// resolved), baseline_k (each tensor's k is in its baseline), check_strict (a parsing
-// rule), files (the inputs)
-static_assert(field_count<CaseSpec>() == 30);
+// not: key_source, expect_diagnosis_at, baseline_k_at (suite locations), reference
+// (reference_text, resolved), baseline_k (each tensor's k is in its baseline),
+// check_strict, dtype_on_case (parsing rules), files (the inputs)
+static_assert(field_count<CaseSpec>() == 32);
 static_assert(field_count<CaseResult>() == 16);       // not: lhs, rhs (tensors)
 static_assert(field_count<ShardSpec>() == 2);
 static_assert(field_count<SuiteIdentity>() == 5);
