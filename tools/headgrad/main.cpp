@@ -427,7 +427,8 @@ void add_merge_command(CLI::App& app, int& exit_code) {
   merge->add_flag("-q,--quiet", args->quiet, "only what did not go as expected, and the summary");
   merge->footer(
       "Exit codes: 0 every case of the suite as expected; 1 a comparison failed in some shard; 2 bad usage or a\n"
-      "report refused; 3 a plugin could not be loaded or crashed in some shard.");
+      "report refused; 3 a plugin could not be loaded or crashed in some shard; 4 headgrad could not do its own\n"
+      "work.");
   merge->callback([args, &exit_code] { exit_code = cmd_merge(*args); });
 }
 
