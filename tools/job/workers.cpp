@@ -175,7 +175,8 @@ CaseResult worker_result(const Worker& w, const CaseSpec& spec, std::optional<st
     return worker_error(spec, what);
   }
   try {
-    return case_result_from_json(nlohmann::json::from_cbor(message.substr(1)), &spec);
+    return case_result_from_json(nlohmann::json::from_cbor(message.substr(1)), &spec,
+                                 "the result of case '" + spec.name + "'");
   } catch (const std::exception& e) {
     return worker_error(spec, std::string("the process running this case sent a malformed result (") + e.what() + ")");
   }
