@@ -23,6 +23,7 @@
 #include <headgrad/parallel.hpp>
 
 #include "runner/compare.hpp"
+#include "pyplug/python_plugin.hpp"
 
 namespace headgrad::runner {
 
@@ -223,6 +224,7 @@ std::string format_seconds(double s) {
                              pid_t parent) {
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the runner gone (Ctrl-C, killed): the side goes too
   if (::getppid() != parent) ::_exit(0);
+  pyplug::in_side_child();  // a Python plugin talks to its parent's worker
   const struct rlimit no_core = {0, 0};
   setrlimit(RLIMIT_CORE, &no_core);  // a crashing plugin leaves no core file behind
   set_num_threads(0);                // this process's own workers (HEADGRAD_NUM_THREADS or the core count)
@@ -268,6 +270,7 @@ SideResult run_isolated(const CaseSpec& c, const CaseInputs& in, const LoadedPlu
   SideResult res;
   res.plugin = plugin.info.name;
   const std::string who = "plugin " + plugin.info.name;
+  pyplug::before_side(*plugin.attention);  // a Python plugin's worker, started here once and reused
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
   // !! A forked child inherits the thread pool's bookkeeping but not its
@@ -359,6 +362,8 @@ SideResult run_isolated(const CaseSpec& c, const CaseInputs& in, const LoadedPlu
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   res.seconds = seconds_since(t0);
+  // A side that died or hung mid-conversation leaves its Python worker in an unknown state.
+  pyplug::after_side(*plugin.attention, got_result && !timed_out);
 
   if (timed_out) {
     res.status = SideStatus::timed_out;
