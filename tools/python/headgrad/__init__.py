@@ -11,7 +11,14 @@
 The worker that runs functions for `headgrad check FILE.py:FUNCTION` and
 suites' `plugins:` blocks is `python3 -m headgrad.worker`.
 """
-from headgrad.check import CheckResult, check
-from headgrad.modules import module_function
-
 __all__ = ["check", "CheckResult", "module_function"]
+
+
+def __getattr__(name):  # imported on first use: `python3 -m headgrad.worker` loads only the worker
+    if name in ("check", "CheckResult"):
+        from headgrad import _check
+        return getattr(_check, name)
+    if name == "module_function":
+        from headgrad.modules import module_function
+        return module_function
+    raise AttributeError(f"module 'headgrad' has no attribute {name!r}")
