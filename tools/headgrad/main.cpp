@@ -706,6 +706,9 @@ int cmd_check(CheckArgs a) {
     dir = tmpl;
   }
   a.suite = pyplug::write_check_suite(o, info, dir).string();
+  // One case at a time unless asked: the worker this process started (torch
+  // imported once) then serves every side; -j N starts one worker per job.
+  if (!a.jobs) a.jobs = 1;
   int code = kExitUsage;
   try {
     code = cmd_run(a);
@@ -745,7 +748,7 @@ void add_check_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--timeout", args->timeout, "time limit in seconds for each plugin run (default 60)")
       ->type_name("SEC")
       ->check(timeout_check());
-  cmd->add_option("-j,--jobs", args->jobs, "cases at once (as run's -j)")->type_name("N")->check(CLI::Range(std::size_t{1}, std::size_t{1024}));
+  cmd->add_option("-j,--jobs", args->jobs, "cases at once, each job with its own Python worker (default 1: one torch import)")->type_name("N")->check(CLI::Range(std::size_t{1}, std::size_t{1024}));
   cmd->add_option("--keep-suite", args->keep_suite, "write the suite into DIR and keep it (to edit and `headgrad run` it)")
       ->type_name("DIR");
   add_common(cmd, *args);

@@ -720,16 +720,20 @@ std::vector<pyplug::PythonPluginDecl> Parser::read_python_plugins(const YAML::No
     if (!python) fail(body, "plugin '" + d.name + "' has no 'python: FILE.py:FUNCTION'");
     const std::string spec = string_value(python, "python");
     const auto colon = spec.rfind(':');
-    if (colon == std::string::npos || colon == 0 || colon + 1 == spec.size())
-      fail(python, "'python' must be FILE.py:FUNCTION or MODULE:FUNCTION, got '" + spec + "'");
-    std::string file = spec.substr(0, colon);
-    if (file.size() > 3 && file.ends_with(".py")) {
-      fs::path p = fs::path(file).is_absolute() ? fs::path(file) : dir_ / file;
-      std::error_code ec;
-      if (!fs::is_regular_file(p, ec)) fail(python, "plugin '" + d.name + "': no file " + p.string());
-      file = fs::absolute(p, ec).lexically_normal().string();
+    if (spec.size() > 1 && spec[0] == '@') {  // served by the calling process (headgrad.check)
+      d.function = spec;
+    } else {
+      if (colon == std::string::npos || colon == 0 || colon + 1 == spec.size())
+        fail(python, "'python' must be FILE.py:FUNCTION or MODULE:FUNCTION, got '" + spec + "'");
+      std::string file = spec.substr(0, colon);
+      if (file.size() > 3 && file.ends_with(".py")) {
+        fs::path p = fs::path(file).is_absolute() ? fs::path(file) : dir_ / file;
+        std::error_code ec;
+        if (!fs::is_regular_file(p, ec)) fail(python, "plugin '" + d.name + "': no file " + p.string());
+        file = fs::absolute(p, ec).lexically_normal().string();
+      }
+      d.function = file + spec.substr(colon);
     }
-    d.function = file + spec.substr(colon);
     if (!caps) fail(body, "plugin '" + d.name + "' has no 'capabilities' list (as `headgrad plugins` names them: "
                           "mha, core, causal, mask, Tq!=Tk, gqa, rope, rope-level, bfloat16, float16)");
     try {

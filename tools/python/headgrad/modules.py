@@ -99,12 +99,16 @@ def _bias_of(weight_name):
     return weight_name[: -len("weight")] + "bias" if weight_name.endswith("weight") else None
 
 
-def module_function(factory, names=None, qkv=None, in_out=False, call=None):
-    """An mha-level headgrad function that runs the module `factory(D, H, Hkv, d)` builds."""
+def module_function(factory, names=None, qkv=None, in_out=False, call=None, any_head_dim=False):
+    """An mha-level headgrad function that runs the module `factory(D, H, Hkv, d)` builds.
+
+    any_head_dim: the module takes a head width d other than D / H (HF's head_dim):
+    headgrad check then adds a case with d != D / H."""
     cache = {}
 
-    def run(x, wq, wk, wv, wo, num_heads, num_kv_heads, head_dim, **kw):
+    def run(x, wq, wk, wv, wo, num_heads, num_kv_heads, head_dim=None, **kw):
         D = x.shape[-1]
+        head_dim = head_dim or wq.shape[0] // num_heads
         key = (D, num_heads, num_kv_heads, head_dim, x.dtype)
         if key not in cache:
             torch.manual_seed(0)
@@ -154,7 +158,7 @@ def module_function(factory, names=None, qkv=None, in_out=False, call=None):
         run.__name__ = "module_function"
     run.__signature__ = inspect.Signature(
         [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in ("x", "wq", "wk", "wv", "wo")]
-        + [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in ("num_heads", "num_kv_heads", "head_dim")]
+        + [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in ("num_heads", "num_kv_heads") + ("head_dim",) * any_head_dim]
         + ([inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None)
             for n in inspect.signature(call).parameters if n in ("positions", "causal", "mask")]
            if call is not None else []))
