@@ -280,6 +280,6 @@ class DocExample(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    HEADGRAD = sys.argv.pop(1)
+    HEADGRAD = os.path.abspath(sys.argv.pop(1))
     os.environ["HEADGRAD_EXE"] = HEADGRAD
     unittest.main(verbosity=2)

@@ -120,9 +120,11 @@ fs::path write_check_suite(const CheckOptions& o, const FunctionInfo& f, const f
     y << "  - name: float32\n    dtype: float32\n    shape: {B: 2, T: 9, D: 16, H: 4}\n" << r;
     if (o.kv_heads) {
       const std::int64_t n = o.kv_heads;
-      y << "  - name: grouped kv heads\n    sweep: {H: [" << 2 * n << ", " << 4 * n << "]}\n    shape: {B: 2, T: 7, Hkv: " << n
-        << ", d: 4, D: " << 8 * n << "}\n" << r;
-      y << "  - name: grouped kv heads, non-contiguous\n    input_layout: transposed\n    shape: {B: 2, T: 6, D: " << 12 * n
+      // G = 2 and G = 4; B = 3, apart from H and Hkv (a head/batch axis mix-up shows)
+      y << "  - name: grouped kv heads\n    shape: {B: 3, T: 7, D: " << 8 * n << ", H: " << 2 * n << ", Hkv: " << n << "}\n" << r;
+      y << "  - name: grouped kv heads, G = 4\n    shape: {B: 3, T: 5, D: " << 16 * n << ", H: " << 4 * n << ", Hkv: " << n
+        << "}\n" << r;
+      y << "  - name: grouped kv heads, non-contiguous\n    input_layout: transposed\n    shape: {B: 3, T: 6, D: " << 12 * n
         << ", H: " << 3 * n << ", Hkv: " << n << "}\n" << r;
     }
     if (!extra_dtype.empty() && extra_dtype != "float32")

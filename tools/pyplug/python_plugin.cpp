@@ -400,7 +400,7 @@ class PythonAttention final : public Attention {
   }
 
   Variable rope_forward(const Variable& x, const RopeSpec& spec) const override {
-    json settings = {{"rope", rope_settings(spec, x.size(-1))}};
+    json settings = {{"rope", rope_settings(spec, x.size(-1))}, {"head_dim", x.size(-1)}};
     return run("rope", {x}, {"x"}, settings, {{"positions", positions_of(spec, x.size(-2))}}, {});
   }
 
@@ -410,7 +410,8 @@ class PythonAttention final : public Attention {
     json r = json::object();
     if (decl_.rope.theta) r["theta"] = *decl_.rope.theta;
     if (decl_.rope.style) r["style"] = *decl_.rope.style;
-    if (decl_.rope.rotary_dim) r["rotary_dim"] = *decl_.rope.rotary_dim;
+    // a function that takes no rotary_dim rotates the whole head unless declared otherwise
+    r["rotary_dim"] = decl_.rope.rotary_dim.value_or(0);
     f["rope_settings"] = r;
     return f;
   }

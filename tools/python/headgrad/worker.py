@@ -226,7 +226,10 @@ class Worker:
                 if k in names:
                     kw[k] = rope[k]
                 else:
-                    _fixed(k, rope[k], (fixed.get("rope_settings") or {}).get(k), fn_name)
+                    declared = (fixed.get("rope_settings") or {}).get(k)
+                    if k == "rotary_dim" and declared == 0:  # the whole head width
+                        declared = s.get("head_dim")
+                    _fixed(k, rope[k], declared, fn_name)
         with torch.set_grad_enabled(grad):
             result = fn(*args, **kw)
         out, taps = self._split(result, level)
