@@ -250,6 +250,25 @@ class ModulesFromPython(unittest.TestCase):
         self.assertTrue(torch.equal(p[group + 2 * d:group + 3 * d], wk[d:2 * d]))
         self.assertTrue(torch.equal(p[group + 3 * d:group + 4 * d], wv[d:2 * d]))
 
+    def test_biases_are_routed_when_given(self):
+        # the adapter's output with headgrad's biases against the module loaded with the same parameters
+        from nanogpt_attention import CausalSelfAttention
+        g = torch.Generator().manual_seed(5)
+        D, H, T = 12, 3, 4
+        x = torch.randn(2, T, D, generator=g, dtype=torch.float64)
+        wq, wk, wv, wo = (torch.randn(D, D, generator=g, dtype=torch.float64) / D ** 0.5 for _ in range(4))
+        bq, bk, bv, bo = (torch.randn(D, generator=g, dtype=torch.float64) for _ in range(4))
+        fn = headgrad.module_function(lambda D, H, Hkv, d: CausalSelfAttention(D, H, bug=""), qkv="blocked")
+        got = fn(x, wq, wk, wv, wo, num_heads=H, num_kv_heads=H, bq=bq, bk=bk, bv=bv, bo=bo)
+        m = CausalSelfAttention(D, H, bug="").double()
+        m.load_state_dict({"c_attn.weight": torch.cat([wq, wk, wv]), "c_attn.bias": torch.cat([bq, bk, bv]),
+                           "c_proj.weight": wo, "c_proj.bias": bo, "bias": m.bias})
+        torch.testing.assert_close(got, m(x), rtol=0, atol=1e-12)
+        zeroed = fn(x, wq, wk, wv, wo, num_heads=H, num_kv_heads=H)
+        m.c_attn.bias.data.zero_()
+        m.c_proj.bias.data.zero_()
+        torch.testing.assert_close(zeroed, m(x), rtol=0, atol=1e-12)
+
     def test_closure_and_autograd_function(self):
         import functions
         scale = {"s": 1.0}

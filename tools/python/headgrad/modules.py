@@ -24,9 +24,10 @@ query_key_value/dense). A module whose packed projection is split in the other
 layout than declared computes something else: headgrad's catalog names that
 bug qkv_packing_mismatch.
 
-Biases: headgrad's comparison has no bias terms yet, so every bias parameter of
-the routed projections is set to zeros (said once per module class, on stderr);
-with biases in the comparison they will be routed like the weights.
+Biases: a case without biases runs the module with every bias of the routed
+projections set to zeros (said once per module class, on stderr). Given
+headgrad's bq, bk, bv, bo (keyword arguments of those names), they are routed
+like the weights (a packed bias packed in the declared layout).
 
 call(module, x, **kw) runs the module (default module(x)); give it for modules
 that take more than x, e.g. lambda m, x, positions: m(x, positions)[0].
@@ -133,10 +134,24 @@ def module_function(factory, names=None, qkv=None, in_out=False, call=None, any_
                 raise ValueError(f"{type(m).__name__}.{n} has shape {list(params[n].shape)}, headgrad's weight is "
                                  f"{list(w.shape)}" + ("" if in_out else " (stored [in, out]? pass in_out=True)"))
             routed[n] = w
-        biases = [b for b in (_bias_of(n) for n in list(routed)) if b and b in params]
+        # headgrad's biases when the case has them (bq [H*d], bk, bv [Hkv*d], bo [D]), routed like the
+        # weights; else every bias of the routed projections is zero
+        given = {r: kw.get("b" + r) for r in ("q", "k", "v", "o")}
+        if any(v is not None for v in given.values()):
+            zero = {r: given[r] if given[r] is not None else torch.zeros(n, dtype=x.dtype)
+                    for r, n in (("q", wq.shape[0]), ("k", wk.shape[0]), ("v", wv.shape[0]), ("o", wo.shape[0]))}
+            if "qkv" in roles:
+                b = pack_qkv(zero["q"][:, None], zero["k"][:, None], zero["v"][:, None], qkv or "blocked",
+                             num_heads, num_kv_heads, head_dim)[:, 0]
+                routed[_bias_of(roles["qkv"])] = b
+            else:
+                for r in ("q", "k", "v"):
+                    routed[_bias_of(roles[r])] = zero[r]
+            routed[_bias_of(roles["o"])] = zero["o"]
+        biases = [b for b in (_bias_of(n) for n in list(routed)) if b and b in params and b not in routed]
         for b in biases:
             routed[b] = torch.zeros_like(params[b])
-        if biases and type(m) not in _warned:
+        if biases and not any(v is not None for v in given.values()) and type(m) not in _warned:
             _warned.add(type(m))
             print(f"headgrad: {type(m).__name__} has biases ({', '.join(biases)}): checked with them zeroed "
                   "(headgrad's comparison has no bias terms yet)", file=sys.stderr)
@@ -159,6 +174,7 @@ def module_function(factory, names=None, qkv=None, in_out=False, call=None, any_
     run.__signature__ = inspect.Signature(
         [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in ("x", "wq", "wk", "wv", "wo")]
         + [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in ("num_heads", "num_kv_heads") + ("head_dim",) * any_head_dim]
+        + [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None) for n in ("bq", "bk", "bv", "bo")]
         + ([inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None)
             for n in inspect.signature(call).parameters if n in ("positions", "causal", "mask")]
            if call is not None else []))
