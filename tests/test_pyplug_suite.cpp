@@ -108,13 +108,13 @@ TEST(SuitePlugins, PathRelativeToTheSuiteAndServedNames) {
 TEST(SuitePlugins, MistakesNameTheLine) {
   const std::string cases = "cases:\n  - {name: a, compare: [m, per_head]}\n";
   EXPECT_EQ(error_of("plugins:\n  m: {python: nowhere.py:fn, capabilities: [mha]}\n" + cases),
-            "t.yaml:2:14: plugin 'm': no file nowhere.py");
+            "t.yaml:2:15: plugin 'm': no file nowhere.py");
   EXPECT_EQ(error_of("plugins:\n  m: {python: fn_without_module, capabilities: [mha]}\n" + cases),
-            "t.yaml:2:14: 'python' must be FILE.py:FUNCTION or MODULE:FUNCTION, got 'fn_without_module'");
+            "t.yaml:2:15: 'python' must be FILE.py:FUNCTION or MODULE:FUNCTION, got 'fn_without_module'");
   EXPECT_EQ(error_of("plugins:\n  m: {python: 'a:b'}\n" + cases).rfind("t.yaml:2:6: plugin 'm' has no 'capabilities' list", 0), 0u)
       << error_of("plugins:\n  m: {python: 'a:b'}\n" + cases);
   EXPECT_EQ(error_of("plugins:\n  m: {python: 'a:b', capabilities: [mha, causel]}\n" + cases).rfind(
-                "t.yaml:2:37: plugin 'm': unknown capability 'causel' (did you mean 'causal'?)", 0),
+                "t.yaml:2:36: plugin 'm': unknown capability 'causel' (did you mean 'causal'?)", 0),
             0u)
       << error_of("plugins:\n  m: {python: 'a:b', capabilities: [mha, causel]}\n" + cases);
   EXPECT_EQ(error_of("plugins:\n  m: {pyhton: 'a:b', capabilities: [mha]}\n" + cases),

@@ -690,10 +690,11 @@ std::vector<pyplug::PythonPluginDecl> Parser::read_python_plugins(const YAML::No
     for (const auto& other : out)
       if (other.name == d.name) fail(name, "plugin '" + d.name + "' is defined twice under 'plugins'");
     if (!body.IsMap()) fail(body, "plugin '" + d.name + "' must be a map {python: FILE.py:FUNCTION, capabilities: [...]}");
-    YAML::Node python, caps;
+    YAML::Node python, caps;  // (a default YAML::Node is a valid null: presence tracked apart)
+    bool has_python = false, has_caps = false;
     for (const auto& [k, v] : entries(body, {"python", "capabilities", "rope"}, "plugin '" + d.name + "'")) {
-      if (k.Scalar() == "python") python = v;
-      else if (k.Scalar() == "capabilities") caps = v;
+      if (k.Scalar() == "python") has_python = (python = v, true);
+      else if (k.Scalar() == "capabilities") has_caps = (caps = v, true);
       else {
         for (const auto& [rk, rv] : entries(v, {"theta", "style", "rotary_dim"}, "plugin '" + d.name + "': 'rope'")) {
           if (rk.Scalar() == "theta") d.rope.theta = number_value(rv, "theta");
@@ -702,7 +703,7 @@ std::vector<pyplug::PythonPluginDecl> Parser::read_python_plugins(const YAML::No
         }
       }
     }
-    if (!python) fail(body, "plugin '" + d.name + "' has no 'python: FILE.py:FUNCTION'");
+    if (!has_python) fail(body, "plugin '" + d.name + "' has no 'python: FILE.py:FUNCTION'");
     const std::string spec = string_value(python, "python");
     const auto colon = spec.rfind(':');
     if (spec.size() > 1 && spec[0] == '@') {  // served by the calling process (headgrad.check)
@@ -719,7 +720,7 @@ std::vector<pyplug::PythonPluginDecl> Parser::read_python_plugins(const YAML::No
       }
       d.function = file + spec.substr(colon);
     }
-    if (!caps) fail(body, "plugin '" + d.name + "' has no 'capabilities' list (as `headgrad plugins` names them: "
+    if (!has_caps) fail(body, "plugin '" + d.name + "' has no 'capabilities' list (as `headgrad plugins` names them: "
                           "mha, core, causal, mask, Tq!=Tk, gqa, rope, rope-level, bfloat16, float16)");
     try {
       d.capabilities = pyplug::parse_capabilities(string_list(caps, "capabilities"));

@@ -131,6 +131,18 @@ PluginRegistry probed_registry(const CommonArgs& a) {
   return registry;
 }
 
+// The suite's Python functions (its `plugins:` block) next to the libraries:
+// a name clash is the suite's error, at the plugin's line.
+void add_python_plugins(PluginRegistry& registry, const Suite& suite) {
+  for (const auto& d : suite.python_plugins) {
+    try {
+      registry.add(pyplug::make_python_plugin(d));
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(d.origin + ": " + e.what());
+    }
+  }
+}
+
 // The plugins these cases compare, each once, in order.
 std::vector<std::string> plugins_named_by(const std::vector<const CaseSpec*>& cases) {
   std::vector<std::string> names;
@@ -308,14 +320,7 @@ int cmd_run(const RunArgs& a) {
   check_outputs(report_outputs(a.json, a.junit, a.html), input_files(suite, selected));
   // Only the plugins the selected cases name are loaded into this process.
   PluginRegistry registry = probed_registry(a);
-  // The suite's Python functions (its `plugins:` block) before the libraries: a name clash is the suite's error.
-  for (const auto& d : suite.python_plugins) {
-    try {
-      registry.add(pyplug::make_python_plugin(d));
-    } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument(d.origin + ": " + e.what());
-    }
-  }
+  add_python_plugins(registry, suite);
   registry.load(plugins_named_by(selected));
   // The oracle of the relative_to_baseline rule (golden and baseline), when it is on the path.
   if (std::any_of(selected.begin(), selected.end(), [](const CaseSpec* c) { return c->relative_rule(); }))
@@ -585,6 +590,7 @@ int cmd_export(const ExportArgs& a) {
   if (!c.is_reference()) c.compare.push_back(plugin_name);  // keeps the spec well-formed
 
   PluginRegistry registry = probed_registry(a);
+  add_python_plugins(registry, suite);
   registry.load({plugin_name});
   const LoadedPlugin* plugin = registry.find(plugin_name);
   if (!plugin) {

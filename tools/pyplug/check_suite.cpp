@@ -118,6 +118,16 @@ fs::path write_check_suite(const CheckOptions& o, const FunctionInfo& f, const f
     if (f.takes("head_dim"))  // a function that reads d from D / H cannot run it
       y << "  - name: head width below D / H\n    shape: {B: 2, T: 5, D: 12, H: 3, d: 6}\n" << r;
     y << "  - name: float32\n    dtype: float32\n    shape: {B: 2, T: 9, D: 16, H: 4}\n" << r;
+    // RoPE settings the function takes: a base other than 10000, a partial rotary width
+    Rope other = rope;
+    if (rope_on && f.takes("theta")) {
+      other.theta = "500000";
+      y << "  - name: rope theta 500000\n    shape: {B: 2, T: 7, D: 24, H: 4}\n    rope: " << rope_block(other, positions) << "\n";
+    }
+    if (rope_on && f.takes("rotary_dim")) {
+      other.rotary_dim = "4";
+      y << "  - name: partial rotary\n    shape: {B: 2, T: 7, D: 24, H: 4}\n    rope: " << rope_block(other, positions) << "\n";
+    }
     if (o.kv_heads) {
       const std::int64_t n = o.kv_heads;
       // G = 2 and G = 4; B = 3, apart from H and Hkv (a head/batch axis mix-up shows)
@@ -161,6 +171,17 @@ fs::path write_check_suite(const CheckOptions& o, const FunctionInfo& f, const f
     y << "  - name: rotation with heads\n    level: rope\n    shape: {B: 2, H: 3, T: 5, d: 8}\n" << r;
     y << "  - name: rotation, float32\n    level: rope\n    dtype: float32\n    shape: {B: 2, T: 9, d: 16}\n" << r;
     y << "  - name: rotation, non-contiguous\n    level: rope\n    input_layout: transposed\n    shape: {B: 2, T: 6, d: 8}\n" << r;
+    Rope other = rope;
+    if (f.takes("theta")) {
+      other.theta = "500000";
+      y << "  - name: rotation, theta 500000\n    level: rope\n    shape: {B: 2, T: 9, d: 16}\n    rope: "
+        << rope_block(other, true) << "\n";
+    }
+    if (f.takes("rotary_dim")) {
+      other.rotary_dim = "8";
+      y << "  - name: partial rotation\n    level: rope\n    shape: {B: 2, T: 9, d: 16}\n    rope: " << rope_block(other, true)
+        << "\n";
+    }
   }
   fs::create_directories(dir);
   const fs::path file = dir / "suite.yaml";
