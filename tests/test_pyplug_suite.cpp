@@ -63,8 +63,13 @@ TEST(PythonCapabilities, NamesAsPluginsPrintsThem) {
   EXPECT_TRUE(f.float32);
   EXPECT_FALSE(f.float64);  // named one: only that one
   EXPECT_FALSE(f.causal);   // not named: a non-causal-only function
-  const Capabilities aliases = pyplug::parse_capabilities({"core", "grouped_kv", "bool_mask", "cross_lengths"});
-  EXPECT_TRUE(aliases.grouped_kv && aliases.bool_mask && aliases.cross_lengths);
+  // the field names `headgrad plugins` prints, and every one of them is accepted
+  const Capabilities fields = pyplug::parse_capabilities({"core", "grouped_kv", "bool_mask", "cross_lengths", "rope_level"});
+  EXPECT_TRUE(fields.grouped_kv && fields.bool_mask && fields.cross_lengths && fields.rope_level);
+  for (const auto& c : kCapabilityNames) {
+    const Capabilities one = pyplug::parse_capabilities({"mha", std::string(c.name)});
+    EXPECT_TRUE(one.*c.flag) << c.name;
+  }
 }
 
 TEST(PythonCapabilities, UnknownOrNoLevelIsRefused) {

@@ -22,7 +22,7 @@
 #include <headgrad/ops.hpp>
 #include <headgrad/parallel.hpp>
 
-#include "judge/compare.hpp"
+#include "case/axes.hpp"
 #include "pyplug/python_plugin.hpp"
 
 namespace headgrad::runner {
@@ -510,8 +510,7 @@ SideResult run_side(const CaseSpec& c, const CaseInputs& in, const LoadedPlugin&
   SideResult res = options.isolate ? run_isolated(c, in, plugin, options) : run_in_process(c, in, plugin);
   if (res.status != SideStatus::ok) return res;
   for (const auto& [name, t] : res.tensors) {
-    const std::int64_t heads = name == "dwk" || name == "dwv" ? c.dims.kv_heads() : c.dims.H;  // dwk [Hkv*d, D]
-    if (const auto bad = first_non_finite(t, c.level, name, heads)) {
+    if (const auto bad = first_non_finite(t, c.level, name, head_blocks(c, name))) {
       res.status = SideStatus::non_finite;
       res.cause = "plugin " + plugin.info.name + " returned " + (std::isnan(bad->lhs) ? "NaN" : "Inf") + " in " +
                   name + " at " + shape_str(bad->index) + " (" + bad->where + ")";

@@ -80,12 +80,12 @@ fs::path write_check_suite(const CheckOptions& o, const FunctionInfo& f, const f
   const bool positions = f.takes("positions");
 
   std::vector<std::string> caps;
-  if (o.level == "rope") caps = {"rope-level"};
+  if (o.level == "rope") caps = {"rope_level"};
   else caps = {o.level};
   if (o.level != "rope" && (causal || takes_causal)) caps.push_back("causal");
-  if (o.level == "core") caps.push_back("Tq!=Tk");
-  if (o.level == "core" && f.takes("mask")) caps.push_back("mask");
-  if (o.kv_heads || o.level == "core") caps.push_back("gqa");
+  if (o.level == "core") caps.push_back("cross_lengths");
+  if (o.level == "core" && f.takes("mask")) caps.push_back("bool_mask");
+  if (o.kv_heads || o.level == "core") caps.push_back("grouped_kv");
   if (rope_on) caps.push_back("rope");
   if (o.dtype == "bfloat16" || o.dtype == "float16") caps.push_back(o.dtype);
 

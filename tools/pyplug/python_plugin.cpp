@@ -462,48 +462,64 @@ bool FunctionInfo::takes(const std::string& kw) const {
   return var_keyword || std::find(names.begin(), names.end(), kw) != names.end();
 }
 
-const std::vector<std::string>& capability_names() {
-  static const std::vector<std::string> names = {"mha",  "core",       "causal", "mask",     "Tq!=Tk",
-                                                 "float32", "float64", "gqa",    "rope",     "rope-level",
-                                                 "bfloat16", "float16", "bool_mask", "cross_lengths",
-                                                 "grouped_kv", "rope_level"};
+// The names `headgrad plugins` prints (kCapabilityNames), the 16-bit extras, and
+// the short spellings of older listings (mask, Tq!=Tk, gqa, rope-level).
+const std::vector<std::string>& known_capability_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const auto& c : kCapabilityNames) n.emplace_back(c.name);
+    n.insert(n.end(), {"bfloat16", "float16"});
+    return n;
+  }();
   return names;
 }
 
 Capabilities parse_capabilities(const std::vector<std::string>& names) {
+  static const std::vector<std::pair<std::string, std::string>> aliases = {
+      {"mask", "bool_mask"}, {"Tq!=Tk", "cross_lengths"}, {"gqa", "grouped_kv"}, {"rope-level", "rope_level"}};
   Capabilities c;
   c.causal = false;
   const bool dtypes_named = std::any_of(names.begin(), names.end(),
                                         [](const std::string& n) { return n == "float32" || n == "float64"; });
   c.float32 = c.float64 = !dtypes_named;
-  for (const auto& n : names) {
-    if (n == "mha") c.mha = true;
-    else if (n == "core") c.core = true;
-    else if (n == "causal") c.causal = true;
-    else if (n == "mask" || n == "bool_mask") c.bool_mask = true;
-    else if (n == "Tq!=Tk" || n == "cross_lengths") c.cross_lengths = true;
-    else if (n == "float32") c.float32 = true;
-    else if (n == "float64") c.float64 = true;
-    else if (n == "gqa" || n == "grouped_kv") c.grouped_kv = true;
-    else if (n == "rope") c.rope = true;
-    else if (n == "rope-level" || n == "rope_level") c.rope_level = true;
-    else if (n == "bfloat16" || n == "float16") c.extra.push_back(n);
-    else {
-      std::string near;
-      std::size_t best = 3;
-      for (const auto& k : capability_names()) {
-        // a cheap closeness: common prefix
-        std::size_t i = 0;
-        while (i < k.size() && i < n.size() && k[i] == n[i]) ++i;
-        if (i >= best) best = i, near = k;
-      }
-      throw std::invalid_argument("unknown capability '" + n + "'" + (near.empty() ? "" : " (did you mean '" + near + "'?)") +
-                                  "; known: mha, core, causal, mask, Tq!=Tk, float32, float64, gqa, rope, rope-level, "
-                                  "bfloat16, float16");
+  for (std::string n : names) {
+    for (const auto& [alias, field] : aliases)
+      if (n == alias) n = field;
+    if (n == "bfloat16" || n == "float16") {
+      c.extra.push_back(n);
+      continue;
     }
+    bool found = false;
+    for (const auto& cap : kCapabilityNames)
+      if (cap.name == n) found = (c.*cap.flag = true, true);
+    if (found) continue;
+    std::vector<std::string> all = known_capability_names();
+    for (const auto& a : aliases) all.push_back(a.first);
+    // the closest name by edit distance (a typo), if close enough
+    auto distance = [](const std::string& a, const std::string& b) {
+      std::vector<std::size_t> row(b.size() + 1);
+      for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+      for (std::size_t i = 1; i <= a.size(); ++i) {
+        std::size_t prev = row[0]++;
+        for (std::size_t j = 1; j <= b.size(); ++j) {
+          const std::size_t cur = row[j];
+          row[j] = std::min({row[j] + 1, row[j - 1] + 1, prev + (a[i - 1] != b[j - 1])});
+          prev = cur;
+        }
+      }
+      return row[b.size()];
+    };
+    std::string near;
+    std::size_t best = 3;
+    for (const auto& k : all)
+      if (const std::size_t dd = distance(n, k); dd < best) best = dd, near = k;
+    std::string known;
+    for (const auto& k : known_capability_names()) known += (known.empty() ? "" : ", ") + k;
+    throw std::invalid_argument("unknown capability '" + n + "'" + (near.empty() ? "" : " (did you mean '" + near + "'?)") +
+                                "; known: " + known);
   }
   if (!c.mha && !c.core && !c.rope_level)
-    throw std::invalid_argument("the capabilities name no level: give mha, core or rope-level");
+    throw std::invalid_argument("the capabilities name no level: give mha, core or rope_level");
   return c;
 }
 

@@ -45,13 +45,14 @@ struct PythonPluginDecl {
   std::string origin;       // for messages: "suite.yaml:3:5" or "headgrad check"
 };
 
-// Capability names as `headgrad plugins` prints them (mha, core, causal, mask,
-// Tq!=Tk, float32, float64, gqa, rope, rope-level, bfloat16, float16) and
-// their C++ field names (bool_mask, cross_lengths, grouped_kv, rope_level).
-// float32 and float64 are on unless the list names one of them. Throws
-// std::invalid_argument naming an unknown one (and the closest).
+// Capability names as `headgrad plugins` prints them (kCapabilityNames: mha,
+// core, causal, bool_mask, cross_lengths, float32, float64, dropout,
+// grouped_kv, rope, rope_level; and bfloat16, float16), or the short
+// spellings mask, Tq!=Tk, gqa, rope-level. float32 and float64 are on unless
+// the list names one of them. Throws std::invalid_argument naming an unknown
+// one (and the closest).
 Capabilities parse_capabilities(const std::vector<std::string>& names);
-const std::vector<std::string>& capability_names();
+const std::vector<std::string>& known_capability_names();
 
 class PythonError : public std::runtime_error {
  public:
