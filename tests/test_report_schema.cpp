@@ -55,7 +55,8 @@ static_assert(field_count<ElementRef>() == 4);
 static_assert(field_count<BaselineCheck>() == 13);
 static_assert(field_count<TensorComparison>() == 11);
 static_assert(field_count<HypothesisFit>() == 6);
-static_assert(field_count<Diagnosis>() == 7);
+static_assert(field_count<Diagnosis>() == 9);
+static_assert(field_count<Finding>() == 7);
 static_assert(field_count<LocalizationRow>() == 5);
 static_assert(field_count<ErrorSpread>() == 5);
 static_assert(field_count<Localization>() == 6);
@@ -206,6 +207,9 @@ CaseResult full_case(int n) {
   d.ruled_out = {"mask_ignored: passes at T = 1"};
   d.near = {fit_of("kv_map_tile", 4)};
   d.evidence = {"re-run in tile order matches"};
+  d.reference_side = "refs/r" + s;
+  d.findings = {{"relation", "grad_factor", "plugin_a" + s, {"dwk", "dx"}, "2 = sqrt(d)", {"B = 1", "T = 1"},
+                 "dwk is 2 = sqrt(d) times the expected"}};
   r.diagnosis = d;
   return r;
 }
@@ -412,6 +416,18 @@ void expect_same_case(const CaseResult& a, const CaseResult& b) {
     EXPECT_EQ(x.sentence, y.sentence);
     EXPECT_EQ(x.ruled_out, y.ruled_out);
     EXPECT_EQ(x.evidence, y.evidence);
+    EXPECT_EQ(x.reference_side, y.reference_side);
+    ASSERT_EQ(x.findings.size(), y.findings.size());
+    for (std::size_t i = 0; i < x.findings.size(); ++i) {
+      const Finding &f = x.findings[i], &g = y.findings[i];
+      EXPECT_EQ(f.kind, g.kind);
+      EXPECT_EQ(f.relation, g.relation);
+      EXPECT_EQ(f.side, g.side);
+      EXPECT_EQ(f.tensors, g.tensors);
+      EXPECT_EQ(f.figure, g.figure);
+      EXPECT_EQ(f.confirmed_at, g.confirmed_at);
+      EXPECT_EQ(f.sentence, g.sentence);
+    }
   }
 }
 
@@ -528,7 +544,8 @@ TEST(ReportSchema, AWrongTypeAnywhereIsRefusedAtItsPath) {
 
 TEST(ReportSchema, EveryKeyIsRequiredButTheFewOlderReportsLack) {
   const json report = json::parse(json_report(full_result()).dump());
-  const std::vector<std::string> optional = {"explanation", "fix", "near", "evidence", "golden", "baseline"};
+  const std::vector<std::string> optional = {"explanation", "fix", "near", "evidence", "golden", "baseline",
+                                             "findings", "reference_side"};
   std::function<void(const json&, const json::json_pointer&)> walk = [&](const json& j, const json::json_pointer& p) {
     if (j.is_array())
       for (std::size_t i = 0; i < j.size(); ++i) walk(j[i], p / i);

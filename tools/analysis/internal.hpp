@@ -66,6 +66,8 @@ void confirm_with_variants(Diagnosis& dx, const std::vector<VariantRun>& runs);
 // Grouped kv at the MHA level: re-runs each failing plugin with its query heads in tile order.
 void rerun_under_tile_permutation(Diagnosis& dx, const CaseResult& failed, const CaseInputs& in,
                                   const PluginRegistry& registry, const RunOptions& options);
+// dx.sentence from its fits (best first), findings, ruled_out, near and evidence.
+void write_verdict(Diagnosis& dx);
 // What tells RoPE bugs apart, read off the failing case itself.
 std::vector<std::string> rope_clues(const CaseResult& failed, const CaseInputs& in);
 

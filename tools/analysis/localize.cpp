@@ -267,7 +267,8 @@ Localization localize_from(const CaseResult& failed, const std::vector<VariantRu
   loc.where = where_str(loc.spread);
 
   if (c.is_reference()) {
-    loc.sentence = "A reference case has one shape (its files): it cannot be re-run at others.";
+    loc.sentence = "A reference cannot be re-run at other shapes (its files fix them), so nothing is localized; "
+                   "to localize, run `headgrad check FILE.py:FUNCTION` on the function that wrote it.";
     return loc;
   }
   loc.rows.push_back({"as failed", describe_case(c), CaseStatus::fail, failed.max_abs(), ""});

@@ -411,6 +411,17 @@ void fields(Io& io, S& f) {
   io.text("fix", f.fix, Key::optional);
 }
 
+template <class Io, Is<Finding> S>
+void fields(Io& io, S& f) {
+  io.text("kind", f.kind);
+  io.text("relation", f.relation);
+  io.text("side", f.side);
+  io.texts("tensors", f.tensors);
+  io.text("figure", f.figure);
+  io.texts("confirmed_at", f.confirmed_at);
+  io.text("sentence", f.sentence);
+}
+
 template <class Io, Is<Diagnosis> S>
 void fields(Io& io, S& d) {
   io.derived("best", [&] { return d.best().empty() ? json(nullptr) : json(d.best()); }, Expect::string_or_null);
@@ -420,6 +431,8 @@ void fields(Io& io, S& d) {
   io.text_or_null("correct_side", d.correct_side);
   io.texts("ruled_out", d.ruled_out);
   io.texts("evidence", d.evidence, Key::optional);
+  io.list("findings", d.findings, 0, std::numeric_limits<std::size_t>::max(), Key::optional);
+  io.text_or_null("reference_side", d.reference_side, Key::optional);
   io.text("sentence", d.sentence);
 }
 
