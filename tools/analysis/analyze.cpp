@@ -159,9 +159,10 @@ ErrorSpread spread_of(const std::string& name, const Tensor& a, const Tensor& b,
       s.per_head = slot_max(a, b, 2, d);
     } else if (name == "dwo") {  // [D, D]: head h owns columns [h*d, (h+1)*d)
       s.per_head = slot_max(a, b, 1, d);
-    } else if (name == "dwq") {  // [H*d, D]: head h owns rows [h*d, (h+1)*d)
+    } else if (name == "dwq" || name == "dbq") {  // [H*d, D], [H*d]: head h owns rows [h*d, (h+1)*d)
       s.per_head = slot_max(a, b, 0, a.size(0) / heads);
-    } else {  // dwk, dwv [Hkv*d, D]: kv head j owns rows [j*d, (j+1)*d)
+    } else if (name == "dbo") {  // [D]: no head owns an output feature
+    } else {  // dwk, dwv [Hkv*d, D], dbk, dbv [Hkv*d]: kv head j owns rows [j*d, (j+1)*d)
       s.per_head = slot_max(a, b, 0, a.size(0) / std::max<std::int64_t>(c.dims.kv_heads(), 1));
     }
   } else if (a.dim() == 4) {  // [B, H, T, d]
@@ -351,12 +352,14 @@ TensorSet hypothesis_tensors(const CaseSpec& c, const CaseInputs& in, std::optio
   }
   if (c.level == Level::mha) {
     Variable x(in.x, true);
-    MhaWeights w{Variable(in.wq, true), Variable(in.wk, true), Variable(in.wv, true),
-                 Variable(in.wo, true)};
+    const MhaWeights w = leaf_weights(in);
     Variable y = diagnosis::hypothesis_mha(x, w, spec, bug);
     sum(mul(y, Variable(in.r))).backward();
     out = {{"out", y.data()},          {"dx", grad_or_zeros(x)},    {"dwq", grad_or_zeros(w.wq)},
            {"dwk", grad_or_zeros(w.wk)}, {"dwv", grad_or_zeros(w.wv)}, {"dwo", grad_or_zeros(w.wo)}};
+    if (w.has_bias())
+      out.insert(out.end(), {{"dbq", grad_or_zeros(w.bq)}, {"dbk", grad_or_zeros(w.bk)},
+                             {"dbv", grad_or_zeros(w.bv)}, {"dbo", grad_or_zeros(w.bo)}});
   } else {
     Variable q(in.q, true), k(in.k, true), v(in.v, true);
     Variable y = diagnosis::hypothesis_core(q, k, v, spec, bug);
@@ -552,9 +555,10 @@ void rerun_under_tile_permutation(Diagnosis& dx, const CaseResult& failed, const
   CaseInputs tiled = in;
   tiled.wq = diagnosis::reorder_blocks(in.wq, 0, d, order);  // [H*d, D]: head h' gets head order[h']'s rows
   tiled.wo = diagnosis::reorder_blocks(in.wo, 1, d, order);  // [D, H*d]: and its columns
+  if (in.bq.defined()) tiled.bq = diagnosis::reorder_blocks(in.bq, 0, d, order);  // [H*d]: and its entries
   TensorSet correct = hypothesis_tensors(c, in, std::nullopt);
   for (auto& [name, t] : correct) {
-    if (name == "dwq") t = diagnosis::reorder_blocks(t, 0, d, order);
+    if (name == "dwq" || name == "dbq") t = diagnosis::reorder_blocks(t, 0, d, order);
     if (name == "dwo") t = diagnosis::reorder_blocks(t, 1, d, order);
   }
   ExecOptions exec;

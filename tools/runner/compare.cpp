@@ -29,6 +29,12 @@ std::string describe_index(Level level, std::string_view tensor, const Shape& sh
       return kv("head", index[0] / d) + ", " + kv("row", index[0] % d) + ", " + kv("in", index[1]);
     if (tensor == "dwo" && n == 2)
       return kv("out", index[0]) + ", " + kv("head", index[1] / d) + ", " + kv("col", index[1] % d);
+    // biases: bq, bk, bv [heads*d] by head as their weights' rows; bo [D] by output feature
+    if ((tensor == "dbq" || tensor == "dbk" || tensor == "dbv") && n == 1) {
+      const std::int64_t hd = heads > 0 && shape[0] % heads == 0 ? shape[0] / heads : shape[0];
+      return kv("head", index[0] / hd) + ", " + kv("row", index[0] % hd);
+    }
+    if (tensor == "dbo" && n == 1) return kv("out", index[0]);
     return shape_str(index);
   }
   // core: [..., T, d] with [B, H] leading when 4-D
@@ -109,7 +115,7 @@ std::vector<TensorComparison> compare_sets(const TensorSet& lhs, const TensorSet
     const Tensor* a = find_tensor(lhs, name);
     const Tensor* b = find_tensor(rhs, name);
     // dwk and dwv have one row block per kv head
-    const bool kv = c.level == Level::mha && (name == "dwk" || name == "dwv");
+    const bool kv = c.level == Level::mha && (name == "dwk" || name == "dwv" || name == "dbk" || name == "dbv");
     TensorComparison cmp = compare_tensor(name, a ? *a : Tensor(), b ? *b : Tensor(), c.tolerance_for(name),
                                           c.level, kv ? c.dims.kv_heads() : heads);
     if (cmp.problem == "missing") {

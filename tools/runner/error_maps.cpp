@@ -56,6 +56,13 @@ void cut(TensorErrorMaps& out, const CaseSpec& spec, const std::string& name, co
     out.axes = cols ? "rows: output features; columns: input features, head h owns columns [h&middot;d, (h+1)&middot;d)"
                     : "rows: output features, head h owns rows [h&middot;d, (h+1)&middot;d); columns: input features";
     out.maps.push_back(downsample("", R, C, diff, cols ? 0 : d, cols ? d : 0, false));
+  } else if (spec.level == Level::mha && shape.size() == 1) {  // biases: one row
+    const bool kv = name == "dbk" || name == "dbv";  // [Hkv*d]
+    const std::int64_t n = shape[0], H = name == "dbo" ? 1 : kv ? spec.dims.kv_heads() : spec.dims.H;
+    const std::int64_t d = (H > 1 && n % H == 0) ? n / H : 0;
+    out.axes = name == "dbo" ? "one row: output features"
+                             : "one row: output features, head h owns entries [h&middot;d, (h+1)&middot;d)";
+    out.maps.push_back(downsample("", 1, n, diff, 0, d, false));
   } else if (spec.level == Level::core && shape.size() == 4) {  // [B, H, T, c]
     const std::int64_t B = shape[0], H = shape[1], T = shape[2], c = shape[3];
     out.batches = B;

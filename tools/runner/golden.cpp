@@ -15,6 +15,10 @@ CaseInputs inputs_in_dtype(const CaseInputs& in, DType dtype) {
   out.wk = as(in.wk);
   out.wv = as(in.wv);
   out.wo = as(in.wo);
+  out.bq = as(in.bq);
+  out.bk = as(in.bk);
+  out.bv = as(in.bv);
+  out.bo = as(in.bo);
   out.q = as(in.q);
   out.k = as(in.k);
   out.v = as(in.v);

@@ -121,6 +121,7 @@ std::optional<std::int64_t> first_non_finite_at(const Tensor& t) {
 }
 
 struct ReferenceData {
+  bool bias = false;   // bq, bk, bv, bo are among the inputs
   Tensor positions;    // positions.npy as float64; undefined: none
   TensorSet inputs;    // x, wq, ... | q, k, v, [mask], [r]
   TensorSet expected;  // every expected file present
@@ -274,7 +275,9 @@ class ReferenceReader {
   void warn_unknown_files() const {
     std::set<std::string> known = {"r", "positions", "q_rot", "k_rot"};
     for (const auto& n : tensor_names(c_.level)) known.insert(n);
-    if (c_.level == Level::mha) known.insert({"x", "wq", "wk", "wv", "wo"});
+    if (c_.level == Level::mha) known.insert({"x", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "bo"});
+    if (c_.level == Level::mha)
+      for (const auto& n : bias_tensor_names()) known.insert(n);
     else if (c_.level == Level::core) known.insert({"q", "k", "v", "mask"});
     else known.insert("x");
     std::vector<std::string> stems;
@@ -327,11 +330,20 @@ class ReferenceReader {
     Tensor wo = load_input("wo", true, needs);
     expect_shape("wo", wo, wo_shape, wo_why);
     ref.inputs.push_back({"wo", wo});
+    const bool bias = read_biases(ref, hd, hkv * d, dm, h, hkv, d);
     const Shape act = {b, t, dm};
     const std::string act_why = part("x") + " is " + shape_str(x.shape());
     Tensor r = load_input("r", false, "");
     expect_shape("r", r, act, act_why);
     if (r.defined()) ref.inputs.push_back({"r", r});
+    if (bias)
+      for (const auto& name : bias_tensor_names()) {  // a bias's gradient has its bias's shape
+        Tensor e = load(name, false, "");
+        const std::string of = name.substr(1);  // "dbq" -> "bq"
+        const Tensor* bt = find_tensor(ref.inputs, of);
+        expect_shape(name, e, bt->shape(), "the gradient of " + part(of) + " " + shape_str(bt->shape()));
+        if (e.defined()) ref.expected.push_back({name, e});
+      }
     for (const auto& name : tensor_names(Level::mha)) {
       Tensor e = load(name, false, "");
       const bool activation = name == "out" || name == "dx";
@@ -344,6 +356,46 @@ class ReferenceReader {
     ref.dims = Dims{.B = b, .T = t, .D = dm, .H = h, .d = hd == dm ? 0 : d, .Hkv = hkv == h ? 0 : hkv};
     ref.dtype = dtype_;
     return ref;
+  }
+
+  // bq [H*d], bk and bv [Hkv*d], bo [D]: all four or none (a bias file
+  // alone is a mistake, and so is `bias: true` without the files). True: the
+  // reference has biases.
+  bool read_biases(ReferenceData& ref, std::int64_t hd, std::int64_t kvd, std::int64_t dm, std::int64_t h,
+                   std::int64_t hkv, std::int64_t d) {
+    const std::vector<std::string> stems = {"bq", "bk", "bv", "bo"};
+    std::vector<std::string> present, absent;
+    for (const auto& s : stems) (has(s) ? present : absent).push_back(s);
+    const bool asked = c_.bias, said_no = !c_.bias && c_.key_source.count("bias");
+    if (present.empty()) {
+      if (asked)
+        fail("the case says 'bias: true' but " + (npz_ ? "reference file " : "reference directory ") + ref() +
+             " has no bq, bk, bv, bo" + (npz_ ? " members" : " .npy files") +
+             " (bq [H*d], bk and bv [Hkv*d], bo [D]); drop 'bias: true' or add them");
+      return false;
+    }
+    if (said_no)
+      fail(file(present.front()) + " is a bias, but the case says 'bias: false'; drop 'bias: false' (the files "
+           "give the biases) or the bias files");
+    if (!absent.empty()) {
+      std::string have, missing;
+      for (const auto& s : present) have += (have.empty() ? "" : ", ") + part(s);
+      for (const auto& s : absent) missing += (missing.empty() ? "" : ", ") + part(s);
+      fail((npz_ ? "reference file " : "reference directory ") + ref() + " holds " + have + " but not " + missing +
+           ": a reference with biases holds all four of bq, bk, bv, bo");
+    }
+    const std::string dims = " (H=" + std::to_string(h) + ", Hkv=" + std::to_string(hkv) + ", d=" +
+                             std::to_string(d) + ", D=" + std::to_string(dm) + " from the weights)";
+    const std::pair<std::string, std::pair<std::int64_t, std::string>> want[] = {
+        {"bq", {hd, "bq is [H*d]"}}, {"bk", {kvd, "bk is [Hkv*d]"}}, {"bv", {kvd, "bv is [Hkv*d]"}},
+        {"bo", {dm, "bo is [D]"}}};
+    for (const auto& [stem, shape_why] : want) {
+      Tensor t = load_input(stem, true, "a reference with biases holds all four");
+      expect_shape(stem, t, {shape_why.first}, shape_why.second + dims);
+      ref.inputs.push_back({stem, t});
+    }
+    ref.bias = true;
+    return true;
   }
 
   // x [..., T, d] with any leading dims (CS336's run_rope takes [..., T, d_k]);
@@ -484,6 +536,10 @@ void load_case_files(CaseSpec& c) {
     if (c.dtype == DType::bfloat16) as_bfloat16(c, ref);
     c.dims = ref.dims;
     c.dtype = ref.dtype;
+    if (ref.bias && !c.bias) {  // the files give the biases: a check list not the case's own compares theirs too
+      c.bias = true;
+      if (!c.check_strict) c.check = with_bias_gradients(c.check);
+    }
     files->positions = ref.positions;
     if (c.rope && c.rope->rotary_dim > c.dims.head_dim())
       throw ConfigError(c.rope->rotary_dim_at, "case '" + c.name + "': 'rotary_dim' " +
@@ -535,7 +591,7 @@ Suite load_suite(const fs::path& file) {
   return suite;
 }
 
-CaseInputs seeded_inputs(Level level, const Dims& d, DType dt, std::uint64_t seed) {
+CaseInputs seeded_inputs(Level level, const Dims& d, DType dt, std::uint64_t seed, bool bias) {
   Generator gen(seed);
   CaseInputs in;
   in.level = level;
@@ -549,6 +605,12 @@ CaseInputs seeded_inputs(Level level, const Dims& d, DType dt, std::uint64_t see
     in.wv = randn({kv_hd, d.D}, dt, gen, w_std);
     in.wo = randn({d.D, hd}, dt, gen, 1.0 / std::sqrt(static_cast<double>(hd)));
     in.r = randn({d.B, d.T, d.D}, dt, gen);
+    if (bias) {  // after r: a case without biases keeps every value it had
+      in.bq = randn({hd}, dt, gen, w_std);
+      in.bk = randn({kv_hd}, dt, gen, w_std);
+      in.bv = randn({kv_hd}, dt, gen, w_std);
+      in.bo = randn({d.D}, dt, gen, 1.0 / std::sqrt(static_cast<double>(hd)));
+    }
   } else if (level == Level::rope) {
     const Shape x_shape = d.H > 0 ? Shape{d.B, d.H, d.T, d.d} : Shape{d.B, d.T, d.d};
     in.x = randn(x_shape, dt, gen);
@@ -584,6 +646,10 @@ CaseInputs make_inputs(const CaseSpec& spec) {
       in.wk = get("wk");
       in.wv = get("wv");
       in.wo = get("wo");
+      in.bq = get("bq");
+      in.bk = get("bk");
+      in.bv = get("bv");
+      in.bo = get("bo");
     } else {
       in.q = get("q");
       in.k = get("k");
@@ -598,7 +664,7 @@ CaseInputs make_inputs(const CaseSpec& spec) {
     in.expected = files->expected;
     in.positions = files->positions;
   } else {
-    in = seeded_inputs(spec.level, spec.dims, spec.dtype, spec.seed);
+    in = seeded_inputs(spec.level, spec.dims, spec.dtype, spec.seed, spec.bias);
   }
   if (spec.rope && !in.positions.defined()) {
     Shape shape;
@@ -634,6 +700,10 @@ CaseInputs private_copy(const CaseInputs& in, InputLayout layout) {
   out.wk = own(in.wk);
   out.wv = own(in.wv);
   out.wo = own(in.wo);
+  out.bq = own(in.bq);
+  out.bk = own(in.bk);
+  out.bv = own(in.bv);
+  out.bo = own(in.bo);
   out.mask = own(in.mask);
   out.r = own(in.r);
   out.positions = own(in.positions);
@@ -681,6 +751,10 @@ TensorSet input_tensors(const CaseInputs& in) {
   } else if (in.level == Level::mha) {
     out = {{"x", in.x.clone()}, {"wq", in.wq.clone()}, {"wk", in.wk.clone()},
            {"wv", in.wv.clone()}, {"wo", in.wo.clone()}};
+    if (in.bq.defined())
+      for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"bq", &in.bq}, {"bk", &in.bk}, {"bv", &in.bv},
+                                    {"bo", &in.bo}})
+        out.push_back({name, t->clone()});
   } else {
     out = {{"q", in.q.clone()}, {"k", in.k.clone()}, {"v", in.v.clone()}};
     if (in.mask.defined()) out.push_back({"mask", in.mask.clone()});

@@ -76,6 +76,7 @@ struct Capabilities {
   bool grouped_kv = false;      // num_kv_heads < num_heads (GQA/MQA)
   bool rope = false;            // rotary position embeddings
   bool rope_level = false;      // rope_forward: the rotation alone (level: rope)
+  bool bias = false;            // MhaWeights::bq, bk, bv, bo (y = x W^T + b; plugin ABI 5)
   std::vector<std::string> extra;  // free-form capabilities for what comes next
 };
 

@@ -149,7 +149,7 @@ constexpr bool Capabilities::*kCapabilityFlags[] = {
     &Capabilities::mha,     &Capabilities::core,    &Capabilities::causal,
     &Capabilities::bool_mask, &Capabilities::cross_lengths, &Capabilities::float32,
     &Capabilities::float64, &Capabilities::dropout, &Capabilities::grouped_kv,
-    &Capabilities::rope, &Capabilities::rope_level};
+    &Capabilities::rope, &Capabilities::rope_level, &Capabilities::bias};
 constexpr std::size_t kCapabilityCount = std::size(kCapabilityFlags);
 
 // Runs in the probe's child: opens the library and writes what it found.
@@ -456,6 +456,7 @@ std::string capabilities_str(const Capabilities& c) {
   if (c.grouped_kv) parts.push_back("gqa");
   if (c.rope) parts.push_back("rope");
   if (c.rope_level) parts.push_back("rope-level");
+  if (c.bias) parts.push_back("bias");
   for (const auto& e : c.extra) parts.push_back(e);
   std::string s;
   for (const auto& p : parts) s += (s.empty() ? "" : ", ") + p;
