@@ -361,7 +361,7 @@ class ReferenceReader {
   // bq [H*d], bk and bv [Hkv*d], bo [D]: all four or none (a bias file
   // alone is a mistake, and so is `bias: true` without the files). True: the
   // reference has biases.
-  bool read_biases(ReferenceData& ref, std::int64_t hd, std::int64_t kvd, std::int64_t dm, std::int64_t h,
+  bool read_biases(ReferenceData& data, std::int64_t hd, std::int64_t kvd, std::int64_t dm, std::int64_t h,
                    std::int64_t hkv, std::int64_t d) {
     const std::vector<std::string> stems = {"bq", "bk", "bv", "bo"};
     std::vector<std::string> present, absent;
@@ -369,7 +369,7 @@ class ReferenceReader {
     const bool asked = c_.bias, said_no = !c_.bias && c_.key_source.count("bias");
     if (present.empty()) {
       if (asked)
-        fail("the case says 'bias: true' but " + (npz_ ? "reference file " : "reference directory ") + ref() +
+        fail(std::string("the case says 'bias: true' but ") + (npz_ ? "reference file " : "reference directory ") + ref() +
              " has no bq, bk, bv, bo" + (npz_ ? " members" : " .npy files") +
              " (bq [H*d], bk and bv [Hkv*d], bo [D]); drop 'bias: true' or add them");
       return false;
@@ -381,7 +381,7 @@ class ReferenceReader {
       std::string have, missing;
       for (const auto& s : present) have += (have.empty() ? "" : ", ") + part(s);
       for (const auto& s : absent) missing += (missing.empty() ? "" : ", ") + part(s);
-      fail((npz_ ? "reference file " : "reference directory ") + ref() + " holds " + have + " but not " + missing +
+      fail(std::string(npz_ ? "reference file " : "reference directory ") + ref() + " holds " + have + " but not " + missing +
            ": a reference with biases holds all four of bq, bk, bv, bo");
     }
     const std::string dims = " (H=" + std::to_string(h) + ", Hkv=" + std::to_string(hkv) + ", d=" +
@@ -392,9 +392,9 @@ class ReferenceReader {
     for (const auto& [stem, shape_why] : want) {
       Tensor t = load_input(stem, true, "a reference with biases holds all four");
       expect_shape(stem, t, {shape_why.first}, shape_why.second + dims);
-      ref.inputs.push_back({stem, t});
+      data.inputs.push_back({stem, t});
     }
-    ref.bias = true;
+    data.bias = true;
     return true;
   }
 

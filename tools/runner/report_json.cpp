@@ -163,6 +163,7 @@ json case_json(const CaseResult& r) {
           {"scale", c.scale ? json(*c.scale) : json(nullptr)},
           {"mask", c.mask_file.empty() ? json(nullptr) : json(c.mask_file.string())},
           {"input_layout", layout_name(c.layout)},
+          {"bias", c.bias},
           {"seed", c.seed},
           {"compare", c.compare},
           {"reference", c.is_reference() ? json(c.reference_text) : json(nullptr)},

@@ -221,6 +221,7 @@ CaseSpec spec_of(const json& j) {
   c.layout = named(j, "input_layout", {InputLayout::contiguous, InputLayout::transposed, InputLayout::sliced},
                    layout_name);
   c.seed = value_of<std::uint64_t>(j, "seed");
+  c.bias = j.contains("bias") && value_of<bool>(j, "bias");  // reports before biases have none
   if (j.contains("tolerance_rule"))
     c.tolerance_rule = value_of<std::string>(j, "tolerance_rule") == "relative_to_baseline"
                            ? ToleranceRule::relative_to_baseline

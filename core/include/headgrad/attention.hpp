@@ -101,10 +101,11 @@ struct MhaWeights {
   Variable wk;  // [Hkv*d, D]
   Variable wv;  // [Hkv*d, D]
   Variable wo;  // [D, H*d]
-  Variable bq;  // [H*d] or undefined
-  Variable bk;  // [Hkv*d] or undefined
-  Variable bv;  // [Hkv*d] or undefined
-  Variable bo;  // [D] or undefined
+  // (= {}: MhaWeights{wq, wk, wv, wo} stays a complete initializer, without biases)
+  Variable bq = {};  // [H*d] or undefined
+  Variable bk = {};  // [Hkv*d] or undefined
+  Variable bv = {};  // [Hkv*d] or undefined
+  Variable bo = {};  // [D] or undefined
 
   bool has_bias() const { return bq.defined() || bk.defined() || bv.defined() || bo.defined(); }
 };
