@@ -338,3 +338,22 @@ TEST_F(BiasFiles, ExportWritesBiasesAndItsSuitePasses) {
 }
 
 }  // namespace
+
+namespace {
+
+// The C ABI is core-level only: a bias case against a C plugin is a capability
+// refusal (exit 2) that names both what it lacks, not a crash or a silent run.
+TEST(BiasCPlugin, BiasCaseAgainstACPluginIsRefusedNamingTheCapability) {
+  const fs::path dir = fs::temp_directory_path() / ("headgrad_bias_c_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "s.yaml") << "suite: t\ncases:\n  - {name: c, bias: true, compare: [naive_c, per_head], "
+                                   "shape: {B: 2, T: 3, D: 8, H: 2}}\n";
+  const test::Outcome o = test::headgrad({"run", (dir / "s.yaml").string(), "--plugin-path", C_PLUGIN_DIR});
+  fs::remove_all(dir);
+  EXPECT_EQ(o.code, 2) << o.out << o.err;
+  EXPECT_TRUE(contains(o.err, "plugin 'naive_c' lacks the capability 'mha' (the case is at mha level); it also lacks "
+                              "'bias' (the case has 'bias: true'"))
+      << o.err;
+}
+
+}  // namespace
