@@ -234,6 +234,11 @@ TEST_F(Bias, PluginThatIgnoresItsBiasesFailsOnOutAndEveryBiasGradient) {
     EXPECT_FALSE(t->allclose) << name;
   }
   EXPECT_EQ(tensor(r, "dbo")->problem, "missing");
+  // localization: every variant keeps the biases but one, where the failure disappears
+  ASSERT_TRUE(r.localization);
+  EXPECT_TRUE(contains(r.localization->sentence, "disappears at bias off")) << r.localization->sentence;
+  for (const auto& row : r.localization->rows)
+    EXPECT_EQ(contains(row.shape, ",bias"), row.change != "bias off") << row.change << ": " << row.shape;
   // the same plugin passes where there are no biases
   EXPECT_EQ(run("  - {name: c, causal: true, compare: [bias_ignored, per_head], shape: {B: 2, T: 3, D: 8, H: 2}}\n")
                 .status,

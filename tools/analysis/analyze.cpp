@@ -34,7 +34,7 @@ std::string fmt_g(double v) {
 // ---------------------------------------------------------------- localization
 
 struct Variant {
-  std::string dim;       // what the variant probes: "B", "T", "H", "H@D", "Tq", "Tq!=Tk", "Tq>Tk", "d", "mask", "causal"
+  std::string dim;       // what the variant probes: "B", "T", "H", "H@D", "Tq", "Tq!=Tk", "Tq>Tk", "d", "mask", "causal", "bias"
   std::string change;    // "B = 1"
   bool removes = false;  // takes away something a bug may need (a dim at 1, Tq = Tk, the mask): passing there is dependence
   CaseSpec spec;
@@ -49,7 +49,7 @@ std::vector<Variant> variants_of(const CaseSpec& c) {
     v.expect_fail = false;
     v.expect_diagnosis.clear();
     const bool removes = change.find("= 1") != std::string::npos || dim == "Tq!=Tk" || dim == "mask" ||
-                         dim == "causal" || dim == "rope" || dim == "r" || dim == "positions";
+                         dim == "causal" || dim == "rope" || dim == "r" || dim == "positions" || dim == "bias";
     out.push_back({std::move(dim), std::move(change), removes, std::move(v)});
   };
   const Dims& d0 = c.dims;
@@ -90,6 +90,15 @@ std::vector<Variant> variants_of(const CaseSpec& c) {
     if (!c.mask_file.empty()) add("mask", "mask off", [](CaseSpec& v) { v.mask_file.clear(); v.files.reset(); });
   }
   if (c.causal) add("causal", "causal off", [](CaseSpec& v) { v.causal = false; });
+  // Biases off (and their gradients out of the checks): a failure that needs them lives in them.
+  if (c.bias)
+    add("bias", "bias off", [](CaseSpec& v) {
+      v.bias = false;
+      const auto& b = bias_tensor_names();
+      v.check.erase(std::remove_if(v.check.begin(), v.check.end(),
+                                   [&](const std::string& t) { return std::find(b.begin(), b.end(), t) != b.end(); }),
+                    v.check.end());
+    });
   // Grouped kv heads: plain multi-head (G = 1) and one shared kv head (MQA).
   if (d0.Hkv > 1 && d0.Hkv < d0.H) {
     add("G", "Hkv = H (G = 1)", [](CaseSpec& v) { v.dims.Hkv = 0; });
@@ -217,6 +226,7 @@ std::string dim_words(const std::string& dim) {
   if (dim == "rope") return "the rotation (RoPE)";
   if (dim == "r") return "the rotary width";
   if (dim == "positions") return "the token positions";
+  if (dim == "bias") return "the biases";
   return "the head count";
 }
 
@@ -230,6 +240,7 @@ std::string need_words(const std::string& dim) {
   if (dim == "rope") return "the rotation (it shows only with RoPE on)";
   if (dim == "r") return "more than one rotating pair (rotary_dim > 2)";
   if (dim == "positions") return "tokens at different positions";
+  if (dim == "bias") return "the biases (it shows only with biases on)";
   return dim_words(dim) + " above 1";
 }
 
