@@ -176,10 +176,10 @@ TEST(AbiLayout, EachFieldMismatchIsNamed) {
 
 TEST(AbiLayout, AnotherAbiVersionSaysOnlyThat) {
   Doctored d;
-  d.info.abi_version = 1;
+  d.info.abi_version = 4;  // the ABI before MhaWeights' biases
   d.info.cxx11_abi = 0;  // not comparable across versions: not reported
   d.info.headgrad_version = "0.0.9";
-  EXPECT_EQ(mismatch_of(d.get()), "built for plugin ABI version 1 (headgrad 0.0.9), headgrad uses 4");
+  EXPECT_EQ(mismatch_of(d.get()), "built for plugin ABI version 4 (headgrad 0.0.9), headgrad uses 5");
 }
 
 TEST(AbiLayout, NotADescriptionAtAll) {

@@ -233,7 +233,7 @@ TEST_F(Bias, PluginThatIgnoresItsBiasesFailsOnOutAndEveryBiasGradient) {
     ASSERT_NE(t, nullptr) << name;
     EXPECT_FALSE(t->allclose) << name;
   }
-  EXPECT_EQ(tensor(r, "dbo")->problem, "missing");
+  EXPECT_TRUE(contains(tensor(r, "dbo")->problem, "bias_ignored gives no dbo")) << tensor(r, "dbo")->problem;
   // localization: every variant keeps the biases but one, where the failure disappears
   ASSERT_TRUE(r.localization);
   EXPECT_TRUE(contains(r.localization->sentence, "disappears at bias off")) << r.localization->sentence;
@@ -261,7 +261,7 @@ TEST_F(Bias, CatalogBugsAreNamedWithBiasesOn) {
   ASSERT_TRUE(r.diagnosis);
   EXPECT_EQ(r.diagnosis->best(), "kv_map_tile") << r.diagnosis->sentence;
   bool confirmed = false;
-  for (const auto& e : r.diagnosis->evidence) confirmed = confirmed || contains(e, "computes the correct attention");
+  for (const auto& e : r.diagnosis->evidence) confirmed = confirmed || contains(e, "matches the correct attention");
   EXPECT_TRUE(confirmed) << (r.diagnosis->evidence.empty() ? "no evidence" : r.diagnosis->evidence.front());
 }
 
