@@ -16,7 +16,8 @@
 #include "headgrad/npy.hpp"
 #include "headgrad_cli.hpp"
 #include "real_plugins.hpp"
-#include "runner/run.hpp"
+#include "job/run_suite.hpp"
+#include "judge/run_case.hpp"
 
 namespace fs = std::filesystem;
 using namespace headgrad;
@@ -383,7 +384,7 @@ TEST(BiasMutants, EveryMhaMutantIsNamedWithBiasesOn) {
   }
   ASSERT_GE(kept.size(), 30u);
   suite.cases = kept;
-  const SuiteResult result = analysis::run_suite(suite, registry, {});
+  const SuiteResult result = run_suite(suite, registry, {});
   for (const auto& c : result.cases) {
     ASSERT_TRUE(c.diagnosis.has_value()) << c.spec.name << ": " << c.cause;
     EXPECT_EQ(c.diagnosis->best(), c.spec.expect_diagnosis) << c.spec.name << ": " << c.diagnosis->sentence;

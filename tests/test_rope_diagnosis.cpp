@@ -18,10 +18,11 @@
 #include <headgrad/loader.hpp>
 
 #include "analysis/analyze.hpp"
+#include "job/run_suite.hpp"
 #include "analysis/catalog.hpp"
 #include "analysis/hypotheses.hpp"
-#include "runner/execute.hpp"
-#include "runner/run.hpp"
+#include "exec/execute.hpp"
+#include "judge/run_case.hpp"
 
 using namespace headgrad;
 using namespace headgrad::diagnosis;
@@ -296,7 +297,7 @@ TEST(RopeSuite, MutantsYamlCatchesAndNamesEveryRopeMutant) {
   const runner::Suite suite = runner::load_suite(HEADGRAD_SOURCE_ROOT "/configs/mutants.yaml");
   runner::RunOptions options;
   options.filter = "rope_*";
-  const runner::SuiteResult result = analysis::run_suite(suite, plugins(), options);
+  const runner::SuiteResult result = runner::run_suite(suite, plugins(), options);
   std::set<std::string> named;
   for (const auto& c : result.cases) {
     EXPECT_EQ(c.status, runner::CaseStatus::xfail) << c.spec.name << ": " << c.cause;

@@ -12,7 +12,8 @@
 #include <fstream>
 
 #include "analysis/analyze.hpp"
-#include "runner/run.hpp"
+#include "job/run_suite.hpp"
+#include "judge/run_case.hpp"
 #include "runner_plugins.hpp"
 
 using namespace headgrad;

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <limits>
 
-#include "runner/compare.hpp"
-#include "runner/inputs.hpp"
+#include "judge/compare.hpp"
+#include "case/inputs.hpp"
 
 namespace {
 

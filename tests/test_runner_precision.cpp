@@ -20,9 +20,9 @@
 
 #include "analysis/analyze.hpp"
 #include "analysis/catalog.hpp"
-#include "runner/golden.hpp"
-#include "runner/report.hpp"
-#include "runner/run.hpp"
+#include "judge/golden.hpp"
+#include "report/report.hpp"
+#include "judge/run_case.hpp"
 #include "runner_plugins.hpp"
 
 namespace fs = std::filesystem;

@@ -16,7 +16,8 @@
 #include <nlohmann/json.hpp>
 
 #include "analysis/analyze.hpp"
-#include "runner/report.hpp"
+#include "job/run_suite.hpp"
+#include "report/report.hpp"
 
 namespace fs = std::filesystem;
 
@@ -223,7 +224,7 @@ cases:
 )";
     const Suite suite = load_suite(file);
     fs::remove(file);
-    result_ = new SuiteResult(headgrad::analysis::run_suite(suite, *registry_, {}));
+    result_ = new SuiteResult(headgrad::runner::run_suite(suite, *registry_, {}));
   }
   static void TearDownTestSuite() {
     delete result_;

@@ -13,7 +13,8 @@
 #include <headgrad/npy.hpp>
 
 #include "analysis/analyze.hpp"
-#include "runner/run.hpp"
+#include "job/run_suite.hpp"
+#include "judge/run_case.hpp"
 #include "runner_plugins.hpp"
 
 namespace fs = std::filesystem;
@@ -22,7 +23,7 @@ namespace {
 
 using namespace headgrad;
 using namespace headgrad::runner;
-using headgrad::analysis::run_suite;
+using headgrad::runner::run_suite;
 
 const fs::path kFixtures = RUNNER_FIXTURES;
 

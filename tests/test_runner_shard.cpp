@@ -20,7 +20,8 @@
 #include <nlohmann/json.hpp>
 
 #include "headgrad_cli.hpp"
-#include "runner/run.hpp"
+#include "job/workers.hpp"
+#include "judge/run_case.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;

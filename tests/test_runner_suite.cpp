@@ -6,8 +6,9 @@
 #include <iterator>
 #include <string>
 
-#include "runner/budget.hpp"
-#include "runner/suite.hpp"
+#include "case/budget.hpp"
+#include "analysis/catalog.hpp"
+#include "case/suite.hpp"
 
 namespace {
 
@@ -214,15 +215,26 @@ TEST(Suite, CausalTakesEitherAlignment) {
             "top_left, as PyTorch's is_causal), got 'bottom-right'");
 }
 
+// The name is checked where the catalog lives (the analysis), at its YAML location.
+std::string diagnosis_error_of(const std::string& yaml) {
+  try {
+    headgrad::diagnosis::check_expected_diagnoses(parse(yaml));
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
 TEST(Suite, ExpectedDiagnosisIsACatalogNameOrNone) {
   const std::string head = std::string("cases:\n  - name: a\n    ") + kPair +
                            "\n    shape: {B: 1, T: 2, D: 4, H: 1}\n    expect: {fail: true, diagnosis: ";
   EXPECT_EQ(only_case(parse(head + "none}\n")).expect_diagnosis, "none");
   EXPECT_EQ(only_case(parse(head + "causal_alignment}\n")).expect_diagnosis, "causal_alignment");
-  EXPECT_EQ(error_of(head + "kv_swaped}\n"),
+  EXPECT_EQ(diagnosis_error_of(head + "none}\n"), "(no error)");
+  EXPECT_EQ(diagnosis_error_of(head + "kv_swaped}\n"),
             "t.yaml:5:37: case 'a': 'diagnosis' must be a known bug's name or none, got 'kv_swaped'; "
             "did you mean 'kv_swapped'?");
-  const std::string far = error_of(head + "something_else_entirely}\n");
+  const std::string far = diagnosis_error_of(head + "something_else_entirely}\n");
   EXPECT_NE(far.find("got 'something_else_entirely'; the names: split_without_transpose, "), std::string::npos) << far;
 }
 

@@ -16,7 +16,8 @@
 #include <headgrad/npy.hpp>
 
 #include "analysis/analyze.hpp"
-#include "runner/inputs.hpp"
+#include "job/run_suite.hpp"
+#include "case/inputs.hpp"
 #include "template/template.hpp"
 
 namespace fs = std::filesystem;

@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "runner/suite.hpp"
+#include "case/suite.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   namespace runner = headgrad::runner;

@@ -1,10 +1,10 @@
-// The analysis: a layer above running. It runs cases through the runner
-// (runner/run.hpp), and for each case that fails a comparison says where the
+// The analysis: a layer above judging. It runs cases through run_case
+// (judge/run_case.hpp), and for each case that fails a comparison says where the
 // error lives, which dimensions it depends on, and which known bug reproduces
 // it; before a suite runs, which bug classes it cannot expose.
 //
-//   SuiteResult result = run_suite(load_suite("configs/mutants.yaml"), registry, {});
-//   // or, one case at a time:
+//   CaseResult r = check_case(c, registry, options);     // run, and analyzed if it failed
+//   // or step by step:
 //   CaseInputs in;
 //   CaseResult r = run_case(c, registry, options, &in);   // runner: failed
 //   Diagnosis dx = diagnose(r, in);                       // bug hypotheses on the same inputs
@@ -27,8 +27,8 @@
 
 #include <headgrad/loader.hpp>
 
-#include "runner/findings.hpp"
-#include "runner/run.hpp"
+#include "case/findings.hpp"
+#include "judge/run_case.hpp"
 
 namespace headgrad::analysis {
 
@@ -38,19 +38,13 @@ using runner::CaseSpec;
 using runner::Diagnosis;
 using runner::Localization;
 using runner::RunOptions;
-using runner::Suite;
-using runner::SuiteResult;
 using runner::WeakSuiteWarning;
 
-// ---- the job ----
+// ---- one case ----
 
-// The selected cases of `suite` (options.filter), each run, analyzed when it
-// fails a comparison (an `expect: {diagnosis: NAME}` is checked against the
-// diagnosis), then cut down to what the reports need (keep_report_data).
-// Only options.shard's part of them runs, options.jobs at once (runner::run_cases).
-SuiteResult run_suite(const Suite& suite, const PluginRegistry& registry, const RunOptions& options);
-
-// One case as run_suite runs it.
+// One case as run_suite (job/run_suite.hpp) runs it: run_case, then for a
+// failed comparison the diagnosis, the localization, their confirmation and
+// the clues; an `expect: {diagnosis: NAME}` is checked against the diagnosis.
 CaseResult check_case(const CaseSpec& spec, const PluginRegistry& registry, const RunOptions& options);
 
 // ---- localization ----

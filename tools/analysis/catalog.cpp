@@ -1,5 +1,10 @@
 #include "analysis/catalog.hpp"
 
+#include <string>
+#include <vector>
+
+#include "case/suite.hpp"
+
 #include <array>
 
 namespace headgrad::diagnosis {
@@ -213,6 +218,21 @@ std::optional<Bug> bug_from_name(std::string_view name) {
   for (const auto& b : kCatalog)
     if (b.name == name) return b.bug;
   return std::nullopt;
+}
+
+void check_expected_diagnoses(const runner::Suite& suite) {
+  std::vector<std::string> names;
+  for (const BugInfo& b : bug_catalog()) names.emplace_back(b.name);
+  for (const runner::CaseSpec& c : suite.cases) {
+    const std::string& name = c.expect_diagnosis;
+    if (name.empty() || name == "none" || bug_from_name(name)) continue;
+    const std::string near = runner::closest_match(name, names);
+    throw runner::ConfigError(c.expect_diagnosis_at,
+                              "case '" + (c.base_name.empty() ? c.name : c.base_name) +
+                                  "': 'diagnosis' must be a known bug's name or none, got '" + name + "'" +
+                                  (near.empty() ? "; the names: " + runner::join(names)
+                                                : "; did you mean '" + near + "'?"));
+  }
 }
 
 }  // namespace headgrad::diagnosis

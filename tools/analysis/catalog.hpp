@@ -7,6 +7,10 @@
 #include <span>
 #include <string_view>
 
+namespace headgrad::runner {
+struct Suite;
+}
+
 namespace headgrad::diagnosis {
 
 enum class Bug {
@@ -60,5 +64,9 @@ const BugInfo& bug_info(Bug bug);
 std::optional<Bug> bug_from_name(std::string_view name);
 // A bug of the rotation itself, which the rope level (x alone) can show.
 bool has_rope_level_form(const BugInfo& info);
+
+// Every case's `expect: {diagnosis: NAME}` names a catalog bug or none; else a
+// ConfigError at the name, suggesting the closest one. run_suite calls it first.
+void check_expected_diagnoses(const runner::Suite& suite);
 
 }  // namespace headgrad::diagnosis

@@ -2,7 +2,7 @@
 #include <set>
 #include <sstream>
 
-#include <runner/budget.hpp>
+#include "case/budget.hpp"
 #include <yaml-cpp/yaml.h>
 
 #include "bench.hpp"

@@ -16,7 +16,7 @@
 #include <headgrad/parallel.hpp>
 
 #include "bench.hpp"
-#include "runner/inputs.hpp"
+#include "case/inputs.hpp"
 
 namespace headgrad::bench {
 
@@ -59,7 +59,7 @@ double median(std::vector<double> v) {
 // ---------------------------------------------------------------- inputs
 
 // Leaves and the loss weights of one case: the runner's seeded recipe
-// (runner/inputs.hpp), made once.
+// (case/inputs.hpp), made once.
 struct BenchInputs {
   std::vector<Variable> leaves;  // mha: x, wq, wk, wv, wo; core: q, k, v
   Tensor r;                      // out's shape

@@ -35,12 +35,14 @@
 #include <nlohmann/json.hpp>
 
 #include "analysis/analyze.hpp"
+#include "job/run_suite.hpp"
+#include "job/workers.hpp"
 #include "bench.hpp"
-#include "runner/budget.hpp"
-#include "runner/report.hpp"
-#include "runner/inputs.hpp"
-#include "runner/run.hpp"
-#include "runner/suite.hpp"
+#include "case/budget.hpp"
+#include "report/report.hpp"
+#include "case/inputs.hpp"
+#include "judge/run_case.hpp"
+#include "case/suite.hpp"
 #include "template/template.hpp"
 
 #ifndef HEADGRAD_VERSION
@@ -50,7 +52,7 @@
 namespace fs = std::filesystem;
 using namespace headgrad;
 using namespace headgrad::runner;
-using headgrad::analysis::run_suite;
+using headgrad::runner::run_suite;
 
 namespace {
 

@@ -1,0 +1,324 @@
+#include "analysis/analyze.hpp"
+#include "analysis/internal.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <sstream>
+
+#include <headgrad/log.hpp>
+
+#include "analysis/catalog.hpp"
+#include "analysis/hypotheses.hpp"
+#include "case/inputs.hpp"
+#include "exec/execute.hpp"
+
+namespace headgrad::analysis {
+
+using namespace runner;
+using diagnosis::Bug;
+using diagnosis::bug_catalog;
+using diagnosis::bug_info;
+
+std::string fmt_g(double v) {
+  std::ostringstream o;
+  o.precision(2);
+  o << v;
+  return o.str();
+}
+
+// Localization: the failing pair re-run at variants of the case.
+
+// Max |a - b| per slot of one dim of a [.., n, ..] tensor (dim < 0: from the end),
+// or per block of `block` columns along the last dim when block > 0.
+std::vector<double> slot_max(const Tensor& a, const Tensor& b, std::int64_t dim, std::int64_t block) {
+  const Tensor da = a.contiguous(), db = b.contiguous();
+  const Shape& shape = da.shape();
+  const std::int64_t nd = da.dim();
+  const std::int64_t axis = normalize_dim(dim, nd, shape, "slot_max");
+  const std::int64_t n = block > 0 ? shape[axis] / block : shape[axis];
+  std::vector<double> out(static_cast<std::size_t>(std::max<std::int64_t>(n, 0)), 0.0);
+  const auto va = da.to_vector(), vb = db.to_vector();
+  std::int64_t inner = 1;
+  for (std::int64_t i = axis + 1; i < nd; ++i) inner *= shape[i];
+  for (std::size_t i = 0; i < va.size(); ++i) {
+    const std::int64_t slot = (static_cast<std::int64_t>(i) / inner) % shape[axis];
+    const double e = std::abs(va[i] - vb[i]);
+    auto& m = out[static_cast<std::size_t>(block > 0 ? slot / block : slot)];
+    if (std::isnan(e) || e > m) m = std::isnan(e) ? INFINITY : e;
+  }
+  return out;
+}
+
+namespace {
+
+std::vector<Variant> variants_of(const CaseSpec& c) {
+  std::vector<Variant> out;
+  auto add = [&](std::string dim, std::string change, auto edit) {
+    CaseSpec v = c;
+    edit(v);
+    v.name = c.name + " {" + change + "}";
+    v.expect_fail = false;
+    v.expect_diagnosis.clear();
+    const bool removes = change.find("= 1") != std::string::npos || dim == "Tq!=Tk" || dim == "mask" ||
+                         dim == "causal" || dim == "rope" || dim == "r" || dim == "positions" || dim == "bias";
+    out.push_back({std::move(dim), std::move(change), removes, std::move(v)});
+  };
+  const Dims& d0 = c.dims;
+  // One head has one kv head: the H variants drop Hkv (and an explicit d where D is kept).
+  if (c.level == Level::mha) {
+    const std::int64_t d = d0.H > 0 ? d0.head_dim() : d0.D;
+    if (d0.B > 1) add("B", "B = 1", [](CaseSpec& v) { v.dims.B = 1; });
+    else add("B", "B = 2", [](CaseSpec& v) { v.dims.B = 2; });
+    if (d0.T > 1) add("T", "T = 1", [](CaseSpec& v) { v.dims.T = 1; });
+    else add("T", "T = 4", [](CaseSpec& v) { v.dims.T = 4; });
+    if (d0.H > 1) {
+      add("H", "H = 1 (d kept, D = " + std::to_string(d) + ")",
+          [d](CaseSpec& v) { v.dims.H = 1; v.dims.D = d; v.dims.Hkv = 0; });
+      add("H@D", "H = 1 (D kept, d = " + std::to_string(d0.D) + ")",
+          [](CaseSpec& v) { v.dims.H = 1; v.dims.Hkv = 0; v.dims.d = 0; });
+    } else {
+      add("H", "H = 2 (d kept, D = " + std::to_string(2 * d) + ")", [d](CaseSpec& v) { v.dims.H = 2; v.dims.D = 2 * d; });
+      if (d0.D % 2 == 0)
+        add("H@D", "H = 2 (D kept, d = " + std::to_string(d0.D / 2) + ")", [](CaseSpec& v) { v.dims.H = 2; });
+    }
+  } else if (c.level == Level::rope) {  // x [B, (H,) T, d]: the rotation alone
+    if (d0.B > 1) add("B", "B = 1", [](CaseSpec& v) { v.dims.B = 1; });
+    if (d0.T > 1) add("T", "T = 1", [](CaseSpec& v) { v.dims.T = 1; });
+  } else {
+    if (d0.B > 1) add("B", "B = 1", [](CaseSpec& v) { v.dims.B = 1; });
+    else add("B", "B = 2", [](CaseSpec& v) { v.dims.B = 2; });
+    // Tq and Tk apart: the same lengths, one query, more queries than keys; then both at 1.
+    if (d0.Tq != d0.Tk)
+      add("Tq!=Tk", "Tq = Tk = " + std::to_string(d0.Tk), [](CaseSpec& v) { v.dims.Tq = v.dims.Tk; });
+    if (d0.Tq > 1) add("Tq", "Tq = 1", [](CaseSpec& v) { v.dims.Tq = 1; });
+    if (d0.Tq <= d0.Tk)
+      add("Tq>Tk", "Tq = " + std::to_string(d0.Tk + 1) + " > Tk", [](CaseSpec& v) { v.dims.Tq = v.dims.Tk + 1; });
+    if (d0.Tq > 1 || d0.Tk > 1) add("T", "Tq = Tk = 1", [](CaseSpec& v) { v.dims.Tq = v.dims.Tk = 1; });
+    else add("T", "Tq = Tk = 4", [](CaseSpec& v) { v.dims.Tq = v.dims.Tk = 4; });
+    if (d0.H > 1) add("H", "H = 1", [](CaseSpec& v) { v.dims.H = 1; v.dims.Hkv = 0; });
+    else add("H", "H = 2", [](CaseSpec& v) { v.dims.H = 2; });
+    if (d0.d > 1) add("d", "d = 1", [](CaseSpec& v) { v.dims.d = 1; });
+    if (!c.mask_file.empty()) add("mask", "mask off", [](CaseSpec& v) { v.mask_file.clear(); v.files.reset(); });
+  }
+  if (c.causal) add("causal", "causal off", [](CaseSpec& v) { v.causal = false; });
+  // Biases off (and their gradients out of the checks): a failure that needs them lives in them.
+  if (c.bias)
+    add("bias", "bias off", [](CaseSpec& v) {
+      v.bias = false;
+      const auto& b = bias_tensor_names();
+      v.check.erase(std::remove_if(v.check.begin(), v.check.end(),
+                                   [&](const std::string& t) { return std::find(b.begin(), b.end(), t) != b.end(); }),
+                    v.check.end());
+    });
+  // Grouped kv heads: plain multi-head (G = 1) and one shared kv head (MQA).
+  if (d0.Hkv > 1 && d0.Hkv < d0.H) {
+    add("G", "Hkv = H (G = 1)", [](CaseSpec& v) { v.dims.Hkv = 0; });
+    add("Hkv", "Hkv = 1", [](CaseSpec& v) { v.dims.Hkv = 1; });
+  }
+  // RoPE: the rotation off (taps go with it), one pair (r = 2: both pairings and
+  // every base agree), every token at one position (scores then see none).
+  if (c.rope && c.level != Level::rope) {
+    add("rope", "rope off", [](CaseSpec& v) {
+      v.rope.reset();
+      v.check.erase(std::remove_if(v.check.begin(), v.check.end(),
+                                   [&](const std::string& t) { return std::find(v.taps.begin(), v.taps.end(), t) != v.taps.end(); }),
+                    v.check.end());
+      v.taps.clear();
+    });
+  }
+  if (c.rope) {
+    const std::int64_t r = c.rope->rotary_dim > 0 ? c.rope->rotary_dim : d0.head_dim();
+    if (r > 2) add("r", "rotary_dim = 2", [](CaseSpec& v) { v.rope->rotary_dim = 2; });
+    const std::int64_t t = c.level == Level::core ? d0.Tk : d0.T;
+    // (explicit positions need Tq = Tk at the core level)
+    if (t > 1 && (c.level != Level::core || d0.Tq == d0.Tk))
+      add("positions", "positions constant (all 5)", [t](CaseSpec& v) {
+        v.rope->rows = {std::vector<std::int64_t>(static_cast<std::size_t>(t), 5)};
+        v.rope->per_row = false;
+        v.rope->generator.clear();
+        v.rope->offset = 0;
+      });
+  }
+  return out;
+}
+
+
+ErrorSpread spread_of(const std::string& name, const Tensor& a, const Tensor& b, const CaseSpec& c) {
+  ErrorSpread s;
+  s.tensor = name;
+  double bmax = 0;
+  for (double v : b.to_vector()) bmax = std::max(bmax, std::abs(v));
+  const Tolerance tol = c.tolerance_for(name);
+  s.tolerance = tol.atol + tol.rtol * bmax;
+  if (c.level == Level::mha && name != "q_rot" && name != "k_rot") {  // taps are [B, H, T, d]
+    const std::int64_t heads = std::max<std::int64_t>(c.dims.H, 1);
+    const std::int64_t d = a.size(-1) / heads;
+    if (name == "out" || name == "dx") {  // [B, T, D]
+      s.per_batch = slot_max(a, b, 0, 0);
+      s.per_position = slot_max(a, b, 1, 0);
+      s.per_head = slot_max(a, b, 2, d);
+    } else if (name == "dwo") {  // [D, D]: head h owns columns [h*d, (h+1)*d)
+      s.per_head = slot_max(a, b, 1, d);
+    } else if (name == "dwq" || name == "dbq") {  // [H*d, D], [H*d]: head h owns rows [h*d, (h+1)*d)
+      s.per_head = slot_max(a, b, 0, a.size(0) / heads);
+    } else if (name == "dbo") {  // [D]: no head owns an output feature
+    } else {  // dwk, dwv [Hkv*d, D], dbk, dbv [Hkv*d]: kv head j owns rows [j*d, (j+1)*d)
+      s.per_head = slot_max(a, b, 0, a.size(0) / std::max<std::int64_t>(c.dims.kv_heads(), 1));
+    }
+  } else if (a.dim() == 4) {  // [B, H, T, d]
+    s.per_batch = slot_max(a, b, 0, 0);
+    s.per_head = slot_max(a, b, 1, 0);
+    s.per_position = slot_max(a, b, 2, 0);
+  }
+  return s;
+}
+
+// "heads 0, 1 of 2" / "all 3 heads" / "no head"
+std::string slots_str(const std::vector<double>& v, double tol, const std::string& noun) {
+  std::vector<std::string> bad;
+  for (std::size_t i = 0; i < v.size(); ++i)
+    if (!(v[i] <= tol)) bad.push_back(std::to_string(i));
+  if (bad.empty()) return "no " + noun;
+  if (bad.size() == v.size())
+    return v.size() == 1 ? "its only " + noun : "all " + std::to_string(v.size()) + " " + noun + "s";
+  return noun + (bad.size() > 1 ? "s " : " ") + join(bad, ", ") + " of " + std::to_string(v.size());
+}
+
+std::string where_str(const std::vector<ErrorSpread>& spread) {
+  std::vector<std::string> parts;
+  for (const auto& s : spread) {
+    std::vector<std::string> bits;
+    if (!s.per_head.empty()) bits.push_back(slots_str(s.per_head, s.tolerance, "head"));
+    if (!s.per_position.empty()) bits.push_back(slots_str(s.per_position, s.tolerance, "position"));
+    if (!s.per_batch.empty()) bits.push_back(slots_str(s.per_batch, s.tolerance, "batch item"));
+    parts.push_back(s.tensor + ": " + join(bits, ", "));
+  }
+  return join(parts, "; ");
+}
+
+// "a", "a and b", "a, b and c"
+std::string and_list(const std::vector<std::string>& items) {
+  if (items.size() <= 1) return join(items);
+  return join(std::vector<std::string>(items.begin(), items.end() - 1)) + " and " + items.back();
+}
+
+// What a dim is, for "it does not depend on ..."
+std::string dim_words(const std::string& dim) {
+  if (dim == "B") return "the batch size";
+  if (dim == "T") return "the sequence length";
+  if (dim == "Tq") return "the query count";
+  if (dim == "Tq!=Tk") return "whether Tq = Tk";
+  if (dim == "Tq>Tk") return "whether Tq > Tk";
+  if (dim == "d") return "the head width";
+  if (dim == "mask") return "the mask file";
+  if (dim == "causal") return "the causal mask";
+  if (dim == "G") return "the query heads per kv head (G = H / Hkv)";
+  if (dim == "Hkv") return "the kv head count";
+  if (dim == "rope") return "the rotation (RoPE)";
+  if (dim == "r") return "the rotary width";
+  if (dim == "positions") return "the token positions";
+  if (dim == "bias") return "the biases";
+  return "the head count";
+}
+
+// What the failure needs when the variant that takes it away passes.
+std::string need_words(const std::string& dim) {
+  if (dim == "Tq!=Tk") return "Tq != Tk";
+  if (dim == "Tq") return "more than one query (Tq > 1)";
+  if (dim == "d") return "a head width above 1";
+  if (dim == "mask") return "the mask (it shows only with the mask)";
+  if (dim == "causal") return "the causal mask (it shows only when causal)";
+  if (dim == "rope") return "the rotation (it shows only with RoPE on)";
+  if (dim == "r") return "more than one rotating pair (rotary_dim > 2)";
+  if (dim == "positions") return "tokens at different positions";
+  if (dim == "bias") return "the biases (it shows only with biases on)";
+  return dim_words(dim) + " above 1";
+}
+
+}  // namespace
+
+std::vector<VariantRun> run_variants(const CaseSpec& c, const PluginRegistry& registry, const RunOptions& options) {
+  RunOptions quiet = options;
+  quiet.keep_tensors = true;      // the diagnosis re-checks its hypotheses on them
+  quiet.on_case_start = nullptr;  // the callbacks are the caller's, for the cases it asked for
+  quiet.on_case_done = nullptr;
+  std::vector<VariantRun> runs;
+  for (auto& v : variants_of(c)) {
+    VariantRun run{std::move(v), {}, {}, {}};
+    try {
+      run.result = run_case(run.variant.spec, registry, quiet, &run.inputs);
+    } catch (const std::exception& e) {
+      run.error = e.what();
+    }
+    runs.push_back(std::move(run));
+  }
+  return runs;
+}
+
+
+Localization localize(const CaseResult& failed, const PluginRegistry& registry,
+                      const RunOptions& options) {
+  if (failed.spec.is_reference()) return localize_from(failed, {});
+  return localize_from(failed, run_variants(failed.spec, registry, options));
+}
+
+Localization localize_from(const CaseResult& failed, const std::vector<VariantRun>& runs) {
+  Localization loc;
+  const CaseSpec& c = failed.spec;
+  for (const auto& t : failed.tensors) {
+    if (t.allclose || !t.problem.empty()) continue;
+    const Tensor* a = find_tensor(failed.lhs, t.name);
+    const Tensor* b = find_tensor(failed.rhs, t.name);
+    if (a && b && a->defined() && b->defined() && a->shape() == b->shape())
+      loc.spread.push_back(spread_of(t.name, *a, *b, c));
+  }
+  loc.where = where_str(loc.spread);
+
+  if (c.is_reference()) {
+    loc.sentence = "A reference case has one shape (its files): it cannot be re-run at others.";
+    return loc;
+  }
+  loc.rows.push_back({"as failed", describe_case(c), CaseStatus::fail, failed.max_abs(), ""});
+  std::vector<std::string> depends, independent, not_run;
+  for (const auto& run : runs) {
+    const Variant& v = run.variant;
+    if (!run.error.empty()) {
+      loc.rows.push_back({v.change, describe_case(v.spec), CaseStatus::error, 0, run.error});
+      not_run.push_back(v.change);
+      continue;
+    }
+    const CaseResult& r = run.result;
+    loc.rows.push_back({v.change, describe_case(v.spec), r.status, r.max_abs(), r.cause});
+    if (r.status == CaseStatus::error) not_run.push_back(v.change);
+    if (v.dim == "H@D" || v.dim == "Tq>Tk" || r.status == CaseStatus::error) continue;
+    const bool passes = r.status == CaseStatus::pass;
+    if (v.removes && passes) depends.push_back(v.dim);
+    else if (!passes) independent.push_back(v.dim);
+  }
+  loc.depends_on = depends;
+  loc.independent_of = independent;
+
+  std::vector<std::string> gone, needs, keep;
+  for (const auto& run : runs)
+    if (std::find(depends.begin(), depends.end(), run.variant.dim) != depends.end()) gone.push_back(run.variant.change);
+  for (const auto& d : depends) needs.push_back(need_words(d));
+  for (const auto& d : independent) keep.push_back(dim_words(d));
+  if (!depends.empty()) {
+    loc.sentence = "The failure disappears at " + and_list(gone) + ": it needs " + and_list(needs);
+    loc.sentence += keep.empty() ? "." : "; it does not depend on " + join(keep, ", ") + ".";
+  } else if (!keep.empty()) {
+    loc.sentence = std::string(not_run.empty() ? "The failure shows at every shape tried"
+                                               : "The failure shows at every variant that ran") +
+                   ": it does not depend on " + join(keep, ", ") + ".";
+  } else {
+    loc.sentence = "No variant could be run";
+    loc.sentence += c.mask_file.empty() ? "." : " (the mask file fixes B, Tq and Tk).";
+  }
+  if (!not_run.empty() && !(depends.empty() && keep.empty()))
+    loc.sentence += " Could not run: " + join(not_run) +
+                    (c.mask_file.empty() ? "" : " (the mask file fixes B, Tq and Tk)") + "; see the table.";
+  return loc;
+}
+
+}  // namespace headgrad::analysis

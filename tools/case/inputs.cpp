@@ -1,0 +1,766 @@
+#include "case/inputs.hpp"
+
+#include <atomic>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+
+#include <headgrad/log.hpp>
+#include <headgrad/npy.hpp>
+#include <headgrad/ops.hpp>
+
+namespace fs = std::filesystem;
+
+namespace headgrad::runner {
+
+namespace {
+
+std::atomic<std::size_t> g_files_read{0};
+
+// Every read of a case's file goes through these two.
+Tensor read_case_npy(const fs::path& file) {
+  ++g_files_read;
+  return read_npy(file);
+}
+std::map<std::string, Tensor> read_case_npz(const fs::path& file) {
+  ++g_files_read;
+  return read_npz(file);
+}
+
+// A reference directory's golden/ float64 tensors, one per expected tensor;
+// empty when the folder is absent. A golden that is not float64, is shaped
+// unlike its expected tensor, or holds NaN/Inf is a ConfigError naming it.
+TensorSet read_reference_golden(const CaseSpec& c, const TensorSet& expected) {
+  const fs::path dir = c.reference / "golden";
+  std::error_code ec;
+  if (c.reference.extension() == ".npz" || !fs::is_directory(dir, ec)) return {};
+  TensorSet golden;
+  for (const auto& [name, want] : expected) {
+    const fs::path file = dir / (name + ".npy");
+    const std::string shown = c.reference_text + "/golden/" + name + ".npy";
+    auto fail = [&](const std::string& problem) -> void {
+      throw ConfigError(c.where("reference"), "case '" + c.name + "': " + shown + " " + problem);
+    };
+    if (!fs::is_regular_file(file, ec)) {
+      fail("is missing (a golden/ folder holds one float64 file per expected tensor)");
+      continue;
+    }
+    Tensor g;
+    try {
+      g = read_case_npy(file);
+    } catch (const std::exception& e) {
+      fail(std::string("cannot be read: ") + e.what());
+    }
+    if (g.dtype() != DType::float64) fail("holds " + std::string(dtype_name(g.dtype())) + "; a golden is float64");
+    if (g.shape() != want.shape())
+      fail("has shape " + shape_str(g.shape()) + ", expected " + shape_str(want.shape()) + " (as " + name + ".npy)");
+    for (const double v : g.to_vector())
+      if (!std::isfinite(v)) fail("holds NaN or Inf");
+    golden.push_back({name, g});
+  }
+  return golden;
+}
+
+}  // namespace
+
+std::size_t case_files_read() { return g_files_read.load(); }
+
+const Tensor* find_tensor(const TensorSet& set, std::string_view name) {
+  for (const auto& nt : set)
+    if (nt.name == name) return &nt.tensor;
+  return nullptr;
+}
+
+Tensor with_layout(const Tensor& t, InputLayout layout) {
+  const std::int64_t n = t.dim();
+  if (layout == InputLayout::contiguous || n < 2) return t;
+  if (layout == InputLayout::transposed)
+    return t.transpose(n - 2, n - 1).contiguous().transpose(n - 2, n - 1);
+  // sliced: one spare row before, one after; two spare columns before, one after
+  Shape wide_shape = t.shape();
+  wide_shape[n - 2] += 2;
+  wide_shape[n - 1] += 3;
+  Tensor wide = Tensor::full(wide_shape, std::numeric_limits<double>::quiet_NaN(), t.dtype());
+  Tensor view = wide.narrow(n - 2, 1, t.size(n - 2)).narrow(n - 1, 2, t.size(n - 1));
+  view.copy_(t);
+  return view;
+}
+
+namespace {
+
+// A mask must broadcast to [B, H, Tq, Tk] without growing it.
+void check_mask_shape(const CaseSpec& c, const std::string& key, const Tensor& mask, const Shape& target,
+                      const std::string& what) {
+  bool fits = mask.dim() <= static_cast<std::int64_t>(target.size());
+  for (std::int64_t i = 1; fits && i <= mask.dim(); ++i) {
+    const std::int64_t m = mask.size(-i), want = target[target.size() - static_cast<std::size_t>(i)];
+    fits = m == want || m == 1;
+  }
+  if (!fits)
+    throw ConfigError(c.where(key), "case '" + c.name + "': " + what + " has shape " + shape_str(mask.shape()) +
+                                        ", which does not broadcast to [B, H, Tq, Tk] = " + shape_str(target));
+}
+
+// "[2, 0, 8]" has no element: a reference input like that is a mistake, not a case.
+bool has_zero_dim(const Tensor& t) {
+  for (std::int64_t s : t.shape())
+    if (s == 0) return true;
+  return false;
+}
+
+// The row-major index of the first NaN or Inf, if any.
+std::optional<std::int64_t> first_non_finite_at(const Tensor& t) {
+  const std::vector<double> v = t.to_vector();
+  for (std::size_t i = 0; i < v.size(); ++i)
+    if (!std::isfinite(v[i])) return static_cast<std::int64_t>(i);
+  return std::nullopt;
+}
+
+struct ReferenceData {
+  bool bias = false;   // bq, bk, bv, bo are among the inputs
+  Tensor positions;    // positions.npy as float64; undefined: none
+  TensorSet inputs;    // x, wq, ... | q, k, v, [mask], [r]
+  TensorSet expected;  // every expected file present
+  Dims dims;
+  DType dtype = DType::float64;
+};
+
+// Reads and checks a reference (a directory of .npy files or one .npz)
+// against the case's level and dims. Each file is read once.
+class ReferenceReader {
+ public:
+  explicit ReferenceReader(const CaseSpec& c) : c_(c), npz_(c.reference.extension() == ".npz") {}
+
+  ReferenceData read() {
+    std::error_code ec;
+    if (npz_) {
+      if (!fs::is_regular_file(c_.reference, ec)) fail("reference file " + c_.reference.string() + " does not exist");
+      try {
+        members_ = read_case_npz(c_.reference);
+      } catch (const std::exception& e) {
+        fail(std::string("reference file ") + e.what());
+      }
+    } else if (!fs::is_directory(c_.reference, ec)) {
+      fail("reference directory " + c_.reference.string() + " does not exist");
+    }
+    warn_unknown_files();
+    ReferenceData ref = c_.level == Level::mha ? read_mha() : c_.level == Level::core ? read_core() : read_rope();
+    read_positions(ref);
+    read_taps(ref);
+    return ref;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& problem) const {
+    throw ConfigError(c_.where("reference"), "case '" + c_.name + "': " + problem);
+  }
+  std::string ref() const { return c_.reference_text.empty() ? c_.reference.string() : c_.reference_text; }
+  // How a member is named in messages: "refs/case1/x.npy" or "refs/case1.npz member x".
+  std::string file(const std::string& stem) const {
+    return npz_ ? ref() + " member " + stem : ref() + "/" + stem + ".npy";
+  }
+  // Its short name, where the reference was just named: "x.npy" or "member x".
+  std::string part(const std::string& stem) const { return npz_ ? "member " + stem : stem + ".npy"; }
+  fs::path path(const std::string& stem) const { return c_.reference / (stem + ".npy"); }
+  bool has(const std::string& stem) const {
+    if (npz_) return members_.count(stem) > 0;
+    std::error_code ec;
+    return fs::is_regular_file(path(stem), ec);
+  }
+
+  Tensor load(const std::string& stem, bool required, const std::string& needs) {
+    if (!has(stem)) {
+      if (required)
+        fail((npz_ ? "reference file " : "reference directory ") + ref() + " has no " + stem +
+             (npz_ ? " member" : ".npy") + " (" + needs + ")");
+      return {};
+    }
+    Tensor t;
+    if (npz_) {
+      t = members_.at(stem);
+    } else {
+      try {
+        t = read_case_npy(path(stem));
+      } catch (const std::exception& e) {
+        fail(std::string("reference file ") + e.what());
+      }
+    }
+    if (stem == "mask") {
+      if (t.dtype() != DType::boolean)
+        fail(file("mask") + " must hold bools (True = attend), got " + std::string(dtype_name(t.dtype())));
+      return t;
+    }
+    if (t.dtype() == DType::boolean) fail(file(stem) + " holds bools; expected float32 or float64");
+    if (!dtype_set_) {
+      dtype_ = t.dtype();
+      dtype_from_ = stem;
+      dtype_set_ = true;
+    } else if (t.dtype() != dtype_) {
+      fail(file(stem) + " is " + std::string(dtype_name(t.dtype())) + " but " + part(dtype_from_) + " is " +
+           std::string(dtype_name(dtype_)) + "; every file of a reference must share one dtype");
+    }
+    return t;
+  }
+
+  // An input the plugins will get: it must have elements and finite values.
+  Tensor load_input(const std::string& stem, bool required, const std::string& needs) {
+    Tensor t = load(stem, required, needs);
+    if (!t.defined()) return t;
+    if (has_zero_dim(t))
+      fail(file(stem) + " has shape " + shape_str(t.shape()) + ", a zero-size dim: an input needs elements");
+    if (const auto at = first_non_finite_at(t)) {
+      const double v = t.flat(*at);
+      fail(file(stem) + " holds " + (std::isnan(v) ? "NaN" : "Inf") + " at " +
+           shape_str(unravel_index(*at, t.shape())) + ": reference inputs must be finite");
+    }
+    return t;
+  }
+
+  void expect_shape(const std::string& stem, const Tensor& t, const Shape& want, const std::string& why) {
+    if (t.defined() && t.shape() != want)
+      fail(file(stem) + " has shape " + shape_str(t.shape()) + ", expected " + shape_str(want) + " (" + why + ")");
+  }
+
+  void expect_dim(const char* name, std::int64_t from_files, const std::string& source) const {
+    const std::int64_t given = c_.dims.get(name);
+    if (given > 0 && given != from_files)
+      fail(std::string("shape gives ") + name + "=" + std::to_string(given) + " but " + source + " has " +
+           name + "=" + std::to_string(from_files));
+  }
+
+  // positions.npy: int64 (or integer-valued floats), [T] or [B, T] of the
+  // reference's tokens. Read only for a case with a rope block.
+  void read_positions(ReferenceData& ref) {
+    if (!c_.rope || !has("positions")) return;
+    if (npz_) fail("an .npz reference cannot hold positions (int64); use a directory with positions.npy");
+    Tensor p;
+    try {
+      ++g_files_read;
+      p = read_npy_integers(path("positions"));
+    } catch (const std::exception& e) {
+      fail(std::string("reference file ") + e.what());
+    }
+    if (p.dtype() == DType::boolean) fail(file("positions") + " holds bools; expected int64 token positions");
+    const std::int64_t b = ref.dims.B, t = c_.level == Level::core ? ref.dims.Tk : ref.dims.T;
+    if (c_.level == Level::core && ref.dims.Tq != ref.dims.Tk)
+      fail(file("positions") + " gives one position per token, shared by queries and keys; it needs Tq = Tk");
+    // [T], or [B, T] whose B is the inputs' first dim (rope() aligns positions with the leading dims)
+    const bool fits = (p.dim() == 1 && p.size(0) == t) || (p.dim() == 2 && p.size(0) == b && p.size(1) == t);
+    if (!fits)
+      fail(file("positions") + " has shape " + shape_str(p.shape()) + ", expected [T] = [" + std::to_string(t) +
+           "] or [B, T] = [" + std::to_string(b) + ", " + std::to_string(t) + "]");
+    for (std::int64_t i = 0; i < p.numel(); ++i)
+      if (p.flat(i) != std::floor(p.flat(i)) || p.flat(i) < 0)
+        fail(file("positions") + " holds " + std::to_string(p.flat(i)) + "; positions are integers >= 0");
+    ref.positions = p.to(DType::float64);
+  }
+
+  // q_rot [B, H, Tq, d], k_rot [B, Hkv, Tk, d]: q and k after the rotation,
+  // read when the case lists them in `taps`.
+  void read_taps(ReferenceData& ref) {
+    for (const auto& tap : c_.taps) {
+      Tensor t = load(tap, true, "the case's 'taps' lists " + tap);
+      const std::int64_t t_len = c_.level == Level::core ? (tap == "q_rot" ? ref.dims.Tq : ref.dims.Tk) : ref.dims.T;
+      if (t.dim() != 4 || t.size(0) != ref.dims.B || t.size(2) != t_len || t.size(3) != ref.dims.head_dim())
+        fail(file(tap) + " has shape " + shape_str(t.shape()) + ", expected [B, heads, T, d] with B=" +
+             std::to_string(ref.dims.B) + ", T=" + std::to_string(t_len) + ", d=" + std::to_string(ref.dims.head_dim()));
+      ref.expected.push_back({tap, t});
+    }
+  }
+
+  void warn_unknown_files() const {
+    std::set<std::string> known = {"r", "positions", "q_rot", "k_rot"};
+    for (const auto& n : tensor_names(c_.level)) known.insert(n);
+    if (c_.level == Level::mha) known.insert({"x", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "bo"});
+    if (c_.level == Level::mha)
+      for (const auto& n : bias_tensor_names()) known.insert(n);
+    else if (c_.level == Level::core) known.insert({"q", "k", "v", "mask"});
+    else known.insert("x");
+    std::vector<std::string> stems;
+    if (npz_) {
+      for (const auto& [name, t] : members_) stems.push_back(name);
+    } else {
+      std::error_code ec;
+      for (const auto& entry : fs::directory_iterator(c_.reference, ec))
+        if (entry.path().extension() == ".npy") stems.push_back(entry.path().stem().string());
+    }
+    for (const auto& stem : stems)
+      if (!known.count(stem))
+        logging::runner()->warn("{}: {} is not a reference file name at {} level; ignored", c_.where("reference").str(),
+                                npz_ ? "member " + stem : stem + ".npy", level_name(c_.level));
+  }
+
+  ReferenceData read_mha() {
+    ReferenceData ref;
+    const std::string needs = "an mha-level reference needs x, wq, wk, wv, wo";
+    Tensor x = load_input("x", true, needs);
+    if (x.dim() != 3) fail(file("x") + " has shape " + shape_str(x.shape()) + ", expected [B, T, D]");
+    const std::int64_t b = x.size(0), t = x.size(1), dm = x.size(2), h = c_.dims.H;
+    const std::string from_x = "D=" + std::to_string(dm) + " from " + part("x") + " " + shape_str(x.shape());
+    expect_dim("B", b, part("x"));
+    expect_dim("T", t, part("x"));
+    expect_dim("D", dm, part("x"));
+    ref.inputs.push_back({"x", x});
+    // wq [H*d, D] gives the head width (H from the case), wk [Hkv*d, D] the kv heads
+    Tensor wq = load_input("wq", true, needs);
+    if (wq.dim() != 2 || wq.size(1) != dm || wq.size(0) % h != 0)
+      fail(file("wq") + " has shape " + shape_str(wq.shape()) + ", expected [H*d, D] with H=" + std::to_string(h) +
+           " and " + from_x);
+    const std::int64_t hd = wq.size(0), d = hd / h;
+    expect_dim("d", d, part("wq") + " " + shape_str(wq.shape()) + " over H=" + std::to_string(h));
+    ref.inputs.push_back({"wq", wq});
+    Tensor wk = load_input("wk", true, needs);
+    if (wk.dim() != 2 || wk.size(1) != dm || wk.size(0) % d != 0 || wk.size(0) / d < 1 || h % (wk.size(0) / d) != 0)
+      fail(file("wk") + " has shape " + shape_str(wk.shape()) + ", expected [Hkv*d, D] with d=" + std::to_string(d) +
+           " (" + part("wq") + " " + shape_str(wq.shape()) + " over H=" + std::to_string(h) + "), " + from_x +
+           " and Hkv dividing H");
+    const std::int64_t hkv = wk.size(0) / d;
+    expect_dim("Hkv", hkv, part("wk") + " " + shape_str(wk.shape()));
+    ref.inputs.push_back({"wk", wk});
+    const Shape wq_shape = wq.shape(), kv_shape = wk.shape(), wo_shape = {dm, hd};
+    const std::string kv_why = part("wk") + " is " + shape_str(kv_shape);
+    const std::string wo_why = "Wo is [D, H*d]; " + part("wq") + " is " + shape_str(wq_shape);
+    Tensor wv = load_input("wv", true, needs);
+    expect_shape("wv", wv, kv_shape, kv_why);
+    ref.inputs.push_back({"wv", wv});
+    Tensor wo = load_input("wo", true, needs);
+    expect_shape("wo", wo, wo_shape, wo_why);
+    ref.inputs.push_back({"wo", wo});
+    const bool bias = read_biases(ref, hd, hkv * d, dm, h, hkv, d);
+    const Shape act = {b, t, dm};
+    const std::string act_why = part("x") + " is " + shape_str(x.shape());
+    Tensor r = load_input("r", false, "");
+    expect_shape("r", r, act, act_why);
+    if (r.defined()) ref.inputs.push_back({"r", r});
+    if (bias)
+      for (const auto& name : bias_tensor_names()) {  // a bias's gradient has its bias's shape
+        Tensor e = load(name, false, "");
+        const std::string of = name.substr(1);  // "dbq" -> "bq"
+        const Tensor* bt = find_tensor(ref.inputs, of);
+        expect_shape(name, e, bt->shape(), "the gradient of " + part(of) + " " + shape_str(bt->shape()));
+        if (e.defined()) ref.expected.push_back({name, e});
+      }
+    for (const auto& name : tensor_names(Level::mha)) {
+      Tensor e = load(name, false, "");
+      const bool activation = name == "out" || name == "dx";
+      const bool kv = name == "dwk" || name == "dwv";
+      expect_shape(name, e, activation ? act : kv ? kv_shape : name == "dwq" ? wq_shape : wo_shape,
+                   activation ? act_why : kv ? kv_why : name == "dwq" ? part("wq") + " is " + shape_str(wq_shape) : wo_why);
+      if (e.defined()) ref.expected.push_back({name, e});
+    }
+    // d and Hkv kept only where they differ from the defaults (D / H, H)
+    ref.dims = Dims{.B = b, .T = t, .D = dm, .H = h, .d = hd == dm ? 0 : d, .Hkv = hkv == h ? 0 : hkv};
+    ref.dtype = dtype_;
+    return ref;
+  }
+
+  // bq [H*d], bk and bv [Hkv*d], bo [D]: all four or none (a bias file
+  // alone is a mistake, and so is `bias: true` without the files). True: the
+  // reference has biases.
+  bool read_biases(ReferenceData& data, std::int64_t hd, std::int64_t kvd, std::int64_t dm, std::int64_t h,
+                   std::int64_t hkv, std::int64_t d) {
+    const std::vector<std::string> stems = {"bq", "bk", "bv", "bo"};
+    std::vector<std::string> present, absent;
+    for (const auto& s : stems) (has(s) ? present : absent).push_back(s);
+    const bool asked = c_.bias, said_no = !c_.bias && c_.key_source.count("bias");
+    if (present.empty()) {
+      if (asked)
+        fail(std::string("the case says 'bias: true' but ") + (npz_ ? "reference file " : "reference directory ") + ref() +
+             " has no bq, bk, bv, bo" + (npz_ ? " members" : " .npy files") +
+             " (bq [H*d], bk and bv [Hkv*d], bo [D]); drop 'bias: true' or add them");
+      return false;
+    }
+    if (said_no)
+      fail(file(present.front()) + " is a bias, but the case says 'bias: false'; drop 'bias: false' (the files "
+           "give the biases) or the bias files");
+    if (!absent.empty()) {
+      std::string have, missing;
+      for (const auto& s : present) have += (have.empty() ? "" : ", ") + part(s);
+      for (const auto& s : absent) missing += (missing.empty() ? "" : ", ") + part(s);
+      fail(std::string(npz_ ? "reference file " : "reference directory ") + ref() + " holds " + have + " but not " + missing +
+           ": a reference with biases holds all four of bq, bk, bv, bo");
+    }
+    const std::string dims = " (H=" + std::to_string(h) + ", Hkv=" + std::to_string(hkv) + ", d=" +
+                             std::to_string(d) + ", D=" + std::to_string(dm) + " from the weights)";
+    const std::pair<std::string, std::pair<std::int64_t, std::string>> want[] = {
+        {"bq", {hd, "bq is [H*d]"}}, {"bk", {kvd, "bk is [Hkv*d]"}}, {"bv", {kvd, "bv is [Hkv*d]"}},
+        {"bo", {dm, "bo is [D]"}}};
+    for (const auto& [stem, shape_why] : want) {
+      Tensor t = load_input(stem, true, "a reference with biases holds all four");
+      expect_shape(stem, t, {shape_why.first}, shape_why.second + dims);
+      data.inputs.push_back({stem, t});
+    }
+    data.bias = true;
+    return true;
+  }
+
+  // x [..., T, d] with any leading dims (CS336's run_rope takes [..., T, d_k]);
+  // r, out and dx have x's shape.
+  ReferenceData read_rope() {
+    ReferenceData ref;
+    Tensor x = load_input("x", true, "a rope-level reference needs x [..., T, d]");
+    if (x.dim() < 2) fail(file("x") + " has shape " + shape_str(x.shape()) + ", expected [..., T, d]");
+    const std::int64_t t = x.size(-2), d = x.size(-1), b = x.dim() >= 3 ? x.size(0) : 1;
+    const std::int64_t h = x.dim() == 4 ? x.size(1) : 0;
+    expect_dim("T", t, part("x"));
+    expect_dim("d", d, part("x"));
+    ref.inputs.push_back({"x", x});
+    const std::string why = part("x") + " is " + shape_str(x.shape());
+    Tensor r = load_input("r", false, "");
+    expect_shape("r", r, x.shape(), why);
+    if (r.defined()) ref.inputs.push_back({"r", r});
+    for (const auto& name : tensor_names(Level::rope)) {
+      Tensor e = load(name, false, "");
+      expect_shape(name, e, x.shape(), why);
+      if (e.defined()) ref.expected.push_back({name, e});
+    }
+    ref.dims = Dims{.B = b, .T = t, .H = h, .d = d};
+    ref.dtype = dtype_;
+    return ref;
+  }
+
+  ReferenceData read_core() {
+    ReferenceData ref;
+    const std::string needs = "a core-level reference needs q, k, v";
+    Tensor q = load_input("q", true, needs), k = load_input("k", true, needs), v = load_input("v", true, needs);
+    // [B, H, T, d] with k and v of Hkv heads, or all three [B, T, d] (one head, as CS336 writes them)
+    const bool heads = q.dim() == 4;
+    for (const auto& [stem, t] : {std::pair<const char*, Tensor&>{"q", q}, {"k", k}, {"v", v}})
+      if (t.dim() != q.dim() || (t.dim() != 4 && t.dim() != 3))
+        fail(file(stem) + " has shape " + shape_str(t.shape()) +
+             ", expected [B, H, T, d] (k, v: [B, Hkv, Tk, d]), or q, k, v all [B, T, d]");
+    const std::int64_t b = q.size(0), h = heads ? q.size(1) : 1, hkv = heads ? k.size(1) : 1;
+    const std::int64_t tq = q.size(-2), d = q.size(-1), tk = k.size(-2), dv = v.size(-1);
+    const std::string from_q = part("q") + " is " + shape_str(q.shape());
+    if (heads && (hkv < 1 || h % hkv != 0))
+      fail(file("k") + " has shape " + shape_str(k.shape()) + ": its " + std::to_string(hkv) +
+           " kv heads do not divide the H=" + std::to_string(h) + " query heads of " + from_q);
+    expect_shape("k", k, heads ? Shape{b, hkv, tk, d} : Shape{b, tk, d},
+                 from_q + (heads ? ", so k must be [B, Hkv, Tk, d]" : ", so k must be [B, Tk, d]"));
+    expect_shape("v", v, heads ? Shape{b, hkv, tk, dv} : Shape{b, tk, dv},
+                 part("k") + " is " + shape_str(k.shape()) + (heads ? ", so v must be [B, Hkv, Tk, dv]" : ", so v must be [B, Tk, dv]"));
+    expect_dim("B", b, part("q"));
+    expect_dim("H", h, part("q"));
+    expect_dim("Hkv", hkv, part("k"));
+    expect_dim("Tq", tq, part("q"));
+    expect_dim("Tk", tk, part("k"));
+    expect_dim("d", d, part("q"));
+    ref.inputs = {{"q", q}, {"k", k}, {"v", v}};
+    Tensor mask = load("mask", false, "");
+    if (mask.defined()) {
+      check_mask_shape(c_, "reference", mask, {b, h, tq, tk}, file("mask"));
+      ref.inputs.push_back({"mask", mask});
+    }
+    const Shape out_shape = heads ? Shape{b, h, tq, dv} : Shape{b, tq, dv};
+    const std::string out_why = heads ? "the output is [B, H, Tq, dv]" : "the output is [B, Tq, dv]";
+    Tensor r = load_input("r", false, "");
+    expect_shape("r", r, out_shape, out_why);
+    if (r.defined()) ref.inputs.push_back({"r", r});
+    for (const auto& name : tensor_names(Level::core)) {
+      Tensor e = load(name, false, "");
+      if (name == "out") expect_shape(name, e, out_shape, out_why);
+      else expect_shape(name, e, (name == "dq" ? q : name == "dk" ? k : v).shape(),
+                        "a gradient has its input's shape");
+      if (e.defined()) ref.expected.push_back({name, e});
+    }
+    ref.dims = Dims{.B = b, .H = h, .Tq = tq, .Tk = tk, .d = d, .Hkv = hkv == h ? 0 : hkv};
+    ref.dtype = dtype_;
+    return ref;
+  }
+
+  const CaseSpec& c_;
+  const bool npz_;
+  std::map<std::string, Tensor> members_;  // an .npz reference, read whole
+  DType dtype_ = DType::float64;
+  std::string dtype_from_;
+  bool dtype_set_ = false;
+};
+
+Tensor read_mask_file(const CaseSpec& c) {
+  auto fail = [&](const std::string& problem) {
+    throw ConfigError(c.where("mask"), "case '" + c.name + "': " + problem);
+  };
+  std::error_code ec;
+  if (!fs::is_regular_file(c.mask_file, ec)) fail("mask file " + c.mask_file.string() + " does not exist");
+  Tensor mask;
+  try {
+    mask = read_case_npy(c.mask_file);
+  } catch (const std::exception& e) {
+    fail(std::string("mask file ") + e.what());
+  }
+  if (mask.dtype() != DType::boolean)
+    fail("mask file " + c.mask_file.string() + " must hold bools (True = attend), got " +
+         std::string(dtype_name(mask.dtype())));
+  return mask;
+}
+
+Shape mask_target(const Dims& d) { return {d.B, d.H, d.Tq, d.Tk}; }
+
+std::string mask_key(const CaseSpec& c) { return c.key_source.count("mask") ? "mask" : "reference"; }
+
+// A case that says dtype: bfloat16 reads float32 files (.npy cannot name
+// bfloat16) whose values must all be bfloat16 values: converted exactly, or
+// refused naming the file, the index and the value.
+void as_bfloat16(const CaseSpec& c, ReferenceData& ref) {
+  const bool npz = c.reference.extension() == ".npz";
+  auto convert = [&](TensorSet& set) {
+    for (auto& nt : set) {
+      if (nt.name == "mask" || nt.name == "positions") continue;
+      const std::string file =
+          npz ? c.reference_text + " member " + nt.name : c.reference_text + "/" + nt.name + ".npy";
+      try {
+        nt.tensor = exact_bfloat16(nt.tensor, file);
+      } catch (const std::exception& e) {
+        throw ConfigError(c.where("reference"), "case '" + c.name + "' (dtype: bfloat16): " + e.what());
+      }
+    }
+  };
+  convert(ref.inputs);
+  convert(ref.expected);
+  ref.dtype = DType::bfloat16;
+}
+
+}  // namespace
+
+bool needs_files(const CaseSpec& c) { return c.is_reference() || !c.mask_file.empty(); }
+
+void load_case_files(CaseSpec& c) {
+  if (!needs_files(c) || c.files) return;
+  auto files = std::make_shared<CaseFiles>();
+  if (c.is_reference()) {
+    ReferenceData ref = ReferenceReader(c).read();
+    if (c.dtype == DType::bfloat16) as_bfloat16(c, ref);
+    c.dims = ref.dims;
+    c.dtype = ref.dtype;
+    if (ref.bias && !c.bias) {  // the files give the biases: a check list not the case's own compares theirs too
+      c.bias = true;
+      if (!c.check_strict) c.check = with_bias_gradients(c.check);
+    }
+    files->positions = ref.positions;
+    if (c.rope && c.rope->rotary_dim > c.dims.head_dim())
+      throw ConfigError(c.rope->rotary_dim_at, "case '" + c.name + "': 'rotary_dim' " +
+                                                   std::to_string(c.rope->rotary_dim) +
+                                                   " is wider than the reference's head width d=" +
+                                                   std::to_string(c.dims.head_dim()));
+    if (const Tensor* mask = find_tensor(ref.inputs, "mask")) {
+      const fs::path ref_mask = c.reference / "mask.npy";
+      if (!c.mask_file.empty() && c.mask_file != ref_mask)
+        throw ConfigError(c.where("mask"), "case '" + c.name + "': both 'mask' and " + c.reference_text +
+                                               (c.reference.extension() == ".npz" ? " member mask" : "/mask.npy") +
+                                               " give a mask; keep one");
+      c.mask_file = ref_mask;
+      files->mask = *mask;
+    }
+    std::vector<std::string> present;
+    for (const auto& name : c.check) {
+      if (find_tensor(ref.expected, name)) present.push_back(name);
+      else if (c.check_strict)
+        throw ConfigError(c.where("check"), "case '" + c.name + "': 'check' lists " + name + " but " +
+                                                c.reference_text + " has no " + name + ".npy");
+    }
+    if (present.empty()) {
+      std::string wanted;
+      for (const auto& n : c.check) wanted += (wanted.empty() ? "" : ", ") + n + ".npy";
+      throw ConfigError(c.where("reference"), "case '" + c.name + "': reference " + c.reference_text +
+                                                  " holds none of the expected files " + wanted);
+    }
+    c.check = present;
+    for (auto& nt : ref.inputs)
+      if (nt.name != "mask") files->inputs.push_back(std::move(nt));
+    for (const auto& name : c.check) files->expected.push_back({name, *find_tensor(ref.expected, name)});
+    files->golden = read_reference_golden(c, files->expected);
+  }
+  if (!files->mask.defined() && !c.mask_file.empty()) files->mask = read_mask_file(c);
+  if (files->mask.defined())
+    check_mask_shape(c, mask_key(c), files->mask, mask_target(c.dims), "mask file " + c.mask_file.string());
+  c.files = std::move(files);
+}
+
+Suite load_suite(const fs::path& file) {
+  check_suite_file(file);
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw ConfigError({file.string(), 0, 0}, "cannot read the suite file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  Suite suite = parse_suite(ss.str(), file);
+  for (CaseSpec& c : suite.cases) load_case_files(c);
+  return suite;
+}
+
+CaseInputs seeded_inputs(Level level, const Dims& d, DType dt, std::uint64_t seed, bool bias) {
+  Generator gen(seed);
+  CaseInputs in;
+  in.level = level;
+  if (level == Level::mha) {
+    // Wq [H*d, D], Wk and Wv [Hkv*d, D], Wo [D, H*d]: all [D, D] for plain MHA
+    const std::int64_t hd = d.H * d.head_dim(), kv_hd = d.kv_heads() * d.head_dim();
+    const double w_std = 1.0 / std::sqrt(static_cast<double>(d.D));  // N(0, 1/fan in)
+    in.x = randn({d.B, d.T, d.D}, dt, gen);
+    in.wq = randn({hd, d.D}, dt, gen, w_std);
+    in.wk = randn({kv_hd, d.D}, dt, gen, w_std);
+    in.wv = randn({kv_hd, d.D}, dt, gen, w_std);
+    in.wo = randn({d.D, hd}, dt, gen, 1.0 / std::sqrt(static_cast<double>(hd)));
+    in.r = randn({d.B, d.T, d.D}, dt, gen);
+    if (bias) {  // after r: a case without biases keeps every value it had
+      in.bq = randn({hd}, dt, gen, w_std);
+      in.bk = randn({kv_hd}, dt, gen, w_std);
+      in.bv = randn({kv_hd}, dt, gen, w_std);
+      in.bo = randn({d.D}, dt, gen, 1.0 / std::sqrt(static_cast<double>(hd)));
+    }
+  } else if (level == Level::rope) {
+    const Shape x_shape = d.H > 0 ? Shape{d.B, d.H, d.T, d.d} : Shape{d.B, d.T, d.d};
+    in.x = randn(x_shape, dt, gen);
+    in.r = randn(x_shape, dt, gen);
+  } else {
+    in.q = randn({d.B, d.H, d.Tq, d.d}, dt, gen);
+    in.k = randn({d.B, d.kv_heads(), d.Tk, d.d}, dt, gen);
+    in.v = randn({d.B, d.kv_heads(), d.Tk, d.d}, dt, gen);
+    in.r = randn({d.B, d.H, d.Tq, d.d}, dt, gen);
+  }
+  return in;
+}
+
+CaseInputs make_inputs(const CaseSpec& spec) {
+  std::shared_ptr<const CaseFiles> files = spec.files;
+  if (!files && needs_files(spec)) {
+    CaseSpec loaded = spec;
+    load_case_files(loaded);
+    files = loaded.files;
+  }
+  CaseInputs in;
+  if (spec.is_reference()) {
+    in.level = spec.level;
+    auto get = [&](const char* name) {
+      const Tensor* t = find_tensor(files->inputs, name);
+      return t ? *t : Tensor();
+    };
+    if (spec.level == Level::rope) {
+      in.x = get("x");
+    } else if (spec.level == Level::mha) {
+      in.x = get("x");
+      in.wq = get("wq");
+      in.wk = get("wk");
+      in.wv = get("wv");
+      in.wo = get("wo");
+      in.bq = get("bq");
+      in.bk = get("bk");
+      in.bv = get("bv");
+      in.bo = get("bo");
+    } else {
+      in.q = get("q");
+      in.k = get("k");
+      in.v = get("v");
+    }
+    in.r = get("r");
+    if (!in.r.defined()) {
+      Shape out_shape = spec.level != Level::core ? in.x.shape() : in.q.shape();
+      if (spec.level == Level::core) out_shape.back() = in.v.size(-1);
+      in.r = Tensor::ones(out_shape, spec.dtype);
+    }
+    in.expected = files->expected;
+    in.positions = files->positions;
+  } else {
+    in = seeded_inputs(spec.level, spec.dims, spec.dtype, spec.seed, spec.bias);
+  }
+  if (spec.rope && !in.positions.defined()) {
+    Shape shape;
+    const std::vector<std::int64_t> p =
+        rope_positions(*spec.rope, spec.dims.B, spec.level == Level::core ? spec.dims.Tk : spec.dims.T, shape);
+    if (!p.empty()) in.positions = positions_tensor(p, shape);
+  }
+  if (files && files->mask.defined()) {
+    // a localization variant keeps the mask of a case whose dims it changed
+    check_mask_shape(spec, mask_key(spec), files->mask, mask_target(spec.dims), "mask file " + spec.mask_file.string());
+    in.mask = files->mask;
+  }
+  if (spec.level != Level::core) {
+    in.x = with_layout(in.x, spec.layout);
+  } else {
+    in.q = with_layout(in.q, spec.layout);
+    in.k = with_layout(in.k, spec.layout);
+    in.v = with_layout(in.v, spec.layout);
+  }
+  return in;
+}
+
+CaseInputs private_copy(const CaseInputs& in, InputLayout layout) {
+  auto own = [](const Tensor& t) { return t.defined() ? t.clone() : t; };
+  auto own_laid_out = [&](const Tensor& t) { return t.defined() ? with_layout(t.clone(), layout) : t; };
+  CaseInputs out;
+  out.level = in.level;
+  out.x = own_laid_out(in.x);
+  out.q = own_laid_out(in.q);
+  out.k = own_laid_out(in.k);
+  out.v = own_laid_out(in.v);
+  out.wq = own(in.wq);
+  out.wk = own(in.wk);
+  out.wv = own(in.wv);
+  out.wo = own(in.wo);
+  out.bq = own(in.bq);
+  out.bk = own(in.bk);
+  out.bv = own(in.bv);
+  out.bo = own(in.bo);
+  out.mask = own(in.mask);
+  out.r = own(in.r);
+  out.positions = own(in.positions);
+  return out;
+}
+
+AttentionSpec attention_spec(const CaseSpec& c, const CaseInputs& in) {
+  AttentionSpec s;
+  if (c.level == Level::rope) {
+    s.d_model = in.x.size(-1);  // one head of width d: only s.rope is read there
+  } else if (c.level == Level::mha) {
+    s.d_model = in.x.size(-1);
+    s.num_heads = c.dims.H;
+    s.num_kv_heads = c.dims.kv_heads();
+    s.head_width = in.wq.size(0) / c.dims.H;  // Wq [H*d, D]
+  } else {
+    // q [B, H, Tq, d], k [B, Hkv, Tk, d]; or all three [B, T, d] (one head)
+    const bool heads = in.q.dim() == 4;
+    s.num_heads = heads ? in.q.size(1) : 1;
+    s.num_kv_heads = heads ? in.k.size(1) : 1;
+    s.head_width = in.q.size(-1);
+    s.d_model = s.num_heads * in.q.size(-1);
+  }
+  s.causal = c.causal;
+  s.causal_alignment = c.causal_alignment;
+  s.scale = c.scale;
+  s.dropout_p = 0.0;
+  s.mask = in.mask;
+  if (c.rope) {
+    s.rope.enabled = true;
+    s.rope.theta = c.rope->theta;
+    s.rope.style = c.rope->style;
+    s.rope.rotary_dim = c.rope->rotary_dim;
+    s.rope.q_offset = c.rope->q_offset;
+    if (in.positions.defined()) s.rope.positions = in.positions;
+    else s.rope.offset = c.rope->offset;
+  }
+  return s;
+}
+
+TensorSet input_tensors(const CaseInputs& in) {
+  TensorSet out;
+  if (in.level == Level::rope) {
+    out = {{"x", in.x.clone()}};
+  } else if (in.level == Level::mha) {
+    out = {{"x", in.x.clone()}, {"wq", in.wq.clone()}, {"wk", in.wk.clone()},
+           {"wv", in.wv.clone()}, {"wo", in.wo.clone()}};
+    if (in.bq.defined())
+      for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"bq", &in.bq}, {"bk", &in.bk}, {"bv", &in.bv},
+                                    {"bo", &in.bo}})
+        out.push_back({name, t->clone()});
+  } else {
+    out = {{"q", in.q.clone()}, {"k", in.k.clone()}, {"v", in.v.clone()}};
+    if (in.mask.defined()) out.push_back({"mask", in.mask.clone()});
+  }
+  out.push_back({"r", in.r.clone()});
+  return out;
+}
+
+}  // namespace headgrad::runner

@@ -1,0 +1,123 @@
+// A case's data: the one module that reads the files a suite names (the suite
+// itself, mask files, reference directories or .npz files), and the shared
+// inputs of a case, made from those files or from the seed.
+//
+//   Suite s = load_suite("configs/default.yaml");  // each case's files read ONCE, here
+//   CaseInputs in = make_inputs(s.cases[0]);       // no file is read again
+//   in.x                                           // [B, T, D], a strided view if input_layout asks
+//
+// Recipe from the seed (headgrad::Generator, the same stream on every machine),
+// drawn in this order: mha level x ~ N(0, 1); wq, wk, wv, wo ~ N(0, 1/D) so
+// the softmax is not saturated; r ~ N(0, 1); then, with `bias: true` only
+// (so a case without biases keeps its values), bq, bk, bv ~ N(0, 1/D) and
+// bo ~ N(0, 1/(H*d)). Core level q, k, v, r ~ N(0, 1).
+//
+// A reference is a directory of plain .npy files, or one .npz file holding the
+// same members (numpy.savez(path, x=..., wq=...)):
+//   rope level: x [..., T, d] (any leading dims), optional r; expected out, dx
+//   mha level:  x [B, T, D], wq wk wv wo [D, D], optional r [B, T, D] (ones if
+//               absent); expected any of out, dx [B, T, D], dwq dwk dwv dwo [D, D];
+//               optional biases bq [H*d], bk bv [Hkv*d], bo [D] (all four, or none;
+//               present, the case has biases) and expected dbq, dbk, dbv, dbo
+//   core level: q [B, H, Tq, d], k [B, H, Tk, d], v [B, H, Tk, dv], optional
+//               mask (bool, broadcastable to [B, H, Tq, Tk], True = attend),
+//               optional r [B, H, Tq, dv]; expected any of out, dq, dk, dv
+// Shapes and dtype come from the files; the case gives H (mha level) and causal.
+// An input with a zero-size dim, NaN or Inf, or a mask that is not bool, is a
+// ConfigError naming the file (exit code 2).
+//
+// Shape legend: B batch, T sequence, D model width, H heads, d = D / H;
+// Tq/Tk query/key lengths, dv value width.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <headgrad/attention.hpp>
+#include <headgrad/tensor.hpp>
+
+#include "case/suite.hpp"
+
+namespace headgrad::runner {
+
+struct NamedTensor {
+  std::string name;  // "out", "dx", "dwq", ... (a reference file's stem)
+  Tensor tensor;     // undefined when a side produced none (e.g. no gradient)
+};
+using TensorSet = std::vector<NamedTensor>;
+const Tensor* find_tensor(const TensorSet& set, std::string_view name);  // nullptr if absent
+
+// What a case's files hold, read once by load_case_files.
+struct CaseFiles {
+  TensorSet inputs;    // a reference's x, wq, wk, wv, wo | q, k, v; and r if present
+  TensorSet expected;  // a reference's expected tensors that the case checks
+  Tensor mask;         // bool, from `mask:` or the reference's mask; undefined: none
+  Tensor positions;    // a reference's positions.npy (int64 read as float64), [T] or [B, T]
+  // A reference directory's golden/ folder: float64 .npy of the expected
+  // tensors' names, computed from the same inputs in float64 (the golden of
+  // the relative_to_baseline rule); empty: none, the oracle computes it.
+  TensorSet golden;
+};
+
+// Reads the suite, parses it (parse_suite), then each case's files (load_case_files).
+Suite load_suite(const std::filesystem::path& file);
+
+// Reads the files a case names (mask file, reference directory or .npz) once
+// and keeps them in c.files. Checks them: ConfigError naming the missing file,
+// the shape that does not fit, the bad value. A reference case gets its dims
+// and dtype from the files, its mask from the reference's mask if present, and
+// its `check` narrowed to the expected tensors present. Does nothing for a case
+// that names no file, or whose files are already loaded.
+void load_case_files(CaseSpec& c);
+bool needs_files(const CaseSpec& c);
+
+// .npy files (or .npz archives) this process has read for cases since it
+// started: a statistic for tests (each file is read once per case).
+std::size_t case_files_read();
+
+struct CaseInputs {
+  Level level = Level::mha;
+  // mha level
+  Tensor x;               // [B, T, D] as handed to the plugins (layout applied)
+  Tensor wq, wk, wv, wo;  // [D, D], PyTorch's [out, in]: y = x W^T
+  Tensor bq, bk, bv, bo;  // [H*d], [Hkv*d], [Hkv*d], [D]: y = x W^T + b; undefined: no bias
+  // core level
+  Tensor q;               // [B, H, Tq, d] (layout applied, like x)
+  Tensor k;               // [B, H, Tk, d]
+  Tensor v;               // [B, H, Tk, dv]
+  Tensor mask;            // bool, broadcastable to [B, H, Tq, Tk]; undefined: none
+  // both
+  Tensor r;               // out's shape: loss = sum(out * r)
+  Tensor positions;       // RoPE token positions [T] or [B, T]; undefined: offset + t
+  TensorSet expected;     // a reference case: the expected tensors `check` names
+};
+
+// The seeded recipe above, contiguous, for dims d (mha: B, T, D; core: B, H,
+// Tq, Tk, d). Also what `headgrad bench` times plugins on.
+CaseInputs seeded_inputs(Level level, const Dims& d, DType dtype, std::uint64_t seed, bool bias = false);
+
+// From c.files (loaded first if they are not) or from the seed; reads no file
+// that load_case_files has read. ConfigError when a mask does not fit c.dims.
+CaseInputs make_inputs(const CaseSpec& c);
+
+// The same values in memory of this side's own: what one side does to its
+// inputs cannot reach the other side (layout kept, `expected` left out).
+CaseInputs private_copy(const CaseInputs& in, InputLayout layout);
+
+// The settings handed to the plugins: heads, causal, scale, mask, RoPE
+// (c.rope with in.positions); dropout 0.
+AttentionSpec attention_spec(const CaseSpec& c, const CaseInputs& in);
+
+// The inputs as a reference directory names them, contiguous:
+// x, wq, wk, wv, wo, [bq, bk, bv, bo,] r (mha) or q, k, v, [mask,] r (core).
+TensorSet input_tensors(const CaseInputs& in);
+
+// The same values in another memory layout: transposed keeps the last two dims
+// swapped in memory and hands back a transposed view; sliced places the values
+// inside a wider NaN-filled tensor and hands back a narrowed view (a plugin
+// that reads outside its view gets NaN).
+Tensor with_layout(const Tensor& t, InputLayout layout);
+
+}  // namespace headgrad::runner

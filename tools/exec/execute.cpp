@@ -1,0 +1,529 @@
+#include "exec/execute.hpp"
+
+#include <cxxabi.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include <headgrad/log.hpp>
+#include <headgrad/ops.hpp>
+#include <headgrad/parallel.hpp>
+
+#include "judge/compare.hpp"
+
+namespace headgrad::runner {
+
+std::string_view side_status_name(SideStatus s) {
+  switch (s) {
+    case SideStatus::ok: return "ok";
+    case SideStatus::not_loaded: return "not_loaded";
+    case SideStatus::threw: return "threw";
+    case SideStatus::crashed: return "crashed";
+    case SideStatus::timed_out: return "timed_out";
+    case SideStatus::bad_output: return "bad_output";
+    case SideStatus::non_finite: return "non_finite";
+  }
+  return "?";
+}
+
+bool is_plugin_error(SideStatus s) {
+  return s == SideStatus::not_loaded || s == SideStatus::threw || s == SideStatus::crashed ||
+         s == SideStatus::timed_out;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+void check_output(const Variable& out, const Tensor& r, DType dtype) {
+  if (!out.defined()) throw BadOutputError("returned no output (an undefined Variable)");
+  if (out.shape() != r.shape())
+    throw BadOutputError("returned out of shape " + shape_str(out.shape()) + ", expected " + shape_str(r.shape()));
+  if (out.dtype() != dtype)
+    throw BadOutputError("returned " + std::string(dtype_name(out.dtype())) + " out for " +
+                         std::string(dtype_name(dtype)) + " inputs");
+}
+
+// "std::runtime_error" for the exception being handled, when the ABI says.
+std::string current_exception_type() {
+  const std::type_info* type = abi::__cxa_current_exception_type();
+  if (!type) return "an exception";
+  int status = 0;
+  char* name = abi::__cxa_demangle(type->name(), nullptr, nullptr, &status);
+  std::string s = status == 0 && name ? name : type->name();
+  std::free(name);
+  return s;
+}
+
+// ---- the child's message: one kind byte, then
+//   'R' (result): f64 compute seconds, u32 count, then per tensor:
+//        u32 name length, name, u8 defined, [u8 dtype, u32 ndim, i64 dims, raw row-major data]
+//   'E' (threw) / 'B' (bad output): u64 length, UTF-8 text
+class WireWriter {
+ public:
+  template <class T>
+  void put(const T& v) { bytes(&v, sizeof v); }
+  void bytes(const void* p, std::size_t n) { buf_.append(static_cast<const char*>(p), n); }
+  void text(const std::string& s) {
+    put<std::uint64_t>(s.size());
+    bytes(s.data(), s.size());
+  }
+  std::string& str() { return buf_; }
+
+ private:
+  std::string buf_;
+};
+
+class WireReader {
+ public:
+  explicit WireReader(const std::string& buf) : buf_(buf) {}
+  template <class T>
+  T get() {
+    T v;
+    std::memcpy(&v, take(sizeof v), sizeof v);
+    return v;
+  }
+  const char* take(std::size_t n) {
+    if (buf_.size() - pos_ < n) throw std::runtime_error("the result is truncated");
+    const char* p = buf_.data() + pos_;
+    pos_ += n;
+    return p;
+  }
+  std::size_t remaining() const { return buf_.size() - pos_; }
+  std::string text() {
+    const auto n = get<std::uint64_t>();
+    if (n > buf_.size()) throw std::runtime_error("the result is truncated");
+    return std::string(take(n), n);
+  }
+
+ private:
+  const std::string& buf_;
+  std::size_t pos_ = 0;
+};
+
+std::string encode_result(const TensorSet& tensors, double compute_seconds) {
+  WireWriter w;
+  w.put('R');
+  w.put(compute_seconds);
+  w.put(static_cast<std::uint32_t>(tensors.size()));
+  for (const auto& [name, t] : tensors) {
+    w.put(static_cast<std::uint32_t>(name.size()));
+    w.bytes(name.data(), name.size());
+    w.put(static_cast<std::uint8_t>(t.defined()));
+    if (!t.defined()) continue;
+    const Tensor ct = t.contiguous();
+    w.put(static_cast<std::uint8_t>(ct.dtype()));
+    w.put(static_cast<std::uint32_t>(ct.dim()));
+    for (std::int64_t s : ct.shape()) w.put(s);
+    const std::size_t elem = dtype_size(ct.dtype());
+    w.bytes(static_cast<const char*>(ct.storage()->data()) + static_cast<std::size_t>(ct.offset()) * elem,
+            static_cast<std::size_t>(ct.numel()) * elem);
+  }
+  return std::move(w.str());
+}
+
+std::string encode_text(char kind, const std::string& text) {
+  WireWriter w;
+  w.put(kind);
+  w.text(text);
+  return std::move(w.str());
+}
+
+TensorSet decode_result(WireReader& r, double& compute_seconds) {
+  compute_seconds = r.get<double>();
+  const auto count = r.get<std::uint32_t>();
+  TensorSet out;
+  for (std::uint32_t i = 0; i < count; ++i) {
+    const auto name_len = r.get<std::uint32_t>();
+    std::string name(r.take(name_len), name_len);
+    if (!r.get<std::uint8_t>()) {
+      out.push_back({name, Tensor()});
+      continue;
+    }
+    const auto dtype = static_cast<DType>(r.get<std::uint8_t>());
+    if (dtype != DType::float32 && dtype != DType::float64 && dtype != DType::boolean && !is_16bit(dtype))
+      throw std::runtime_error("unknown dtype in the result");
+    const auto ndim = r.get<std::uint32_t>();
+    if (ndim > 16) throw std::runtime_error("implausible rank in the result");
+    Shape shape(ndim);
+    for (auto& s : shape) {
+      s = r.get<std::int64_t>();
+      if (s < 0) throw std::runtime_error("negative size in the result");
+    }
+    // The sizes come from another process: checked against the bytes that
+    // actually arrived before anything is allocated for them.
+    std::uint64_t nbytes = dtype_size(dtype);
+    for (const std::int64_t s : shape)
+      if (__builtin_mul_overflow(nbytes, static_cast<std::uint64_t>(s), &nbytes))
+        throw std::runtime_error("a tensor size that overflows in the result");
+    if (nbytes > r.remaining()) throw std::runtime_error("the result is truncated");
+    Tensor t = Tensor::empty(shape, dtype);
+    std::memcpy(t.storage()->mutable_data(), r.take(nbytes), nbytes);
+    out.push_back({name, t});
+  }
+  return out;
+}
+
+void write_all(int fd, const std::string& data) {
+  std::size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return;  // the parent is gone or gave up on us
+    }
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+std::string signal_name(int sig) {
+  switch (sig) {
+    case SIGSEGV: return "SIGSEGV";
+    case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGILL: return "SIGILL";
+    case SIGKILL: return "SIGKILL";
+    case SIGTERM: return "SIGTERM";
+    case SIGTRAP: return "SIGTRAP";
+    case SIGSYS: return "SIGSYS";
+    case SIGPIPE: return "SIGPIPE";
+    default: return "signal " + std::to_string(sig);
+  }
+}
+
+std::string format_seconds(double s) {
+  std::ostringstream os;
+  os << s;
+  return os.str();
+}
+
+// Runs in the forked child: computes, sends, leaves without running any
+// destructor or atexit handler of the parent's state. The message goes out
+// length-first, so the parent knows when it is complete even if a process the
+// plugin forked still holds the pipe open.
+[[noreturn]] void child_main(int fd, const CaseSpec& c, const CaseInputs& in, const Attention& plugin,
+                             pid_t parent) {
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the runner gone (Ctrl-C, killed): the side goes too
+  if (::getppid() != parent) ::_exit(0);
+  const struct rlimit no_core = {0, 0};
+  setrlimit(RLIMIT_CORE, &no_core);  // a crashing plugin leaves no core file behind
+  set_num_threads(0);                // this process's own workers (HEADGRAD_NUM_THREADS or the core count)
+  std::string message;
+  try {
+    const auto t0 = Clock::now();
+    const TensorSet out = compute_side(c, in, plugin);
+    message = encode_result(out, seconds_since(t0));
+  } catch (const BadOutputError& e) {
+    message = encode_text('B', e.what());
+  } catch (const std::exception& e) {
+    message = encode_text('E', current_exception_type() + ": " + e.what());
+  } catch (...) {
+    message = encode_text('E', current_exception_type() + " (not a std::exception)");
+  }
+  std::cout.flush();  // what the plugin printed, if anything: before the result, after
+  std::cerr.flush();  // which the parent ends this process group
+  std::fflush(nullptr);
+  const std::uint64_t length = message.size();
+  write_all(fd, std::string(reinterpret_cast<const char*>(&length), sizeof length));
+  write_all(fd, message);
+  ::close(fd);
+  ::_exit(0);
+}
+
+// Bytes of the tensors a side sends back: out has r's shape, each gradient its input's.
+std::uint64_t result_bytes(const CaseInputs& in) {
+  std::uint64_t n = 0;
+  for (const Tensor* t : {&in.r, &in.x, &in.wq, &in.wk, &in.wv, &in.wo, &in.q, &in.k, &in.v})
+    if (t->defined()) n += static_cast<std::uint64_t>(t->numel()) * dtype_size(t->dtype());
+  return n;
+}
+
+// The child has ended (it stays a zombie, so its pid and process group id
+// cannot be reused until it is reaped).
+bool has_exited(pid_t pid) {
+  siginfo_t info{};
+  return ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid;
+}
+
+SideResult run_isolated(const CaseSpec& c, const CaseInputs& in, const LoadedPlugin& plugin,
+                        const ExecOptions& options) {
+  SideResult res;
+  res.plugin = plugin.info.name;
+  const std::string who = "plugin " + plugin.info.name;
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+  // !! A forked child inherits the thread pool's bookkeeping but not its
+  // threads, and would wait for them forever: the parent keeps no workers
+  // (and OpenBLAS one thread); the child starts its own. !!
+  set_num_threads(1);
+  // Anything buffered now would be printed twice (once by the child).
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  const auto t0 = Clock::now();
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+  }
+  if (pid == 0) {
+    ::setpgid(0, 0);  // its own process group: whatever the plugin forks is killed with it
+    ::close(fds[0]);
+    child_main(fds[1], c, in, *plugin.attention, parent);
+  }
+  ::setpgid(pid, pid);  // both sides set it, so it holds whichever runs first
+  ::close(fds[1]);
+
+  const auto deadline = t0 + std::chrono::duration<double>(options.timeout_s);
+  auto remaining_ms = [&] {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  };
+  // The wire: u64 length, then the message. Reading stops once it is complete,
+  // or once it grows past what the side's tensors (and a message) can take.
+  const std::uint64_t max_wire = 2 * result_bytes(in) + (std::uint64_t{1} << 20);
+  std::string wire;
+  std::uint64_t length = 0;
+  bool oversized = false;
+  auto complete = [&] {
+    if (wire.size() < sizeof length) return false;
+    std::memcpy(&length, wire.data(), sizeof length);
+    return wire.size() - sizeof length >= length;
+  };
+  bool timed_out = false;
+  char chunk[1 << 16];
+  while (!complete()) {
+    const auto ms = remaining_ms();
+    if (ms <= 0) {
+      timed_out = true;
+      break;
+    }
+    // Asked before polling: once the child has ended, everything it wrote is
+    // in the pipe, so a poll that finds nothing means there is nothing more.
+    const bool exited = has_exited(pid);
+    pollfd p{fds[0], POLLIN, 0};
+    const int ready = ::poll(&p, 1, exited ? 0 : static_cast<int>(std::min<long long>(ms, 200)));
+    if (ready < 0 && errno != EINTR) break;
+    if (ready <= 0) {
+      // Ended without closing the pipe: a process it forked holds the other end.
+      if (ready == 0 && exited) break;
+      if (options.on_wait) options.on_wait();
+      continue;
+    }
+    const ssize_t n = ::read(fds[0], chunk, sizeof chunk);
+    if (n > 0) {
+      wire.append(chunk, static_cast<std::size_t>(n));
+      if (wire.size() >= sizeof length) std::memcpy(&length, wire.data(), sizeof length);
+      if (length > max_wire || wire.size() > max_wire + sizeof length) {
+        oversized = true;
+        break;
+      }
+    } else if (n == 0) {
+      break;  // the child closed its end: done (or dead)
+    } else if (errno != EINTR) {
+      break;
+    }
+  }
+  ::close(fds[0]);
+  const bool got_result = !oversized && complete();
+
+  // No result yet, but the pipe is closed: let the child finish dying (a
+  // crash is reported as its own signal, not as our SIGKILL).
+  while (!got_result && !timed_out && !has_exited(pid)) {
+    if (remaining_ms() <= 0) timed_out = true;
+    else std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  // Finished or not: the side's whole process group goes, grandchildren included.
+  ::kill(-pid, SIGKILL);
+  ::kill(pid, SIGKILL);  // itself, should the plugin have moved it to another group
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  res.seconds = seconds_since(t0);
+
+  if (timed_out) {
+    res.status = SideStatus::timed_out;
+    res.cause = who + " exceeded the " + format_seconds(options.timeout_s) + " s limit";
+    return res;
+  }
+  if (oversized) {
+    res.status = SideStatus::crashed;
+    res.cause = who + "'s process sent more than the " + std::to_string(max_wire) +
+                " bytes its result can take (a malformed result)";
+    return res;
+  }
+  // With a complete result, how the process ended afterwards (our SIGKILL) does not matter.
+  if (!got_result && WIFSIGNALED(status)) {
+    res.status = SideStatus::crashed;
+    res.cause = who + " crashed (" + signal_name(WTERMSIG(status)) + ")";
+    return res;
+  }
+  if (!got_result) {
+    res.status = SideStatus::crashed;
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    res.cause = who + "'s process ended without a result (exit status " + std::to_string(code) +
+                "; did the plugin call exit()?)";
+    return res;
+  }
+  std::string& message = wire;  // in place: a result can be large
+  message.erase(0, sizeof length);
+  message.resize(length);
+  try {
+    WireReader r(message);
+    const char kind = r.get<char>();
+    if (kind == 'R') {
+      res.tensors = decode_result(r, res.compute_seconds);
+    } else if (kind == 'E') {
+      res.status = SideStatus::threw;
+      res.cause = who + " threw " + r.text();
+    } else if (kind == 'B') {
+      res.status = SideStatus::bad_output;
+      res.cause = who + " " + r.text();
+    } else {
+      throw std::runtime_error("unknown message kind");
+    }
+  } catch (const std::exception& e) {
+    res.status = SideStatus::crashed;
+    res.cause = who + "'s process sent a malformed result (" + e.what() + ")";
+    res.tensors.clear();
+  }
+  return res;
+}
+
+SideResult run_in_process(const CaseSpec& c, const CaseInputs& in, const LoadedPlugin& plugin) {
+  SideResult res;
+  res.plugin = plugin.info.name;
+  const std::string who = "plugin " + plugin.info.name;
+  const auto t0 = Clock::now();
+  try {
+    res.tensors = compute_side(c, in, *plugin.attention);
+  } catch (const BadOutputError& e) {
+    res.status = SideStatus::bad_output;
+    res.cause = who + " " + e.what();
+  } catch (const std::exception& e) {
+    res.status = SideStatus::threw;
+    res.cause = who + " threw " + current_exception_type() + ": " + e.what();
+  } catch (...) {
+    res.status = SideStatus::threw;
+    res.cause = who + " threw " + current_exception_type() + " (not a std::exception)";
+  }
+  res.seconds = res.compute_seconds = seconds_since(t0);
+  return res;
+}
+
+}  // namespace
+
+// The taps a case asks for, from what rope_queries/rope_keys recorded: one
+// [B, H, T, d] as it is, or one [B, T, d] per head stacked on dim 1. A side
+// that recorded none (it rotates without the engine's helpers) reports the
+// tap as missing.
+Tensor assemble_tap(const std::vector<Tensor>& parts) {
+  if (parts.empty()) return {};
+  if (parts.size() == 1 && parts[0].dim() == 4) return parts[0];
+  const Shape& s = parts[0].shape();
+  if (s.size() != 3) return parts.size() == 1 ? parts[0] : Tensor();
+  Tensor out = Tensor::empty({s[0], static_cast<std::int64_t>(parts.size()), s[1], s[2]}, parts[0].dtype());
+  for (std::size_t h = 0; h < parts.size(); ++h) {
+    if (parts[h].shape() != s) return {};
+    out.narrow(1, static_cast<std::int64_t>(h), 1).copy_(parts[h].reshape({s[0], 1, s[1], s[2]}));
+  }
+  return out;
+}
+
+namespace {
+
+void add_taps(const CaseSpec& c, const AttentionSpec& spec, TensorSet& res) {
+  for (const auto& tap : c.taps)
+    res.push_back({tap, assemble_tap(tap == "q_rot" ? spec.rope_taps->q_rot : spec.rope_taps->k_rot)});
+}
+
+}  // namespace
+
+MhaWeights leaf_weights(const CaseInputs& in) {
+  auto leaf = [](const Tensor& t) { return t.defined() ? Variable(t, true) : Variable(); };
+  return MhaWeights{leaf(in.wq), leaf(in.wk), leaf(in.wv), leaf(in.wo),
+                    leaf(in.bq), leaf(in.bk), leaf(in.bv), leaf(in.bo)};
+}
+
+TensorSet compute_side(const CaseSpec& c, const CaseInputs& shared, const Attention& plugin) {
+  // This side's own copy: what the plugin writes into its inputs stays here.
+  const CaseInputs in = private_copy(shared, c.layout);
+  AttentionSpec spec = attention_spec(c, in);
+  if (!c.taps.empty()) spec.rope_taps = std::make_shared<RopeTaps>();
+  const Variable r(in.r);
+  auto backward = [&](const Variable& out) {
+    const Variable loss = sum(mul(out, r));
+    if (loss.requires_grad()) loss.backward();  // else no gradient reaches the inputs: reported as missing
+  };
+  if (c.level == Level::rope) {
+    const Variable x(in.x, true);
+    const Variable out = plugin.rope_forward(x, spec.rope);  // [..., T, d]
+    check_output(out, in.r, in.x.dtype());
+    backward(out);
+    return {{"out", out.data().contiguous()}, {"dx", x.grad()}};
+  }
+  if (c.level == Level::mha) {
+    const Variable x(in.x, true);
+    const MhaWeights w = leaf_weights(in);
+    const Variable out = plugin.mha_forward(x, w, spec);  // [B, T, D]
+    check_output(out, in.r, in.x.dtype());
+    backward(out);
+    TensorSet res = {{"out", out.data().contiguous()}, {"dx", x.grad()},     {"dwq", w.wq.grad()},
+                     {"dwk", w.wk.grad()},             {"dwv", w.wv.grad()}, {"dwo", w.wo.grad()}};
+    if (c.bias)
+      for (const auto& [name, b] : {std::pair<const char*, const Variable*>{"dbq", &w.bq}, {"dbk", &w.bk},
+                                    {"dbv", &w.bv}, {"dbo", &w.bo}})
+        res.push_back({name, b->grad()});
+    add_taps(c, spec, res);
+    return res;
+  }
+  const Variable q(in.q, true), k(in.k, true), v(in.v, true);
+  const Variable out = plugin.core_forward(q, k, v, spec);  // [B, H, Tq, dv]
+  check_output(out, in.r, in.q.dtype());
+  backward(out);
+  TensorSet res = {{"out", out.data().contiguous()}, {"dq", q.grad()}, {"dk", k.grad()}, {"dv", v.grad()}};
+  add_taps(c, spec, res);
+  return res;
+}
+
+SideResult run_side(const CaseSpec& c, const CaseInputs& in, const LoadedPlugin& plugin,
+                    const ExecOptions& options) {
+  logging::runner()->debug("case '{}': running plugin {} {}", c.name, plugin.info.name,
+                           options.isolate ? "in a child process" : "in this process");
+  if (options.isolate && !timeout_problem(options.timeout_s).empty())
+    throw std::invalid_argument("timeout " + timeout_problem(options.timeout_s));
+  SideResult res = options.isolate ? run_isolated(c, in, plugin, options) : run_in_process(c, in, plugin);
+  if (res.status != SideStatus::ok) return res;
+  for (const auto& [name, t] : res.tensors) {
+    const bool kv = name == "dwk" || name == "dwv" || name == "dbk" || name == "dbv";  // [Hkv*d, ...]
+    const std::int64_t heads = kv ? c.dims.kv_heads() : c.dims.H;
+    if (const auto bad = first_non_finite(t, c.level, name, heads)) {
+      res.status = SideStatus::non_finite;
+      res.cause = "plugin " + plugin.info.name + " returned " + (std::isnan(bad->lhs) ? "NaN" : "Inf") + " in " +
+                  name + " at " + shape_str(bad->index) + " (" + bad->where + ")";
+      break;
+    }
+  }
+  return res;
+}
+
+}  // namespace headgrad::runner

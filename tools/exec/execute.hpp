@@ -1,0 +1,79 @@
+// Running one side of a case: one plugin, fresh leaf variables holding this
+// side's own copy of the shared inputs (private_copy: what a plugin writes
+// into its inputs never reaches the other side, isolated or not), forward,
+// loss = sum(out * r), backward.
+//
+//   SideResult s = run_side(c, inputs, registry.get("batched"), {.timeout_s = 5});
+//   if (s.status != SideStatus::ok) std::cout << s.cause;   // "plugin batched crashed (SIGSEGV)"
+//
+// Isolated (the default), the side runs in a forked child, in a process group
+// of its own, that sends its tensors back through a pipe (length first) and
+// leaves with _exit; the parent reads until the message is complete or the
+// time limit passes, then kills the whole group (whatever the plugin forked
+// goes too, and cannot hold the result back). So a plugin that throws, segfaults,
+// aborts or hangs fails its case with the cause named, and the suite goes on.
+// Without isolation the side runs in this process (handy under a debugger):
+// exceptions are still caught, crashes and hangs are not.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include <headgrad/loader.hpp>
+
+#include "case/inputs.hpp"
+#include "case/suite.hpp"
+
+namespace headgrad::runner {
+
+enum class SideStatus {
+  ok,
+  not_loaded,  // no plugin by that name (missing or rejected library)
+  threw,       // the plugin threw an exception
+  crashed,     // killed by a signal, or its process ended without a result
+  timed_out,   // exceeded the case's time limit
+  bad_output,  // out of the wrong shape or dtype
+  non_finite,  // NaN or Inf in a returned tensor
+};
+std::string_view side_status_name(SideStatus s);  // "ok", "not_loaded", "threw", ...
+// A plugin that could not run (not loaded, threw, crashed, hung): exit code 3.
+// bad_output and non_finite are wrong results: the case fails (exit code 1).
+bool is_plugin_error(SideStatus s);
+
+struct SideResult {
+  std::string plugin;
+  SideStatus status = SideStatus::ok;
+  std::string cause;          // "plugin X threw: ..."; empty when ok
+  TensorSet tensors;          // out, then the gradients, in tensor_names() order
+  double seconds = 0;         // wall time, child start to result
+  double compute_seconds = 0; // forward + backward, measured where they ran
+};
+
+struct ExecOptions {
+  bool isolate = true;
+  double timeout_s = 60;          // isolated runs only; see check_timeout (suite.hpp)
+  std::function<void()> on_wait;  // called about every 200 ms while a child runs (progress)
+};
+
+// One tap (q_rot or k_rot) from the parts rope_queries/rope_keys recorded:
+// one [B, H, T, d] as it is, or one [B, T, d] per head stacked to [B, H, T, d];
+// undefined when the parts do not assemble (none recorded, mixed shapes).
+Tensor assemble_tap(const std::vector<Tensor>& parts);
+
+// The mha-level leaves of a side: each weight (and bias, when the inputs have
+// them) as a Variable that takes a gradient; an absent bias stays undefined.
+MhaWeights leaf_weights(const CaseInputs& in);
+
+// In this process; throws what the plugin throws (BadOutputError for an
+// output of the wrong shape or dtype).
+TensorSet compute_side(const CaseSpec& c, const CaseInputs& in, const Attention& plugin);
+
+class BadOutputError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+SideResult run_side(const CaseSpec& c, const CaseInputs& in, const LoadedPlugin& plugin,
+                    const ExecOptions& options);
+
+}  // namespace headgrad::runner

@@ -1,0 +1,112 @@
+#include "judge/error_maps.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace headgrad::runner {
+
+namespace {
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// |a - b| row-major; NaN where either side is not finite.
+std::vector<double> abs_diff(const Tensor& a, const Tensor& b) {
+  const std::vector<double> va = a.to_vector(), vb = b.to_vector();
+  std::vector<double> v(va.size());
+  for (std::size_t i = 0; i < v.size(); ++i)
+    v[i] = (std::isfinite(va[i]) && std::isfinite(vb[i])) ? std::abs(va[i] - vb[i]) : NAN;
+  return v;
+}
+
+// A full-resolution map [rows, cols] downsampled to at most kMaxMapRows x kMaxMapCols cells.
+ErrorMap downsample(std::string title, std::int64_t rows, std::int64_t cols, const std::vector<double>& v,
+                    std::int64_t row_block, std::int64_t col_block, bool position_rows) {
+  ErrorMap m{std::move(title), rows, cols, ceil_div(rows, kMaxMapRows), ceil_div(cols, kMaxMapCols),
+             0, 0, {}, row_block, col_block, position_rows};
+  m.cell_rows = ceil_div(rows, m.row_step);
+  m.cell_cols = ceil_div(cols, m.col_step);
+  m.cells.assign(static_cast<std::size_t>(m.cell_rows * m.cell_cols), 0.0);
+  for (std::int64_t i = 0; i < rows; ++i)
+    for (std::int64_t j = 0; j < cols; ++j) {
+      double& cell = m.cells[static_cast<std::size_t>((i / m.row_step) * m.cell_cols + j / m.col_step)];
+      const double e = v[static_cast<std::size_t>(i * cols + j)];
+      if (std::isnan(e) || std::isnan(cell)) cell = NAN;
+      else cell = std::max(cell, e);
+    }
+  return m;
+}
+
+void cut(TensorErrorMaps& out, const CaseSpec& spec, const std::string& name, const Shape& shape,
+         const std::vector<double>& diff) {
+  if (spec.level == Level::mha && shape.size() == 3) {  // out, dx [B, T, D]
+    const std::int64_t B = shape[0], T = shape[1], D = shape[2], H = spec.dims.H;
+    const std::int64_t d = (H > 1 && D % H == 0) ? D / H : 0;
+    out.batches = B;
+    out.axes = "rows: positions t; columns: heads &times; channels (d = " + std::to_string(d > 0 ? d : D) + ")";
+    for (std::int64_t b = 0; b < std::min(B, kMaxMapBatch); ++b) {
+      const std::vector<double> slice(diff.begin() + b * T * D, diff.begin() + (b + 1) * T * D);
+      out.maps.push_back(downsample("b=" + std::to_string(b), T, D, slice, 0, d, true));
+    }
+  } else if (spec.level == Level::mha && shape.size() == 2) {  // dW [D, D]
+    const bool cols = name == "dwo";
+    const bool kv = name == "dwk" || name == "dwv";  // [Hkv*d, D]: one row block per kv head
+    const std::int64_t R = shape[0], C = shape[1], H = kv ? spec.dims.kv_heads() : spec.dims.H;
+    const std::int64_t n = cols ? C : R;
+    const std::int64_t d = (H > 1 && n % H == 0) ? n / H : 0;
+    out.axes = cols ? "rows: output features; columns: input features, head h owns columns [h&middot;d, (h+1)&middot;d)"
+                    : "rows: output features, head h owns rows [h&middot;d, (h+1)&middot;d); columns: input features";
+    out.maps.push_back(downsample("", R, C, diff, cols ? 0 : d, cols ? d : 0, false));
+  } else if (spec.level == Level::mha && shape.size() == 1) {  // biases: one row
+    const bool kv = name == "dbk" || name == "dbv";  // [Hkv*d]
+    const std::int64_t n = shape[0], H = name == "dbo" ? 1 : kv ? spec.dims.kv_heads() : spec.dims.H;
+    const std::int64_t d = (H > 1 && n % H == 0) ? n / H : 0;
+    out.axes = name == "dbo" ? "one row: output features"
+                             : "one row: output features, head h owns entries [h&middot;d, (h+1)&middot;d)";
+    out.maps.push_back(downsample("", 1, n, diff, 0, d, false));
+  } else if (spec.level == Level::core && shape.size() == 4) {  // [B, H, T, c]
+    const std::int64_t B = shape[0], H = shape[1], T = shape[2], c = shape[3];
+    out.batches = B;
+    out.axes = std::string("rows: ") + (name == "dk" || name == "dv" ? "key positions" : "query positions") +
+               "; columns: heads side by side, channels within each";
+    for (std::int64_t b = 0; b < std::min(B, kMaxMapBatch); ++b) {
+      std::vector<double> v(static_cast<std::size_t>(T * H * c));
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t t = 0; t < T; ++t)
+          for (std::int64_t ch = 0; ch < c; ++ch)
+            v[t * H * c + h * c + ch] = diff[((b * H + h) * T + t) * c + ch];
+      out.maps.push_back(downsample("b=" + std::to_string(b), T, H * c, v, 0, H > 1 ? c : 0, true));
+    }
+  } else if (!shape.empty()) {  // anything else: all leading dims as rows
+    const std::int64_t C = shape.back();
+    const std::int64_t R = C > 0 ? static_cast<std::int64_t>(diff.size()) / C : 0;
+    out.axes = "rows: leading dims flattened; columns: last dim";
+    out.maps.push_back(downsample("", R, C, diff, 0, 0, false));
+  }
+}
+
+}  // namespace
+
+std::vector<TensorErrorMaps> error_maps(const CaseSpec& spec, const std::vector<TensorComparison>& tensors,
+                                        const TensorSet& lhs, const TensorSet& rhs) {
+  std::vector<TensorErrorMaps> out;
+  for (const auto& t : tensors) {
+    if (!t.problem.empty()) continue;
+    const Tensor* a = find_tensor(lhs, t.name);
+    const Tensor* b = find_tensor(rhs, t.name);
+    if (!a || !b || !a->defined() || !b->defined() || a->shape() != b->shape() || a->numel() == 0) continue;
+    const std::vector<double> diff = abs_diff(*a, *b);
+    TensorErrorMaps m;
+    m.tensor = t.name;
+    m.shape = a->shape();
+    m.allclose = t.allclose;
+    for (double x : diff) {
+      if (std::isnan(x)) m.non_finite = true;
+      else m.vmax = std::max(m.vmax, x);
+    }
+    cut(m, spec, t.name, m.shape, diff);
+    if (!m.maps.empty()) out.push_back(std::move(m));
+  }
+  return out;
+}
+
+}  // namespace headgrad::runner
