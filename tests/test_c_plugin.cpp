@@ -29,6 +29,7 @@
 #include "headgrad/ops.hpp"
 #include "headgrad/plugin.hpp"
 #include "checks.hpp"
+#include "attention_run.hpp"
 
 namespace {
 
@@ -36,6 +37,8 @@ using namespace headgrad;
 using headgrad::test::all_close;
 using headgrad::test::expect_core_close;
 using headgrad::test::contains;
+using headgrad::test::CoreResult;
+using headgrad::test::run_core;
 namespace fs = std::filesystem;
 
 const fs::path kCPluginDir = C_PLUGIN_DIR;                 // build/tests/c_plugin
@@ -68,22 +71,6 @@ const PluginRegistry& registry() {
 }
 
 const Attention& plugin(const std::string& name) { return *registry().get(name).attention; }
-
-struct CoreResult {
-  Tensor out, dq, dk, dv;
-};
-
-// out = core(q, k, v); loss = sum(out * r); backward. Each call wraps the SAME
-// tensors in fresh leaf variables.
-CoreResult run_core(const Attention& a, const Tensor& q, const Tensor& k, const Tensor& v,
-                    const AttentionSpec& spec, std::uint64_t seed) {
-  Variable vq(q, true), vk(k, true), vv(v, true);
-  const Variable out = a.core_forward(vq, vk, vv, spec);
-  Generator gen(seed + 1000);
-  const Tensor r = randn(out.shape(), out.dtype(), gen);
-  sum(mul(out, Variable(r))).backward();
-  return {out.data(), vq.grad(), vk.grad(), vv.grad()};
-}
 
 // A bool mask [rows, cols] from a seeded stream, about 70% attended, with the
 // given query row fully masked (or none when it is out of range).
@@ -156,15 +143,15 @@ class CPluginAgreement : public ::testing::TestWithParam<CoreCase> {};
 
 TEST_P(CPluginAgreement, MatchesFusedSdpaInFloat64) {
   const Inputs in = make_inputs(GetParam(), DType::float64, 11);
-  const CoreResult c = run_core(plugin("naive_c"), in.q, in.k, in.v, in.spec, 3);
-  const CoreResult f = run_core(plugin("fused_sdpa"), in.q, in.k, in.v, in.spec, 3);
+  const CoreResult c = run_core(plugin("naive_c"), in.q, in.k, in.v, in.spec, 1003);
+  const CoreResult f = run_core(plugin("fused_sdpa"), in.q, in.k, in.v, in.spec, 1003);
   expect_core_close(c, f, kAtol64, kRtol64);
 }
 
 TEST_P(CPluginAgreement, MatchesFusedSdpaInFloat32) {
   const Inputs in = make_inputs(GetParam(), DType::float32, 12);
-  const CoreResult c = run_core(plugin("naive_c"), in.q, in.k, in.v, in.spec, 4);
-  const CoreResult f = run_core(plugin("fused_sdpa"), in.q, in.k, in.v, in.spec, 4);
+  const CoreResult c = run_core(plugin("naive_c"), in.q, in.k, in.v, in.spec, 1004);
+  const CoreResult f = run_core(plugin("fused_sdpa"), in.q, in.k, in.v, in.spec, 1004);
   EXPECT_EQ(c.out.dtype(), DType::float32);
   expect_core_close(c, f, kAtol32, kRtol32);
 }
@@ -183,8 +170,8 @@ std::vector<CoreCase> cases_per_head_takes() {
 
 TEST_P(CPluginVsPerHead, MatchesPerHeadInFloat64) {
   const Inputs in = make_inputs(GetParam(), DType::float64, 14);
-  const CoreResult c = run_core(plugin("naive_c"), in.q, in.k, in.v, in.spec, 8);
-  const CoreResult p = run_core(plugin("per_head"), in.q, in.k, in.v, in.spec, 8);
+  const CoreResult c = run_core(plugin("naive_c"), in.q, in.k, in.v, in.spec, 1008);
+  const CoreResult p = run_core(plugin("per_head"), in.q, in.k, in.v, in.spec, 1008);
   expect_core_close(c, p, kAtol64, kRtol64);
 }
 
@@ -219,12 +206,12 @@ TEST(CPluginCausal, BottomRightEqualsItsMaskBuiltByHand) {
     in.spec.causal_alignment = CausalAlignment::bottom_right;
     AttentionSpec by_hand;
     by_hand.mask = diagonal_mask(tq, tk, tk - tq);
-    const CoreResult c = run_core(plugin("naive_c"), in.q, in.k, in.v, in.spec, 6);
-    expect_core_close(c, run_core(plugin("naive_c"), in.q, in.k, in.v, by_hand, 6), 1e-14, 1e-12);
+    const CoreResult c = run_core(plugin("naive_c"), in.q, in.k, in.v, in.spec, 1006);
+    expect_core_close(c, run_core(plugin("naive_c"), in.q, in.k, in.v, by_hand, 1006), 1e-14, 1e-12);
     // and it is not the top-left mask at these shapes
     AttentionSpec top_left = in.spec;
     top_left.causal_alignment = CausalAlignment::top_left;
-    const CoreResult t = run_core(plugin("naive_c"), in.q, in.k, in.v, top_left, 6);
+    const CoreResult t = run_core(plugin("naive_c"), in.q, in.k, in.v, top_left, 1006);
     const std::vector<double> a = c.out.to_vector(), b = t.out.to_vector();
     double worst = 0;
     for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
@@ -242,8 +229,8 @@ TEST(CPluginCausal, APluginWithoutBottomRightNeverSeesItAndStillAgrees) {
     SCOPED_TRACE("Tq " + std::to_string(tq) + ", Tk " + std::to_string(tk));
     Inputs in = make_inputs({"old", 2, 2, tq, tk, 4, 3, true, mask}, DType::float64, 22);
     in.spec.causal_alignment = CausalAlignment::bottom_right;
-    const CoreResult old = run_core(plugin("naive_c_top_left"), in.q, in.k, in.v, in.spec, 7);
-    expect_core_close(old, run_core(plugin("naive_c"), in.q, in.k, in.v, in.spec, 7), 1e-14, 1e-12);
+    const CoreResult old = run_core(plugin("naive_c_top_left"), in.q, in.k, in.v, in.spec, 1007);
+    expect_core_close(old, run_core(plugin("naive_c"), in.q, in.k, in.v, in.spec, 1007), 1e-14, 1e-12);
   }
 }
 
@@ -297,11 +284,11 @@ TEST(CPluginAbi1, DeclaresGroupedKvOnlyFromVersion2) {
   const LoadedPlugin& v2 = registry().get("naive_c");
   EXPECT_EQ(v2.abi_version, 2);
   EXPECT_TRUE(v2.info.capabilities.grouped_kv);
-  EXPECT_TRUE(contains(capabilities_str(v2.info.capabilities), "gqa"));
+  EXPECT_TRUE(contains(capabilities_str(v2.info.capabilities), "grouped_kv"));
   const LoadedPlugin& v1 = registry().get("naive_c_v1");
   EXPECT_EQ(v1.abi_version, 1);
   EXPECT_FALSE(v1.info.capabilities.grouped_kv);
-  EXPECT_FALSE(contains(capabilities_str(v1.info.capabilities), "gqa"));
+  EXPECT_FALSE(contains(capabilities_str(v1.info.capabilities), "grouped_kv"));
   EXPECT_TRUE(v1.info.capabilities.core && v1.info.capabilities.causal && v1.info.capabilities.bool_mask);
 }
 
@@ -310,8 +297,8 @@ TEST(CPluginAbi1, StillRunsAndAgreesWithTheCurrentBuild) {
   for (const CoreCase& c : {CoreCase{"plain", 2, 3, 5, 5, 4, 4}, CoreCase{"mask", 2, 2, 5, 7, 4, 4, true, true}}) {
     SCOPED_TRACE(c.name);
     const Inputs in = make_inputs(c, DType::float64, 31);
-    expect_core_close(run_core(plugin("naive_c_v1"), in.q, in.k, in.v, in.spec, 9),
-                      run_core(plugin("naive_c"), in.q, in.k, in.v, in.spec, 9), 1e-14, 1e-12);
+    expect_core_close(run_core(plugin("naive_c_v1"), in.q, in.k, in.v, in.spec, 1009),
+                      run_core(plugin("naive_c"), in.q, in.k, in.v, in.spec, 1009), 1e-14, 1e-12);
   }
 }
 
@@ -332,9 +319,9 @@ TEST(CPluginAbi1, IsRefusedGroupedKvHeadsNamingTheCapability) {
 TEST(CPluginAbi1, OneKvHeadIsStillBroadcastForIt) {
   const Inputs in = make_inputs({"mqa", 2, 4, 6, 6, 4, 4, true, false, false, false, CausalAlignment::top_left, 1},
                                 DType::float64, 33);
-  const CoreResult old = run_core(plugin("naive_c_v1"), in.q, in.k, in.v, in.spec, 10);
+  const CoreResult old = run_core(plugin("naive_c_v1"), in.q, in.k, in.v, in.spec, 1010);
   EXPECT_EQ(old.dk.shape(), in.k.shape());
-  expect_core_close(old, run_core(plugin("naive_c"), in.q, in.k, in.v, in.spec, 10), 1e-14, 1e-12);
+  expect_core_close(old, run_core(plugin("naive_c"), in.q, in.k, in.v, in.spec, 1010), 1e-14, 1e-12);
 }
 
 // H not a multiple of Hkv is bad input, named as such, for either build.
@@ -412,7 +399,7 @@ TEST(CPlugin, FullyMaskedRowGivesZerosAndFiniteGradients) {
   const Tensor q = randn({1, 2, 3, 4}, DType::float64, gen), k = randn({1, 2, 3, 4}, DType::float64, gen);
   AttentionSpec spec;
   spec.mask = random_mask(3, 3, 9, /*masked_row=*/0);
-  const CoreResult c = run_core(plugin("naive_c"), q, k, k, spec, 5);
+  const CoreResult c = run_core(plugin("naive_c"), q, k, k, spec, 1005);
   for (std::int64_t h = 0; h < 2; ++h)
     for (std::int64_t j = 0; j < 4; ++j) {
       EXPECT_EQ(c.out.at({0, h, 0, j}), 0.0);

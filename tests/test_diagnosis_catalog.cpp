@@ -10,6 +10,8 @@
 
 #include <headgrad/loader.hpp>
 
+#include "attention_run.hpp"
+
 #include "analysis/catalog.hpp"
 #include "analysis/hypotheses.hpp"
 
@@ -18,21 +20,12 @@ using namespace headgrad::diagnosis;
 
 namespace {
 
+using headgrad::test::run_core;
+using headgrad::test::run_mha;
+
 struct Grads {
   std::vector<Tensor> tensors;  // out, then the gradient of each input
 };
-
-// out, dq, dk, dv of forward(q, k, v) under the loss sum(out * r); a gradient
-// that never reached its input reads as zeros.
-template <class Forward>
-std::vector<Tensor> core_out_and_grads(Forward&& forward, const Tensor& q, const Tensor& k, const Tensor& v,
-                                       const Tensor& r) {
-  Variable vq(q, true), vk(k, true), vv(v, true);
-  Variable out = forward(vq, vk, vv);
-  sum(mul(out, Variable(r))).backward();
-  auto g = [](const Variable& x) { return x.grad().defined() ? x.grad() : Tensor::zeros(x.shape(), x.dtype()); };
-  return std::vector<Tensor>{out.data(), g(vq), g(vk), g(vv)};
-}
 
 double max_abs_diff(const Tensor& a, const Tensor& b) {
   const auto va = a.to_vector(), vb = b.to_vector();
@@ -84,22 +77,9 @@ class CatalogTest : public ::testing::TestWithParam<BugInfo> {
   Grads run_mha(F&& forward) const {
     const auto [B, T, D, H, Hkv, d] = s_;
     const auto in = inputs();
-    Variable x(in[0], true);
-    MhaWeights w{Variable(in[1], true), Variable(in[2], true), Variable(in[3], true),
-                 Variable(in[4], true)};
-    AttentionSpec spec;
-    spec.d_model = D;
-    spec.num_heads = H;
-    spec.num_kv_heads = Hkv;
-    spec.head_width = d;
-    spec.causal = true;
-    Variable out = forward(x, w, spec);
-    sum(mul(out, Variable(in[5]))).backward();
-    auto grad_or_zero = [](const Variable& v) {
-      return v.grad().defined() ? v.grad() : Tensor::zeros(v.shape(), v.dtype());
-    };
-    return {{out.data(), grad_or_zero(x), grad_or_zero(w.wq), grad_or_zero(w.wk),
-             grad_or_zero(w.wv), grad_or_zero(w.wo)}};
+    AttentionSpec spec = test::causal_mha_spec(D, H, Hkv, d);
+    return {test::run_mha([&](Variable& x, MhaWeights& w) { return forward(x, w, spec); },
+                          in[0], in[1], in[2], in[3], in[4], in[5]).all()};
   }
 };
 PluginRegistry* CatalogTest::registry_ = nullptr;
@@ -205,7 +185,7 @@ TEST_P(CoreCatalogTest, HypothesisReproducesMutant) {
   const Tensor r = randn({2, 2, 4, 3}, DType::float64, gen);
   AttentionSpec spec;
   spec.causal = true;
-  auto run = [&](auto&& forward) { return core_out_and_grads(forward, q, k, v, r); };
+  auto run = [&](auto&& forward) { return run_core(forward, q, k, v, r).all(); };
   const auto a = run([&](auto& x, auto& y, auto& z) {
     return mutant->attention->core_forward(x, y, z, spec);
   });
@@ -237,7 +217,7 @@ TEST_P(CrossLengthCatalogTest, HypothesisReproducesMutantOnlyWhereTqDiffersFromT
     const Tensor r = randn({2, 2, tq, 3}, DType::float64, gen);
     AttentionSpec spec;
     spec.causal = true;
-    auto run = [&](auto&& forward) { return core_out_and_grads(forward, q, k, v, r); };
+    auto run = [&](auto&& forward) { return run_core(forward, q, k, v, r).all(); };
     const auto m = run([&](auto& x, auto& y, auto& z) { return mutant->attention->core_forward(x, y, z, spec); });
     const auto h = run([&](auto& x, auto& y, auto& z) { return hypothesis_core(x, y, z, spec, info.bug); });
     const auto c = run([&](auto& x, auto& y, auto& z) { return hypothesis_core(x, y, z, spec, std::nullopt); });
@@ -281,7 +261,7 @@ TEST_P(EdgeCatalogTest, HypothesisReproducesMutantWhereTheEdgeIs) {
     spec.mask = m;
   }
   if (info.visibility.needs_large_logits) spec.scale = 2000.0;  // |q.k| * 2000 passes 709
-  auto run = [&](auto&& forward) { return core_out_and_grads(forward, q, k, v, r); };
+  auto run = [&](auto&& forward) { return run_core(forward, q, k, v, r).all(); };
   // equal, NaN where the other has NaN included
   auto same = [](const Tensor& a, const Tensor& b) {
     const auto va = a.to_vector(), vb = b.to_vector();
@@ -330,7 +310,7 @@ TEST_P(GroupedCoreCatalogTest, HypothesisReproducesMutantAndNoOtherKvBug) {
     const Tensor r = randn({2, 12, tq, 10}, DType::float64, gen);
     AttentionSpec spec;
     spec.causal = true;
-    auto run = [&](auto&& forward) { return core_out_and_grads(forward, q, k, v, r); };
+    auto run = [&](auto&& forward) { return run_core(forward, q, k, v, r).all(); };
     const auto m = run([&](auto& x, auto& y, auto& z) { return mutant->attention->core_forward(x, y, z, spec); });
     const auto h = run([&](auto& x, auto& y, auto& z) { return hypothesis_core(x, y, z, spec, info.bug); });
     const auto c = run([&](auto& x, auto& y, auto& z) { return hypothesis_core(x, y, z, spec, std::nullopt); });
@@ -405,19 +385,10 @@ TEST(Catalog, TilePermutationTurnsTheTiledMappingIntoTheCorrectOne) {
   const Tensor x = randn({B, T, D}, DType::float64, gen), r = randn({B, T, D}, DType::float64, gen);
   const std::vector<Tensor> ws = {randn({H * d, D}, DType::float64, gen, 0.3), randn({Hkv * d, D}, DType::float64, gen, 0.3),
                                   randn({Hkv * d, D}, DType::float64, gen, 0.3), randn({D, H * d}, DType::float64, gen, 0.3)};
-  AttentionSpec spec;
-  spec.d_model = D;
-  spec.num_heads = H;
-  spec.num_kv_heads = Hkv;
-  spec.head_width = d;
-  spec.causal = true;
+  const AttentionSpec spec = test::causal_mha_spec(D, H, Hkv, d);
   const std::vector<std::int64_t> order = tile_to_repeat_heads(H, Hkv);
   auto run = [&](const std::vector<Tensor>& w4, auto&& forward) {
-    Variable vx(x, true);
-    MhaWeights w{Variable(w4[0], true), Variable(w4[1], true), Variable(w4[2], true), Variable(w4[3], true)};
-    Variable out = forward(vx, w);
-    sum(mul(out, Variable(r))).backward();
-    return std::vector<Tensor>{out.data(), vx.grad(), w.wq.grad(), w.wk.grad(), w.wv.grad(), w.wo.grad()};
+    return run_mha(forward, x, w4[0], w4[1], w4[2], w4[3], r).all();
   };
   const auto ref = run(ws, [&](auto& vx, auto& w) { return per_head.attention->mha_forward(vx, w, spec); });
   const std::vector<Tensor> tiled_ws = {reorder_blocks(ws[0], 0, d, order), ws[1], ws[2], reorder_blocks(ws[3], 1, d, order)};
@@ -449,19 +420,8 @@ TEST(Catalog, GroupedHypothesesAgainstPerHead) {
   const std::vector<Tensor> ws = {randn({H * d, D}, DType::float64, gen, 0.2), randn({Hkv * d, D}, DType::float64, gen, 0.2),
                                   randn({Hkv * d, D}, DType::float64, gen, 0.2), randn({D, H * d}, DType::float64, gen, 0.2)};
   const Tensor r = randn({B, T, D}, DType::float64, gen);
-  AttentionSpec spec;
-  spec.d_model = D;
-  spec.num_heads = H;
-  spec.num_kv_heads = Hkv;
-  spec.head_width = d;
-  spec.causal = true;
-  auto run = [&](auto&& forward) {
-    Variable vx(x, true);
-    MhaWeights w{Variable(ws[0], true), Variable(ws[1], true), Variable(ws[2], true), Variable(ws[3], true)};
-    Variable out = forward(vx, w);
-    sum(mul(out, Variable(r))).backward();
-    return std::vector<Tensor>{out.data(), vx.grad(), w.wq.grad(), w.wk.grad(), w.wv.grad(), w.wo.grad()};
-  };
+  const AttentionSpec spec = test::causal_mha_spec(D, H, Hkv, d);
+  auto run = [&](auto&& forward) { return run_mha(forward, x, ws[0], ws[1], ws[2], ws[3], r).all(); };
   const auto ref = run([&](auto& vx, auto& w) { return per_head.attention->mha_forward(vx, w, spec); });
   const auto ok = run([&](auto& vx, auto& w) { return hypothesis_mha(vx, w, spec, std::nullopt); });
   for (std::size_t i = 0; i < ref.size(); ++i) EXPECT_LT(max_abs_diff(ref[i], ok[i]), 1e-12) << i;
@@ -483,16 +443,12 @@ TEST(Catalog, GroupedHypothesesAgainstPerHead) {
   };
   AttentionSpec mha = spec;
   mha.num_kv_heads = H;
-  Variable vx(x, true);
-  MhaWeights wide{Variable(ws[0], true), Variable(widen(ws[1]), true), Variable(widen(ws[2]), true),
-                  Variable(ws[3], true)};
-  const Variable wide_out = per_head.attention->mha_forward(vx, wide, mha);
-  sum(mul(wide_out, Variable(r))).backward();
+  const test::MhaResult wide = run_mha(*per_head.attention, x, ws[0], widen(ws[1]), widen(ws[2]), ws[3], mha, r);
   const auto wrong = run([&](auto& vx, auto& w) { return hypothesis_mha(vx, w, spec, Bug::kv_group_wrong_divisor); });
-  EXPECT_LT(max_abs_diff(wide_out.data(), wrong[0]), 1e-12);
-  EXPECT_LT(max_abs_diff(vx.grad(), wrong[1]), 1e-12);
+  EXPECT_LT(max_abs_diff(wide.out, wrong[0]), 1e-12);
+  EXPECT_LT(max_abs_diff(wide.dx, wrong[1]), 1e-12);
   EXPECT_GT(max_abs_diff(ref[0], wrong[0]), 1e-3);  // and it is not the correct attention
-  for (const auto& [i, g] : {std::pair<std::size_t, Tensor>{3u, wide.wk.grad()}, {4u, wide.wv.grad()}}) {
+  for (const auto& [i, g] : {std::pair<std::size_t, Tensor>{3u, wide.dwk}, {4u, wide.dwv}}) {
     for (std::int64_t j = 0; j < Hkv; ++j) {
       Tensor block_sum = Tensor::zeros({d, D}, DType::float64);
       for (std::int64_t h = 0; h < H; ++h)

@@ -1,19 +1,17 @@
-// The engine's fast paths: the caching allocator and its figures,
-// the thread pool, the BLAS layer, and the fused masked softmax, which must
-// give exactly what the ops it replaces give.
+// The engine's fast paths: the caching allocator and its figures, the
+// thread pool (elementwise kernels split over workers) and the BLAS layer.
+// (The row kernels: test_kernels.cpp; the fused masked softmax against the
+// ops it replaces: test_ops_softmax_mask.cpp.)
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
-#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
-#include <headgrad/attention.hpp>
 #include <headgrad/blas.hpp>
-#include <headgrad/gradcheck.hpp>
 #include <headgrad/kernels.hpp>
 #include <headgrad/ops.hpp>
 #include <headgrad/parallel.hpp>
@@ -233,165 +231,6 @@ TEST(BlasInfo, BlisRunsItsAvx512KernelsOnAnAvx512Cpu) {
   if (!chosen) GTEST_SKIP() << "this BLIS was built without its skx kernels";
   if (std::string(chosen) != "0") GTEST_SKIP() << "BLIS_ARCH_TYPE=" << chosen << " set outside";
   EXPECT_EQ(blas::info().kernel, "skx");
-}
-
-// ---------------------------------------------------------------- exp of a row
-
-TEST(ExpShiftRow, Float32WithinTwoUlpOfStdExpAndZeroForMinusInfinity) {
-  std::vector<float> x;
-  for (float v = -95.0f; v < 80.0f; v += 0.0137f) x.push_back(v);  // the sum stays finite
-  x.push_back(-std::numeric_limits<float>::infinity());
-  std::vector<float> y = x;
-  const float shift = 0.25f;
-  const float sum = kernels::exp_shift_row(y.data(), static_cast<std::int64_t>(y.size()), shift);
-  double worst_ulps = 0, total = 0;
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const float v = x[i] - shift;
-    total += y[i];
-    if (v < -87.0f) {  // below expf's normal range: flushed to exactly 0
-      EXPECT_EQ(y[i], 0.0f) << "exp(" << v << ")";
-      continue;
-    }
-    const float want = std::exp(v);
-    const float ulp = std::nextafter(want, std::numeric_limits<float>::infinity()) - want;
-    worst_ulps = std::max(worst_ulps, std::abs(double(y[i]) - double(want)) / double(ulp));
-  }
-  EXPECT_LE(worst_ulps, 2.0);
-  EXPECT_NEAR(sum, total, 1e-6 * total);
-}
-
-TEST(ExpShiftRow, Float64IsStdExpAndTrailingZerosKeepTheSum) {
-  const std::vector<double> orig = {0.5, -1.25, 3.0, -7.5, 2.25, 0.0, -0.125, 1.5, 4.0, -2.0, 0.75};
-  std::vector<double> a = orig, b = orig;
-  b.resize(a.size() + 13, -std::numeric_limits<double>::infinity());  // a masked tail
-  const double sa = kernels::exp_shift_row(a.data(), static_cast<std::int64_t>(a.size()), 1.0);
-  const double sb = kernels::exp_shift_row(b.data(), static_cast<std::int64_t>(b.size()), 1.0);
-  EXPECT_EQ(sa, sb);  // bit for bit
-  for (std::size_t i = 0; i < orig.size(); ++i) EXPECT_EQ(a[i], std::exp(orig[i] - 1.0));
-  for (std::size_t i = orig.size(); i < b.size(); ++i) EXPECT_EQ(b[i], 0.0);
-}
-
-// ---------------------------------------------------------------- max of a row
-
-// kernels::row_max (16 lanes) against a plain running max, at lengths around
-// the lane count, with the maximum placed at every position in turn.
-TEST(RowMax, EqualsAPlainRunningMaxAtEveryLengthAndPosition) {
-  constexpr float neg_inf = -std::numeric_limits<float>::infinity();
-  EXPECT_EQ(kernels::row_max(static_cast<const float*>(nullptr), 0), neg_inf);
-  for (const std::int64_t n : {1, 2, 15, 16, 17, 31, 33, 100}) {
-    for (std::int64_t at = 0; at < n; ++at) {
-      std::vector<float> x(static_cast<std::size_t>(n));
-      for (std::int64_t j = 0; j < n; ++j) x[static_cast<std::size_t>(j)] = std::sin(0.7f * j) - 2.0f;
-      x[static_cast<std::size_t>(at)] = 1.5f + 0.001f * static_cast<float>(at);
-      float plain = neg_inf;
-      for (const float v : x) plain = std::max(plain, v);
-      EXPECT_EQ(kernels::row_max(x.data(), n), plain) << "n " << n << ", max at " << at;
-    }
-  }
-  // a fully masked row stays -inf; a NaN is skipped as by std::max(running, x)
-  const std::vector<double> masked(40, -std::numeric_limits<double>::infinity());
-  EXPECT_EQ(kernels::row_max(masked.data(), 40), -std::numeric_limits<double>::infinity());
-  std::vector<double> with_nan(20, -1.0);
-  with_nan[3] = std::numeric_limits<double>::quiet_NaN();
-  with_nan[19] = 2.0;
-  EXPECT_EQ(kernels::row_max(with_nan.data(), 20), 2.0);
-}
-
-// ---------------------------------------------------------------- masked softmax
-
-Tensor pattern_mask(const Shape& shape, std::uint64_t seed) {
-  Generator gen(seed);
-  Tensor m = Tensor::empty(shape, DType::boolean);
-  for (std::int64_t i = 0; i < m.numel(); ++i) m.set_flat(i, gen.uniform() < 0.7);
-  if (m.numel() > 0) m.set_flat(0, 0.0);
-  return m;
-}
-
-// softmax(masked_fill(scale(x), !attend, -inf)) from the separate ops, as attention_core did.
-Variable composed(const Variable& x, double s, const Tensor& attend) {
-  Variable scores = scale(x, s);
-  if (attend.defined()) scores = masked_fill(scores, logical_not(attend), -INFINITY);
-  return softmax(scores, -1);
-}
-
-struct SoftmaxCase {
-  Shape shape;
-  bool causal;
-  bool mask;
-};
-
-class MaskedSoftmax : public ::testing::TestWithParam<SoftmaxCase> {};
-
-TEST_P(MaskedSoftmax, SameValuesAndGradientsAsTheComposedOps) {
-  const SoftmaxCase c = GetParam();
-  for (DType dtype : {DType::float64, DType::float32}) {
-    Generator gen(3);
-    const Tensor x0 = randn(c.shape, dtype, gen);
-    const Tensor r = randn(c.shape, dtype, gen);
-    const std::int64_t tq = c.shape[c.shape.size() - 2], tk = c.shape.back();
-    Tensor attend = c.mask ? pattern_mask({tq, tk}, 5) : Tensor();
-    AttentionSpec spec;
-    spec.causal = c.causal;
-    spec.mask = attend;
-    const Tensor combined = attention_mask(spec, tq, tk);
-
-    Variable xa(x0, true), xb(x0, true);
-    const Variable fused = masked_softmax(xa, 0.37, attend, c.causal);
-    const Variable ref = composed(xb, 0.37, combined);
-    sum(mul(fused, Variable(r))).backward();
-    sum(mul(ref, Variable(r))).backward();
-    const auto fv = fused.data().to_vector(), rv = ref.data().to_vector();
-    const auto fg = xa.grad().to_vector(), rg = xb.grad().to_vector();
-    for (std::size_t i = 0; i < fv.size(); ++i) {
-      EXPECT_EQ(fv[i], rv[i]) << "value " << i;  // bit for bit
-      EXPECT_NEAR(fg[i], rg[i], 1e-12 + 1e-6 * std::abs(rg[i])) << "grad " << i;
-    }
-  }
-}
-
-TEST_P(MaskedSoftmax, GradcheckFloat64) {
-  const SoftmaxCase c = GetParam();
-  Generator gen(4);
-  const std::int64_t tq = c.shape[c.shape.size() - 2], tk = c.shape.back();
-  const Tensor attend = c.mask ? pattern_mask({tq, tk}, 6) : Tensor();
-  const auto r = gradcheck(
-      [&](const std::vector<Variable>& v) { return masked_softmax(v[0], 0.8, attend, c.causal); },
-      {randn(c.shape, DType::float64, gen)});
-  EXPECT_TRUE(r.ok) << r.message;
-}
-
-INSTANTIATE_TEST_SUITE_P(Shapes, MaskedSoftmax,
-                         ::testing::Values(SoftmaxCase{{2, 3, 5, 5}, true, false},
-                                           SoftmaxCase{{2, 3, 5, 5}, false, false},
-                                           SoftmaxCase{{2, 4, 7}, true, true},
-                                           SoftmaxCase{{3, 5, 7}, false, true},
-                                           SoftmaxCase{{1, 2, 9, 4}, true, false},
-                                           SoftmaxCase{{2, 40, 33}, true, true}),
-                         [](const auto& info) {
-                           std::string name;
-                           for (auto s : info.param.shape) name += std::to_string(s) + "x";
-                           name.pop_back();
-                           return name + (info.param.causal ? "_causal" : "_full") +
-                                  (info.param.mask ? "_mask" : "");
-                         });
-
-TEST(MaskedSoftmaxRows, FullyMaskedRowGivesZeros) {
-  // Tq = 2, Tk = 3, the mask hides every key of row 0.
-  const Tensor attend = Tensor::from_values(std::vector<double>{0, 0, 0, 1, 0, 1}, {2, 3}, DType::boolean);
-  Variable x(Tensor::from_values(std::vector<double>{1, 2, 3, 4, 5, 6}, {2, 3}, DType::float64), true);
-  const Variable y = masked_softmax(x, 1.0, attend, false);
-  sum(y).backward();
-  EXPECT_EQ(y.data().at({0, 0}), 0.0);
-  EXPECT_EQ(y.data().at({0, 2}), 0.0);
-  EXPECT_EQ(y.data().at({1, 1}), 0.0);
-  EXPECT_NEAR(y.data().at({1, 0}) + y.data().at({1, 2}), 1.0, 1e-15);
-  for (double g : x.grad().to_vector()) EXPECT_TRUE(std::isfinite(g));
-}
-
-TEST(MaskedSoftmaxRows, RejectsBadMasks) {
-  Variable x(Tensor::zeros({2, 3}, DType::float64));
-  EXPECT_THROW(masked_softmax(x, 1.0, Tensor::zeros({2, 3}, DType::float64), false), std::invalid_argument);
-  EXPECT_THROW(masked_softmax(x, 1.0, Tensor::zeros({3, 2}, DType::boolean), false), std::invalid_argument);
 }
 
 }  // namespace

@@ -35,6 +35,7 @@
 #include "headgrad/parallel.hpp"
 #include "headgrad/plugin.hpp"
 #include "checks.hpp"
+#include "attention_run.hpp"
 #include "kernel.hpp"
 #include "real_plugins.hpp"
 
@@ -44,6 +45,8 @@ using namespace headgrad;
 using headgrad::test::all_close;
 using headgrad::test::expect_core_close;
 using headgrad::test::all_finite;
+using headgrad::test::CoreResult;
+using headgrad::test::run_core;
 
 constexpr double kAtol64 = 1e-8;  // the float64 checking tolerances (docs/design.md)
 constexpr double kRtol64 = 1e-6;
@@ -58,21 +61,6 @@ Tensor random_mask(const Shape& shape, double p, std::uint64_t seed) {
   Tensor m = Tensor::empty(shape, DType::boolean);
   for (std::int64_t i = 0; i < m.numel(); ++i) m.set_flat(i, gen.uniform() < p ? 1.0 : 0.0);
   return m;
-}
-
-struct CoreResult {
-  Tensor out, dq, dk, dv;
-};
-
-// out = core(q, k, v); backward of loss = sum(out * R), R seeded.
-CoreResult run_core(const Attention& a, const Tensor& q, const Tensor& k, const Tensor& v,
-                    const AttentionSpec& spec, std::uint64_t r_seed = 99) {
-  const Variable vq(q, true), vk(k, true), vv(v, true);
-  const Variable out = a.core_forward(vq, vk, vv, spec);
-  Generator gen(r_seed);
-  const Tensor r = randn(out.shape(), out.dtype(), gen);
-  sum(mul(out, Variable(r))).backward();
-  return {out.data(), vq.grad(), vk.grad(), vv.grad()};
 }
 
 // ---------------------------------------------------------------- fixture
@@ -272,11 +260,9 @@ TEST_P(FusedTiles, TilingDoesNotChangeTheResult) {
   const TiledCase& c = GetParam();
   const CoreInputs in = make_tiled_inputs(c, DType::float64, 19);
   const auto run = [&](fused_sdpa::Tiles tiles) {
-    const Variable q(in.q, true), k(in.k, true), v(in.v, true);
-    const Variable out = fused_sdpa::sdpa(q, k, v, in.spec, tiles);
-    Generator gen(5);
-    sum(mul(out, Variable(randn(out.shape(), out.dtype(), gen)))).backward();
-    return CoreResult{out.data(), q.grad(), k.grad(), v.grad()};
+    return run_core([&](const Variable& q, const Variable& k, const Variable& v) {
+      return fused_sdpa::sdpa(q, k, v, in.spec, tiles);
+    }, in.q, in.k, in.v, 5);
   };
   const CoreResult small = run({c.br, c.bc});
   for (const fused_sdpa::Tiles other : {fused_sdpa::Tiles{1, 1}, fused_sdpa::Tiles{}}) {
@@ -293,16 +279,13 @@ TEST_P(FusedTilesExact, MatchesTheComposedCore) {
   const TiledCase& c = GetParam();
   ASSERT_EQ(c.dropout_p, 0.0);
   const CoreInputs in = make_tiled_inputs(c, DType::float64, 23);
-  const Variable q(in.q, true), k(in.k, true), v(in.v, true);
-  const Variable out = fused_sdpa::sdpa(q, k, v, in.spec, {c.br, c.bc});
-  Generator gen(99);  // run_core's R
-  sum(mul(out, Variable(randn(out.shape(), out.dtype(), gen)))).backward();
-  const Variable bq(in.q, true), bk(in.k, true), bv(in.v, true);
-  const Variable bout = attention_core(bq, bk, bv, in.spec);
-  Generator bgen(99);
-  sum(mul(bout, Variable(randn(bout.shape(), bout.dtype(), bgen)))).backward();
-  expect_core_close(CoreResult{out.data(), q.grad(), k.grad(), v.grad()},
-                    CoreResult{bout.data(), bq.grad(), bk.grad(), bv.grad()}, 1e-12, 1e-10);
+  const CoreResult fused = run_core([&](const Variable& q, const Variable& k, const Variable& v) {
+    return fused_sdpa::sdpa(q, k, v, in.spec, {c.br, c.bc});
+  }, in.q, in.k, in.v, 99);
+  const CoreResult composed = run_core([&](const Variable& q, const Variable& k, const Variable& v) {
+    return attention_core(q, k, v, in.spec);
+  }, in.q, in.k, in.v, 99);
+  expect_core_close(fused, composed, 1e-12, 1e-10);
 }
 
 const std::vector<TiledCase> kTiledCases = {
@@ -359,10 +342,9 @@ TEST(FusedKernel, BottomRightEqualsItsHandBuiltMaskAcrossTiles) {
     for (std::int64_t i = 0; i < tq; ++i)
       for (std::int64_t j = 0; j < tk; ++j) by_hand.mask.set({i, j}, j <= i + (tk - tq));
     const auto run = [&](const AttentionSpec& spec) {
-      const Variable vq(q, true), vk(k, true), vv(v, true);
-      const Variable out = fused_sdpa::sdpa(vq, vk, vv, spec, {3, 2});
-      sum(mul(out, Variable(r))).backward();
-      return CoreResult{out.data(), vq.grad(), vk.grad(), vv.grad()};
+      return run_core([&](const Variable& vq, const Variable& vk, const Variable& vv) {
+        return fused_sdpa::sdpa(vq, vk, vv, spec, {3, 2});
+      }, q, k, v, r);
     };
     const CoreResult a = run(causal), b = run(by_hand);
     expect_core_close(a, b, 1e-13, 1e-12);
@@ -388,12 +370,11 @@ TEST(FusedKernel, DqFromManyWorkersMatchesOneWorker) {
   const auto run = [&](int threads) {
     const int before = num_threads();
     set_num_threads(threads);
-    const Variable vq(q, true), vk(k, true), vv(v, true);
-    const Variable out = fused_sdpa::sdpa(vq, vk, vv, spec, {4, 2});  // 10 x 24 tiles per slice
-    Generator r(7);
-    sum(mul(out, Variable(randn(out.shape(), out.dtype(), r)))).backward();
+    const CoreResult res = run_core([&](const Variable& vq, const Variable& vk, const Variable& vv) {
+      return fused_sdpa::sdpa(vq, vk, vv, spec, {4, 2});  // 10 x 24 tiles per slice
+    }, q, k, v, 7);
     set_num_threads(before);
-    return CoreResult{out.data(), vq.grad(), vk.grad(), vv.grad()};
+    return res;
   };
   const CoreResult one = run(1), many = run(8);
   EXPECT_EQ(one.out.to_vector(), many.out.to_vector());  // owned rows: bit for bit
@@ -520,11 +501,9 @@ Tensor group_sums(const Tensor& g, std::int64_t group) {
 
 CoreResult run_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionSpec& spec,
                       fused_sdpa::Tiles tiles) {
-  const Variable vq(q, true), vk(k, true), vv(v, true);
-  const Variable out = fused_sdpa::sdpa(vq, vk, vv, spec, tiles);
-  Generator gen(99);  // run_core's R
-  sum(mul(out, Variable(randn(out.shape(), out.dtype(), gen)))).backward();
-  return {out.data(), vq.grad(), vk.grad(), vv.grad()};
+  return run_core([&](const Variable& vq, const Variable& vk, const Variable& vv) {
+    return fused_sdpa::sdpa(vq, vk, vv, spec, tiles);
+  }, q, k, v, 99);
 }
 
 class FusedGqa : public FusedSdpaTest, public ::testing::WithParamInterface<GqaCase> {
@@ -843,13 +822,7 @@ TEST_P(FusedMha, MatchesBatched) {
   Generator rgen(54);
   const Tensor r = randn({c.b, c.t, c.dm}, DType::float64, rgen);
   auto run = [&](const Attention& a) {
-    const Variable vx(x, true);
-    const MhaWeights vw{Variable(w.wq.data(), true), Variable(w.wk.data(), true),
-                        Variable(w.wv.data(), true), Variable(w.wo.data(), true)};
-    const Variable out = a.mha_forward(vx, vw, spec);
-    sum(mul(out, Variable(r))).backward();
-    return std::vector<Tensor>{out.data(), vx.grad(), vw.wq.grad(), vw.wk.grad(), vw.wv.grad(),
-                               vw.wo.grad()};
+    return test::run_mha(a, x, w.wq.data(), w.wk.data(), w.wv.data(), w.wo.data(), spec, r).all();
   };
   const std::vector<Tensor> f = run(fused()), b = run(batched());
   const char* names[] = {"out", "dx", "dwq", "dwk", "dwv", "dwo"};

@@ -31,6 +31,7 @@
 #include "headgrad/loader.hpp"
 #include "headgrad/ops.hpp"
 #include "headgrad/plugin.hpp"
+#include "attention_run.hpp"
 #include "real_plugins.hpp"
 
 namespace {
@@ -94,15 +95,11 @@ std::vector<Tensor> mha_run(const Attention& p, DType dt, DType run_dt) {
                             randn({dm, dm}, DType::float64, gen, 0.2), randn({dm, dm}, DType::float64, gen, 0.2),
                             randn({dm, dm}, DType::float64, gen, 0.2), randn({b, t, dm}, DType::float64, gen)};
   for (auto& x : in) x = x.to(dt).to(run_dt);  // the 16-bit values, in the dtype that runs
-  Variable x(in[0], true);
-  const MhaWeights w{Variable(in[1], true), Variable(in[2], true), Variable(in[3], true), Variable(in[4], true)};
   AttentionSpec spec;
   spec.d_model = dm;
   spec.num_heads = h;
   spec.causal = true;
-  const Variable out = p.mha_forward(x, w, spec);
-  sum(mul(out, Variable(in[5]))).backward();
-  return {out.data(), x.grad(), w.wq.grad(), w.wk.grad(), w.wv.grad(), w.wo.grad()};
+  return test::run_mha(p, in[0], in[1], in[2], in[3], in[4], spec, in[5]).all();
 }
 
 // q, k, v [B, H, T, d] = [2, 3, 12, 16], causal.
@@ -112,12 +109,9 @@ std::vector<Tensor> core_run(const Attention& p, DType dt, DType run_dt) {
   std::vector<Tensor> in = {randn(s, DType::float64, gen), randn(s, DType::float64, gen),
                             randn(s, DType::float64, gen), randn(s, DType::float64, gen)};
   for (auto& x : in) x = x.to(dt).to(run_dt);
-  Variable q(in[0], true), k(in[1], true), v(in[2], true);
   AttentionSpec spec;
   spec.causal = true;
-  const Variable out = p.core_forward(q, k, v, spec);
-  sum(mul(out, Variable(in[3]))).backward();
-  return {out.data(), q.grad(), k.grad(), v.grad()};
+  return test::run_core(p, in[0], in[1], in[2], spec, in[3]).all();
 }
 
 TEST_P(LowPrecision, MhaLevelAgreesWithTheFloat64Oracle) {

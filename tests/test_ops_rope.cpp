@@ -20,6 +20,7 @@
 #include "headgrad/attention.hpp"
 #include "headgrad/gradcheck.hpp"
 #include "headgrad/ops.hpp"
+#include "attention_run.hpp"
 #include "op_test_util.hpp"
 
 namespace {
@@ -347,18 +348,13 @@ Tensor interleaved_to_half_rows(const Tensor& w, std::int64_t heads, std::int64_
   return out;
 }
 
-struct MhaRun {
-  Tensor out, dx, dwq, dwk, dwv, dwo;
-};
+using MhaRun = test::MhaResult;
 
 // batched_mha around attention_core, loss = sum(out * r).
 MhaRun run_batched_mha(const Tensor& x, const Tensor& wq, const Tensor& wk, const Tensor& wv,
                        const Tensor& wo, const Tensor& r, const AttentionSpec& spec) {
-  Variable xv(x, true);
-  const MhaWeights w{Variable(wq, true), Variable(wk, true), Variable(wv, true), Variable(wo, true)};
-  const Variable out = batched_mha(xv, w, spec, attention_core);
-  sum(mul(out, Variable(r))).backward();
-  return {out.data(), xv.grad(), w.wq.grad(), w.wk.grad(), w.wv.grad(), w.wo.grad()};
+  return test::run_mha([&](const Variable& xv, const MhaWeights& w) { return batched_mha(xv, w, spec, attention_core); },
+                       x, wq, wk, wv, wo, r);
 }
 
 // Interleaved RoPE with (Wq, Wk) is half RoPE with Wq permuted per query head
@@ -373,12 +369,7 @@ TEST(RopeInAttention, InterleavedEqualsHalfUnderTheHfPermutation) {
   const Tensor wv = randn({hkv * d, dm}, DType::float64, gen, 0.5);
   const Tensor wo = randn({dm, h * d}, DType::float64, gen, 0.5);
   const Tensor r = randn({b, t, dm}, DType::float64, gen);
-  AttentionSpec spec;
-  spec.d_model = dm;
-  spec.num_heads = h;
-  spec.num_kv_heads = hkv;
-  spec.head_width = d;
-  spec.causal = true;
+  AttentionSpec spec = causal_mha_spec(dm, h, hkv, d);
   spec.rope = rope_spec(RopeStyle::interleaved);
   spec.rope.positions = positions_tensor({0, 3, 4, 10, 1000, 7, 2, 9, 11, 40, 41, 60, 5, 1}, {b, t});
   const MhaRun inter = run_batched_mha(x, wq, wk, wv, wo, r, spec);

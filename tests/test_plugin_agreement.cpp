@@ -32,6 +32,7 @@
 #include "headgrad/loader.hpp"
 #include "headgrad/ops.hpp"
 #include "headgrad/plugin.hpp"
+#include "attention_run.hpp"
 #include "checks.hpp"
 #include "real_plugins.hpp"
 
@@ -41,6 +42,8 @@ using namespace headgrad;
 using headgrad::test::all_close;
 using headgrad::test::expect_core_close;
 using headgrad::test::all_finite;
+using headgrad::test::CoreResult;
+using headgrad::test::MhaResult;
 
 // Tolerances: all_close's defaults, the float64 checking ones of docs/design.md (1e-8, 1e-6).
 
@@ -125,17 +128,8 @@ MhaInputs make_mha_inputs(const Shape& x_shape, std::int64_t heads, std::int64_t
   return in;
 }
 
-struct MhaResult {
-  Tensor out, dx, dwq, dwk, dwv, dwo;
-};
-
 MhaResult run_mha(const Attention& plugin, const MhaInputs& in, const AttentionSpec& spec) {
-  Variable x(in.x, true);
-  const MhaWeights w{Variable(in.wq, true), Variable(in.wk, true), Variable(in.wv, true),
-                     Variable(in.wo, true)};
-  const Variable out = plugin.mha_forward(x, w, spec);
-  sum(mul(out, Variable(in.r))).backward();
-  return {out.data(), x.grad(), w.wq.grad(), w.wk.grad(), w.wv.grad(), w.wo.grad()};
+  return test::run_mha(plugin, in.x, in.wq, in.wk, in.wv, in.wo, spec, in.r);
 }
 
 void expect_mha_agree(const MhaResult& a, const MhaResult& b) {
@@ -154,15 +148,15 @@ struct CoreInputs {
   Tensor r;        // [B, H, Tq, dv]
 };
 
-struct CoreResult {
-  Tensor out, dq, dk, dv;
-};
-
 CoreResult run_core(const Attention& plugin, const CoreInputs& in, const AttentionSpec& spec) {
-  Variable q(in.q, true), k(in.k, true), v(in.v, true);
-  const Variable out = plugin.core_forward(q, k, v, spec);
-  sum(mul(out, Variable(in.r))).backward();
-  return {out.data(), q.grad(), k.grad(), v.grad()};
+  return test::run_core(plugin, in.q, in.k, in.v, spec, in.r);
+}
+
+// The composed core (attention_core, autodiff's backward) under spec.
+CoreResult run_composed_core(const CoreInputs& in, const AttentionSpec& spec) {
+  return test::run_core([&](const Variable& q, const Variable& k, const Variable& v) {
+    return attention_core(q, k, v, spec);
+  }, in.q, in.k, in.v, in.r);
 }
 
 // ---------------------------------------------------------------- the fixture
@@ -1001,23 +995,20 @@ TEST_P(RopeAttention, MatchesRotateThenPlainAttention) {
   const GqaShape& s = std::get<0>(GetParam());
   const MhaInputs in = make_gqa_inputs(s, 72);
   const AttentionSpec sp = spec();
-  Variable x(in.x, true);
-  const MhaWeights w{Variable(in.wq, true), Variable(in.wk, true), Variable(in.wv, true),
-                     Variable(in.wo, true)};
-  const std::int64_t t = s.x_shape[s.x_shape.size() - 2], dm = s.x_shape.back();
-  const Variable x3 = reshape(x, {-1, t, dm});
-  RopeSpec turn = sp.rope;
-  if (turn.positions.defined() && turn.positions.dim() > 2)
-    turn.positions = turn.positions.reshape({-1, t});  // [lead..., T] as x is folded
-  const Variable q = rope(split_heads(linear(x3, w.wq), s.h), turn);
-  const Variable k = rope(split_heads(linear(x3, w.wk), s.hkv), turn);
-  const Variable v = split_heads(linear(x3, w.wv), s.hkv);
-  const std::int64_t g = s.h / s.hkv;
-  const Variable o = attention_core(q, repeat_interleave(k, g, 1), repeat_interleave(v, g, 1),
-                                    without_rope(sp));
-  const Variable out = reshape(linear(merge_heads(o), w.wo), s.x_shape);
-  sum(mul(out, Variable(in.r))).backward();
-  const MhaResult want{out.data(), x.grad(), w.wq.grad(), w.wk.grad(), w.wv.grad(), w.wo.grad()};
+  const MhaResult want = test::run_mha([&](const Variable& x, const MhaWeights& w) {
+    const std::int64_t t = s.x_shape[s.x_shape.size() - 2], dm = s.x_shape.back();
+    const Variable x3 = reshape(x, {-1, t, dm});
+    RopeSpec turn = sp.rope;
+    if (turn.positions.defined() && turn.positions.dim() > 2)
+      turn.positions = turn.positions.reshape({-1, t});  // [lead..., T] as x is folded
+    const Variable q = rope(split_heads(linear(x3, w.wq), s.h), turn);
+    const Variable k = rope(split_heads(linear(x3, w.wk), s.hkv), turn);
+    const Variable v = split_heads(linear(x3, w.wv), s.hkv);
+    const std::int64_t g = s.h / s.hkv;
+    const Variable o = attention_core(q, repeat_interleave(k, g, 1), repeat_interleave(v, g, 1),
+                                      without_rope(sp));
+    return reshape(linear(merge_heads(o), w.wo), s.x_shape);
+  }, in.x, in.wq, in.wk, in.wv, in.wo, in.r);
   for (const std::string name : {"per_head", "batched", "fused_sdpa"}) {
     SCOPED_TRACE(name);
     expect_mha_agree(run_mha(plugin(name), in, sp), want);
@@ -1169,10 +1160,7 @@ TEST_P(CausalAlignmentAgreement, EqualsTheHandBuiltMaskOnTheComposedCore) {
   }
   AttentionSpec explicit_mask;
   explicit_mask.mask = mask;
-  const Variable q(in.q, true), k(in.k, true), v(in.v, true);
-  const Variable out = attention_core(q, k, v, explicit_mask);
-  sum(mul(out, Variable(in.r))).backward();
-  const CoreResult composed{out.data(), q.grad(), k.grad(), v.grad()};
+  const CoreResult composed = run_composed_core(in, explicit_mask);
   for (const auto& name : kPlugins) {
     SCOPED_TRACE(name);
     const CoreResult got = run_core(plugin(name), in, spec);
@@ -1350,10 +1338,7 @@ TEST_P(BlockCausalCore, EqualsTheDenseComposedCore) {
   const CoreInputs in = alignment_inputs(tq, tk, 53);
   AttentionSpec explicit_mask;
   explicit_mask.mask = hand_causal_mask(tq, tk, alignment == CausalAlignment::bottom_right ? tk - tq : 0);
-  const Variable q(in.q, true), k(in.k, true), v(in.v, true);
-  const Variable out = attention_core(q, k, v, explicit_mask);
-  sum(mul(out, Variable(in.r))).backward();
-  const CoreResult composed{out.data(), q.grad(), k.grad(), v.grad()};
+  const CoreResult composed = run_composed_core(in, explicit_mask);
   expect_core_close(run_core(plugin("batched"), in, aligned_spec(alignment)), composed, 1e-12, 1e-10);
 }
 

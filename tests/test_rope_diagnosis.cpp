@@ -17,6 +17,8 @@
 
 #include <headgrad/loader.hpp>
 
+#include "attention_run.hpp"
+
 #include "analysis/analyze.hpp"
 #include "job/run_suite.hpp"
 #include "analysis/catalog.hpp"
@@ -36,8 +38,6 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
   for (std::size_t i = 0; i < va.size() && i < vb.size(); ++i) m = std::max(m, std::abs(va[i] - vb[i]));
   return m;
 }
-
-Tensor grad_or_zero(const Variable& v) { return v.grad().defined() ? v.grad() : Tensor::zeros(v.shape(), v.dtype()); }
 
 std::vector<BugInfo> rope_bugs(bool with_mha_only) {
   std::vector<BugInfo> out;
@@ -88,12 +88,7 @@ struct MhaRun {
 
 // A causal mha spec with grouped kv heads and head width d, RoPE as given.
 AttentionSpec grouped_spec(std::int64_t D, std::int64_t H, std::int64_t Hkv, std::int64_t d, const RopeSpec& rope) {
-  AttentionSpec spec;
-  spec.d_model = D;
-  spec.num_heads = H;
-  spec.num_kv_heads = Hkv;
-  spec.head_width = d;
-  spec.causal = true;
+  AttentionSpec spec = test::causal_mha_spec(D, H, Hkv, d);
   spec.rope = rope;
   return spec;
 }
@@ -109,13 +104,11 @@ MhaRun run_mha(F&& forward, const RopeSpec& rope) {
   const Tensor r = randn({B, T, D}, DType::float64, gen);
   AttentionSpec spec = grouped_spec(D, H, Hkv, d, rope);
   spec.rope_taps = std::make_shared<RopeTaps>();
-  Variable vx(x, true);
-  MhaWeights w{Variable(ws[0], true), Variable(ws[1], true), Variable(ws[2], true), Variable(ws[3], true)};
-  const Variable out = forward(vx, w, spec);
-  sum(mul(out, Variable(r))).backward();
-  return {{out.data(), grad_or_zero(vx), grad_or_zero(w.wq), grad_or_zero(w.wk), grad_or_zero(w.wv),
-           grad_or_zero(w.wo), runner::assemble_tap(spec.rope_taps->q_rot),
-           runner::assemble_tap(spec.rope_taps->k_rot)}};
+  std::vector<Tensor> tensors =
+      test::run_mha([&](Variable& vx, MhaWeights& w) { return forward(vx, w, spec); }, x, ws[0], ws[1], ws[2], ws[3], r).all();
+  tensors.push_back(runner::assemble_tap(spec.rope_taps->q_rot));
+  tensors.push_back(runner::assemble_tap(spec.rope_taps->k_rot));
+  return {tensors};
 }
 
 const char* kMhaNames[] = {"out", "dx", "dwq", "dwk", "dwv", "dwo", "q_rot", "k_rot"};
@@ -161,12 +154,7 @@ TEST_P(RopeCoreBugs, HypothesisReproducesMutantAtTheCoreLevel) {
   spec.causal = true;
   spec.rope = rope_for(info, RopeStyle::interleaved);
   spec.rope.q_offset = 2;
-  auto run = [&](auto&& forward) {
-    Variable vq(q, true), vk(k, true), vv(v, true);
-    const Variable out = forward(vq, vk, vv);
-    sum(mul(out, Variable(r))).backward();
-    return std::vector<Tensor>{out.data(), grad_or_zero(vq), grad_or_zero(vk), grad_or_zero(vv)};
-  };
+  auto run = [&](auto&& forward) { return test::run_core(forward, q, k, v, r).all(); };
   const auto a = run([&](auto& x, auto& y, auto& z) { return m.attention->core_forward(x, y, z, spec); });
   const auto b = run([&](auto& x, auto& y, auto& z) { return hypothesis_core(x, y, z, spec, info.bug); });
   const auto c = run([&](auto& x, auto& y, auto& z) { return hypothesis_core(x, y, z, spec, std::nullopt); });

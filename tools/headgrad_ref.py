@@ -47,6 +47,8 @@ import argparse
 import importlib
 import importlib.util
 import inspect
+import json
+import math
 import os
 import pathlib
 import sys
@@ -72,6 +74,10 @@ SHAPE_KEYS = {
     "core": ("B", "H", "Hkv", "T", "Tq", "Tk", "d"),
     "rope": ("B", "H", "T", "d"),
 }
+
+
+# A dim of --shape at most (torch indexes with int64; far past any real case).
+MAX_DIM = 2**31 - 1
 
 
 def _fail(message):
@@ -139,6 +145,8 @@ def parse_shape(text):
         key, sep, value = item.partition("=")
         if not sep or not value.strip().isdigit():
             _fail(f"--shape item '{item}' is not KEY=INTEGER")
+        if int(value) > MAX_DIM:
+            _fail(f"--shape item '{item}': a dim is at most {MAX_DIM}")
         shape[key.strip()] = int(value)
     return shape
 
@@ -266,14 +274,19 @@ def _flow_map(items):
     return "{" + ", ".join(f"{k}: {_flow_map(v) if isinstance(v, dict) else v}" for k, v in items.items()) + "}"
 
 
+def _yaml_str(text):
+    """A double-quoted YAML scalar (JSON's escapes are YAML's): any name or path reads back as written."""
+    return json.dumps(str(text))
+
+
 def _case_yaml(out, level, shape_keys, causal, rope, taps, dtype, suite_dir, bias=False):
     """The suite case that checks this directory, to paste into a suite in suite_dir."""
     where = pathlib.Path(os.path.relpath(out, suite_dir)) if suite_dir is not None else out
     lines = [f"# A suite case that checks this directory ({dtype}); "
              "'reference' is relative to the suite file.",
-             f"- name: {out.name}",
+             f"- name: {_yaml_str(out.name)}",
              "  compare: [per_head]",
-             f"  reference: {where.as_posix()}"]
+             f"  reference: {_yaml_str(where.as_posix())}"]
     if level != "mha":
         lines.append(f"  level: {level}")
     if shape_keys:
@@ -569,8 +582,40 @@ def parse_rope(text):
         key, sep, value = item.partition("=")
         if not sep or key not in ("theta", "style", "rotary_dim"):
             _fail(f"--rope item '{item}' is not theta=.., style=.. or rotary_dim=..")
-        rope[key] = value
+        # typed here: case.yaml gets a number or a known word, never text that breaks it
+        if key == "theta":
+            try:
+                theta = float(value)
+            except ValueError:
+                theta = float("nan")
+            if not (math.isfinite(theta) and theta > 1):
+                _fail(f"--rope theta={value!r}: expected a finite number > 1 (the RoPE base, e.g. 10000)")
+            rope[key] = theta
+        elif key == "style":
+            if value not in ("interleaved", "half"):
+                _fail(f"--rope style={value!r}: expected interleaved or half")
+            rope[key] = value
+        else:
+            if not value.isdigit() or int(value) < 2 or int(value) % 2:
+                _fail(f"--rope rotary_dim={value!r}: expected an even integer >= 2")
+            rope[key] = int(value)
     return rope
+
+
+def parse_seed(text):
+    """--seed: an integer in [0, 2^63) (torch's generator and the suite's seed key take int64)."""
+    try:
+        seed = int(text)
+    except ValueError:
+        seed = -1
+    if not 0 <= seed < 2**63:
+        _fail(f"--seed: expected an integer in [0, 2^63), got {text!r}")
+    return seed
+
+
+def _one_line(e):
+    text = " ".join(str(e).split())
+    return text if len(text) <= 500 else text[:500] + "..."
 
 
 def main(argv=None):
@@ -581,7 +626,7 @@ def main(argv=None):
                         help="e.g. B=2,T=7,D=24,H=4 (mha), B=2,H=4,Tq=5,Tk=7,d=8 (core), B=2,T=9,d=16 (rope)")
     parser.add_argument("--out", required=True, type=pathlib.Path, help="directory to write")
     parser.add_argument("--level", choices=LEVELS, default="mha")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", default="0", help="an integer in [0, 2^63)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float64")
     parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True,
                         help="mha: what your function does (checked); "
@@ -599,15 +644,27 @@ def main(argv=None):
                         help="mha: the function takes bq, bk, bv, bo keyword arguments; write them and dbq..dbo")
     args = parser.parse_args(argv)
     try:
-        fn = load_function(args.function)
-        out = write_reference(fn, args.out, parse_shape(args.shape), level=args.level, seed=args.seed,
+        try:
+            fn = load_function(args.function)
+        except ValueError:
+            raise
+        except Exception as e:  # the user's module: any error while importing it
+            _fail(f"cannot import {args.function}: {type(e).__name__}: {e}")
+        out = write_reference(fn, args.out, parse_shape(args.shape), level=args.level, seed=parse_seed(args.seed),
                               causal=args.causal, dtype=args.dtype,
                               positions=parse_positions(args.positions) if args.positions else None,
                               q_offset=args.q_offset,
                               rope=parse_rope(args.rope) if args.rope else None, suite_dir=args.suite_dir,
                               overwrite=args.force, bias=args.bias)
     except (ValueError, ImportError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except SystemExit as e:  # the user's code called sys.exit(): nothing was written
+        print(f"error: headgrad_ref: {args.function} called sys.exit({e.code!r}); nothing was written",
+              file=sys.stderr)
+        return 2
+    except Exception as e:  # the user's function raised, or torch refused the shape
+        print(f"error: headgrad_ref: {args.function} failed: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
         return 2
     print(f"wrote {out}; suite case in {out / 'case.yaml'}:")
     print((out / "case.yaml").read_text(), end="")

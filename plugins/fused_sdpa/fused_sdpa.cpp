@@ -1,7 +1,8 @@
 // fused_sdpa: the attention core as one custom op with a hand-written forward
-// and backward (FlashAttention-2 style, kernel.cpp), run with the default
-// tiles (256 x 256 from 2048 queries and keys up), inside the batched split and merge of heads. Grouped KV heads reach
-// the kernel unexpanded: its K/V memory is Hkv/H of the expanded one.
+// and backward (FlashAttention-2 style, kernel.cpp), run with the kernel's
+// default 128 x 128 tiles (256 x 256 from 2048 queries and keys up: tiles_for),
+// inside the batched split and merge of heads. Grouped KV heads reach the
+// kernel unexpanded: its K/V memory is Hkv/H of the expanded one.
 //
 // Shape legend: B, T, D, H, Hkv as in plugin.hpp; [...] leading dims.
 #include <headgrad/plugin.hpp>
@@ -52,12 +53,12 @@ class FusedSdpa final : public Attention {
         KvHeads::grouped);
   }
 
-  // q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv] -> [..., Tq, dv]; k, v
-  // may have Hkv heads (dim -3) where q has H. RoPE, when asked for, rotates q
-  // and k before the kernel (the rotation's backward is the engine's).
   // x [..., T, d]: the engine's rotation, the one fused_sdpa applies before its kernel.
   Variable rope_forward(const Variable& x, const RopeSpec& spec) const override { return rope(x, spec); }
 
+  // q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv] -> [..., Tq, dv]; k, v
+  // may have Hkv heads (dim -3) where q has H. RoPE, when asked for, rotates q
+  // and k before the kernel (the rotation's backward is the engine's).
   Variable core_forward(const Variable& q, const Variable& k, const Variable& v,
                         const AttentionSpec& spec) const override {
     const Variable qr = rope_queries(q, spec), kr = rope_keys(k, spec);

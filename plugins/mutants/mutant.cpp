@@ -1,5 +1,5 @@
 // !! DELIBERATELY WRONG !! A batched attention with exactly one known bug,
-// chosen at compile time (HEADGRAD_MUTANT="<bug name>"). Each bug is written the way
+// chosen by the library it is linked into (bug.cpp names it). Each bug is written the way
 // people really write it; the line that differs from plugins/batched is marked
 // BUG. These plugins exist so that configs/mutants.yaml can prove each bug
 // class is caught and named. Never use them as a reference.
@@ -15,12 +15,15 @@
 #include <string_view>
 #include <vector>
 
+// The bug's catalog name (tools/analysis/bug_names.def), e.g. "kv_swapped":
+// the one definition that differs between mutant libraries (bug.cpp).
+extern "C" const char headgrad_mutant_bug[];
+
 namespace {
 
 using namespace headgrad;
 
-// The bug's catalog name (tools/analysis/bug_names.def), e.g. "kv_swapped".
-constexpr std::string_view kBug = HEADGRAD_MUTANT;
+const std::string_view kBug = headgrad_mutant_bug;
 
 // The mask this mutant applies: [Tq, Tk] bool, True = attend, or undefined.
 Tensor mutant_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t tk) {

@@ -1,5 +1,5 @@
-// libFuzzer target: the .npz reader (read_npz and read_npz_member: libzip's
-// directory, then each member through the .npy reader) on arbitrary bytes.
+// libFuzzer target: the .npz reader (read_npz, read_npz_member and NpzArchive:
+// libzip's directory, then each member through the .npy reader) on arbitrary bytes.
 // read_npz takes a path, so each input is written to an in-memory file
 // (memfd) and opened through /proc/self/fd. Rejections must be NpyError;
 // anything else is a finding. Run longer: see README, "Sanitizers and fuzzing".
@@ -56,6 +56,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   try {  // one named member: the lookup, and the error that lists the members present
     headgrad::read_npz_member(archive().path, "x");
+  } catch (const headgrad::NpyError&) {
+  }
+  try {  // as a reference is read: headers first, then bounded reads, int64 allowed
+    headgrad::NpzArchive npz(archive().path);
+    for (const auto& name : npz.names()) {
+      try {
+        const headgrad::NpyHeader h = npz.header(name, true);
+        npz.read(name, {.integers = true, .max_bytes = h.data_bytes});
+      } catch (const headgrad::NpyError&) {
+      }
+    }
   } catch (const headgrad::NpyError&) {
   }
   return 0;

@@ -1,5 +1,6 @@
 // uncatalogued_<bug>: an attention with one realistic bug that the bug
-// catalog does not hold, chosen at compile time (UNCATALOGUED_BUG): the
+// catalog does not hold, chosen by the library it is linked into
+// (uncatalogued_bug.cpp names it, as the mutants' bug.cpp does): the
 // diagnosis must say that no known bug reproduces it rather than name one.
 //   heads_reversed       heads merged in reverse order (head h's output lands in slot H-1-h)
 //   wq_wk_swapped        q is projected with Wk and k with Wq
@@ -8,15 +9,18 @@
 // Shape legend: B batch, T sequence, D model width, H heads, d = D / H;
 // Tq/Tk query/key lengths.
 #include <cmath>
+#include <string>
 #include <string_view>
 
 #include "common.hpp"
+
+extern "C" const char headgrad_uncatalogued_bug[];
 
 namespace {
 
 using namespace runner_test;
 
-constexpr std::string_view kBug = UNCATALOGUED_BUG;
+const std::string_view kBug = headgrad_uncatalogued_bug;
 
 // [B, H, T, d] with the heads in reverse order.
 Variable reverse_heads(const Variable& o) {
@@ -37,7 +41,9 @@ Variable core(const Variable& q, const Variable& k, const Variable& v, const Att
 class Uncatalogued final : public Attention {
  public:
   PluginInfo info() const override {
-    return test_info("uncatalogued_" UNCATALOGUED_BUG, "test plugin: a bug outside the catalog");
+    PluginInfo i = test_info("", "test plugin: a bug outside the catalog");
+    i.name = "uncatalogued_" + std::string(kBug);
+    return i;
   }
   Variable mha_forward(const Variable& x, const MhaWeights& w, const AttentionSpec& spec) const override {
     const bool swap = kBug == "wq_wk_swapped";

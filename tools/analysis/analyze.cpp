@@ -1,5 +1,6 @@
 #include "analysis/analyze.hpp"
 #include "analysis/internal.hpp"
+#include "analysis/findings.hpp"
 
 #include <chrono>
 
@@ -19,6 +20,13 @@ CaseResult check_case(const CaseSpec& spec, const PluginRegistry& registry, cons
     res.localization = localize_from(res, runs);
     confirm_with_variants(*res.diagnosis, runs);
     rerun_under_tile_permutation(*res.diagnosis, res, inputs, registry, options);
+    if (res.diagnosis->fits.empty()) {  // outside the catalog: what the evidence still shows
+      std::vector<VariantEvidence> evidence;
+      for (const auto& run : runs)
+        if (run.error.empty()) evidence.push_back({run.variant.change, &run.variant.spec, &run.result, &run.inputs});
+      find_outside_catalog(*res.diagnosis, res, inputs, evidence);
+      write_verdict(*res.diagnosis);
+    }
     for (const auto& clue : rope_clues(res, inputs)) res.diagnosis->sentence += " " + clue;
     if (const std::string p = precision_sentence(res); !p.empty()) res.diagnosis->sentence += " " + p;
     const std::string named = res.diagnosis->best();

@@ -67,7 +67,10 @@ Localization localize(const CaseResult& failed, const PluginRegistry& registry, 
 // only if it also reproduces that side at every localization variant that ran
 // (the others are listed in Diagnosis::ruled_out, with the variant that refutes them);
 // in a grouped-kv case it re-runs the failing plugin under the tile permutation
-// of query heads (Diagnosis::evidence), which confirms or rules out kv_map_tile.
+// of query heads (Diagnosis::evidence), which confirms or rules out kv_map_tile;
+// and when no catalog bug is left, it adds the findings outside the catalog
+// (analysis/findings.hpp). A reference's own tensors are a side like a
+// plugin's (Diagnosis::reference_side): a buggy function that wrote it is named.
 Diagnosis diagnose(const CaseResult& failed, const CaseInputs& inputs);
 
 // Under relative_to_baseline, what the errors are worth in the case's dtype,

@@ -9,6 +9,7 @@
 #include <headgrad/log.hpp>
 
 #include "analysis/catalog.hpp"
+#include "analysis/evaluate.hpp"
 #include "analysis/hypotheses.hpp"
 #include "case/inputs.hpp"
 #include "exec/execute.hpp"
@@ -24,80 +25,33 @@ using diagnosis::bug_info;
 
 namespace {
 
-Tensor grad_or_zeros(const Variable& v) {
-  return v.grad().defined() ? v.grad() : Tensor::zeros(v.shape(), v.dtype());
-}
-
-// The tensors a side would produce if it had exactly `bug` (none: correct).
-TensorSet hypothesis_tensors(const CaseSpec& c, const CaseInputs& in, std::optional<Bug> bug) {
-  AttentionSpec spec = attention_spec(c, in);
-  if (!c.taps.empty()) spec.rope_taps = std::make_shared<RopeTaps>();  // q_rot, k_rot as the hypothesis rotates
-  TensorSet out;
-  if (c.level == Level::rope) {
-    Variable x(in.x, true);
-    Variable y = diagnosis::hypothesis_rope(x, spec.rope, bug);
-    sum(mul(y, Variable(in.r))).backward();
-    return {{"out", y.data()}, {"dx", grad_or_zeros(x)}};
-  }
-  if (c.level == Level::mha) {
-    Variable x(in.x, true);
-    const MhaWeights w = leaf_weights(in);
-    Variable y = diagnosis::hypothesis_mha(x, w, spec, bug);
-    sum(mul(y, Variable(in.r))).backward();
-    out = {{"out", y.data()},          {"dx", grad_or_zeros(x)},    {"dwq", grad_or_zeros(w.wq)},
-           {"dwk", grad_or_zeros(w.wk)}, {"dwv", grad_or_zeros(w.wv)}, {"dwo", grad_or_zeros(w.wo)}};
-    if (w.has_bias())
-      out.insert(out.end(), {{"dbq", grad_or_zeros(w.bq)}, {"dbk", grad_or_zeros(w.bk)},
-                             {"dbv", grad_or_zeros(w.bv)}, {"dbo", grad_or_zeros(w.bo)}});
-  } else {
-    Variable q(in.q, true), k(in.k, true), v(in.v, true);
-    Variable y = diagnosis::hypothesis_core(q, k, v, spec, bug);
-    sum(mul(y, Variable(in.r))).backward();
-    out = {{"out", y.data()}, {"dq", grad_or_zeros(q)}, {"dk", grad_or_zeros(k)}, {"dv", grad_or_zeros(v)}};
-  }
-  for (const auto& tap : c.taps)
-    out.push_back({tap, assemble_tap(tap == "q_rot" ? spec.rope_taps->q_rot : spec.rope_taps->k_rot)});
-  return out;
-}
-
-// max over the checked tensors of |a - b| / (atol + rtol |b|), b the hypothesis;
-// infinity when a tensor is missing or shaped differently.
-std::pair<double, double> fit_ratio(const TensorSet& side, const TensorSet& hyp, const CaseSpec& c) {
-  double worst = 0, max_abs = 0;
-  for (const auto& name : c.check) {
-    const Tensor* a = find_tensor(side, name);
-    const Tensor* b = find_tensor(hyp, name);
-    if (!b || !b->defined()) continue;
-    // A gradient the side never produced (its input unused) is a zero gradient.
-    const Tensor av = a && a->defined() ? *a : Tensor::zeros(b->shape(), b->dtype());
-    if (av.shape() != b->shape()) return {INFINITY, INFINITY};
-    const Tolerance tol = c.tolerance_for(name);
-    const auto va = av.to_vector(), vb = b->to_vector();
-    for (std::size_t i = 0; i < va.size(); ++i) {
-      // A NaN or inf the hypothesis predicts where the side has it too is reproduced.
-      if (!std::isfinite(va[i]) || !std::isfinite(vb[i])) {
-        if ((std::isnan(va[i]) && std::isnan(vb[i])) || va[i] == vb[i]) continue;
-        return {INFINITY, INFINITY};
-      }
-      const double e = std::abs(va[i] - vb[i]);
-      max_abs = std::max(max_abs, e);
-      worst = std::max(worst, e / (tol.atol + tol.rtol * std::abs(vb[i])));
-    }
-  }
-  return {worst, max_abs};
-}
-
 // A near miss is named only within this factor of the tolerance.
 constexpr double kNearFactor = 10;
 
-// dx.sentence from its fits (best first), ruled_out and near.
+}  // namespace
+
+// The side's name in a sentence: a reference is called one.
+std::string side_words(const Diagnosis& dx, const std::string& side) {
+  return side == dx.reference_side && !side.empty() ? "the reference " + side : side;
+}
+
 void write_verdict(Diagnosis& dx) {
   if (dx.fits.empty()) {
-    dx.sentence = "No known bug reproduces this failure";
+    const bool pair = std::any_of(dx.findings.begin(), dx.findings.end(), [](const Finding& f) { return f.kind == "pair"; });
+    dx.sentence = pair ? "No single known bug reproduces this failure" : "No known bug reproduces this failure";
+    if (!dx.findings.empty()) {
+      std::vector<std::string> said;
+      for (const auto& f : dx.findings) said.push_back(f.sentence);
+      dx.sentence += ". " + join(said, " ");
+      if (!dx.correct_side.empty()) dx.sentence += " " + side_words(dx, dx.correct_side) + " matches the correct attention.";
+      if (!dx.ruled_out.empty()) dx.sentence += " Ruled out: " + join(dx.ruled_out, "; ") + ".";
+      if (!dx.evidence.empty()) dx.sentence += " Evidence: " + join(dx.evidence, "; ") + ".";
+      return;
+    }
     if (!dx.ruled_out.empty()) dx.sentence += "; ruled out: " + join(dx.ruled_out, "; ");
     if (!dx.near.empty())
       dx.sentence += std::string(dx.ruled_out.empty() ? "" : ";") + " (closest: " + dx.near.front().bug + " on " +
-                     dx.near.front().side + ", " + fmt_g(dx.near.front().worst_ratio) + "x outside the tolerance)";
+                     side_words(dx, dx.near.front().side) + ", " + fmt_g(dx.near.front().worst_ratio) + "x outside the tolerance)";
     dx.sentence += "; see where the error lives and the localization.";
     if (!dx.evidence.empty()) dx.sentence += " Evidence: " + join(dx.evidence, "; ") + ".";
     return;
@@ -105,10 +59,12 @@ void write_verdict(Diagnosis& dx) {
   const HypothesisFit& best = dx.fits.front();
   dx.judged_side = best.side;
   const auto& info = bug_info(*diagnosis::bug_from_name(best.bug));
-  dx.sentence = best.side + " reproduces " + best.bug + " (every checked tensor within tolerance, max |Δ| " +
+  dx.sentence = side_words(dx, best.side) + " reproduces " + best.bug + " (every checked tensor within tolerance, max |Δ| " +
                 fmt_g(best.max_abs) + "): " + std::string(info.explanation) + ". Fix: " +
                 std::string(info.fix) + ".";
-  if (!dx.correct_side.empty()) dx.sentence += " " + dx.correct_side + " matches the correct attention.";
+  if (!dx.correct_side.empty())
+    dx.sentence += " " + side_words(dx, dx.correct_side) + " matches the correct attention" +
+                   (dx.correct_side == dx.reference_side || best.side == dx.reference_side ? ": it is the correct side." : ".");
   if (dx.fits.size() > 1) {
     std::vector<std::string> others;
     for (std::size_t i = 1; i < dx.fits.size(); ++i) others.push_back(dx.fits[i].bug);
@@ -117,6 +73,8 @@ void write_verdict(Diagnosis& dx) {
   if (!dx.ruled_out.empty()) dx.sentence += " Ruled out: " + join(dx.ruled_out, "; ") + ".";
   if (!dx.evidence.empty()) dx.sentence += " Evidence: " + join(dx.evidence, "; ") + ".";
 }
+
+namespace {
 
 }  // namespace
 
@@ -150,16 +108,25 @@ Diagnosis diagnose(const CaseResult& failed, const CaseInputs& in) {
   };
   std::vector<Side> sides;
   if (!failed.lhs.empty()) sides.push_back({failed.lhs_label, &failed.lhs});
-  if (!c.is_reference() && !failed.rhs.empty()) sides.push_back({failed.rhs_label, &failed.rhs});
+  // A reference's own tensors are diagnosed too: a buggy function may have written it.
+  if (!failed.rhs.empty()) sides.push_back({failed.rhs_label, &failed.rhs});
+  if (c.is_reference()) dx.reference_side = failed.rhs_label;
   if (sides.empty()) {
     dx.sentence = "No tensors to diagnose: " + (failed.cause.empty() ? "no side produced a result" : failed.cause);
     return dx;
   }
 
-  const TensorSet correct = hypothesis_tensors(c, in, std::nullopt);
+  const TensorSet correct = hypothesis_tensors(c, in, diagnosis::BugSet{});
   for (const auto& s : sides)
     if (fit_ratio(*s.tensors, correct, c).first <= 1.0) dx.correct_side = s.label;
 
+  // The near miss is the failing side's: the side left when the other is the
+  // correct one (else none is shown), and only a hypothesis that differs from
+  // the correct attention here (one that does not is no evidence at all).
+  std::string failing;
+  if (!dx.correct_side.empty())
+    for (const auto& s : sides)
+      if (s.label != dx.correct_side) failing = s.label;
   std::optional<HypothesisFit> closest;
   for (const auto& info : bug_catalog()) {
     if (c.level == Level::core && info.visibility.mha_only) continue;
@@ -171,13 +138,14 @@ Diagnosis diagnose(const CaseResult& failed, const CaseInputs& in) {
       logging::runner()->debug("hypothesis {} did not run: {}", info.name, e.what());
       continue;
     }
+    const bool visible = fit_ratio(hyp, correct, c).first > 1.0;
     for (const auto& s : sides) {
       if (s.label == dx.correct_side) continue;
       const auto [ratio, max_abs] = fit_ratio(*s.tensors, hyp, c);
       HypothesisFit fit{std::string(info.name), std::string(info.explanation), std::string(info.fix), s.label,
                         ratio, max_abs};
       if (ratio <= 1.0) dx.fits.push_back(fit);
-      else if (!closest || ratio < closest->worst_ratio) closest = fit;
+      else if (visible && s.label == failing && (!closest || ratio < closest->worst_ratio)) closest = fit;
     }
   }
   std::stable_sort(dx.fits.begin(), dx.fits.end(),
@@ -243,7 +211,7 @@ void rerun_under_tile_permutation(Diagnosis& dx, const CaseResult& failed, const
   tiled.wq = diagnosis::reorder_blocks(in.wq, 0, d, order);  // [H*d, D]: head h' gets head order[h']'s rows
   tiled.wo = diagnosis::reorder_blocks(in.wo, 1, d, order);  // [D, H*d]: and its columns
   if (in.bq.defined()) tiled.bq = diagnosis::reorder_blocks(in.bq, 0, d, order);  // [H*d]: and its entries
-  TensorSet correct = hypothesis_tensors(c, in, std::nullopt);
+  TensorSet correct = hypothesis_tensors(c, in, diagnosis::BugSet{});
   for (auto& [name, t] : correct) {
     if (name == "dwq" || name == "dbq") t = diagnosis::reorder_blocks(t, 0, d, order);
     if (name == "dwo") t = diagnosis::reorder_blocks(t, 1, d, order);

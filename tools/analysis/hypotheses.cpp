@@ -10,27 +10,16 @@ namespace headgrad::diagnosis {
 
 namespace {
 
-bool is(std::optional<Bug> bug, Bug b) { return bug && *bug == b; }
+bool is(BugSet bug, Bug b) { return bug.has(b); }
 
-// The causal/explicit mask as the hypothesis applies it: [Tq, Tk] or [.., Tq, Tk].
-Tensor hypothesis_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t tk,
-                       std::optional<Bug> bug) {
-  AttentionSpec s = spec;
-  if (is(bug, Bug::missing_causal_mask)) s.causal = false;
-  if (is(bug, Bug::causal_alignment)) s.causal_alignment = CausalAlignment::bottom_right;
-  if (is(bug, Bug::mask_ignored)) s.mask = Tensor();
-  const bool wrong = is(bug, Bug::causal_mask_excludes_diagonal) || is(bug, Bug::causal_mask_inverted);
-  if (!s.causal || !wrong) return attention_mask(s, tq, tk);
-  s.causal = false;
-  Tensor m = Tensor::empty({tq, tk}, DType::boolean);
-  for (std::int64_t i = 0; i < tq; ++i)
-    for (std::int64_t j = 0; j < tk; ++j)
-      m.set({i, j}, is(bug, Bug::causal_mask_excludes_diagonal) ? j < i : j >= i);
-  const Tensor extra = attention_mask(s, tq, tk);
-  return extra.defined() ? logical_and(extra, m) : m;
+// The name of the bugs, for messages.
+std::string names_of(BugSet bug) {
+  std::string s;
+  for (Bug b : bug.bugs()) s += (s.empty() ? "" : " + ") + std::string(bug_info(b).name);
+  return s;
 }
 
-double hypothesis_scale(const AttentionSpec& spec, std::int64_t d, std::optional<Bug> bug) {
+double hypothesis_scale(const AttentionSpec& spec, std::int64_t d, BugSet bug) {
   if (is(bug, Bug::scale_one_over_d)) return 1.0 / static_cast<double>(d);
   if (is(bug, Bug::scale_model_dim))
     return 1.0 / std::sqrt(static_cast<double>(spec.d_model > 0 ? spec.d_model : d));
@@ -56,7 +45,7 @@ Variable matmul_narrow_accumulator(const Variable& a, const Variable& b) {
 
 // One head: q [N, Tq, d], k [N, Tk, d], v [N, Tk, dv]; mask broadcast to [N, Tq, Tk].
 Variable attend(const Variable& q, const Variable& k_in, const Variable& v_in, const Tensor& mask,
-                double factor, std::optional<Bug> bug) {
+                double factor, BugSet bug) {
   const bool swapped = is(bug, Bug::kv_swapped);
   const Variable& k = swapped ? v_in : k_in;
   const Variable& v = swapped ? k_in : v_in;
@@ -77,13 +66,13 @@ Variable attend(const Variable& q, const Variable& k_in, const Variable& v_in, c
 }
 
 // x W^T + b (b undefined: no bias); the bug transposes W only.
-Variable project(const Variable& x, const Variable& w, const Variable& b, std::optional<Bug> bug) {
+Variable project(const Variable& x, const Variable& w, const Variable& b, BugSet bug) {
   const Variable y = is(bug, Bug::weights_not_transposed) ? matmul(x, w) : linear(x, w);
   return b.defined() ? add(y, b) : y;
 }
 
 // Head h's slice of a projection P [B, T, D], as the hypothesis lays heads out.
-Variable head_slice(const Variable& p, std::int64_t h, std::int64_t heads, std::optional<Bug> bug) {
+Variable head_slice(const Variable& p, std::int64_t h, std::int64_t heads, BugSet bug) {
   const std::int64_t b = p.size(0), t = p.size(1), dm = p.size(2), d = dm / heads;
   if (is(bug, Bug::split_without_transpose))  // the flat buffer cut as [B, H, T, d]
     return reshape(narrow(reshape(p, {b, heads, t, d}), 1, h, 1), {b, t, d});
@@ -93,7 +82,7 @@ Variable head_slice(const Variable& p, std::int64_t h, std::int64_t heads, std::
 }
 
 // Heads' outputs o_h [B, T, d] back to [B, T, D], as the hypothesis merges them.
-Variable merge(const std::vector<Variable>& heads, std::optional<Bug> bug) {
+Variable merge(const std::vector<Variable>& heads, BugSet bug) {
   const std::int64_t b = heads[0].size(0), t = heads[0].size(1), d = heads[0].size(2);
   const std::int64_t dm = d * static_cast<std::int64_t>(heads.size());
   if (is(bug, Bug::merge_without_transpose)) return reshape(stack(heads, 1), {b, t, dm});
@@ -102,7 +91,7 @@ Variable merge(const std::vector<Variable>& heads, std::optional<Bug> bug) {
 }
 
 // The kv head query head h reads, as the hypothesis maps them (G = H / Hkv).
-std::int64_t kv_head_of(std::int64_t h, std::int64_t heads, std::int64_t kv_heads, std::optional<Bug> bug) {
+std::int64_t kv_head_of(std::int64_t h, std::int64_t heads, std::int64_t kv_heads, BugSet bug) {
   const std::int64_t group = heads / kv_heads;
   // G = 1: no grouping, so no mapping to get wrong (a kernel takes its grouped
   // path only when G > 1, as the catalog's needs_group says).
@@ -116,7 +105,7 @@ std::int64_t kv_head_of(std::int64_t h, std::int64_t heads, std::int64_t kv_head
 
 // The kv head j's slice of K or V as query head h (member g of its group) sees
 // it: same values, but the gradient bugs change what reaches kv head j.
-Variable kv_for_query_head(const Variable& kv, std::int64_t g, std::int64_t group, std::optional<Bug> bug) {
+Variable kv_for_query_head(const Variable& kv, std::int64_t g, std::int64_t group, BugSet bug) {
   if (group == 1) return kv;
   const Variable constant(kv.data());  // the values without a path back to Wk, Wv
   if (is(bug, Bug::kv_grad_not_accumulated)) return g == 0 ? kv : constant;  // only member 0 counts
@@ -129,7 +118,7 @@ Variable kv_for_query_head(const Variable& kv, std::int64_t g, std::int64_t grou
 // k or v [..., Hkv, T, d] -> [..., H, T, d] (the core level), each query head
 // h reading kv head kv_head_of(h) through kv_for_query_head: one head at a
 // time, as hypothesis_mha does, not one repeat over the group.
-Variable widen_kv_per_head(const Variable& kv, std::int64_t heads, std::optional<Bug> bug) {
+Variable widen_kv_per_head(const Variable& kv, std::int64_t heads, BugSet bug) {
   const std::int64_t kv_heads = kv.size(-3), group = heads / kv_heads;
   std::vector<Variable> per_head;
   for (std::int64_t h = 0; h < heads; ++h) {
@@ -139,12 +128,6 @@ Variable widen_kv_per_head(const Variable& kv, std::int64_t heads, std::optional
   return cat(per_head, -3);
 }
 
-// The bugs of the group mapping and of the group's gradient (the core level
-// shows them; kv_interleaved_head_slices lives in the projection slicing).
-bool is_grouping_bug(std::optional<Bug> bug) {
-  return is(bug, Bug::kv_map_tile) || is(bug, Bug::kv_group_wrong_divisor) ||
-         is(bug, Bug::kv_grad_not_accumulated) || is(bug, Bug::kv_grad_averaged);
-}
 
 // ---- RoPE, as the hypothesis rotates (spec.rope on) ----
 
@@ -244,7 +227,7 @@ Variable rotate_float32_tables(const Variable& x, const RopeSpec& rope, std::int
 
 // rope_positions_wrong_axis: head i (of q, or kv head i of k) rotates at
 // positions row i mod P in every batch row, as [T]; other bugs keep the spec.
-AttentionSpec positions_of_head(const AttentionSpec& spec, std::int64_t i, std::optional<Bug> bug) {
+AttentionSpec positions_of_head(const AttentionSpec& spec, std::int64_t i, BugSet bug) {
   const Tensor& p = spec.rope.positions;
   if (!is(bug, Bug::rope_positions_wrong_axis) || !p.defined() || p.dim() != 2) return spec;
   AttentionSpec s = spec;
@@ -254,7 +237,7 @@ AttentionSpec positions_of_head(const AttentionSpec& spec, std::int64_t i, std::
 
 // q or k of one head [B, T, d] (core level: [..., T, d]) rotated as `bug`
 // rotates it. Keys sit at the positions, queries there plus q_offset.
-Variable rope_as(const Variable& x, const AttentionSpec& spec, bool queries, std::optional<Bug> bug) {
+Variable rope_as(const Variable& x, const AttentionSpec& spec, bool queries, BugSet bug) {
   if (is(bug, Bug::rope_missing_on_k) && !queries) return x;
   const std::int64_t base = queries ? spec.rope.q_offset : 0;
   AttentionSpec s = spec;
@@ -317,14 +300,61 @@ Variable rope_whole_width(const Variable& p, const AttentionSpec& spec, bool que
 
 }  // namespace
 
+// The mask as the hypothesis applies it, element by element from the
+// definitions (docs/design.md, Conventions): query i attends key j when
+// causal allows it (top-left j <= i; bottom-right j <= i + Tk - Tq) and the
+// boolean mask, broadcast to [..., Tq, Tk], says True. Undefined when nothing
+// is masked. Written apart from the engine's attention_mask and the mutants'
+// mask, so that a hypothesis matching a mutant is two implementations agreeing.
+Tensor hypothesis_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t tk, BugSet bug) {
+  const bool causal = spec.causal && !is(bug, Bug::missing_causal_mask);
+  const bool bottom_right =
+      is(bug, Bug::causal_alignment) || spec.causal_alignment == CausalAlignment::bottom_right;
+  const Tensor given = is(bug, Bug::mask_ignored) ? Tensor() : spec.mask;
+  if (!causal && !given.defined()) return Tensor();
+  if (given.defined() && given.dtype() != DType::boolean)
+    throw std::invalid_argument("hypothesis mask: the mask must be bool (True = attend), got " +
+                                std::string(dtype_name(given.dtype())));
+  const std::int64_t shift = bottom_right ? tk - tq : 0;
+  auto causal_allows = [&](std::int64_t i, std::int64_t j) {
+    if (!causal) return true;
+    if (is(bug, Bug::causal_mask_excludes_diagonal)) return j < i;  // the diagonal left out
+    if (is(bug, Bug::causal_mask_inverted)) return j >= i;          // future instead of past
+    return j <= i + shift;
+  };
+  // The given mask's leading dims (any), its last two broadcast from 1 or Tq, Tk.
+  Shape shape = given.defined() ? given.shape() : Shape{};
+  while (shape.size() < 2) shape.insert(shape.begin(), 1);
+  const std::int64_t mq = shape[shape.size() - 2], mk = shape[shape.size() - 1];
+  if ((mq != 1 && mq != tq) || (mk != 1 && mk != tk))
+    throw std::invalid_argument("hypothesis mask: mask " + shape_str(given.shape()) + " does not broadcast to [.., " +
+                                std::to_string(tq) + ", " + std::to_string(tk) + "]");
+  Shape out_shape(shape.begin(), shape.end() - 2);
+  out_shape.push_back(tq);
+  out_shape.push_back(tk);
+  std::int64_t lead = 1;
+  for (std::size_t i = 0; i + 2 < shape.size(); ++i) lead *= shape[i];
+  const std::vector<double> m = given.defined() ? given.contiguous().to_vector() : std::vector<double>{};
+  std::vector<double> values(static_cast<std::size_t>(lead * tq * tk));
+  for (std::int64_t n = 0; n < lead; ++n)
+    for (std::int64_t i = 0; i < tq; ++i)
+      for (std::int64_t j = 0; j < tk; ++j) {
+        bool attend = causal_allows(i, j);
+        if (!m.empty()) attend = attend && m[static_cast<std::size_t>((n * mq + (mq == 1 ? 0 : i)) * mk + (mk == 1 ? 0 : j))] != 0;
+        values[static_cast<std::size_t>((n * tq + i) * tk + j)] = attend ? 1.0 : 0.0;
+      }
+  return Tensor::from_values(values, out_shape, DType::boolean);
+}
+
 Variable hypothesis_mha(const Variable& x, const MhaWeights& w, const AttentionSpec& spec_in,
-                        std::optional<Bug> bug) {
+                        BugSet bug) {
   const AttentionSpec spec = fold_rope_positions(spec_in, x.shape());
   const std::int64_t t = x.size(-2), dm = x.size(-1), heads = spec.num_heads;
   const std::int64_t kv_heads = spec.kv_heads(), group = heads / kv_heads;
   const std::int64_t d = spec.head_dim();
   // kv heads laid out like the query heads, unless the bug interleaves only them
-  const std::optional<Bug> kv_layout = is(bug, Bug::kv_interleaved_head_slices) ? Bug::interleaved_head_slices : bug;
+  BugSet kv_layout = bug;
+  if (is(bug, Bug::kv_interleaved_head_slices)) kv_layout.add(Bug::interleaved_head_slices);
   const Variable x3 = reshape(x, {-1, t, dm});
   Variable q = project(x3, w.wq, w.bq, bug), k = project(x3, w.wk, w.bk, bug);
   const Variable v = project(x3, w.wv, w.bv, bug);
@@ -339,7 +369,7 @@ Variable hypothesis_mha(const Variable& x, const MhaWeights& w, const AttentionS
   for (std::int64_t j = 0; j < kv_heads; ++j) {
     const Variable kj = head_slice(k, j, kv_heads, kv_layout), vj = head_slice(v, j, kv_heads, kv_layout);
     ks.push_back(per_head ? rope_as(kj, positions_of_head(spec, j, bug), false, bug) : kj);
-    vs.push_back(per_head && is(bug, Bug::rope_on_v) ? rope_as(vj, without_rope_taps(spec), false, std::nullopt) : vj);
+    vs.push_back(per_head && is(bug, Bug::rope_on_v) ? rope_as(vj, without_rope_taps(spec), false, BugSet()) : vj);
   }
   const Tensor mask = hypothesis_mask(spec, t, t, bug);
   const double factor = hypothesis_scale(spec, d, bug);
@@ -350,7 +380,7 @@ Variable hypothesis_mha(const Variable& x, const MhaWeights& w, const AttentionS
       m = m.narrow(-3, m.size(-3) == 1 ? 0 : h, 1).squeeze(m.dim() - 3);
     const std::int64_t j = kv_head_of(h, heads, kv_heads, bug);
     if (j >= kv_heads)
-      throw std::invalid_argument("hypothesis " + std::string(bug_info(*bug).name) + ": query head " +
+      throw std::invalid_argument("hypothesis " + names_of(bug) + ": query head " +
                                   std::to_string(h) + " would read kv head " + std::to_string(j) + " of " +
                                   std::to_string(kv_heads));
     const Variable kh = kv_for_query_head(ks[static_cast<std::size_t>(j)], h % group, group, bug);
@@ -364,24 +394,27 @@ Variable hypothesis_mha(const Variable& x, const MhaWeights& w, const AttentionS
 }
 
 Variable hypothesis_core(const Variable& q, const Variable& k, const Variable& v,
-                         const AttentionSpec& spec, std::optional<Bug> bug) {
-  if (bug && bug_info(*bug).visibility.mha_only)
-    throw std::invalid_argument(std::string("bug '") + std::string(bug_info(*bug).name) +
-                                "' has no core-level form");
+                         const AttentionSpec& spec, BugSet bug) {
+  for (Bug b : bug.bugs())
+    if (bug_info(b).visibility.mha_only)
+      throw std::invalid_argument(std::string("bug '") + std::string(bug_info(b).name) + "' has no core-level form");
   const std::int64_t tq = q.size(-2), tk = k.size(-2);
   const Tensor mask = hypothesis_mask(spec, tq, tk, bug);
-  // k, v with Hkv heads where q has H: query head h reads kv head h / G
-  const std::int64_t group = kv_group(q, k, v, "hypothesis");
+  // k, v with Hkv heads where q has H: query head h reads kv head h / G (widened
+  // here one query head at a time, not with the engine's expand_kv_heads)
+  const std::int64_t hq = q.dim() >= 3 ? q.size(-3) : 1, hk = k.dim() >= 3 ? k.size(-3) : 1;
+  const std::int64_t hv = v.dim() >= 3 ? v.size(-3) : 1;
+  if (hk < 1 || hv != hk || hq % hk != 0)
+    throw std::invalid_argument("hypothesis: q " + shape_str(q.shape()) + ", k " + shape_str(k.shape()) + ", v " +
+                                shape_str(v.shape()) + ": k and v need one head count that divides q's (dim -3)");
+  const std::int64_t group = hq / hk;
   const bool rope = spec.rope.enabled;
   const Variable qr = rope ? rope_as(q, spec, true, bug) : q;
   const Variable kr = rope ? rope_as(k, spec, false, bug) : k;
-  const Variable vr = rope && is(bug, Bug::rope_on_v) ? rope_as(v, without_rope_taps(spec), false, std::nullopt) : v;
+  const Variable vr = rope && is(bug, Bug::rope_on_v) ? rope_as(v, without_rope_taps(spec), false, BugSet()) : v;
   const double factor = hypothesis_scale(spec, q.size(-1), bug);
-  if (group > 1 && is_grouping_bug(bug)) {
-    const std::int64_t heads = q.size(-3);
-    return attend(qr, widen_kv_per_head(kr, heads, bug), widen_kv_per_head(vr, heads, bug), mask, factor, bug);
-  }
-  return attend(qr, expand_kv_heads(kr, group), expand_kv_heads(vr, group), mask, factor, bug);
+  if (group > 1) return attend(qr, widen_kv_per_head(kr, hq, bug), widen_kv_per_head(vr, hq, bug), mask, factor, bug);
+  return attend(qr, kr, vr, mask, factor, bug);
 }
 
 std::vector<std::int64_t> tile_to_repeat_heads(std::int64_t heads, std::int64_t kv_heads) {
@@ -405,9 +438,10 @@ Tensor reorder_blocks(const Tensor& w, std::int64_t dim, std::int64_t block,
   return cat(blocks, dim).data();
 }
 
-Variable hypothesis_rope(const Variable& x, const RopeSpec& spec, std::optional<Bug> bug) {
-  if (bug && !has_rope_level_form(bug_info(*bug)))
-    throw std::invalid_argument(std::string("bug '") + std::string(bug_info(*bug).name) + "' has no rope-level form");
+Variable hypothesis_rope(const Variable& x, const RopeSpec& spec, BugSet bug) {
+  for (Bug b : bug.bugs())
+    if (!has_rope_level_form(bug_info(b)))
+      throw std::invalid_argument(std::string("bug '") + std::string(bug_info(b).name) + "' has no rope-level form");
   AttentionSpec s;
   s.rope = spec;
   s.rope.enabled = true;

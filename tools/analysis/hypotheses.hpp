@@ -25,15 +25,48 @@
 
 namespace headgrad::diagnosis {
 
+// The bugs a hypothesis injects at once: none (the correct computation), one
+// catalog entry, or two (the diagnosis of two bugs at once tries pairs).
+class BugSet {
+ public:
+  BugSet() = default;
+  BugSet(std::optional<Bug> bug) { if (bug) add(*bug); }  // NOLINT: one bug or none reads as a set
+  BugSet(Bug bug) { add(bug); }                           // NOLINT
+  BugSet(std::nullopt_t) {}                               // NOLINT: no bug
+  BugSet& add(Bug bug) {
+    bits_ |= std::uint64_t{1} << static_cast<unsigned>(bug);
+    return *this;
+  }
+  bool has(Bug bug) const { return (bits_ >> static_cast<unsigned>(bug)) & 1U; }
+  bool empty() const { return bits_ == 0; }
+  std::vector<Bug> bugs() const {
+    std::vector<Bug> out;
+    for (unsigned i = 0; i < static_cast<unsigned>(Bug::count_); ++i)
+      if (has(static_cast<Bug>(i))) out.push_back(static_cast<Bug>(i));
+    return out;
+  }
+
+ private:
+  static_assert(static_cast<unsigned>(Bug::count_) <= 64, "BugSet holds 64 bugs");
+  std::uint64_t bits_ = 0;
+};
+
 // x [..., T, D] -> [..., T, D]; `bug` empty = the correct computation.
 Variable hypothesis_mha(const Variable& x, const MhaWeights& w, const AttentionSpec& spec,
-                        std::optional<Bug> bug);
+                        BugSet bug);
 
 // q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv] -> [..., Tq, dv]. Bugs that
 // live in the projections or the head layout have no core-level form: for
 // those this throws std::invalid_argument (check bug_info(bug).visibility.mha_only).
+// The mask (causal and spec.mask) is built element by element from the
+// definitions in docs/design.md, not with the engine's attention_mask.
 Variable hypothesis_core(const Variable& q, const Variable& k, const Variable& v,
-                         const AttentionSpec& spec, std::optional<Bug> bug);
+                         const AttentionSpec& spec, BugSet bug);
+
+// The mask a hypothesis with `bug` applies to [.., Tq, Tk] scores (True =
+// attend; undefined when nothing is masked), built element by element from
+// docs/design.md's definitions of causal (top-left, bottom-right) and of a mask.
+Tensor hypothesis_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t tk, BugSet bug);
 
 // ---- re-runs under a permutation of heads ----
 
@@ -53,6 +86,6 @@ Tensor reorder_blocks(const Tensor& w, std::int64_t dim, std::int64_t block,
 // `bug` rotates (spec.enabled is not read). Bugs without a rope-level form
 // (has_rope_level_form: every bug outside RoPE, and those that live between q,
 // k and v) throw std::invalid_argument.
-Variable hypothesis_rope(const Variable& x, const RopeSpec& spec, std::optional<Bug> bug);
+Variable hypothesis_rope(const Variable& x, const RopeSpec& spec, BugSet bug);
 
 }  // namespace headgrad::diagnosis

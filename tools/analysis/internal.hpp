@@ -21,11 +21,24 @@ using runner::Diagnosis;
 using runner::Localization;
 using runner::RunOptions;
 
+// What a localization variant changes. The table (probe_info) holds each
+// one's name in reports ("B", "Tq!=Tk": Localization::depends_on) and words.
+enum class Probe { B, T, H, H_at_D, Tq_ne_Tk, Tq, Tq_gt_Tk, T_both, d, mask, causal, G, Hkv, rope, r, positions, bias };
+struct ProbeInfo {
+  Probe probe;
+  std::string_view dim;    // the name reports use
+  std::string_view words;  // "the batch size": what the failure depends on or not
+  std::string_view needs;  // what the failure needs when the variant that takes it away passes
+  bool counts = true;      // read for dependence (H@D and Tq>Tk only inform the table)
+};
+const ProbeInfo& probe_info(Probe p);
+
 struct Variant {
-  std::string dim;       // what the variant probes: "B", "T", "H", "H@D", "Tq", "Tq!=Tk", "Tq>Tk", "d", "mask", "causal", "bias"
-  std::string change;    // "B = 1"
+  Probe probe;
+  std::string change;    // "B = 1": as the table and the sentences show it
   bool removes = false;  // takes away something a bug may need (a dim at 1, Tq = Tk, the mask): passing there is dependence
   CaseSpec spec;
+  std::string_view dim() const { return probe_info(probe).dim; }
 };
 
 
@@ -53,6 +66,8 @@ void confirm_with_variants(Diagnosis& dx, const std::vector<VariantRun>& runs);
 // Grouped kv at the MHA level: re-runs each failing plugin with its query heads in tile order.
 void rerun_under_tile_permutation(Diagnosis& dx, const CaseResult& failed, const CaseInputs& in,
                                   const PluginRegistry& registry, const RunOptions& options);
+// dx.sentence from its fits (best first), findings, ruled_out, near and evidence.
+void write_verdict(Diagnosis& dx);
 // What tells RoPE bugs apart, read off the failing case itself.
 std::vector<std::string> rope_clues(const CaseResult& failed, const CaseInputs& in);
 

@@ -10,6 +10,7 @@
 
 #include "analysis/catalog.hpp"
 #include "analysis/hypotheses.hpp"
+#include "case/axes.hpp"
 #include "case/inputs.hpp"
 #include "exec/execute.hpp"
 
@@ -52,59 +53,91 @@ std::vector<double> slot_max(const Tensor& a, const Tensor& b, std::int64_t dim,
 
 namespace {
 
+// Every localization variant: its name in reports, its words, what a failure
+// that vanishes there needs (empty: "<words> above 1").
+constexpr ProbeInfo kProbes[] = {
+    {Probe::B, "B", "the batch size", ""},
+    {Probe::T, "T", "the sequence length", ""},
+    {Probe::H, "H", "the head count", ""},
+    {Probe::H_at_D, "H@D", "the head count at a kept model width", "", false},
+    {Probe::Tq_ne_Tk, "Tq!=Tk", "whether Tq = Tk", "Tq != Tk"},
+    {Probe::Tq, "Tq", "the query count", "more than one query (Tq > 1)"},
+    {Probe::Tq_gt_Tk, "Tq>Tk", "whether Tq > Tk", "", false},
+    {Probe::T_both, "T", "the sequence length", ""},
+    {Probe::d, "d", "the head width", "a head width above 1"},
+    {Probe::mask, "mask", "the mask file", "the mask (it shows only with the mask)"},
+    {Probe::causal, "causal", "the causal mask", "the causal mask (it shows only when causal)"},
+    {Probe::G, "G", "the query heads per kv head (G = H / Hkv)", ""},
+    {Probe::Hkv, "Hkv", "the kv head count", ""},
+    {Probe::rope, "rope", "the rotation (RoPE)", "the rotation (it shows only with RoPE on)"},
+    {Probe::r, "r", "the rotary width", "more than one rotating pair (rotary_dim > 2)"},
+    {Probe::positions, "positions", "the token positions", "tokens at different positions"},
+    {Probe::bias, "bias", "the biases", "the biases (it shows only with biases on)"},
+};
+
+}  // namespace
+
+const ProbeInfo& probe_info(Probe p) {
+  for (const ProbeInfo& info : kProbes)
+    if (info.probe == p) return info;
+  throw std::logic_error("localization: a probe without a table entry");
+}
+
+namespace {
+
 std::vector<Variant> variants_of(const CaseSpec& c) {
   std::vector<Variant> out;
-  auto add = [&](std::string dim, std::string change, auto edit) {
+  // removes: the variant takes something away (a dim lowered to 1, Tq = Tk, the
+  // mask, causal, the rotation, ...) rather than adding it (B = 2 where B is 1)
+  auto add = [&](Probe probe, std::string change, bool removes, auto edit) {
     CaseSpec v = c;
     edit(v);
     v.name = c.name + " {" + change + "}";
     v.expect_fail = false;
     v.expect_diagnosis.clear();
-    const bool removes = change.find("= 1") != std::string::npos || dim == "Tq!=Tk" || dim == "mask" ||
-                         dim == "causal" || dim == "rope" || dim == "r" || dim == "positions" || dim == "bias";
-    out.push_back({std::move(dim), std::move(change), removes, std::move(v)});
+    out.push_back({probe, std::move(change), removes, std::move(v)});
   };
   const Dims& d0 = c.dims;
   // One head has one kv head: the H variants drop Hkv (and an explicit d where D is kept).
   if (c.level == Level::mha) {
     const std::int64_t d = d0.H > 0 ? d0.head_dim() : d0.D;
-    if (d0.B > 1) add("B", "B = 1", [](CaseSpec& v) { v.dims.B = 1; });
-    else add("B", "B = 2", [](CaseSpec& v) { v.dims.B = 2; });
-    if (d0.T > 1) add("T", "T = 1", [](CaseSpec& v) { v.dims.T = 1; });
-    else add("T", "T = 4", [](CaseSpec& v) { v.dims.T = 4; });
+    if (d0.B > 1) add(Probe::B, "B = 1", true, [](CaseSpec& v) { v.dims.B = 1; });
+    else add(Probe::B, "B = 2", false, [](CaseSpec& v) { v.dims.B = 2; });
+    if (d0.T > 1) add(Probe::T, "T = 1", true, [](CaseSpec& v) { v.dims.T = 1; });
+    else add(Probe::T, "T = 4", false, [](CaseSpec& v) { v.dims.T = 4; });
     if (d0.H > 1) {
-      add("H", "H = 1 (d kept, D = " + std::to_string(d) + ")",
+      add(Probe::H, "H = 1 (d kept, D = " + std::to_string(d) + ")", true,
           [d](CaseSpec& v) { v.dims.H = 1; v.dims.D = d; v.dims.Hkv = 0; });
-      add("H@D", "H = 1 (D kept, d = " + std::to_string(d0.D) + ")",
+      add(Probe::H_at_D, "H = 1 (D kept, d = " + std::to_string(d0.D) + ")", true,
           [](CaseSpec& v) { v.dims.H = 1; v.dims.Hkv = 0; v.dims.d = 0; });
     } else {
-      add("H", "H = 2 (d kept, D = " + std::to_string(2 * d) + ")", [d](CaseSpec& v) { v.dims.H = 2; v.dims.D = 2 * d; });
+      add(Probe::H, "H = 2 (d kept, D = " + std::to_string(2 * d) + ")", false, [d](CaseSpec& v) { v.dims.H = 2; v.dims.D = 2 * d; });
       if (d0.D % 2 == 0)
-        add("H@D", "H = 2 (D kept, d = " + std::to_string(d0.D / 2) + ")", [](CaseSpec& v) { v.dims.H = 2; });
+        add(Probe::H_at_D, "H = 2 (D kept, d = " + std::to_string(d0.D / 2) + ")", false, [](CaseSpec& v) { v.dims.H = 2; });
     }
   } else if (c.level == Level::rope) {  // x [B, (H,) T, d]: the rotation alone
-    if (d0.B > 1) add("B", "B = 1", [](CaseSpec& v) { v.dims.B = 1; });
-    if (d0.T > 1) add("T", "T = 1", [](CaseSpec& v) { v.dims.T = 1; });
+    if (d0.B > 1) add(Probe::B, "B = 1", true, [](CaseSpec& v) { v.dims.B = 1; });
+    if (d0.T > 1) add(Probe::T, "T = 1", true, [](CaseSpec& v) { v.dims.T = 1; });
   } else {
-    if (d0.B > 1) add("B", "B = 1", [](CaseSpec& v) { v.dims.B = 1; });
-    else add("B", "B = 2", [](CaseSpec& v) { v.dims.B = 2; });
+    if (d0.B > 1) add(Probe::B, "B = 1", true, [](CaseSpec& v) { v.dims.B = 1; });
+    else add(Probe::B, "B = 2", false, [](CaseSpec& v) { v.dims.B = 2; });
     // Tq and Tk apart: the same lengths, one query, more queries than keys; then both at 1.
     if (d0.Tq != d0.Tk)
-      add("Tq!=Tk", "Tq = Tk = " + std::to_string(d0.Tk), [](CaseSpec& v) { v.dims.Tq = v.dims.Tk; });
-    if (d0.Tq > 1) add("Tq", "Tq = 1", [](CaseSpec& v) { v.dims.Tq = 1; });
+      add(Probe::Tq_ne_Tk, "Tq = Tk = " + std::to_string(d0.Tk), true, [](CaseSpec& v) { v.dims.Tq = v.dims.Tk; });
+    if (d0.Tq > 1) add(Probe::Tq, "Tq = 1", true, [](CaseSpec& v) { v.dims.Tq = 1; });
     if (d0.Tq <= d0.Tk)
-      add("Tq>Tk", "Tq = " + std::to_string(d0.Tk + 1) + " > Tk", [](CaseSpec& v) { v.dims.Tq = v.dims.Tk + 1; });
-    if (d0.Tq > 1 || d0.Tk > 1) add("T", "Tq = Tk = 1", [](CaseSpec& v) { v.dims.Tq = v.dims.Tk = 1; });
-    else add("T", "Tq = Tk = 4", [](CaseSpec& v) { v.dims.Tq = v.dims.Tk = 4; });
-    if (d0.H > 1) add("H", "H = 1", [](CaseSpec& v) { v.dims.H = 1; v.dims.Hkv = 0; });
-    else add("H", "H = 2", [](CaseSpec& v) { v.dims.H = 2; });
-    if (d0.d > 1) add("d", "d = 1", [](CaseSpec& v) { v.dims.d = 1; });
-    if (!c.mask_file.empty()) add("mask", "mask off", [](CaseSpec& v) { v.mask_file.clear(); v.files.reset(); });
+      add(Probe::Tq_gt_Tk, "Tq = " + std::to_string(d0.Tk + 1) + " > Tk", false, [](CaseSpec& v) { v.dims.Tq = v.dims.Tk + 1; });
+    if (d0.Tq > 1 || d0.Tk > 1) add(Probe::T_both, "Tq = Tk = 1", true, [](CaseSpec& v) { v.dims.Tq = v.dims.Tk = 1; });
+    else add(Probe::T_both, "Tq = Tk = 4", false, [](CaseSpec& v) { v.dims.Tq = v.dims.Tk = 4; });
+    if (d0.H > 1) add(Probe::H, "H = 1", true, [](CaseSpec& v) { v.dims.H = 1; v.dims.Hkv = 0; });
+    else add(Probe::H, "H = 2", false, [](CaseSpec& v) { v.dims.H = 2; });
+    if (d0.d > 1) add(Probe::d, "d = 1", true, [](CaseSpec& v) { v.dims.d = 1; });
+    if (!c.mask_file.empty()) add(Probe::mask, "mask off", true, [](CaseSpec& v) { v.mask_file.clear(); v.files.reset(); });
   }
-  if (c.causal) add("causal", "causal off", [](CaseSpec& v) { v.causal = false; });
+  if (c.causal) add(Probe::causal, "causal off", true, [](CaseSpec& v) { v.causal = false; });
   // Biases off (and their gradients out of the checks): a failure that needs them lives in them.
   if (c.bias)
-    add("bias", "bias off", [](CaseSpec& v) {
+    add(Probe::bias, "bias off", true, [](CaseSpec& v) {
       v.bias = false;
       const auto& b = bias_tensor_names();
       v.check.erase(std::remove_if(v.check.begin(), v.check.end(),
@@ -113,13 +146,13 @@ std::vector<Variant> variants_of(const CaseSpec& c) {
     });
   // Grouped kv heads: plain multi-head (G = 1) and one shared kv head (MQA).
   if (d0.Hkv > 1 && d0.Hkv < d0.H) {
-    add("G", "Hkv = H (G = 1)", [](CaseSpec& v) { v.dims.Hkv = 0; });
-    add("Hkv", "Hkv = 1", [](CaseSpec& v) { v.dims.Hkv = 1; });
+    add(Probe::G, "Hkv = H (G = 1)", true, [](CaseSpec& v) { v.dims.Hkv = 0; });
+    add(Probe::Hkv, "Hkv = 1", true, [](CaseSpec& v) { v.dims.Hkv = 1; });
   }
   // RoPE: the rotation off (taps go with it), one pair (r = 2: both pairings and
   // every base agree), every token at one position (scores then see none).
   if (c.rope && c.level != Level::rope) {
-    add("rope", "rope off", [](CaseSpec& v) {
+    add(Probe::rope, "rope off", true, [](CaseSpec& v) {
       v.rope.reset();
       v.check.erase(std::remove_if(v.check.begin(), v.check.end(),
                                    [&](const std::string& t) { return std::find(v.taps.begin(), v.taps.end(), t) != v.taps.end(); }),
@@ -129,11 +162,11 @@ std::vector<Variant> variants_of(const CaseSpec& c) {
   }
   if (c.rope) {
     const std::int64_t r = c.rope->rotary_dim > 0 ? c.rope->rotary_dim : d0.head_dim();
-    if (r > 2) add("r", "rotary_dim = 2", [](CaseSpec& v) { v.rope->rotary_dim = 2; });
+    if (r > 2) add(Probe::r, "rotary_dim = 2", true, [](CaseSpec& v) { v.rope->rotary_dim = 2; });
     const std::int64_t t = c.level == Level::core ? d0.Tk : d0.T;
     // (explicit positions need Tq = Tk at the core level)
     if (t > 1 && (c.level != Level::core || d0.Tq == d0.Tk))
-      add("positions", "positions constant (all 5)", [t](CaseSpec& v) {
+      add(Probe::positions, "positions constant (all 5)", true, [t](CaseSpec& v) {
         v.rope->rows = {std::vector<std::int64_t>(static_cast<std::size_t>(t), 5)};
         v.rope->per_row = false;
         v.rope->generator.clear();
@@ -151,25 +184,13 @@ ErrorSpread spread_of(const std::string& name, const Tensor& a, const Tensor& b,
   for (double v : b.to_vector()) bmax = std::max(bmax, std::abs(v));
   const Tolerance tol = c.tolerance_for(name);
   s.tolerance = tol.atol + tol.rtol * bmax;
-  if (c.level == Level::mha && name != "q_rot" && name != "k_rot") {  // taps are [B, H, T, d]
-    const std::int64_t heads = std::max<std::int64_t>(c.dims.H, 1);
-    const std::int64_t d = a.size(-1) / heads;
-    if (name == "out" || name == "dx") {  // [B, T, D]
-      s.per_batch = slot_max(a, b, 0, 0);
-      s.per_position = slot_max(a, b, 1, 0);
-      s.per_head = slot_max(a, b, 2, d);
-    } else if (name == "dwo") {  // [D, D]: head h owns columns [h*d, (h+1)*d)
-      s.per_head = slot_max(a, b, 1, d);
-    } else if (name == "dwq" || name == "dbq") {  // [H*d, D], [H*d]: head h owns rows [h*d, (h+1)*d)
-      s.per_head = slot_max(a, b, 0, a.size(0) / heads);
-    } else if (name == "dbo") {  // [D]: no head owns an output feature
-    } else {  // dwk, dwv [Hkv*d, D], dbk, dbv [Hkv*d]: kv head j owns rows [j*d, (j+1)*d)
-      s.per_head = slot_max(a, b, 0, a.size(0) / std::max<std::int64_t>(c.dims.kv_heads(), 1));
-    }
-  } else if (a.dim() == 4) {  // [B, H, T, d]
-    s.per_batch = slot_max(a, b, 0, 0);
-    s.per_head = slot_max(a, b, 1, 0);
-    s.per_position = slot_max(a, b, 2, 0);
+  // per batch row, position and head, along the dims the axes table names
+  const TensorAxes axes = axes_of(c.level, name, a.shape(), head_blocks(c, name));
+  if (const auto batch = axes.find(AxisRole::batch)) s.per_batch = slot_max(a, b, static_cast<std::int64_t>(*batch), 0);
+  if (const auto pos = axes.find(AxisRole::position)) s.per_position = slot_max(a, b, static_cast<std::int64_t>(*pos), 0);
+  if (const auto head = axes.head_dim()) {
+    const auto [dim, width] = *head;
+    s.per_head = slot_max(a, b, static_cast<std::int64_t>(dim), axes.dims[dim].role == AxisRole::heads ? width : 0);
   }
   return s;
 }
@@ -204,36 +225,16 @@ std::string and_list(const std::vector<std::string>& items) {
 }
 
 // What a dim is, for "it does not depend on ..."
-std::string dim_words(const std::string& dim) {
-  if (dim == "B") return "the batch size";
-  if (dim == "T") return "the sequence length";
-  if (dim == "Tq") return "the query count";
-  if (dim == "Tq!=Tk") return "whether Tq = Tk";
-  if (dim == "Tq>Tk") return "whether Tq > Tk";
-  if (dim == "d") return "the head width";
-  if (dim == "mask") return "the mask file";
-  if (dim == "causal") return "the causal mask";
-  if (dim == "G") return "the query heads per kv head (G = H / Hkv)";
-  if (dim == "Hkv") return "the kv head count";
-  if (dim == "rope") return "the rotation (RoPE)";
-  if (dim == "r") return "the rotary width";
-  if (dim == "positions") return "the token positions";
-  if (dim == "bias") return "the biases";
-  return "the head count";
+std::string dim_words(std::string_view dim) {
+  for (const ProbeInfo& p : kProbes)
+    if (p.dim == dim) return std::string(p.words);
+  return "the " + std::string(dim);
 }
 
-// What the failure needs when the variant that takes it away passes.
-std::string need_words(const std::string& dim) {
-  if (dim == "Tq!=Tk") return "Tq != Tk";
-  if (dim == "Tq") return "more than one query (Tq > 1)";
-  if (dim == "d") return "a head width above 1";
-  if (dim == "mask") return "the mask (it shows only with the mask)";
-  if (dim == "causal") return "the causal mask (it shows only when causal)";
-  if (dim == "rope") return "the rotation (it shows only with RoPE on)";
-  if (dim == "r") return "more than one rotating pair (rotary_dim > 2)";
-  if (dim == "positions") return "tokens at different positions";
-  if (dim == "bias") return "the biases (it shows only with biases on)";
-  return dim_words(dim) + " above 1";
+std::string need_words(std::string_view dim) {
+  for (const ProbeInfo& p : kProbes)
+    if (p.dim == dim) return p.needs.empty() ? std::string(p.words) + " above 1" : std::string(p.needs);
+  return "the " + std::string(dim) + " above 1";
 }
 
 }  // namespace
@@ -276,7 +277,8 @@ Localization localize_from(const CaseResult& failed, const std::vector<VariantRu
   loc.where = where_str(loc.spread);
 
   if (c.is_reference()) {
-    loc.sentence = "A reference case has one shape (its files): it cannot be re-run at others.";
+    loc.sentence = "A reference cannot be re-run at other shapes (its files fix them), so nothing is localized; "
+                   "to localize, run `headgrad check FILE.py:FUNCTION` on the function that wrote it.";
     return loc;
   }
   loc.rows.push_back({"as failed", describe_case(c), CaseStatus::fail, failed.max_abs(), ""});
@@ -291,17 +293,17 @@ Localization localize_from(const CaseResult& failed, const std::vector<VariantRu
     const CaseResult& r = run.result;
     loc.rows.push_back({v.change, describe_case(v.spec), r.status, r.max_abs(), r.cause});
     if (r.status == CaseStatus::error) not_run.push_back(v.change);
-    if (v.dim == "H@D" || v.dim == "Tq>Tk" || r.status == CaseStatus::error) continue;
+    if (!probe_info(v.probe).counts || r.status == CaseStatus::error) continue;
     const bool passes = r.status == CaseStatus::pass;
-    if (v.removes && passes) depends.push_back(v.dim);
-    else if (!passes) independent.push_back(v.dim);
+    if (v.removes && passes) depends.emplace_back(v.dim());
+    else if (!passes) independent.emplace_back(v.dim());
   }
   loc.depends_on = depends;
   loc.independent_of = independent;
 
   std::vector<std::string> gone, needs, keep;
   for (const auto& run : runs)
-    if (std::find(depends.begin(), depends.end(), run.variant.dim) != depends.end()) gone.push_back(run.variant.change);
+    if (std::find(depends.begin(), depends.end(), run.variant.dim()) != depends.end()) gone.push_back(run.variant.change);
   for (const auto& d : depends) needs.push_back(need_words(d));
   for (const auto& d : independent) keep.push_back(dim_words(d));
   if (!depends.empty()) {

@@ -51,16 +51,39 @@ struct HypothesisFit {
   double max_abs = 0;
 };
 
+// What the evidence shows outside the catalog, for one side (analysis/findings.hpp):
+//   computation       which part of attention is wrong, from which tensors differ and which match
+//   relation          an exact relation between the side and the correct attention (a factor
+//                     matched to a shape expression, heads permuted, one head wrong, a shift or
+//                     reversal along T, a weight transposed, two inputs exchanged, a row
+//                     normalization missing, a projection's path into dx missing)
+//   pair              two bugs at once (catalog bugs or relations) that reproduce the side
+//                     exactly where neither alone does
+//   missing_gradient  the side returned no gradient for an input
+//   reference         a reference side's own tensors against the correct attention
+struct Finding {
+  std::string kind;                   // computation | relation | pair | missing_gradient
+  std::string relation;               // for relations and pairs: a stable id ("grad_factor", "heads_permuted", ...)
+  std::string side;                   // the side it speaks of
+  std::vector<std::string> tensors;   // the tensors it rests on
+  std::string figure;                 // the measured figure: "2 = sqrt(d)", "rotated by 1", "head 3"
+  std::vector<std::string> confirmed_at;  // localization variants where it held again
+  std::string sentence;               // one plain sentence
+};
+
 struct Diagnosis {
   std::vector<HypothesisFit> fits;  // the hypotheses that reproduce a side, best first
   std::string judged_side;          // the side found buggy ("" when none fits)
   std::string correct_side;         // the side the correct attention reproduces, if any
+  std::string reference_side;       // a reference case: the reference's label (its tensors are diagnosed too)
   std::string sentence;             // the verdict in words (says so when none fits)
   std::vector<std::string> ruled_out;  // "bug: why", hypotheses that fit the failing shape but not the localization
   std::vector<HypothesisFit> near;     // no fit: the nearest hypothesis when within 10x of the tolerance
   // Re-runs of a failing side on transformed inputs, and what they showed
   // ("re-run of X with its query heads in tile order matches ...").
   std::vector<std::string> evidence;
+  // When no catalog bug fits: what the evidence shows instead (empty when a bug fits or a side is correct).
+  std::vector<Finding> findings;
   std::string best() const { return fits.empty() ? std::string() : fits.front().bug; }
 };
 

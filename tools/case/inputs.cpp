@@ -1,5 +1,6 @@
 #include "case/inputs.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <fstream>
@@ -13,6 +14,8 @@
 #include <headgrad/npy.hpp>
 #include <headgrad/ops.hpp>
 
+#include "case/budget.hpp"
+
 namespace fs = std::filesystem;
 
 namespace headgrad::runner {
@@ -21,15 +24,41 @@ namespace {
 
 std::atomic<std::size_t> g_files_read{0};
 
-// Every read of a case's file goes through these two.
-Tensor read_case_npy(const fs::path& file) {
+// Every read of a case's .npy file goes through here (an .npz archive counts
+// once, when it is opened): regular files only, at most max_bytes of data.
+Tensor read_case_npy(const fs::path& file, const NpyLimits& limits = {}) {
   ++g_files_read;
-  return read_npy(file);
+  return read_npy(file, limits);
 }
-std::map<std::string, Tensor> read_case_npz(const fs::path& file) {
-  ++g_files_read;
-  return read_npz(file);
+
+// What a file whose shape the case does not fix yet may hold: no more than
+// the memory the case may use at all.
+std::uint64_t max_file_bytes() {
+  static const double budget = memory_budget(std::nullopt).bytes;
+  return budget >= 1.8e19 ? std::numeric_limits<std::uint64_t>::max() : static_cast<std::uint64_t>(budget);
 }
+
+// Something is at `path` (a file, a folder, a fifo, a dangling symlink): not "missing".
+bool something_at(const fs::path& path) {
+  std::error_code ec;
+  return fs::exists(fs::symlink_status(path, ec));
+}
+
+// Machine epsilon of a dtype: how far apart the golden (float64) and a
+// reference's own tensors (in the dtype) may be, normwise, is a multiple of it.
+double dtype_epsilon(DType d) {
+  switch (d) {
+    case DType::float16: return 0x1p-10;
+    case DType::bfloat16: return 0x1p-7;
+    case DType::float32: return 0x1p-23;
+    default: return 0x1p-52;
+  }
+}
+
+// The committed 16-bit and float32 references are 1-3 epsilons apart from
+// their golden/ normwise; 32 leaves room for bigger shapes and still refuses a
+// golden that is zeroed, scaled, negated or another tensor's.
+constexpr double kGoldenEpsilons = 32;
 
 // A reference directory's golden/ float64 tensors, one per expected tensor;
 // empty when the folder is absent. A golden that is not float64, is shaped
@@ -37,7 +66,13 @@ std::map<std::string, Tensor> read_case_npz(const fs::path& file) {
 TensorSet read_reference_golden(const CaseSpec& c, const TensorSet& expected) {
   const fs::path dir = c.reference / "golden";
   std::error_code ec;
-  if (c.reference.extension() == ".npz" || !fs::is_directory(dir, ec)) return {};
+  if (c.reference.extension() == ".npz" || !something_at(dir)) return {};
+  if (!fs::is_directory(dir, ec)) {
+    const std::string problem = not_regular_file(dir);
+    throw ConfigError(c.where("reference"), "case '" + c.name + "': " + c.reference_text + "/golden " +
+                                                (problem.empty() ? "is a file" : problem) +
+                                                "; golden/ is a folder of float64 .npy files");
+  }
   TensorSet golden;
   for (const auto& [name, want] : expected) {
     const fs::path file = dir / (name + ".npy");
@@ -45,21 +80,44 @@ TensorSet read_reference_golden(const CaseSpec& c, const TensorSet& expected) {
     auto fail = [&](const std::string& problem) -> void {
       throw ConfigError(c.where("reference"), "case '" + c.name + "': " + shown + " " + problem);
     };
-    if (!fs::is_regular_file(file, ec)) {
+    if (!something_at(file)) {
       fail("is missing (a golden/ folder holds one float64 file per expected tensor)");
       continue;
     }
+    if (const std::string problem = not_regular_file(file); !problem.empty()) fail(problem);
     Tensor g;
     try {
-      g = read_case_npy(file);
+      const NpyHeader h = read_npy_header(file);
+      if (h.shape != want.shape())
+        fail("has shape " + shape_str(h.shape) + ", expected " + shape_str(want.shape()) + " (as " + name + ".npy)");
+      g = read_case_npy(file, {.max_bytes = h.data_bytes});
+    } catch (const ConfigError&) {
+      throw;
     } catch (const std::exception& e) {
       fail(std::string("cannot be read: ") + e.what());
     }
     if (g.dtype() != DType::float64) fail("holds " + std::string(dtype_name(g.dtype())) + "; a golden is float64");
     if (g.shape() != want.shape())
       fail("has shape " + shape_str(g.shape()) + ", expected " + shape_str(want.shape()) + " (as " + name + ".npy)");
-    for (const double v : g.to_vector())
-      if (!std::isfinite(v)) fail("holds NaN or Inf");
+    const std::vector<double> gv = g.to_vector(), ev = want.to_vector();
+    double diff = 0, norm = 0;
+    for (std::size_t i = 0; i < gv.size(); ++i) {
+      if (!std::isfinite(gv[i])) fail("holds NaN or Inf");
+      diff += (ev[i] - gv[i]) * (ev[i] - gv[i]);
+      norm += gv[i] * gv[i];
+    }
+    // The same function in float64 as the reference's tensors in the dtype:
+    // they agree within the dtype's rounding, or one of them is not what it says.
+    // (a float64 case is judged by allclose: its golden/, if any, is not used)
+    const double eps = dtype_epsilon(c.dtype), rel = std::sqrt(diff) / std::sqrt(norm);
+    if (c.dtype != DType::float64 && diff > 0 && !(rel <= kGoldenEpsilons * eps)) {
+      std::ostringstream os;
+      os.precision(3);
+      os << "disagrees with " << c.reference_text << "/" << name << ".npy: ||" << name << " - golden|| / ||golden|| = "
+         << rel << ", more than " << kGoldenEpsilons << " x " << dtype_name(c.dtype) << "'s epsilon (" << kGoldenEpsilons * eps
+         << "); a golden is the same tensor computed in float64 from the same inputs";
+      fail(os.str());
+    }
     golden.push_back({name, g});
   }
   return golden;
@@ -138,14 +196,18 @@ class ReferenceReader {
   ReferenceData read() {
     std::error_code ec;
     if (npz_) {
-      if (!fs::is_regular_file(c_.reference, ec)) fail("reference file " + c_.reference.string() + " does not exist");
+      if (!something_at(c_.reference)) fail("reference file " + c_.reference.string() + " does not exist");
       try {
-        members_ = read_case_npz(c_.reference);
+        ++g_files_read;
+        archive_ = std::make_unique<NpzArchive>(c_.reference);
       } catch (const std::exception& e) {
         fail(std::string("reference file ") + e.what());
       }
     } else if (!fs::is_directory(c_.reference, ec)) {
-      fail("reference directory " + c_.reference.string() + " does not exist");
+      if (!something_at(c_.reference)) fail("reference directory " + c_.reference.string() + " does not exist");
+      const std::string problem = not_regular_file(c_.reference);
+      fail("reference " + c_.reference.string() + " " + (problem.empty() ? "is a file" : problem) +
+           "; a reference is a directory of .npy files or an .npz file");
     }
     warn_unknown_files();
     ReferenceData ref = c_.level == Level::mha ? read_mha() : c_.level == Level::core ? read_core() : read_rope();
@@ -166,29 +228,37 @@ class ReferenceReader {
   // Its short name, where the reference was just named: "x.npy" or "member x".
   std::string part(const std::string& stem) const { return npz_ ? "member " + stem : stem + ".npy"; }
   fs::path path(const std::string& stem) const { return c_.reference / (stem + ".npy"); }
-  bool has(const std::string& stem) const {
-    if (npz_) return members_.count(stem) > 0;
-    std::error_code ec;
-    return fs::is_regular_file(path(stem), ec);
-  }
+  // Anything at the name counts: a folder, fifo or dangling symlink there is
+  // an error naming it, never a file silently absent.
+  bool has(const std::string& stem) const { return npz_ ? archive_->has(stem) : something_at(path(stem)); }
 
-  Tensor load(const std::string& stem, bool required, const std::string& needs) {
+  // Reads one file or member. With `want`, a shape other than it is refused
+  // from the header, before the data is read or inflated; without, the data
+  // is bounded by the memory the case may use.
+  Tensor load(const std::string& stem, bool required, const std::string& needs, const Shape* want = nullptr,
+              const std::string& why = "", bool integers = false) {
     if (!has(stem)) {
       if (required)
         fail((npz_ ? "reference file " : "reference directory ") + ref() + " has no " + stem +
              (npz_ ? " member" : ".npy") + " (" + needs + ")");
       return {};
     }
+    if (!npz_)
+      if (const std::string problem = not_regular_file(path(stem)); !problem.empty())
+        fail(file(stem) + " " + problem + "; a reference file is a regular .npy file");
     Tensor t;
-    if (npz_) {
-      t = members_.at(stem);
-    } else {
-      try {
-        t = read_case_npy(path(stem));
-      } catch (const std::exception& e) {
-        fail(std::string("reference file ") + e.what());
-      }
+    try {
+      const NpyHeader h = npz_ ? archive_->header(stem, integers) : read_npy_header(path(stem), integers);
+      if (want && h.shape != *want)
+        fail(file(stem) + " has shape " + shape_str(h.shape) + ", expected " + shape_str(*want) + " (" + why + ")");
+      const NpyLimits limits{.integers = integers, .max_bytes = want ? h.data_bytes : max_file_bytes()};
+      t = npz_ ? archive_->read(stem, limits) : read_case_npy(path(stem), limits);
+    } catch (const ConfigError&) {
+      throw;
+    } catch (const std::exception& e) {
+      fail(std::string("reference file ") + e.what());
     }
+    if (integers) return t;  // token positions: not values of the reference's dtype
     if (stem == "mask") {
       if (t.dtype() != DType::boolean)
         fail(file("mask") + " must hold bools (True = attend), got " + std::string(dtype_name(t.dtype())));
@@ -207,8 +277,9 @@ class ReferenceReader {
   }
 
   // An input the plugins will get: it must have elements and finite values.
-  Tensor load_input(const std::string& stem, bool required, const std::string& needs) {
-    Tensor t = load(stem, required, needs);
+  Tensor load_input(const std::string& stem, bool required, const std::string& needs, const Shape* want = nullptr,
+                    const std::string& why = "") {
+    Tensor t = load(stem, required, needs, want, why);
     if (!t.defined()) return t;
     if (has_zero_dim(t))
       fail(file(stem) + " has shape " + shape_str(t.shape()) + ", a zero-size dim: an input needs elements");
@@ -216,6 +287,22 @@ class ReferenceReader {
       const double v = t.flat(*at);
       fail(file(stem) + " holds " + (std::isnan(v) ? "NaN" : "Inf") + " at " +
            shape_str(unravel_index(*at, t.shape())) + ": reference inputs must be finite");
+    }
+    return t;
+  }
+
+  // An expected tensor the case checks (others are never read), of shape
+  // `want`, finite: an Inf there would pass or fail anything.
+  // `unlisted`: read though the check list does not (yet) name it (a bias
+  // gradient where the files give the biases: the list gains them after the read).
+  Tensor load_expected(const std::string& stem, const Shape& want, const std::string& why, bool unlisted = false) {
+    if (!unlisted && std::find(c_.check.begin(), c_.check.end(), stem) == c_.check.end()) return {};
+    Tensor t = load(stem, false, "", &want, why);
+    if (!t.defined()) return t;
+    if (const auto at = first_non_finite_at(t)) {
+      const double v = t.flat(*at);
+      fail(file(stem) + " holds " + (std::isnan(v) ? "NaN" : "Inf") + " at " +
+           shape_str(unravel_index(*at, t.shape())) + ": expected tensors must be finite");
     }
     return t;
   }
@@ -236,15 +323,7 @@ class ReferenceReader {
   // reference's tokens. Read only for a case with a rope block.
   void read_positions(ReferenceData& ref) {
     if (!c_.rope || !has("positions")) return;
-    if (npz_) fail("an .npz reference cannot hold positions (int64); use a directory with positions.npy");
-    Tensor p;
-    try {
-      ++g_files_read;
-      p = read_npy_integers(path("positions"));
-    } catch (const std::exception& e) {
-      fail(std::string("reference file ") + e.what());
-    }
-    if (p.dtype() == DType::boolean) fail(file("positions") + " holds bools; expected int64 token positions");
+    Tensor p = load("positions", false, "", nullptr, "", /*integers*/ true);
     const std::int64_t b = ref.dims.B, t = c_.level == Level::core ? ref.dims.Tk : ref.dims.T;
     if (c_.level == Level::core && ref.dims.Tq != ref.dims.Tk)
       fail(file("positions") + " gives one position per token, shared by queries and keys; it needs Tq = Tk");
@@ -253,9 +332,16 @@ class ReferenceReader {
     if (!fits)
       fail(file("positions") + " has shape " + shape_str(p.shape()) + ", expected [T] = [" + std::to_string(t) +
            "] or [B, T] = [" + std::to_string(b) + ", " + std::to_string(t) + "]");
+    // queries sit at q_offset + p: every one of them must be exact in float64
+    const double most = 9007199254740992.0 - static_cast<double>(c_.rope->q_offset);
     for (std::int64_t i = 0; i < p.numel(); ++i)
-      if (p.flat(i) != std::floor(p.flat(i)) || p.flat(i) < 0)
-        fail(file("positions") + " holds " + std::to_string(p.flat(i)) + "; positions are integers >= 0");
+      if (p.flat(i) != std::floor(p.flat(i)) || p.flat(i) < 0 || p.flat(i) > most) {
+        std::ostringstream v;
+        v.precision(17);
+        v << p.flat(i);
+        fail(file("positions") + " holds " + v.str() + " at " + shape_str(unravel_index(i, p.shape())) +
+             "; positions are integers in [0, 2^53" + (c_.rope->q_offset ? " - q_offset" : "") + "]");
+      }
     ref.positions = p.to(DType::float64);
   }
 
@@ -263,11 +349,18 @@ class ReferenceReader {
   // read when the case lists them in `taps`.
   void read_taps(ReferenceData& ref) {
     for (const auto& tap : c_.taps) {
-      Tensor t = load(tap, true, "the case's 'taps' lists " + tap);
       const std::int64_t t_len = c_.level == Level::core ? (tap == "q_rot" ? ref.dims.Tq : ref.dims.Tk) : ref.dims.T;
-      if (t.dim() != 4 || t.size(0) != ref.dims.B || t.size(2) != t_len || t.size(3) != ref.dims.head_dim())
-        fail(file(tap) + " has shape " + shape_str(t.shape()) + ", expected [B, heads, T, d] with B=" +
-             std::to_string(ref.dims.B) + ", T=" + std::to_string(t_len) + ", d=" + std::to_string(ref.dims.head_dim()));
+      // q after the rotation has the H query heads, k the Hkv kv heads
+      const std::int64_t heads = tap == "q_rot" ? ref.dims.H : ref.dims.kv_heads();
+      const Shape want = {ref.dims.B, heads, t_len, ref.dims.head_dim()};
+      const std::string why = std::string("[B, ") + (tap == "q_rot" ? "H" : "Hkv") + ", T, d] with B=" +
+                              std::to_string(ref.dims.B) + ", " + (tap == "q_rot" ? "H=" : "Hkv=") +
+                              std::to_string(heads) + ", T=" + std::to_string(t_len) +
+                              ", d=" + std::to_string(ref.dims.head_dim());
+      Tensor t = load(tap, true, "the case's 'taps' lists " + tap, &want, why);
+      if (const auto at = first_non_finite_at(t))
+        fail(file(tap) + " holds NaN or Inf at " + shape_str(unravel_index(*at, t.shape())) +
+             ": expected tensors must be finite");
       ref.expected.push_back({tap, t});
     }
   }
@@ -282,7 +375,7 @@ class ReferenceReader {
     else known.insert("x");
     std::vector<std::string> stems;
     if (npz_) {
-      for (const auto& [name, t] : members_) stems.push_back(name);
+      stems = archive_->names();
     } else {
       std::error_code ec;
       for (const auto& entry : fs::directory_iterator(c_.reference, ec))
@@ -324,31 +417,30 @@ class ReferenceReader {
     const Shape wq_shape = wq.shape(), kv_shape = wk.shape(), wo_shape = {dm, hd};
     const std::string kv_why = part("wk") + " is " + shape_str(kv_shape);
     const std::string wo_why = "Wo is [D, H*d]; " + part("wq") + " is " + shape_str(wq_shape);
-    Tensor wv = load_input("wv", true, needs);
+    Tensor wv = load_input("wv", true, needs, &kv_shape, kv_why);
     expect_shape("wv", wv, kv_shape, kv_why);
     ref.inputs.push_back({"wv", wv});
-    Tensor wo = load_input("wo", true, needs);
+    Tensor wo = load_input("wo", true, needs, &wo_shape, wo_why);
     expect_shape("wo", wo, wo_shape, wo_why);
     ref.inputs.push_back({"wo", wo});
     const bool bias = read_biases(ref, hd, hkv * d, dm, h, hkv, d);
     const Shape act = {b, t, dm};
     const std::string act_why = part("x") + " is " + shape_str(x.shape());
-    Tensor r = load_input("r", false, "");
-    expect_shape("r", r, act, act_why);
+    Tensor r = load_input("r", false, "", &act, act_why);
     if (r.defined()) ref.inputs.push_back({"r", r});
     if (bias)
       for (const auto& name : bias_tensor_names()) {  // a bias's gradient has its bias's shape
-        Tensor e = load(name, false, "");
         const std::string of = name.substr(1);  // "dbq" -> "bq"
-        const Tensor* bt = find_tensor(ref.inputs, of);
-        expect_shape(name, e, bt->shape(), "the gradient of " + part(of) + " " + shape_str(bt->shape()));
+        const Shape want = find_tensor(ref.inputs, of)->shape();
+        // a check list from the defaults gains the bias gradients once the files give biases
+        const bool gained = !c_.bias && !c_.check_strict;
+        Tensor e = load_expected(name, want, "the gradient of " + part(of) + " " + shape_str(want), gained);
         if (e.defined()) ref.expected.push_back({name, e});
       }
     for (const auto& name : tensor_names(Level::mha)) {
-      Tensor e = load(name, false, "");
       const bool activation = name == "out" || name == "dx";
       const bool kv = name == "dwk" || name == "dwv";
-      expect_shape(name, e, activation ? act : kv ? kv_shape : name == "dwq" ? wq_shape : wo_shape,
+      Tensor e = load_expected(name, activation ? act : kv ? kv_shape : name == "dwq" ? wq_shape : wo_shape,
                    activation ? act_why : kv ? kv_why : name == "dwq" ? part("wq") + " is " + shape_str(wq_shape) : wo_why);
       if (e.defined()) ref.expected.push_back({name, e});
     }
@@ -390,8 +482,8 @@ class ReferenceReader {
         {"bq", {hd, "bq is [H*d]"}}, {"bk", {kvd, "bk is [Hkv*d]"}}, {"bv", {kvd, "bv is [Hkv*d]"}},
         {"bo", {dm, "bo is [D]"}}};
     for (const auto& [stem, shape_why] : want) {
-      Tensor t = load_input(stem, true, "a reference with biases holds all four");
-      expect_shape(stem, t, {shape_why.first}, shape_why.second + dims);
+      const Shape shape = {shape_why.first};
+      Tensor t = load_input(stem, true, "a reference with biases holds all four", &shape, shape_why.second + dims);
       data.inputs.push_back({stem, t});
     }
     data.bias = true;
@@ -410,12 +502,10 @@ class ReferenceReader {
     expect_dim("d", d, part("x"));
     ref.inputs.push_back({"x", x});
     const std::string why = part("x") + " is " + shape_str(x.shape());
-    Tensor r = load_input("r", false, "");
-    expect_shape("r", r, x.shape(), why);
+    Tensor r = load_input("r", false, "", &x.shape(), why);
     if (r.defined()) ref.inputs.push_back({"r", r});
     for (const auto& name : tensor_names(Level::rope)) {
-      Tensor e = load(name, false, "");
-      expect_shape(name, e, x.shape(), why);
+      Tensor e = load_expected(name, x.shape(), why);
       if (e.defined()) ref.expected.push_back({name, e});
     }
     ref.dims = Dims{.B = b, .T = t, .H = h, .d = d};
@@ -457,14 +547,12 @@ class ReferenceReader {
     }
     const Shape out_shape = heads ? Shape{b, h, tq, dv} : Shape{b, tq, dv};
     const std::string out_why = heads ? "the output is [B, H, Tq, dv]" : "the output is [B, Tq, dv]";
-    Tensor r = load_input("r", false, "");
-    expect_shape("r", r, out_shape, out_why);
+    Tensor r = load_input("r", false, "", &out_shape, out_why);
     if (r.defined()) ref.inputs.push_back({"r", r});
     for (const auto& name : tensor_names(Level::core)) {
-      Tensor e = load(name, false, "");
-      if (name == "out") expect_shape(name, e, out_shape, out_why);
-      else expect_shape(name, e, (name == "dq" ? q : name == "dk" ? k : v).shape(),
-                        "a gradient has its input's shape");
+      Tensor e = name == "out" ? load_expected(name, out_shape, out_why)
+                               : load_expected(name, (name == "dq" ? q : name == "dk" ? k : v).shape(),
+                                               "a gradient has its input's shape");
       if (e.defined()) ref.expected.push_back({name, e});
     }
     ref.dims = Dims{.B = b, .H = h, .Tq = tq, .Tk = tk, .d = d, .Hkv = hkv == h ? 0 : hkv};
@@ -474,7 +562,7 @@ class ReferenceReader {
 
   const CaseSpec& c_;
   const bool npz_;
-  std::map<std::string, Tensor> members_;  // an .npz reference, read whole
+  std::unique_ptr<NpzArchive> archive_;  // an .npz reference: members read one by one, when used
   DType dtype_ = DType::float64;
   std::string dtype_from_;
   bool dtype_set_ = false;
@@ -484,11 +572,18 @@ Tensor read_mask_file(const CaseSpec& c) {
   auto fail = [&](const std::string& problem) {
     throw ConfigError(c.where("mask"), "case '" + c.name + "': " + problem);
   };
-  std::error_code ec;
-  if (!fs::is_regular_file(c.mask_file, ec)) fail("mask file " + c.mask_file.string() + " does not exist");
+  if (!something_at(c.mask_file)) fail("mask file " + c.mask_file.string() + " does not exist");
+  if (const std::string problem = not_regular_file(c.mask_file); !problem.empty())
+    fail("mask file " + c.mask_file.string() + " " + problem + "; a mask is a regular .npy file of bools");
+  // A mask broadcasts to [B, H, Tq, Tk] without growing it: one byte per element at most.
+  const Dims& d = c.dims;
+  const double most = static_cast<double>(d.B) * static_cast<double>(d.H) * static_cast<double>(d.Tq) *
+                      static_cast<double>(d.Tk);
+  const std::uint64_t max_bytes =
+      most > 0 && most < static_cast<double>(max_file_bytes()) ? static_cast<std::uint64_t>(most) : max_file_bytes();
   Tensor mask;
   try {
-    mask = read_case_npy(c.mask_file);
+    mask = read_case_npy(c.mask_file, {.max_bytes = max_bytes});
   } catch (const std::exception& e) {
     fail(std::string("mask file ") + e.what());
   }
@@ -533,6 +628,15 @@ void load_case_files(CaseSpec& c) {
   auto files = std::make_shared<CaseFiles>();
   if (c.is_reference()) {
     ReferenceData ref = ReferenceReader(c).read();
+    // A dtype the case states is a claim about the files: bfloat16 arrives as
+    // float32 files, anything else must be the files' own dtype.
+    const bool bf16_files = c.dtype == DType::bfloat16 && ref.dtype == DType::float32;
+    if (c.dtype_on_case && c.dtype != ref.dtype && !bf16_files)
+      throw ConfigError(c.where("dtype"), "case '" + c.name + "': 'dtype: " + std::string(dtype_name(c.dtype)) +
+                                              "' but the files of " + c.reference_text + " are " +
+                                              std::string(dtype_name(ref.dtype)) +
+                                              "; a reference case runs in its files' dtype (drop 'dtype', or "
+                                              "write the files in " + std::string(dtype_name(c.dtype)) + ")");
     if (c.dtype == DType::bfloat16) as_bfloat16(c, ref);
     c.dims = ref.dims;
     c.dtype = ref.dtype;
@@ -540,12 +644,24 @@ void load_case_files(CaseSpec& c) {
       c.bias = true;
       if (!c.check_strict) c.check = with_bias_gradients(c.check);
     }
+    if (c.baseline_k_at.line > 0 && !c.relative_rule())
+      throw ConfigError(c.baseline_k_at, "case '" + c.name + "': 'tolerance: k' is the factor of relative_to_baseline, "
+                                         "and this reference's files are " + std::string(dtype_name(c.dtype)) +
+                                         ", judged by allclose; set atol/rtol instead, or drop 'k'");
     files->positions = ref.positions;
     if (c.rope && c.rope->rotary_dim > c.dims.head_dim())
       throw ConfigError(c.rope->rotary_dim_at, "case '" + c.name + "': 'rotary_dim' " +
                                                    std::to_string(c.rope->rotary_dim) +
                                                    " is wider than the reference's head width d=" +
                                                    std::to_string(c.dims.head_dim()));
+    if (c.rope && c.rope->rotary_dim == 0 && c.dims.head_dim() % 2 != 0)
+      throw ConfigError(c.rope->rotary_dim_at, "case '" + c.name + "': the reference's head width d=" +
+                                                   std::to_string(c.dims.head_dim()) +
+                                                   " is odd and the 'rope' block gives no rotary_dim: RoPE rotates "
+                                                   "dims in pairs; give an even 'rotary_dim' <= d");
+    if (c.rope && !files->positions.defined())
+      if (const std::string problem = rope_position_problem(*c.rope, c.level, c.dims); !problem.empty())
+        throw ConfigError(c.rope->positions_at, "case '" + c.name + "': " + problem);
     if (const Tensor* mask = find_tensor(ref.inputs, "mask")) {
       const fs::path ref_mask = c.reference / "mask.npy";
       if (!c.mask_file.empty() && c.mask_file != ref_mask)
@@ -688,26 +804,9 @@ CaseInputs make_inputs(const CaseSpec& spec) {
 }
 
 CaseInputs private_copy(const CaseInputs& in, InputLayout layout) {
-  auto own = [](const Tensor& t) { return t.defined() ? t.clone() : t; };
-  auto own_laid_out = [&](const Tensor& t) { return t.defined() ? with_layout(t.clone(), layout) : t; };
-  CaseInputs out;
-  out.level = in.level;
-  out.x = own_laid_out(in.x);
-  out.q = own_laid_out(in.q);
-  out.k = own_laid_out(in.k);
-  out.v = own_laid_out(in.v);
-  out.wq = own(in.wq);
-  out.wk = own(in.wk);
-  out.wv = own(in.wv);
-  out.wo = own(in.wo);
-  out.bq = own(in.bq);
-  out.bk = own(in.bk);
-  out.bv = own(in.bv);
-  out.bo = own(in.bo);
-  out.mask = own(in.mask);
-  out.r = own(in.r);
-  out.positions = own(in.positions);
-  return out;
+  return map_inputs(in, [layout](const InputField& field, const Tensor& t) {
+    return field.role == InputRole::activation ? with_layout(t.clone(), layout) : t.clone();
+  });
 }
 
 AttentionSpec attention_spec(const CaseSpec& c, const CaseInputs& in) {
@@ -746,20 +845,13 @@ AttentionSpec attention_spec(const CaseSpec& c, const CaseInputs& in) {
 
 TensorSet input_tensors(const CaseInputs& in) {
   TensorSet out;
-  if (in.level == Level::rope) {
-    out = {{"x", in.x.clone()}};
-  } else if (in.level == Level::mha) {
-    out = {{"x", in.x.clone()}, {"wq", in.wq.clone()}, {"wk", in.wk.clone()},
-           {"wv", in.wv.clone()}, {"wo", in.wo.clone()}};
-    if (in.bq.defined())
-      for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"bq", &in.bq}, {"bk", &in.bk}, {"bv", &in.bv},
-                                    {"bo", &in.bo}})
-        out.push_back({name, t->clone()});
-  } else {
-    out = {{"q", in.q.clone()}, {"k", in.k.clone()}, {"v", in.v.clone()}};
-    if (in.mask.defined()) out.push_back({"mask", in.mask.clone()});
+  for (const InputField& field : kInputFields) {
+    const Tensor& t = in.*field.member;
+    if (field.role == InputRole::positions || !t.defined()) continue;  // written by the writers, not by export
+    // the rope level takes x alone (the mha level's x is its input too)
+    const bool here = field.every_level || field.level == in.level || (in.level == Level::rope && field.name == "x");
+    if (here) out.push_back({std::string(field.name), t.clone()});
   }
-  out.push_back({"r", in.r.clone()});
   return out;
 }
 

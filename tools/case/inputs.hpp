@@ -23,8 +23,12 @@
 //               mask (bool, broadcastable to [B, H, Tq, Tk], True = attend),
 //               optional r [B, H, Tq, dv]; expected any of out, dq, dk, dv
 // Shapes and dtype come from the files; the case gives H (mha level) and causal.
-// An input with a zero-size dim, NaN or Inf, or a mask that is not bool, is a
-// ConfigError naming the file (exit code 2).
+// An input with a zero-size dim, NaN or Inf, an expected tensor that is not
+// finite, a mask that is not bool, a name that is a folder, fifo or dangling
+// symlink, or a golden/ that disagrees with the expected tensors beyond the
+// dtype's rounding, is a ConfigError naming the file (exit code 2). Only what
+// the case uses is read, each shape checked from its header first (an .npz
+// member is inflated only then).
 //
 // Shape legend: B batch, T sequence, D model width, H heads, d = D / H;
 // Tq/Tk query/key lengths, dv value width.
@@ -93,6 +97,53 @@ struct CaseInputs {
   Tensor positions;       // RoPE token positions [T] or [B, T]; undefined: offset + t
   TensorSet expected;     // a reference case: the expected tensors `check` names
 };
+
+// Every input tensor of CaseInputs, once: what a copy, a cast or a listing of
+// the inputs walks over (a new input is added here, and nowhere else).
+enum class InputRole {
+  activation,  // x, q, k, v: handed to plugins in the case's input_layout
+  weight,      // wq, wk, wv, wo; the biases bq, bk, bv, bo
+  loss,        // r
+  mask,        // bool
+  positions,   // int64 token positions
+};
+struct InputField {
+  Tensor CaseInputs::*member;
+  std::string_view name;  // the reference file's name (name.npy)
+  InputRole role;
+  Level level;            // the level whose plugins take it (r, positions: every level)
+  bool every_level = false;
+};
+inline constexpr InputField kInputFields[] = {
+    {&CaseInputs::x, "x", InputRole::activation, Level::mha, false},
+    {&CaseInputs::wq, "wq", InputRole::weight, Level::mha},
+    {&CaseInputs::wk, "wk", InputRole::weight, Level::mha},
+    {&CaseInputs::wv, "wv", InputRole::weight, Level::mha},
+    {&CaseInputs::wo, "wo", InputRole::weight, Level::mha},
+    {&CaseInputs::bq, "bq", InputRole::weight, Level::mha},  // biases: defined only with `bias: true`
+    {&CaseInputs::bk, "bk", InputRole::weight, Level::mha},
+    {&CaseInputs::bv, "bv", InputRole::weight, Level::mha},
+    {&CaseInputs::bo, "bo", InputRole::weight, Level::mha},
+    {&CaseInputs::q, "q", InputRole::activation, Level::core},
+    {&CaseInputs::k, "k", InputRole::activation, Level::core},
+    {&CaseInputs::v, "v", InputRole::activation, Level::core},
+    {&CaseInputs::mask, "mask", InputRole::mask, Level::core},
+    {&CaseInputs::r, "r", InputRole::loss, Level::mha, true},
+    {&CaseInputs::positions, "positions", InputRole::positions, Level::mha, true},
+};
+
+// A copy of `in` with each defined tensor replaced by f(field, tensor);
+// `expected` is left out.
+template <class F>
+CaseInputs map_inputs(const CaseInputs& in, F&& f) {
+  CaseInputs out;
+  out.level = in.level;
+  for (const InputField& field : kInputFields) {
+    const Tensor& t = in.*field.member;
+    out.*field.member = t.defined() ? f(field, t) : t;
+  }
+  return out;
+}
 
 // The seeded recipe above, contiguous, for dims d (mha: B, T, D; core: B, H,
 // Tq, Tk, d). Also what `headgrad bench` times plugins on.

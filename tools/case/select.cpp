@@ -81,6 +81,18 @@ std::vector<const CaseSpec*> shard_cases(const std::vector<const CaseSpec*>& sel
   return out;
 }
 
+namespace {
+
+std::string case_key(const CaseSpec& c) {
+  return c.name + '\0' + describe_case(c) + '\0' + join(c.compare) + '\0' + c.reference_text + '\0' +
+         join(c.check) + '\0' + std::to_string(c.seed) + '\0' + (c.expect_fail ? "x" : "") + c.expect_diagnosis +
+         '\0';
+}
+
+}  // namespace
+
+std::string case_hash(const CaseSpec& c) { return hex16(fnv1a(case_key(c))); }
+
 SuiteIdentity suite_identity(const Suite& suite, const std::vector<const CaseSpec*>& selected) {
   SuiteIdentity id;
   std::ifstream in(suite.file, std::ios::binary);
@@ -88,13 +100,13 @@ SuiteIdentity suite_identity(const Suite& suite, const std::vector<const CaseSpe
   id.file_hash = hex16(fnv1a(bytes));
   std::uint64_t h = fnv1a("");
   for (const CaseSpec* c : selected) {
-    std::string key = c->name + '\0' + describe_case(*c) + '\0' + join(c->compare) + '\0' + c->reference_text +
-                      '\0' + join(c->check) + '\0' + std::to_string(c->seed) + '\0' + (c->expect_fail ? "x" : "") +
-                      c->expect_diagnosis + '\0';
+    const std::string key = case_key(*c);
     h = fnv1a(key, h);
+    id.case_hashes.push_back(hex16(fnv1a(key)));
   }
   id.cases_hash = hex16(h);
   id.selected = selected.size();
+  id.expanded = suite.cases.size();
   return id;
 }
 

@@ -30,8 +30,14 @@ struct SuiteIdentity {
   std::string file_hash;   // FNV-1a 64 of the suite file's bytes, 16 hex digits
   std::string cases_hash;  // of the selected cases as expanded (names, shapes, pairs, checks, seeds)
   std::size_t selected = 0;  // cases selected (--filter) before sharding
+  std::size_t expanded = 0;  // cases of the suite as expanded (what case indices range over)
+  std::vector<std::string> case_hashes;  // case_hash of each selected case, in suite order
   bool operator==(const SuiteIdentity&) const = default;
 };
+// FNV-1a 64 of what identifies a case (name, shape, pair, reference, checks,
+// seed, expect), 16 hex digits: merge checks each shard's cases against the
+// identity's list, so a shard of another suite cannot pass under a copied identity.
+std::string case_hash(const CaseSpec& c);
 
 // fnmatch-style: *, ?, [...]. A case is selected when the filter equals its
 // name, or matches its name or its base name (the name before a sweep's [..]).

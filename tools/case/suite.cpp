@@ -216,6 +216,42 @@ std::vector<std::int64_t> rope_positions(const RopeCase& r, std::int64_t b, std:
   return v;
 }
 
+std::string rope_position_problem(const RopeCase& r, Level level, const Dims& d) {
+  const bool core = level == Level::core;
+  const std::int64_t b = d.B, tk = core ? d.Tk : d.T, tq = core ? d.Tq : d.T;
+  using Wide = __int128;  // offsets and starts up to 2^53 times B: no overflow here
+  Wide keys = -1, queries = -1;
+  std::string how;
+  if (!r.rows.empty()) {
+    for (const auto& row : r.rows)
+      for (std::int64_t p : row) keys = std::max<Wide>(keys, p);
+    queries = keys;
+    how = "the 'positions' list";
+  } else if (!r.generator.empty()) {
+    if (b <= 0 || tk <= 0) return "";
+    const Wide steps = tk - 1;  // gapped steps 1, 2, 3, 1, ...
+    const Wide last = r.generator == "reversed" ? steps : 6 * (steps / 3) + (steps % 3 == 2 ? 3 : steps % 3);
+    keys = queries = Wide(b - 1) * r.start + last;
+    how = "generator " + r.generator + "; row " + std::to_string(b - 1) + " begins at " + std::to_string(b - 1) +
+          " x start " + std::to_string(r.start);
+  } else {
+    if (tk <= 0 || tq <= 0) return "";
+    keys = Wide(r.offset) + tk - 1;
+    queries = Wide(r.offset) + tq - 1;
+    how = "offset " + std::to_string(r.offset) + " + t";
+  }
+  queries += r.q_offset;
+  const Wide most = std::max(keys, queries);
+  if (most <= kMaxRopePosition) return "";
+  auto text = [](Wide v) {
+    std::string digits;
+    for (; v > 0; v /= 10) digits.insert(digits.begin(), static_cast<char>('0' + static_cast<int>(v % 10)));
+    return digits.empty() ? std::string("0") : digits;
+  };
+  return "positions reach " + text(most) + " (" + how + (r.q_offset ? ", queries + q_offset " + std::to_string(r.q_offset) : "") +
+         "), past 2^53 = " + std::to_string(kMaxRopePosition) + ", the largest position float64 holds exactly";
+}
+
 std::string describe_case(const CaseSpec& c) {
   std::string s = c.level == Level::mha ? "MHA(" : c.level == Level::core ? "CORE(" : "ROPE(";
   bool first = true;
@@ -320,7 +356,8 @@ class Parser {
     throw ConfigError(at, context_ + problem);
   }
 
-  // (key, value) pairs of a map in file order; rejects duplicate and unknown keys.
+  // (key, value) pairs of a map in file order; rejects unknown keys (duplicates
+  // never get here: check_duplicate_keys refused them for the whole file).
   std::vector<std::pair<YAML::Node, YAML::Node>> entries(const YAML::Node& map,
                                                          const std::vector<std::string>& valid,
                                                          const std::string& what) const;
@@ -339,12 +376,17 @@ class Parser {
   void read_tolerance_map(const YAML::Node& map, CaseSpec& c) const;
   // `rule:` and `k:` of a `tolerance:` map (the other keys are tensors' atol/rtol).
   void read_tolerance_rule(const YAML::Node& key, const YAML::Node& value, CaseSpec& c) const;
+  // The case's own `tolerance:` keys against what applies to it: its level's
+  // tensors (and taps), and `k` only where relative_to_baseline can judge.
+  void check_tolerance_keys(const YAML::Node& map, CaseSpec& c) const;
   RopeCase read_rope(const YAML::Node& map, Level level) const;
   void read_rope_positions(const YAML::Node& v, RopeCase& r) const;
   void check_rope(const CaseSpec& c) const;
 
   std::vector<CaseSpec> parse_case(const YAML::Node& node, std::size_t index,
                                    const std::map<std::string, Entry>& defaults);
+  void read_tolerances(std::map<std::string, Entry>& keys, CaseSpec& c) const;
+  void read_check_and_taps(std::map<std::string, Entry>& keys, CaseSpec& c) const;
   std::vector<CaseSpec> expand(const CaseSpec& base, const std::vector<DimValues>& shape,
                                const std::vector<DimValues>& sweep);
   void finish_point(CaseSpec& c, const SourceLoc& at) const;
@@ -363,7 +405,6 @@ std::vector<std::pair<YAML::Node, YAML::Node>> Parser::entries(
   if (!map.IsMap())
     fail(map, what + " must be a map (key: value lines), got " + kind_of(map));
   std::vector<std::pair<YAML::Node, YAML::Node>> out;
-  std::set<std::string> seen;
   for (auto it = map.begin(); it != map.end(); ++it) {
     const YAML::Node key = it->first;
     if (!key.IsScalar()) fail(key, "a key in " + what + " must be a plain name, got " + kind_of(key));
@@ -374,7 +415,6 @@ std::vector<std::pair<YAML::Node, YAML::Node>> Parser::entries(
                     (near.empty() ? " (valid keys: " + join(valid) + ")"
                                   : " (did you mean '" + near + "'?)"));
     }
-    if (!seen.insert(name).second) fail(key, "duplicate key '" + name + "' in " + what);
     out.emplace_back(key, it->second);
   }
   return out;
@@ -542,6 +582,39 @@ void Parser::read_tolerance_rule(const YAML::Node& key, const YAML::Node& value,
   }
 }
 
+void Parser::check_tolerance_keys(const YAML::Node& map, CaseSpec& c) const {
+  const auto& level_tensors = tensor_names(c.level);
+  auto applies = [&](const std::string& t) {
+    return std::find(level_tensors.begin(), level_tensors.end(), t) != level_tensors.end() ||
+           std::find(c.taps.begin(), c.taps.end(), t) != c.taps.end();
+  };
+  const std::string tensors = join(level_tensors) + (c.taps.empty() ? "" : ", " + join(c.taps));
+  for (auto it = map.begin(); it != map.end(); ++it) {
+    const std::string key = it->first.Scalar();
+    if (key == "rule") continue;
+    if (key != "k") {
+      if (!applies(key))
+        fail(it->first, "'tolerance: " + key + "' is not a tensor of this " + std::string(level_name(c.level)) +
+                            "-level case (" + tensors + ")");
+      continue;
+    }
+    const bool allclose = c.tolerance_rule == ToleranceRule::allclose ||
+                          (c.tolerance_rule == ToleranceRule::automatic && !c.is_reference() && c.dtype == DType::float64);
+    c.baseline_k_at = loc(it->first);
+    if (allclose)
+      fail(it->first, "'tolerance: k' is the factor of relative_to_baseline, and this case is judged by allclose (" +
+                          std::string(c.tolerance_rule == ToleranceRule::allclose ? "atol/rtol or rule: allclose on the case"
+                                                                                  : "float64 is the checking precision") +
+                          "); set atol/rtol instead, or drop 'k'");
+    for (auto kt = it->second.begin(); kt != it->second.end(); ++kt) {
+      const std::string t = kt->first.Scalar();
+      if (t != "out" && t != "grads" && !applies(t))
+        fail(kt->first, "'tolerance: k: " + t + "' is not a tensor of this " + std::string(level_name(c.level)) +
+                            "-level case (out, grads, " + tensors + ")");
+    }
+  }
+}
+
 RopeCase Parser::read_rope(const YAML::Node& map, Level level) const {
   RopeCase r;
   r.positions_at = r.rotary_dim_at = loc(map);
@@ -563,7 +636,10 @@ RopeCase Parser::read_rope(const YAML::Node& map, Level level) const {
         fail(k, "'q_offset' is a core-level key (queries at q_offset + t, keys at t); at mha level "
                 "queries and keys are the same tokens");
       r.q_offset = int_value(v, "q_offset");
-      if (r.q_offset < 0) fail(v, "'q_offset' must be >= 0, got " + std::to_string(r.q_offset));
+      r.q_offset_at = loc(v);
+      if (r.q_offset < 0 || r.q_offset > kMaxRopePosition)
+        fail(v, "'q_offset' must be in [0, 2^53] (positions are exact in float64 up to 2^53), got " +
+                    std::to_string(r.q_offset));
     } else {
       r.positions_at = loc(v);
       read_rope_positions(v, r);
@@ -630,6 +706,12 @@ void Parser::check_rope(const CaseSpec& c) const {
   if (r.rotary_dim > 0 && d > 0 && r.rotary_dim > d)
     fail(r.rotary_dim_at, "'rotary_dim' " + std::to_string(r.rotary_dim) + " is wider than the head width d=" +
                               std::to_string(d) + " (r <= d: the first r dims rotate)");
+  if (r.rotary_dim == 0 && d > 0 && d % 2 != 0)
+    fail(r.rotary_dim_at, "the head width d=" + std::to_string(d) +
+                              " is odd and the 'rope' block gives no rotary_dim: RoPE rotates dims in pairs; "
+                              "give an even 'rotary_dim' <= d (the first r dims rotate, the rest pass through)");
+  if (const std::string problem = rope_position_problem(r, c.level, c.dims); !problem.empty())
+    fail(r.q_offset && problem.find("q_offset") != std::string::npos ? r.q_offset_at : r.positions_at, problem);
   if (r.rows.empty() && r.generator.empty()) return;
   const bool mha = c.level != Level::core;  // mha and rope: T tokens
   if (!mha && c.dims.Tq > 0 && c.dims.Tk > 0 && c.dims.Tq != c.dims.Tk)
@@ -772,6 +854,103 @@ Suite Parser::parse(std::string_view text) {
   return suite;
 }
 
+// atol, rtol and tolerance: the allclose bounds, the rule, the per-tensor k.
+void Parser::read_tolerances(std::map<std::string, Entry>& keys, CaseSpec& c) const {
+  auto has = [&](const char* key) { return keys.count(key) > 0; };
+  auto val = [&](const char* key) -> const YAML::Node& { return keys.at(key).value; };
+  for (const char* key : {"atol", "rtol"}) {
+    if (!has(key)) continue;
+    const double x = number_value(val(key), key);
+    if (x < 0) fail(val(key), std::string("'") + key + "' must be >= 0");
+    (std::string(key) == "atol" ? c.tolerance.atol : c.tolerance.rtol) = x;
+  }
+  if (has("tolerance")) {
+    const Entry& e = keys["tolerance"];
+    if (e.has_default && e.from_case) read_tolerance_map(e.default_value, c);
+    read_tolerance_map(e.value, c);
+  }
+  {
+    // atol/rtol written on the case itself (not inherited from defaults) ask for
+    // allclose; `tolerance: {rule: ...}` says so outright
+    std::string allclose_key;
+    for (const char* key : {"atol", "rtol"})
+      if (has(key) && keys[key].from_case && allclose_key.empty()) allclose_key = key;
+    bool rule_on_case = false;
+    if (has("tolerance") && keys["tolerance"].from_case && val("tolerance").IsMap())
+      for (const auto& kv : val("tolerance")) {
+        const std::string k = kv.first.Scalar();
+        if (k == "rule") rule_on_case = true;
+        else if (k != "k" && allclose_key.empty()) allclose_key = "tolerance: " + k;
+      }
+    if (!allclose_key.empty()) {
+      if (rule_on_case && c.tolerance_rule == ToleranceRule::relative_to_baseline)
+        fail(val("tolerance"), "'tolerance: {rule: relative_to_baseline}' and '" + allclose_key +
+                                   "' contradict: atol and rtol are allclose's (drop them, or say rule: allclose)");
+      if (!rule_on_case) c.tolerance_rule = ToleranceRule::allclose;
+    }
+    if (rule_on_case && c.tolerance_rule == ToleranceRule::relative_to_baseline && has("dtype") &&
+        c.dtype == DType::float64)
+      fail(val("tolerance"), "'tolerance: {rule: relative_to_baseline}' is for dtypes below float64; float64 is "
+                             "the checking precision (allclose, atol 1e-8, rtol 1e-6 by default)");
+  }
+}
+
+// check (the tensors compared) and taps (q and k after the rotation, added to check).
+void Parser::read_check_and_taps(std::map<std::string, Entry>& keys, CaseSpec& c) const {
+  auto has = [&](const char* key) { return keys.count(key) > 0; };
+  auto val = [&](const char* key) -> const YAML::Node& { return keys.at(key).value; };
+  // check: the case's own list is taken as written; a list from the defaults
+  // keeps the names this level has (so one default serves both levels).
+  const auto& level_tensors = tensor_names(c);
+  if (has("check")) {
+    const Entry& e = keys["check"];
+    std::vector<std::string> wanted = string_list(e.value, "check");
+    if (wanted.empty()) fail(e.value, "'check' is empty; list the tensors to compare");
+    const std::vector<std::string> all = all_tensor_names();
+    if (c.bias && !e.from_case) wanted = with_bias_gradients(wanted);
+    std::set<std::string> chosen;
+    for (const auto& t : wanted) {
+      const bool here = std::find(level_tensors.begin(), level_tensors.end(), t) != level_tensors.end();
+      if (!here && (e.from_case || std::find(all.begin(), all.end(), t) == all.end())) {
+        const std::string near = closest_match(t, level_tensors);
+        const bool bias_grad =
+            std::find(bias_tensor_names().begin(), bias_tensor_names().end(), t) != bias_tensor_names().end();
+        fail(e.value, "'" + t + "' is not a " + std::string(level_name(c.level)) + "-level tensor" +
+                          (bias_grad && c.level == Level::mha ? " of a case without 'bias: true'" : "") + " (" +
+                          join(level_tensors) + ")" + (near.empty() ? "" : "; did you mean '" + near + "'?"));
+      }
+      if (here) chosen.insert(t);
+    }
+    // A defaults list written for the other level (its gradients, maybe out)
+    // does not narrow this level's checks.
+    const bool other_grads = std::any_of(wanted.begin(), wanted.end(), [&](const std::string& t) {
+      return t != "out" && std::find(level_tensors.begin(), level_tensors.end(), t) == level_tensors.end();
+    });
+    const bool own_grads = std::any_of(chosen.begin(), chosen.end(), [](const std::string& t) { return t != "out"; });
+    if (!e.from_case && other_grads && !own_grads) chosen.insert(level_tensors.begin(), level_tensors.end());
+    for (const auto& t : level_tensors)
+      if (chosen.count(t)) c.check.push_back(t);
+    c.check_strict = e.from_case;
+  }
+  if (c.check.empty()) c.check = level_tensors;
+  if (has("taps")) {
+    const YAML::Node& v = val("taps");
+    for (const auto& t : string_list(v, "taps")) {
+      if (t != "q_rot" && t != "k_rot") {
+        const std::string near = closest_match(t, {"q_rot", "k_rot"});
+        fail(v, "'taps' takes q_rot and k_rot (q and k after the rotation), got '" + t + "'" +
+                    (near.empty() ? "" : " (did you mean '" + near + "'?)"));
+      }
+      if (std::find(c.taps.begin(), c.taps.end(), t) != c.taps.end()) fail(v, "'taps' lists " + t + " twice");
+      c.taps.push_back(t);
+    }
+    if (!c.taps.empty() && !c.rope) fail(v, "'taps' needs a 'rope:' block (they are q and k after the rotation)");
+    if (!c.taps.empty() && c.level == Level::rope)
+      fail(v, "'taps' belongs to the mha and core levels; at the rope level out is the rotated tensor");
+    c.check.insert(c.check.end(), c.taps.begin(), c.taps.end());
+  }
+}
+
 std::vector<CaseSpec> Parser::parse_case(const YAML::Node& node, std::size_t index,
                                          const std::map<std::string, Entry>& defaults) {
   context_.clear();
@@ -806,8 +985,10 @@ std::vector<CaseSpec> Parser::parse_case(const YAML::Node& node, std::size_t ind
     const std::string l = choice(val("level"), "level", {"mha", "core", "rope"});
     c.level = l == "mha" ? Level::mha : l == "core" ? Level::core : Level::rope;
   }
-  if (has("dtype"))
+  if (has("dtype")) {
     c.dtype = dtype_from_name(choice(val("dtype"), "dtype", {"float64", "float32", "bfloat16", "float16"}));
+    c.dtype_on_case = keys["dtype"].from_case;
+  }
   if (c.dtype == DType::float32) c.tolerance = {1e-5, 1e-4};  // float32 defaults, unless set below
   if (is_16bit(c.dtype)) c.tolerance = tolerance_16bit(c.dtype);
 
@@ -877,41 +1058,7 @@ std::vector<CaseSpec> Parser::parse_case(const YAML::Node& node, std::size_t ind
     if (s < 0) fail(val("seed"), "'seed' must be >= 0, got " + std::to_string(s));
     c.seed = static_cast<std::uint64_t>(s);
   }
-  for (const char* key : {"atol", "rtol"}) {
-    if (!has(key)) continue;
-    const double x = number_value(val(key), key);
-    if (x < 0) fail(val(key), std::string("'") + key + "' must be >= 0");
-    (std::string(key) == "atol" ? c.tolerance.atol : c.tolerance.rtol) = x;
-  }
-  if (has("tolerance")) {
-    const Entry& e = keys["tolerance"];
-    if (e.has_default && e.from_case) read_tolerance_map(e.default_value, c);
-    read_tolerance_map(e.value, c);
-  }
-  {
-    // atol/rtol written on the case itself (not inherited from defaults) ask for
-    // allclose; `tolerance: {rule: ...}` says so outright
-    std::string allclose_key;
-    for (const char* key : {"atol", "rtol"})
-      if (has(key) && keys[key].from_case && allclose_key.empty()) allclose_key = key;
-    bool rule_on_case = false;
-    if (has("tolerance") && keys["tolerance"].from_case && val("tolerance").IsMap())
-      for (const auto& kv : val("tolerance")) {
-        const std::string k = kv.first.Scalar();
-        if (k == "rule") rule_on_case = true;
-        else if (k != "k" && allclose_key.empty()) allclose_key = "tolerance: " + k;
-      }
-    if (!allclose_key.empty()) {
-      if (rule_on_case && c.tolerance_rule == ToleranceRule::relative_to_baseline)
-        fail(val("tolerance"), "'tolerance: {rule: relative_to_baseline}' and '" + allclose_key +
-                                   "' contradict: atol and rtol are allclose's (drop them, or say rule: allclose)");
-      if (!rule_on_case) c.tolerance_rule = ToleranceRule::allclose;
-    }
-    if (rule_on_case && c.tolerance_rule == ToleranceRule::relative_to_baseline && has("dtype") &&
-        c.dtype == DType::float64)
-      fail(val("tolerance"), "'tolerance: {rule: relative_to_baseline}' is for dtypes below float64; float64 is "
-                             "the checking precision (allclose, atol 1e-8, rtol 1e-6 by default)");
-  }
+  read_tolerances(keys, c);
   if (has("timeout")) {
     const double t = number_value(val("timeout"), "timeout");
     if (const std::string problem = timeout_problem(t); !problem.empty())
@@ -937,58 +1084,14 @@ std::vector<CaseSpec> Parser::parse_case(const YAML::Node& node, std::size_t ind
         c.expect_diagnosis_at = loc(v);
       }
     }
+    if (!c.expect_diagnosis.empty() && !c.expect_fail)
+      fail(val("expect"), "'expect: diagnosis' names the bug a failing case is caught by; it needs 'fail: true' "
+                          "(a case expected to pass has no diagnosis)");
   }
 
-  // check: the case's own list is taken as written; a list from the defaults
-  // keeps the names this level has (so one default serves both levels).
-  const auto& level_tensors = tensor_names(c);
-  if (has("check")) {
-    const Entry& e = keys["check"];
-    std::vector<std::string> wanted = string_list(e.value, "check");
-    if (wanted.empty()) fail(e.value, "'check' is empty; list the tensors to compare");
-    const std::vector<std::string> all = all_tensor_names();
-    if (c.bias && !e.from_case) wanted = with_bias_gradients(wanted);
-    std::set<std::string> chosen;
-    for (const auto& t : wanted) {
-      const bool here = std::find(level_tensors.begin(), level_tensors.end(), t) != level_tensors.end();
-      if (!here && (e.from_case || std::find(all.begin(), all.end(), t) == all.end())) {
-        const std::string near = closest_match(t, level_tensors);
-        const bool bias_grad =
-            std::find(bias_tensor_names().begin(), bias_tensor_names().end(), t) != bias_tensor_names().end();
-        fail(e.value, "'" + t + "' is not a " + std::string(level_name(c.level)) + "-level tensor" +
-                          (bias_grad && c.level == Level::mha ? " of a case without 'bias: true'" : "") + " (" +
-                          join(level_tensors) + ")" + (near.empty() ? "" : "; did you mean '" + near + "'?"));
-      }
-      if (here) chosen.insert(t);
-    }
-    // A defaults list written for the other level (its gradients, maybe out)
-    // does not narrow this level's checks.
-    const bool other_grads = std::any_of(wanted.begin(), wanted.end(), [&](const std::string& t) {
-      return t != "out" && std::find(level_tensors.begin(), level_tensors.end(), t) == level_tensors.end();
-    });
-    const bool own_grads = std::any_of(chosen.begin(), chosen.end(), [](const std::string& t) { return t != "out"; });
-    if (!e.from_case && other_grads && !own_grads) chosen.insert(level_tensors.begin(), level_tensors.end());
-    for (const auto& t : level_tensors)
-      if (chosen.count(t)) c.check.push_back(t);
-    c.check_strict = e.from_case;
-  }
-  if (c.check.empty()) c.check = level_tensors;
-  if (has("taps")) {
-    const YAML::Node& v = val("taps");
-    for (const auto& t : string_list(v, "taps")) {
-      if (t != "q_rot" && t != "k_rot") {
-        const std::string near = closest_match(t, {"q_rot", "k_rot"});
-        fail(v, "'taps' takes q_rot and k_rot (q and k after the rotation), got '" + t + "'" +
-                    (near.empty() ? "" : " (did you mean '" + near + "'?)"));
-      }
-      if (std::find(c.taps.begin(), c.taps.end(), t) != c.taps.end()) fail(v, "'taps' lists " + t + " twice");
-      c.taps.push_back(t);
-    }
-    if (!c.taps.empty() && !c.rope) fail(v, "'taps' needs a 'rope:' block (they are q and k after the rotation)");
-    if (!c.taps.empty() && c.level == Level::rope)
-      fail(v, "'taps' belongs to the mha and core levels; at the rope level out is the rotated tensor");
-    c.check.insert(c.check.end(), c.taps.begin(), c.taps.end());
-  }
+  read_check_and_taps(keys, c);
+
+  if (has("tolerance") && keys["tolerance"].from_case) check_tolerance_keys(val("tolerance"), c);
 
   std::vector<DimValues> shape, sweep;
   for (const char* key : {"shape", "sweep"}) {
@@ -1155,25 +1258,25 @@ void check_memory(const std::vector<const CaseSpec*>& cases, double budget_bytes
 std::vector<std::pair<std::string, std::string>> missing_capabilities(const CaseSpec& c,
                                                                       const Capabilities& caps) {
   std::vector<std::pair<std::string, std::string>> out;
-  if (c.level == Level::mha && !caps.mha) out.emplace_back("mha", "the case is at mha level");
-  if (c.level == Level::core && !caps.core) out.emplace_back("core", "the case is at core level");
-  if (c.level == Level::rope && !caps.rope_level) out.emplace_back("rope-level", "the case is at rope level");
-  if (c.causal && !caps.causal) out.emplace_back("causal", "the case is causal");
+  if (c.level == Level::mha && !caps.mha) out.emplace_back(capability_name(&Capabilities::mha), "the case is at mha level");
+  if (c.level == Level::core && !caps.core) out.emplace_back(capability_name(&Capabilities::core), "the case is at core level");
+  if (c.level == Level::rope && !caps.rope_level) out.emplace_back(capability_name(&Capabilities::rope_level), "the case is at rope level");
+  if (c.causal && !caps.causal) out.emplace_back(capability_name(&Capabilities::causal), "the case is causal");
   if (!c.mask_file.empty() && !caps.bool_mask)
-    out.emplace_back("mask", "the case has a boolean mask (" + c.mask_file.filename().string() + ")");
+    out.emplace_back(capability_name(&Capabilities::bool_mask), "the case has a boolean mask (" + c.mask_file.filename().string() + ")");
   if (c.level == Level::core && c.dims.Tq != c.dims.Tk && !caps.cross_lengths)
-    out.emplace_back("Tq!=Tk", "Tq=" + std::to_string(c.dims.Tq) + ", Tk=" + std::to_string(c.dims.Tk));
+    out.emplace_back(capability_name(&Capabilities::cross_lengths), "Tq=" + std::to_string(c.dims.Tq) + ", Tk=" + std::to_string(c.dims.Tk));
   if (c.dims.Hkv > 0 && c.dims.Hkv < c.dims.H && !caps.grouped_kv)
-    out.emplace_back("grouped_kv", "H=" + std::to_string(c.dims.H) + " query heads share Hkv=" +
+    out.emplace_back(capability_name(&Capabilities::grouped_kv), "H=" + std::to_string(c.dims.H) + " query heads share Hkv=" +
                                        std::to_string(c.dims.Hkv) + " kv heads");
-  if (c.dtype == DType::float32 && !caps.float32) out.emplace_back("float32", "dtype: float32");
-  if (c.dtype == DType::float64 && !caps.float64) out.emplace_back("float64", "dtype: float64");
+  if (c.dtype == DType::float32 && !caps.float32) out.emplace_back(capability_name(&Capabilities::float32), "dtype: float32");
+  if (c.dtype == DType::float64 && !caps.float64) out.emplace_back(capability_name(&Capabilities::float64), "dtype: float64");
   // 16-bit support is declared in Capabilities::extra ("bfloat16", "float16"): no ABI change
   if (is_16bit(c.dtype) && std::find(caps.extra.begin(), caps.extra.end(), dtype_name(c.dtype)) == caps.extra.end())
     out.emplace_back(std::string(dtype_name(c.dtype)), "dtype: " + std::string(dtype_name(c.dtype)));
-  if (c.rope && c.level != Level::rope && !caps.rope) out.emplace_back("rope", "the case has a 'rope:' block");
+  if (c.rope && c.level != Level::rope && !caps.rope) out.emplace_back(capability_name(&Capabilities::rope), "the case has a 'rope:' block");
   if (c.bias && !caps.bias)
-    out.emplace_back("bias", "the case has 'bias: true' (bq, bk, bv, bo on the projections)");
+    out.emplace_back(capability_name(&Capabilities::bias), "the case has 'bias: true' (bq, bk, bv, bo on the projections)");
   return out;
 }
 

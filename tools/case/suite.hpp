@@ -116,13 +116,19 @@ struct RopeCase {
   std::string generator;                        // "gapped" | "reversed"; empty: none
   std::int64_t start = 1000;                    // a generator's per-row step
   std::int64_t q_offset = 0;
-  SourceLoc positions_at, rotary_dim_at;        // for errors found once dims are known
+  SourceLoc positions_at, rotary_dim_at, q_offset_at;  // for errors found once dims are known
   // "rope=half/r6" ("/r" only when r is given; then ",gapped", ",q_offset=3")
   std::string describe() const;
 };
 // The positions a case's rope block gives at dims (b, t), with their shape
 // ([T] or [B, T]); empty values for offset positions (p_t = offset + t).
 std::vector<std::int64_t> rope_positions(const RopeCase& r, std::int64_t b, std::int64_t t, Shape& shape);
+// Every position the block gives at these dims (queries at q_offset + p
+// included) must be exact in float64: empty when they are, else the problem,
+// naming the largest. Dims not known yet (0) are skipped.
+std::string rope_position_problem(const RopeCase& r, Level level, const Dims& d);
+// The largest exact position: 2^53.
+inline constexpr std::int64_t kMaxRopePosition = std::int64_t{1} << 53;
 
 struct CaseSpec {
   std::string name;       // "layouts[B=2,T=5,H=4]" for a point of a sweep
@@ -137,6 +143,7 @@ struct CaseSpec {
   Level level = Level::mha;
   Dims dims;
   DType dtype = DType::float64;
+  bool dtype_on_case = false;          // `dtype` written on the case itself (a reference's files must agree)
   bool causal = false;
   CausalAlignment causal_alignment = CausalAlignment::top_left;  // `causal: bottom_right`; read only when causal
   std::optional<double> scale;         // default 1/sqrt(d)
@@ -150,6 +157,7 @@ struct CaseSpec {
   std::map<std::string, Tolerance> tensor_tolerance;  // per tensor overrides
   ToleranceRule tolerance_rule = ToleranceRule::automatic;  // `tolerance: {rule: ...}` or atol/rtol on the case
   BaselineFactors baseline_k;                               // `tolerance: {k: {out: 2, grads: 3, dwq: 4}}`
+  SourceLoc baseline_k_at;  // where the case itself wrote `k` (line 0: it did not); checked once a reference's dtype is known
   std::vector<std::string> check;      // tensors compared, in tensor_names() order
   bool check_strict = false;           // set on the case itself: a reference dir must hold each
   bool expect_fail = false;

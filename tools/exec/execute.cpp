@@ -22,7 +22,7 @@
 #include <headgrad/ops.hpp>
 #include <headgrad/parallel.hpp>
 
-#include "judge/compare.hpp"
+#include "case/axes.hpp"
 
 namespace headgrad::runner {
 
@@ -514,9 +514,7 @@ SideResult run_side(const CaseSpec& c, const CaseInputs& in, const LoadedPlugin&
   SideResult res = options.isolate ? run_isolated(c, in, plugin, options) : run_in_process(c, in, plugin);
   if (res.status != SideStatus::ok) return res;
   for (const auto& [name, t] : res.tensors) {
-    const bool kv = name == "dwk" || name == "dwv" || name == "dbk" || name == "dbv";  // [Hkv*d, ...]
-    const std::int64_t heads = kv ? c.dims.kv_heads() : c.dims.H;
-    if (const auto bad = first_non_finite(t, c.level, name, heads)) {
+    if (const auto bad = first_non_finite(t, c.level, name, head_blocks(c, name))) {
       res.status = SideStatus::non_finite;
       res.cause = "plugin " + plugin.info.name + " returned " + (std::isnan(bad->lhs) ? "NaN" : "Inf") + " in " +
                   name + " at " + shape_str(bad->index) + " (" + bad->where + ")";

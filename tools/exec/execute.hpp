@@ -51,7 +51,7 @@ struct SideResult {
 
 struct ExecOptions {
   bool isolate = true;
-  double timeout_s = 60;          // isolated runs only; see check_timeout (suite.hpp)
+  double timeout_s = 60;          // isolated runs only; in (0, 86400] (timeout_problem, case/suite.hpp)
   std::function<void()> on_wait;  // called about every 200 ms while a child runs (progress)
 };
 

@@ -39,10 +39,12 @@
 #include "job/workers.hpp"
 #include "bench.hpp"
 #include "case/budget.hpp"
-#include "report/report.hpp"
 #include "case/inputs.hpp"
-#include "judge/run_case.hpp"
+#include "case/reads.hpp"
 #include "case/suite.hpp"
+#include "judge/golden.hpp"
+#include "judge/run_case.hpp"
+#include "report/report.hpp"
 #include "template/template.hpp"
 
 #ifndef HEADGRAD_VERSION
@@ -57,6 +59,8 @@ using headgrad::runner::run_suite;
 namespace {
 
 constexpr int kExitOk = 0, kExitFailed = 1, kExitUsage = 2, kExitPlugin = 3;
+// HEADGRAD_NUM_THREADS at most: past a few thousand, threads fail to start with an error naming nothing.
+constexpr long kMaxThreads = 1024;
 
 struct CommonArgs {
   std::vector<std::string> plugin_paths;
@@ -66,7 +70,8 @@ struct CommonArgs {
 };
 
 struct RunArgs : CommonArgs {
-  std::string suite, filter, json, junit, html, max_memory, shard;
+  std::string suite, filter, json, junit, html;
+  std::optional<std::string> max_memory, shard;  // given (even as '') or not
   std::optional<double> timeout;
   std::optional<std::size_t> jobs;
   bool no_isolation = false;
@@ -83,7 +88,8 @@ struct PluginsArgs : CommonArgs {
 };
 
 struct ExportArgs : CommonArgs {
-  std::string suite, case_name, plugin, out, max_memory;
+  std::string suite, case_name, plugin, out;
+  std::optional<std::string> max_memory;
   std::optional<double> timeout;
   bool no_isolation = false;
 };
@@ -98,7 +104,15 @@ void add_common(CLI::App* cmd, CommonArgs& a, bool with_quiet = true) {
                   "time limit in seconds for probing each plugin library (loading it, its checks, its factory "
                   "and info(), in a child process)")
       ->type_name("SEC")
-      ->check(CLI::Range(0.01, 3600.0))
+      ->check(CLI::Validator(
+          [](std::string& text) {  // CLI::Range lets NaN through (every comparison with it is false)
+            double t = 0;
+            std::istringstream in(text);
+            if (!(in >> t) || !in.eof() || !(t >= 0.01 && t <= 3600.0))
+              return "must be a number of seconds in [0.01, 3600], got '" + text + "'";
+            return std::string();
+          },
+          "FLOAT in [0.01 - 3600]"))
       ->capture_default_str();
   CLI::Option* v = cmd->add_flag("-v,--verbose", a.verbose, "more detail (every tensor's figures); -vv: debug logs");
   if (with_quiet) {
@@ -230,11 +244,11 @@ void report_shadowed_plugins(const PluginRegistry& registry) {
 }
 
 // Refuses (ConfigError, exit 2) a case that cannot fit, before any input is made.
-void check_memory_budget(const std::vector<const CaseSpec*>& cases, const std::string& max_memory) {
+void check_memory_budget(const std::vector<const CaseSpec*>& cases, const std::optional<std::string>& max_memory) {
   std::optional<double> limit;
-  if (!max_memory.empty()) {
+  if (max_memory) {  // '' is a size too, and a wrong one
     try {
-      limit = parse_size(max_memory);
+      limit = parse_size(*max_memory);
     } catch (const std::invalid_argument& e) {
       throw std::invalid_argument(std::string("--max-memory: ") + e.what());
     }
@@ -243,7 +257,7 @@ void check_memory_budget(const std::vector<const CaseSpec*>& cases, const std::s
   check_memory(cases, budget.bytes, budget.source);
 }
 
-void add_max_memory(CLI::App* cmd, std::string& value) {
+void add_max_memory(CLI::App* cmd, std::optional<std::string>& value) {
   cmd->add_option("--max-memory", value,
                   "refuse (exit 2) a case whose estimated memory (inputs, outputs, gradients, score buffers) "
                   "exceeds SIZE, like 4G or 512M (default: the machine's physical memory)")
@@ -265,11 +279,14 @@ CLI::Validator timeout_check() {
 // --json, --junit, --html (each when given); false (said) when one cannot be written.
 bool write_reports(const SuiteResult& result, const std::string& json, const std::string& junit,
                    const std::string& html) {
-  try {
+  try {  // every report rendered, then all written or none
+    std::vector<std::pair<fs::path, std::string>> files;
     if (!json.empty())
-      write_report(json, json_report(result).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
-    if (!junit.empty()) write_report(junit, junit_report(result));
-    if (!html.empty()) write_report(html, html_report(result));
+      files.emplace_back(json,
+                         json_report(result).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+    if (!junit.empty()) files.emplace_back(junit, junit_report(result));
+    if (!html.empty()) files.emplace_back(html, html_report(result));
+    write_reports_all_or_none(files);
   } catch (const std::exception& e) {
     error(e.what());
     return false;
@@ -298,12 +315,12 @@ int cmd_run(const RunArgs& a) {
     return kExitUsage;
   }
   // --shard wins over GTEST_SHARD_INDEX / GTEST_TOTAL_SHARDS (then not even read).
-  const ShardSpec shard = !a.shard.empty() ? parse_shard(a.shard) : shard_from_environment().value_or(ShardSpec{});
+  const ShardSpec shard = a.shard ? parse_shard(*a.shard) : shard_from_environment().value_or(ShardSpec{});
   if (a.no_isolation && a.jobs.value_or(1) > 1)
     throw std::invalid_argument("-j " + std::to_string(*a.jobs) +
                                 " needs isolation: --no-isolation runs every case in this process, one at a time");
   check_memory_budget(selected, a.max_memory);
-  check_outputs(report_outputs(a.json, a.junit, a.html), input_files(suite, selected));
+  check_outputs(report_outputs(a.json, a.junit, a.html), run_reads(suite, selected));
   // Only the plugins the selected cases name are loaded into this process.
   PluginRegistry registry = probed_registry(a);
   registry.load(plugins_named_by(selected));
@@ -313,6 +330,7 @@ int cmd_run(const RunArgs& a) {
   if (report_missing_plugins(selected, registry, search_path(a))) return kExitPlugin;
   report_shadowed_plugins(registry);
   check_capabilities(selected, registry);
+  check_goldens(selected, registry);
   if (a.no_isolation && a.timeout)
     logging::runner()->warn("--timeout has no effect with --no-isolation (plugins run in this process)");
 
@@ -388,8 +406,8 @@ void add_run_command(CLI::App& app, int& exit_code) {
 int cmd_merge(const MergeArgs& a) {
   if (a.quiet) logging::set_level(spdlog::level::err);
   std::vector<fs::path> files(a.reports.begin(), a.reports.end());
-  std::vector<std::pair<std::string, fs::path>> inputs;
-  for (const auto& f : files) inputs.emplace_back("a shard report", f);
+  std::vector<ReadPath> inputs;
+  for (const auto& f : files) inputs.push_back({"a shard report", f, false});
   check_outputs(report_outputs(a.json, a.junit, a.html), inputs);
   const SuiteResult result = merge_shard_reports(files);
   std::vector<const CaseSpec*> specs;
@@ -451,7 +469,7 @@ int cmd_plugins(const PluginsArgs& a) {
                               {"version", p->info.version},
                               {"abi", p->abi_version},
                               {"description", p->info.description},
-                              {"capabilities", capabilities_str(c)},
+                              {"capabilities", capability_names(c)},
                               {"mutant", p->info.mutant},
                               {"file", p->file.string()}});
     }
@@ -584,12 +602,14 @@ int cmd_export(const ExportArgs& a) {
 
   load_case_files(c);
   const CaseInputs inputs = make_inputs(c);
+  const std::vector<ReadPath> reads = run_reads(suite, {found});
+  check_output_folder("--out", a.out, reads);
   if (fs::is_directory(a.out)) {  // a folder made here holds no input
     std::vector<std::pair<std::string, fs::path>> outputs;
     for (const auto& nt : input_tensors(inputs)) outputs.emplace_back("--out", fs::path(a.out) / (nt.name + ".npy"));
     for (const auto& name : tensor_names(c)) outputs.emplace_back("--out", fs::path(a.out) / (name + ".npy"));
     outputs.emplace_back("--out", fs::path(a.out) / "suite.yaml");
-    check_outputs(outputs, input_files(suite, {found}));
+    check_outputs(outputs, reads);
   }
   ExecOptions exec;
   exec.isolate = !a.no_isolation;
@@ -678,6 +698,18 @@ int main(int argc, char** argv) {
   add_merge_command(app, exit_code);
   headgrad::bench::add_bench_command(app, exit_code);
   headgrad::templates::add_new_plugin_command(app, exit_code);
+
+  // Read by the core's pool and the BLAS, which would each take anything: checked once, here.
+  if (const char* env = std::getenv("HEADGRAD_NUM_THREADS"); env && *env) {
+    const std::string text = env;
+    const bool digits = text.size() <= 6 && text.find_first_not_of("0123456789") == std::string::npos;
+    const long n = digits ? std::stol(text) : 0;
+    if (n < 1 || n > kMaxThreads) {
+      error("HEADGRAD_NUM_THREADS=" + text.substr(0, 40) + ": expected a whole number of threads in [1, " +
+            std::to_string(kMaxThreads) + "]");
+      return kExitUsage;
+    }
+  }
 
   try {
     app.parse(argc, argv);

@@ -195,7 +195,8 @@ CaseResult worker_result(const Worker& w, const CaseSpec& spec, std::string& thr
     return worker_error(spec, thrown);
   }
   try {
-    return case_result_from_json(nlohmann::json::from_cbor(message.substr(1)), &spec);
+    return case_result_from_json(nlohmann::json::from_cbor(message.substr(1)), &spec,
+                                 "the result of case '" + spec.name + "'");
   } catch (const std::exception& e) {
     return worker_error(spec, std::string("the process running this case sent a malformed result (") + e.what() + ")");
   }

@@ -7,52 +7,6 @@
 
 namespace headgrad::runner {
 
-namespace {
-
-std::string kv(const char* key, std::int64_t value) { return std::string(key) + "=" + std::to_string(value); }
-
-}  // namespace
-
-std::string describe_index(Level level, std::string_view tensor, const Shape& shape,
-                           std::span<const std::int64_t> index, std::int64_t heads) {
-  const std::size_t n = index.size();
-  if (n != shape.size() || n == 0) return shape_str(index);
-  if (level == Level::mha) {
-    // dwq, dwk, dwv [heads*d, D] are cut by rows; out, dx [B, T, D] and dwo [D, H*d] by columns
-    const bool by_rows = (tensor == "dwq" || tensor == "dwk" || tensor == "dwv") && n == 2;
-    const std::int64_t dm = by_rows ? shape[0] : shape.back();
-    const std::int64_t d = heads > 0 && dm % heads == 0 ? dm / heads : dm;
-    if ((tensor == "out" || tensor == "dx") && n == 3)
-      return kv("b", index[0]) + ", " + kv("t", index[1]) + ", " + kv("head", index[2] / d) + ", " +
-             kv("ch", index[2] % d);
-    if ((tensor == "dwq" || tensor == "dwk" || tensor == "dwv") && n == 2)
-      return kv("head", index[0] / d) + ", " + kv("row", index[0] % d) + ", " + kv("in", index[1]);
-    if (tensor == "dwo" && n == 2)
-      return kv("out", index[0]) + ", " + kv("head", index[1] / d) + ", " + kv("col", index[1] % d);
-    // biases: bq, bk, bv [heads*d] by head as their weights' rows; bo [D] by output feature
-    if ((tensor == "dbq" || tensor == "dbk" || tensor == "dbv") && n == 1) {
-      const std::int64_t hd = heads > 0 && shape[0] % heads == 0 ? shape[0] / heads : shape[0];
-      return kv("head", index[0] / hd) + ", " + kv("row", index[0] % hd);
-    }
-    if (tensor == "dbo" && n == 1) return kv("out", index[0]);
-    return shape_str(index);
-  }
-  // core: [..., T, d] with [B, H] leading when 4-D
-  if (n < 2) return shape_str(index);
-  std::string s;
-  if (n == 4) {
-    s = kv("b", index[0]) + ", " + kv("h", index[1]) + ", ";
-  } else {
-    for (std::size_t i = 0; i + 2 < n; ++i) {  // leading dims by position: "i0=.., i1=.."
-      std::string key = "i";
-      key += std::to_string(i);
-      s += kv(key.c_str(), index[i]) + ", ";
-    }
-  }
-  const char* pos = tensor == "dk" || tensor == "dv" ? "k" : "q";
-  return s + kv(pos, index[n - 2]) + ", " + kv("ch", index[n - 1]);
-}
-
 TensorComparison compare_tensor(const std::string& name, const Tensor& lhs, const Tensor& rhs,
                                 Tolerance tol, Level level, std::int64_t heads) {
   TensorComparison cmp;
@@ -110,14 +64,11 @@ TensorComparison compare_tensor(const std::string& name, const Tensor& lhs, cons
 std::vector<TensorComparison> compare_sets(const TensorSet& lhs, const TensorSet& rhs, const CaseSpec& c,
                                            const std::string& lhs_label, const std::string& rhs_label) {
   std::vector<TensorComparison> out;
-  const std::int64_t heads = c.dims.H;
   for (const auto& name : c.check) {
     const Tensor* a = find_tensor(lhs, name);
     const Tensor* b = find_tensor(rhs, name);
-    // dwk and dwv have one row block per kv head
-    const bool kv = c.level == Level::mha && (name == "dwk" || name == "dwv" || name == "dbk" || name == "dbv");
     TensorComparison cmp = compare_tensor(name, a ? *a : Tensor(), b ? *b : Tensor(), c.tolerance_for(name),
-                                          c.level, kv ? c.dims.kv_heads() : heads);
+                                          c.level, head_blocks(c, name));
     if (cmp.problem == "missing") {
       const bool left = !a || !a->defined();
       const bool right = !b || !b->defined();
@@ -142,23 +93,20 @@ double rounding_floor(const Tensor& golden, DType dtype) {
 
 namespace {
 
-// The sequence axis of a tensor (and its head axis, -1 if none), by level and
-// name: mha out, dx [B, T, D] (D mixes heads after Wo: none); core and rope
-// tensors and the taps [B, H, T, d] or [B, T, d]; weight gradients: no axis.
+// The sequence axis of a tensor (and its head axis, -1 if none) from the axes
+// table: out, dx [B, T, D] (D mixes heads after Wo: no head axis); core and
+// rope tensors and the taps [B, H, T, d] or [B, T, d]; weight gradients: none.
 struct ProfileAxes {
   std::int64_t axis = -1, head_axis = -1;
-  const char* name = "";
+  std::string name;
 };
-ProfileAxes profile_axes(Level level, std::string_view name, std::int64_t ndim) {
-  const bool tap = name == "q_rot" || name == "k_rot";
-  if (level == Level::mha && !tap) {
-    if ((name == "out" || name == "dx") && ndim == 3) return {1, -1, "t"};
-    return {};
-  }
-  if (ndim < 2) return {};
-  const bool keys = name == "dk" || name == "dv" || name == "k_rot";
-  const char* axis_name = level != Level::core ? "t" : keys ? "k" : "q";
-  return {ndim - 2, ndim == 4 ? 1 : -1, axis_name};
+ProfileAxes profile_axes(Level level, std::string_view name, const Shape& shape) {
+  const TensorAxes axes = axes_of(level, name, shape, 0);
+  const auto pos = axes.find(AxisRole::position);
+  if (!pos) return {};
+  const auto head = axes.find(AxisRole::head);
+  const bool one_per_head = head && axes.dims[*head].role == AxisRole::head;
+  return {static_cast<std::int64_t>(*pos), one_per_head ? static_cast<std::int64_t>(*head) : -1, axes.dims[*pos].key};
 }
 
 // max |a - g| per index of `axis` (and per (head, position) when head_axis >= 0).
@@ -257,7 +205,7 @@ void judge_by_baseline(TensorComparison& cmp, const std::vector<JudgedSide>& sid
   }
   cmp.mismatched = mismatched;
   cmp.allclose = !shown.empty() && mismatched == 0;
-  const ProfileAxes axes = profile_axes(level, cmp.name, static_cast<std::int64_t>(cmp.shape.size()));
+  const ProfileAxes axes = profile_axes(level, cmp.name, cmp.shape);
   if (axes.axis >= 0 && !shown.empty()) {
     b.position_axis = axes.name;
     fill_profiles(shown, g, cmp.shape, axes.axis, axes.head_axis, b.err_by_position, &b.err_by_head_position);
@@ -266,19 +214,5 @@ void judge_by_baseline(TensorComparison& cmp, const std::vector<JudgedSide>& sid
   cmp.baseline = std::move(b);
 }
 
-std::optional<ElementRef> first_non_finite(const Tensor& t, Level level, std::string_view name,
-                                           std::int64_t heads) {
-  if (!t.defined() || t.dtype() == DType::boolean) return std::nullopt;
-  const std::vector<double> v = t.to_vector();
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    if (std::isfinite(v[i])) continue;
-    ElementRef e;
-    e.index = unravel_index(static_cast<std::int64_t>(i), t.shape());
-    e.where = describe_index(level, name, t.shape(), e.index, heads);
-    e.lhs = v[i];
-    return e;
-  }
-  return std::nullopt;
-}
 
 }  // namespace headgrad::runner

@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "case/axes.hpp"
 #include "case/inputs.hpp"
 #include "case/suite.hpp"
 
@@ -33,11 +34,6 @@ namespace headgrad::runner {
 // online softmax rounds differently), the mutants 1.8e6 and more.
 inline constexpr double kAsAccurateRatio = 2;
 
-struct ElementRef {
-  Shape index;        // row-major index into the tensor
-  std::string where;  // the index in the tensor's terms
-  double lhs = 0, rhs = 0;
-};
 
 // One tensor judged by relative_to_baseline (suite.hpp): each side against
 // the golden (the oracle in float64), bounded by the oracle's own error in
@@ -76,10 +72,6 @@ struct TensorComparison {
   std::optional<BaselineCheck> baseline;
 };
 
-// `heads` is H (mha level; used to name head blocks; Hkv for dwk and dwv), ignored at core level.
-std::string describe_index(Level level, std::string_view tensor, const Shape& shape,
-                           std::span<const std::int64_t> index, std::int64_t heads);
-
 TensorComparison compare_tensor(const std::string& name, const Tensor& lhs, const Tensor& rhs,
                                 Tolerance tol, Level level, std::int64_t heads);
 
@@ -103,8 +95,5 @@ struct JudgedSide {
 void judge_by_baseline(TensorComparison& cmp, const std::vector<JudgedSide>& sides, const Tensor& golden,
                        const Tensor& baseline, double k, DType dtype, Level level);
 
-// The first NaN or Inf of `t` in row-major order, if any (lhs holds its value).
-std::optional<ElementRef> first_non_finite(const Tensor& t, Level level, std::string_view name,
-                                           std::int64_t heads);
 
 }  // namespace headgrad::runner

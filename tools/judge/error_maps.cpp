@@ -1,5 +1,7 @@
 #include "judge/error_maps.hpp"
 
+#include "case/axes.hpp"
+
 #include <algorithm>
 #include <cmath>
 
@@ -36,37 +38,41 @@ ErrorMap downsample(std::string title, std::int64_t rows, std::int64_t cols, con
   return m;
 }
 
+// The maps of one tensor, cut by what its dims mean (case/axes.hpp).
 void cut(TensorErrorMaps& out, const CaseSpec& spec, const std::string& name, const Shape& shape,
          const std::vector<double>& diff) {
-  if (spec.level == Level::mha && shape.size() == 3) {  // out, dx [B, T, D]
-    const std::int64_t B = shape[0], T = shape[1], D = shape[2], H = spec.dims.H;
-    const std::int64_t d = (H > 1 && D % H == 0) ? D / H : 0;
+  const TensorAxes axes = axes_of(spec.level, name, shape, head_blocks(spec, name));
+  const auto& dims = axes.dims;
+  auto role = [&](std::size_t i) { return i < dims.size() ? dims[i].role : AxisRole::leading; };
+  if (dims.size() == 3 && role(0) == AxisRole::batch && role(1) == AxisRole::position &&
+      role(2) == AxisRole::heads) {  // out, dx [B, T, D]: D packs the heads
+    const std::int64_t B = shape[0], T = shape[1], D = shape[2], block = dims[2].block;
+    const std::int64_t d = D / block > 1 ? block : 0;  // one head: no head lines
     out.batches = B;
-    out.axes = "rows: positions t; columns: heads &times; channels (d = " + std::to_string(d > 0 ? d : D) + ")";
+    out.axes = "rows: positions t; columns: heads × channels (d = " + std::to_string(block) + ")";
     for (std::int64_t b = 0; b < std::min(B, kMaxMapBatch); ++b) {
       const std::vector<double> slice(diff.begin() + b * T * D, diff.begin() + (b + 1) * T * D);
       out.maps.push_back(downsample("b=" + std::to_string(b), T, D, slice, 0, d, true));
     }
-  } else if (spec.level == Level::mha && shape.size() == 2) {  // dW [D, D]
-    const bool cols = name == "dwo";
-    const bool kv = name == "dwk" || name == "dwv";  // [Hkv*d, D]: one row block per kv head
-    const std::int64_t R = shape[0], C = shape[1], H = kv ? spec.dims.kv_heads() : spec.dims.H;
-    const std::int64_t n = cols ? C : R;
-    const std::int64_t d = (H > 1 && n % H == 0) ? n / H : 0;
-    out.axes = cols ? "rows: output features; columns: input features, head h owns columns [h&middot;d, (h+1)&middot;d)"
-                    : "rows: output features, head h owns rows [h&middot;d, (h+1)&middot;d); columns: input features";
+  } else if (dims.size() == 2 && (role(0) == AxisRole::heads || role(1) == AxisRole::heads)) {  // weight gradients
+    const bool cols = role(1) == AxisRole::heads;  // dwo [D, H*d]; else dwq [H*d, D], dwk, dwv [Hkv*d, D]
+    const std::int64_t R = shape[0], C = shape[1], block = dims[cols ? 1 : 0].block;
+    const std::int64_t d = (cols ? C : R) / block > 1 ? block : 0;
+    out.axes = cols ? "rows: output features; columns: input features, head h owns columns [h·d, (h+1)·d)"
+                    : "rows: output features, head h owns rows [h·d, (h+1)·d); columns: input features";
     out.maps.push_back(downsample("", R, C, diff, cols ? 0 : d, cols ? d : 0, false));
-  } else if (spec.level == Level::mha && shape.size() == 1) {  // biases: one row
-    const bool kv = name == "dbk" || name == "dbv";  // [Hkv*d]
-    const std::int64_t n = shape[0], H = name == "dbo" ? 1 : kv ? spec.dims.kv_heads() : spec.dims.H;
-    const std::int64_t d = (H > 1 && n % H == 0) ? n / H : 0;
-    out.axes = name == "dbo" ? "one row: output features"
-                             : "one row: output features, head h owns entries [h&middot;d, (h+1)&middot;d)";
+  } else if (dims.size() == 1 && (role(0) == AxisRole::heads || role(0) == AxisRole::features)) {  // biases: one row
+    const bool heads = role(0) == AxisRole::heads;  // dbq [H*d], dbk, dbv [Hkv*d]; else dbo [D]
+    const std::int64_t n = shape[0], block = dims[0].block;
+    const std::int64_t d = heads && n / block > 1 ? block : 0;
+    out.axes = heads ? "one row: output features, head h owns entries [h·d, (h+1)·d)" : "one row: output features";
     out.maps.push_back(downsample("", 1, n, diff, 0, d, false));
-  } else if (spec.level == Level::core && shape.size() == 4) {  // [B, H, T, c]
+  } else if (dims.size() == 4 && role(0) == AxisRole::batch && role(1) == AxisRole::head &&
+             role(2) == AxisRole::position) {  // [B, H, T, c]
     const std::int64_t B = shape[0], H = shape[1], T = shape[2], c = shape[3];
+    const std::string& pos = dims[2].key;
     out.batches = B;
-    out.axes = std::string("rows: ") + (name == "dk" || name == "dv" ? "key positions" : "query positions") +
+    out.axes = std::string("rows: ") + (pos == "k" ? "key positions" : pos == "q" ? "query positions" : "positions t") +
                "; columns: heads side by side, channels within each";
     for (std::int64_t b = 0; b < std::min(B, kMaxMapBatch); ++b) {
       std::vector<double> v(static_cast<std::size_t>(T * H * c));

@@ -42,7 +42,7 @@ struct TensorErrorMaps {
   bool allclose = true;
   double vmax = 0;          // max |a - b| over the finite elements
   bool non_finite = false;  // a side is NaN or Inf somewhere
-  std::string axes;         // what rows and columns are, in words (HTML)
+  std::string axes;         // what rows and columns are, in words (plain text: the HTML escapes it)
   std::int64_t batches = 0; // batch items of the tensor (maps show kMaxMapBatch at most)
   std::vector<ErrorMap> maps;
 };

@@ -2,30 +2,30 @@
 
 namespace headgrad::runner {
 
-std::string oracle_name(const CaseSpec& c, const PluginRegistry& registry) {
-  return registry.find("per_head") ? std::string("per_head") : c.compare.at(0);
+std::string oracle_name(const CaseSpec&, const PluginRegistry&) { return "per_head"; }
+
+std::string missing_golden(const CaseSpec& c, const PluginRegistry& registry) {
+  if (!c.relative_rule() || (c.files && !c.files->golden.empty()) || registry.find("per_head")) return "";
+  return "case '" + c.name + "' (" + std::string(dtype_name(c.dtype)) +
+         ", judged relative_to_baseline) has no golden: the oracle per_head is not loaded" +
+         (c.is_reference() ? " and the reference " + c.reference_text + " has no golden/ folder" : "") +
+         "; a compared plugin's own float64 run would make the side under test its own judge. Put per_head on "
+         "the plugin path (--plugin-path), " +
+         (c.is_reference() ? "give the reference a golden/ folder, " : "") + "or say tolerance: {rule: allclose}";
+}
+
+void check_goldens(const std::vector<const CaseSpec*>& cases, const PluginRegistry& registry) {
+  for (const CaseSpec* c : cases)
+    if (const std::string problem = missing_golden(*c, registry); !problem.empty())
+      throw ConfigError(c->source, problem);
 }
 
 CaseInputs inputs_in_dtype(const CaseInputs& in, DType dtype) {
-  auto as = [&](const Tensor& t) { return t.defined() ? t.contiguous().to(dtype) : t; };
-  CaseInputs out;
-  out.level = in.level;
-  out.x = as(in.x);
-  out.wq = as(in.wq);
-  out.wk = as(in.wk);
-  out.wv = as(in.wv);
-  out.wo = as(in.wo);
-  out.bq = as(in.bq);
-  out.bk = as(in.bk);
-  out.bv = as(in.bv);
-  out.bo = as(in.bo);
-  out.q = as(in.q);
-  out.k = as(in.k);
-  out.v = as(in.v);
-  out.r = as(in.r);
-  out.mask = in.mask;            // bool
-  out.positions = in.positions;  // token positions, not values of the case's dtype
-  return out;
+  return map_inputs(in, [dtype](const InputField& field, const Tensor& t) {
+    // a mask is bool and positions are token numbers, not values of the case's dtype
+    if (field.role == InputRole::mask || field.role == InputRole::positions) return t;
+    return t.contiguous().to(dtype);
+  });
 }
 
 GoldenRun run_golden(const CaseSpec& c, const CaseInputs& in, const PluginRegistry& registry,
@@ -35,7 +35,7 @@ GoldenRun run_golden(const CaseSpec& c, const CaseInputs& in, const PluginRegist
   const LoadedPlugin* oracle = registry.find(g.oracle);
   const bool own_golden = c.files && !c.files->golden.empty();
   if (!oracle && !own_golden) {
-    g.cause = "the oracle " + g.oracle + " that computes the golden is not loaded";
+    g.cause = missing_golden(c, registry);
     g.plugin_error = true;
     return g;
   }

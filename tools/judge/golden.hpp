@@ -6,7 +6,7 @@
 //   if (!g.cause.empty()) ...                              // an oracle run failed
 //   judge_sides(cmps, c, g, lhs, rhs, "per_head", "batched");
 //
-// The oracle is per_head when it is loaded, else the case's first plugin. A
+// The oracle is per_head; a case without it (and without golden/) is refused. A
 // reference directory with a golden/ folder brings its own pair instead: the
 // golden is golden/'s float64 tensors and the baseline the directory's tensors
 // in the case's dtype (the same math in both precisions; no oracle runs).
@@ -35,8 +35,15 @@ struct GoldenRun {
   bool plugin_error = false;     // that run could not run at all (exit code 3)
 };
 
-// per_head when loaded, else c.compare[0].
+// per_head: never one of the compared plugins in its place (the side under
+// test would judge itself).
 std::string oracle_name(const CaseSpec& c, const PluginRegistry& registry);
+
+// Why a case judged relative_to_baseline has no golden (per_head not loaded,
+// and no reference golden/ folder), naming what is missing; empty when it has one.
+std::string missing_golden(const CaseSpec& c, const PluginRegistry& registry);
+// ConfigError (exit 2) at the first such case, before any case runs.
+void check_goldens(const std::vector<const CaseSpec*>& cases, const PluginRegistry& registry);
 
 // The same values in `dtype`, contiguous (a float32 input is exact in float64).
 CaseInputs inputs_in_dtype(const CaseInputs& in, DType dtype);

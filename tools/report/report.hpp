@@ -11,6 +11,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <stdexcept>
 #include <filesystem>
 #include <functional>
 #include <ostream>
@@ -59,29 +61,53 @@ void print_case(std::ostream& os, const CaseResult& r, const TerminalStyle& styl
 void print_summary(std::ostream& os, const SuiteResult& result, const TerminalStyle& style);
 
 // ---- files ----
-// Every case, every tensor's figures and verdicts, timings, causes. Numbers
-// that are not finite (NaN, Inf) are written as null.
-nlohmann::json json_report(const SuiteResult& result);
-// One case as json_report writes it; exact keeps NaN and Inf as numbers (for
-// a binary encoding such as CBOR: JSON text cannot hold them).
+// The JSON report's schema (report_json.cpp): each struct's fields are listed
+// once, for writing and reading alike. Every case, every tensor's figures and
+// verdicts, timings, causes. Numbers that are not finite (NaN, Inf) are
+// written as null (read back as NaN) unless `exact`, which keeps them as
+// numbers, for a binary encoding such as CBOR (what a -j worker sends).
+nlohmann::json json_report(const SuiteResult& result, bool exact = false);
 nlohmann::json case_report_json(const CaseResult& r, bool exact = false);
-// The reverse, for merging shard reports and for -j workers' results:
-// the case as the reports need it (no tensors, no files). `spec` given: the
-// case's spec is that one (a -j worker's case), else read from the JSON.
-// Throws std::invalid_argument naming the key that is missing or wrong.
-CaseResult case_result_from_json(const nlohmann::json& j, const CaseSpec* spec = nullptr);
+
+// A report (or a -j worker's result) that is not what headgrad writes, as
+// "SOURCE: $.cases[1].error_maps[0].cells: expected 12 numbers (cell_rows x
+// cell_cols), got 4": the source, the JSON path and what was expected (exit 2).
+class ReportError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+// The reverse of case_report_json, every value's type and range checked
+// (ReportError naming `source` and the path): the case as the reports need it
+// (no tensors, no files). `spec` given: the case's spec is that one (a -j
+// worker's case; the JSON's is still checked), else the one read.
+CaseResult case_result_from_json(const nlohmann::json& j, const CaseSpec* spec = nullptr,
+                                 const std::string& source = "the case's result");
+// The reverse of json_report, checked the same way; shard, case_indices and
+// identity as the report holds them (not checked against each other: merge does).
+SuiteResult suite_result_from_json(const nlohmann::json& j, const std::string& source);
 
 // ---- merging shard reports (headgrad merge) ----
-// A report that cannot be merged: names the file and why (exit 2).
+// Shards that cannot be merged (inconsistent with each other or with their
+// identity): names the file and why (exit 2).
 class MergeError : public std::invalid_argument {
  public:
   using std::invalid_argument::invalid_argument;
 };
+// The largest report merge reads: far above a real suite's report, far below
+// what a hostile one could make it allocate.
+inline constexpr std::uintmax_t kMaxReportBytes = std::uintmax_t{256} << 20;
+// One report file parsed, read only if it is a regular file (a fifo or a
+// folder is refused with the reason) of at most kMaxReportBytes; ReportError
+// naming the file otherwise, or when it is no JSON.
+nlohmann::json read_report_file(const std::filesystem::path& file);
 // The JSON reports of shards 1/N .. N/N of one suite, as one result in suite
 // order (shard 1/1, every case; seconds: the shards' sum), whose json_report
-// equals the unsharded run's apart from timings. MergeError for a file that is
-// no report, shards of different suites (identity) or counts, a missing or
-// duplicated shard.
+// equals the unsharded run's apart from timings. Every file is read and
+// checked before anything is returned: ReportError for a file that is no
+// report or holds a wrong value; MergeError for shards of different suites
+// (identity) or counts, a missing or duplicated shard, case indices that are
+// not the shard's, a case that is not the one its index names in the
+// identity (case_hashes).
 SuiteResult merge_shard_reports(const std::vector<std::filesystem::path>& files);
 
 // A <testcase> per case; <failure> (a mismatch, NaN, an unexpected pass) or
@@ -108,17 +134,12 @@ std::string text_replaced_note(std::size_t count);
 // reader never sees a half-written file, and two runs never interleave.
 // Throws std::runtime_error naming the file when it cannot be written.
 void write_report(const std::filesystem::path& file, const std::string& text);
+// Several reports of one run: each text staged in its temporary file first,
+// then all renamed into place, so that a failure to write one leaves every
+// file as it was (the renames, in one folder each, are what can still fail).
+void write_reports_all_or_none(const std::vector<std::pair<std::filesystem::path, std::string>>& files);
 // The same for any writer: `write` fills the temporary path it is given.
 void write_file_atomically(const std::filesystem::path& file,
                            const std::function<void(const std::filesystem::path&)>& write);
-
-// Up front, before any case runs: std::invalid_argument (exit 2) for an
-// output whose folder does not exist, that is a folder, that is one of the
-// `inputs`, or that another output also writes. Each pair is {option or role, path}.
-void check_outputs(const std::vector<std::pair<std::string, std::filesystem::path>>& outputs,
-                   const std::vector<std::pair<std::string, std::filesystem::path>>& inputs);
-// The files a run reads: the suite, the cases' mask files and reference files.
-std::vector<std::pair<std::string, std::filesystem::path>> input_files(const Suite& suite,
-                                                                       const std::vector<const CaseSpec*>& cases);
 
 }  // namespace headgrad::runner

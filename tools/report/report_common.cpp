@@ -252,23 +252,36 @@ std::string xml_escape(std::string_view text) {
   return out;
 }
 
-void write_file_atomically(const fs::path& file, const std::function<void(const fs::path&)>& write) {
-  // A temporary name in the same folder (so rename is atomic), created
-  // exclusively so two runs never share one; the umask applies as to the file.
+namespace {
+
+// A temporary name in the same folder as `file` (so rename is atomic), created
+// exclusively so two runs never share one; the umask applies as to the file.
+fs::path create_temporary(const fs::path& file) {
   static std::atomic<unsigned> counter{0};
   const fs::path folder = file.parent_path().empty() ? fs::path(".") : file.parent_path();
-  fs::path tmp;
   for (int attempt = 0;; ++attempt) {
-    tmp = folder / ("." + file.filename().string() + ".tmp." + std::to_string(::getpid()) + "." +
-                    std::to_string(counter++));
+    fs::path tmp = folder / ("." + file.filename().string() + ".tmp." + std::to_string(::getpid()) + "." +
+                             std::to_string(counter++));
     const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd >= 0) {
       ::close(fd);
-      break;
+      return tmp;
     }
     if (errno != EEXIST || attempt > 100)
       throw std::runtime_error("cannot write " + file.string() + ": " + std::strerror(errno));
   }
+}
+
+void write_text(const fs::path& tmp, const fs::path& file, const std::string& text) {
+  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+  if (out) out << text;
+  if (!out || !out.flush()) throw std::runtime_error("cannot write " + file.string() + ": " + std::strerror(errno));
+}
+
+}  // namespace
+
+void write_file_atomically(const fs::path& file, const std::function<void(const fs::path&)>& write) {
+  const fs::path tmp = create_temporary(file);
   try {
     write(tmp);
     std::error_code ec;
@@ -281,58 +294,35 @@ void write_file_atomically(const fs::path& file, const std::function<void(const 
   }
 }
 
+void write_reports_all_or_none(const std::vector<std::pair<fs::path, std::string>>& files) {
+  std::vector<fs::path> staged;
+  auto drop_staged = [&] {
+    std::error_code ignored;
+    for (const auto& tmp : staged) fs::remove(tmp, ignored);
+  };
+  try {
+    for (const auto& [file, text] : files) {
+      staged.push_back(create_temporary(file));
+      write_text(staged.back(), file, text);
+    }
+  } catch (...) {
+    drop_staged();
+    throw;
+  }
+  // Every file staged: the renames, each atomic, are all that is left.
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    std::error_code ec;
+    fs::rename(staged[i], files[i].first, ec);
+    if (ec) {
+      staged.erase(staged.begin(), staged.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+      drop_staged();
+      throw std::runtime_error("cannot write " + files[i].first.string() + ": " + ec.message());
+    }
+  }
+}
+
 void write_report(const fs::path& file, const std::string& text) {
-  write_file_atomically(file, [&](const fs::path& tmp) {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (out) out << text;
-    if (!out || !out.flush())
-      throw std::runtime_error("cannot write " + file.string() + ": " + std::strerror(errno));
-  });
-}
-
-namespace {
-
-// Both name the same file (one may not exist yet).
-bool same_file(const fs::path& a, const fs::path& b) {
-  std::error_code ec;
-  if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec);
-  return fs::weakly_canonical(fs::absolute(a, ec), ec) == fs::weakly_canonical(fs::absolute(b, ec), ec);
-}
-
-}  // namespace
-
-void check_outputs(const std::vector<std::pair<std::string, fs::path>>& outputs,
-                   const std::vector<std::pair<std::string, fs::path>>& inputs) {
-  for (std::size_t i = 0; i < outputs.size(); ++i) {
-    const auto& [option, file] = outputs[i];
-    const std::string what = option + " " + file.string();
-    const fs::path folder = file.parent_path().empty() ? fs::path(".") : file.parent_path();
-    std::error_code ec;
-    if (!fs::is_directory(folder, ec))
-      throw std::invalid_argument(what + ": the folder " + folder.string() + " does not exist");
-    if (fs::is_directory(file, ec)) throw std::invalid_argument(what + ": is a folder, not a file");
-    for (const auto& [role, input] : inputs)
-      if (same_file(file, input))
-        throw std::invalid_argument(what + ": is " + role + " " + input.string() +
-                                    ", an input of this run; it would be overwritten");
-    for (std::size_t j = 0; j < i; ++j)
-      if (same_file(file, outputs[j].second))
-        throw std::invalid_argument(what + ": " + outputs[j].first + " writes the same file");
-  }
-}
-
-std::vector<std::pair<std::string, fs::path>> input_files(const Suite& suite,
-                                                          const std::vector<const CaseSpec*>& cases) {
-  std::vector<std::pair<std::string, fs::path>> out = {{"the suite", suite.file}};
-  for (const CaseSpec* c : cases) {
-    if (!c->mask_file.empty()) out.emplace_back("the mask file of case '" + c->name + "'", c->mask_file);
-    if (!c->is_reference()) continue;
-    std::error_code ec;
-    for (const auto& entry : fs::directory_iterator(c->reference, ec))
-      if (entry.is_regular_file(ec))
-        out.emplace_back("a reference file of case '" + c->name + "'", entry.path());
-  }
-  return out;
+  write_file_atomically(file, [&](const fs::path& tmp) { write_text(tmp, file, text); });
 }
 
 }  // namespace headgrad::runner

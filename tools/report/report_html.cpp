@@ -38,6 +38,7 @@ std::string fmt(double x, const char* f = "%.1f") {
 // ---- heatmaps (data: error_maps.hpp) ----
 
 constexpr double kLeft = 34, kTop = 18;  // room for the labels
+constexpr std::int64_t kMaxDrawnHeads = 1024;
 
 // White -> red -> dark red.
 std::string color(double t) {
@@ -68,6 +69,7 @@ std::string svg_map(const ErrorMap& m, double vmax) {
   const double cell = (gr <= 24 && gc <= 24) ? 14 : 11;
   const double W = kLeft + gc * cell + 4, Hh = kTop + gr * cell + 4;
   const bool tips = gr * gc <= 1024;
+  if (gr < 1 || gc < 1 || m.cells.size() != static_cast<std::size_t>(gr * gc)) return "";  // as the reader checks
   std::string s = "<svg width=\"" + fmt(W, "%.0f") + "\" height=\"" +
                   fmt(Hh, "%.0f") + "\" viewBox=\"0 0 " + fmt(W, "%.0f") + " " + fmt(Hh, "%.0f") +
                   "\" font-family=\"monospace\" font-size=\"10\">\n";
@@ -88,7 +90,9 @@ std::string svg_map(const ErrorMap& m, double vmax) {
   const double gw = gc * cell, gh = gr * cell;
   s += "<rect x=\"" + fmt(kLeft) + "\" y=\"" + fmt(kTop) + "\" width=\"" + fmt(gw) + "\" height=\"" + fmt(gh) +
        "\" fill=\"none\" stroke=\"#999\" stroke-width=\"1\"/>\n";
-  if (m.col_block > 0 && m.col_block < m.cols) {
+  // Head separators and labels only for a count a page can show (a report
+  // read back may claim any block size: the output must not grow with it).
+  if (m.col_block > 0 && m.col_block < m.cols && m.cols / m.col_block <= kMaxDrawnHeads) {
     const std::int64_t heads = m.cols / m.col_block;
     const double bpx = static_cast<double>(m.col_block) * cell / fc;
     for (std::int64_t h = 1; h < heads; ++h) {
@@ -101,7 +105,7 @@ std::string svg_map(const ErrorMap& m, double vmax) {
       s += "<text x=\"" + fmt(kLeft + (h + 0.5) * bpx) + "\" y=\"" + fmt(kTop - 5) +
            "\" text-anchor=\"middle\" fill=\"#1f3f8f\">h" + std::to_string(h) + "</text>\n";
   }
-  if (m.row_block > 0 && m.row_block < m.rows) {
+  if (m.row_block > 0 && m.row_block < m.rows && m.rows / m.row_block <= kMaxDrawnHeads) {
     const std::int64_t heads = m.rows / m.row_block;
     const double bpx = static_cast<double>(m.row_block) * cell / fr;
     for (std::int64_t h = 1; h < heads; ++h) {
@@ -126,13 +130,14 @@ std::string svg_map(const ErrorMap& m, double vmax) {
 std::string heatmaps(const CaseResult& r) {
   std::string h;
   for (const TensorErrorMaps& t : r.error_maps) {
+    if (t.maps.empty()) continue;  // never written so; the report reader refuses it too
     const std::int64_t fr = t.maps[0].row_step, fc = t.maps[0].col_step;
     h += "<figure class=\"tensor\"><figcaption><b>" + esc(t.tensor) + "</b> " + esc(shape_str(t.shape)) +
          " &middot; |" + esc(r.lhs_label) + " &minus; " + esc(r.rhs_label) + "| &middot; <span class=\"scale\">" +
          "0 <span class=\"bar\"></span> " + format_figure(t.vmax) + "</span> max |&Delta;| = <b>" +
          format_figure(t.vmax) + "</b>" + (t.allclose ? " (within tolerance)" : "") +
          (t.non_finite ? " &middot; <span style=\"color:#2f5fd0\">blue: not finite</span>" : "") + "<br><small>" +
-         t.axes;
+         esc(t.axes);
     if (fr > 1 || fc > 1)
       h += "; downsampled: each cell is the max over " + std::to_string(fr) + "&times;" + std::to_string(fc) +
            " elements";

@@ -1,12 +1,15 @@
-// Reading the JSON report back (report_json.cpp writes it): a case for the
-// reports, and the shards of one suite merged into one result.
-#include <algorithm>
-#include <cmath>
-#include <fstream>
-#include <initializer_list>
-#include <limits>
+// headgrad merge: the shard reports of one suite read (bounded, every field
+// checked by the schema in report_json.cpp), checked against each other and
+// against their identity, and joined into one result in suite order.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <map>
-#include <sstream>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -18,363 +21,197 @@ namespace {
 
 using nlohmann::json;
 
-// The key's value; std::invalid_argument naming the key when it is absent.
-const json& at(const json& j, const char* key) {
-  if (!j.is_object() || !j.contains(key)) throw std::invalid_argument(std::string("no '") + key + "' key");
-  return j.at(key);
+std::string size_text(std::uintmax_t bytes) {
+  char buf[32];
+  if (bytes >= (std::uintmax_t{1} << 30)) std::snprintf(buf, sizeof buf, "%.1f GiB", bytes / 1073741824.0);
+  else std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / 1048576.0);
+  return buf;
 }
 
-template <class T>
-T value_of(const json& j, const char* key) {
-  try {
-    return at(j, key).get<T>();
-  } catch (const json::exception& e) {
-    throw std::invalid_argument(std::string("'") + key + "': " + e.what());
+std::string file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a fifo";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  return "not a regular file";
+}
+
+// Closes the descriptor on every path out.
+struct Fd {
+  int fd;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
   }
-}
-
-// null (a NaN or Inf in JSON text) reads as NaN.
-double number_of(const json& j) { return j.is_null() ? std::numeric_limits<double>::quiet_NaN() : j.get<double>(); }
-double number_at(const json& j, const char* key) { return number_of(at(j, key)); }
-std::vector<double> numbers_at(const json& j, const char* key) {
-  std::vector<double> v;
-  for (const auto& x : at(j, key)) v.push_back(number_of(x));
-  return v;
-}
-std::string text_or_empty(const json& j, const char* key) {
-  const json& v = at(j, key);
-  return v.is_null() ? std::string() : v.get<std::string>();
-}
-
-// The enum value whose name is `text` (the names the reports write).
-template <class E, class Name>
-E named(const json& j, const char* key, std::initializer_list<E> all, Name name) {
-  const std::string text = value_of<std::string>(j, key);
-  for (E e : all)
-    if (name(e) == text) return e;
-  throw std::invalid_argument(std::string("'") + key + "': unknown value '" + text + "'");
-}
-
-CaseStatus case_status_at(const json& j, const char* key) {
-  return named(j, key, {CaseStatus::pass, CaseStatus::fail, CaseStatus::error, CaseStatus::xfail, CaseStatus::xpass},
-               case_status_name);
-}
-
-Tolerance tolerance_of(const json& j) { return {value_of<double>(j, "atol"), value_of<double>(j, "rtol")}; }
-
-HypothesisFit fit_of(const json& f) {
-  HypothesisFit fit;
-  fit.bug = value_of<std::string>(f, "bug");
-  fit.side = value_of<std::string>(f, "side");
-  fit.worst_ratio = number_at(f, "worst_ratio");
-  fit.max_abs = number_at(f, "max_abs");
-  fit.explanation = f.value("explanation", "");  // absent from older reports
-  fit.fix = f.value("fix", "");
-  return fit;
-}
-
-Diagnosis diagnosis_of(const json& d) {
-  Diagnosis out;
-  for (const auto& f : at(d, "fits")) out.fits.push_back(fit_of(f));
-  if (d.contains("near"))
-    for (const auto& f : d.at("near")) out.near.push_back(fit_of(f));
-  out.judged_side = text_or_empty(d, "judged_side");
-  out.correct_side = text_or_empty(d, "correct_side");
-  out.ruled_out = value_of<std::vector<std::string>>(d, "ruled_out");
-  if (d.contains("evidence")) out.evidence = value_of<std::vector<std::string>>(d, "evidence");
-  out.sentence = value_of<std::string>(d, "sentence");
-  return out;
-}
-
-Localization localization_of(const json& l) {
-  Localization out;
-  for (const auto& row : at(l, "rows"))
-    out.rows.push_back({value_of<std::string>(row, "change"), value_of<std::string>(row, "shape"),
-                        case_status_at(row, "status"), number_at(row, "max_abs"), value_of<std::string>(row, "cause")});
-  out.depends_on = value_of<std::vector<std::string>>(l, "depends_on");
-  out.independent_of = value_of<std::vector<std::string>>(l, "independent_of");
-  out.sentence = value_of<std::string>(l, "sentence");
-  out.where = value_of<std::string>(l, "where");
-  for (const auto& s : at(l, "spread"))
-    out.spread.push_back({value_of<std::string>(s, "tensor"), numbers_at(s, "per_head"), numbers_at(s, "per_position"),
-                          numbers_at(s, "per_batch"), number_at(s, "tolerance")});
-  return out;
-}
-
-std::vector<TensorErrorMaps> error_maps_of(const json& a) {
-  std::vector<TensorErrorMaps> out;
-  for (const auto& t : a) {
-    TensorErrorMaps m;
-    m.tensor = value_of<std::string>(t, "tensor");
-    m.shape = value_of<Shape>(t, "shape");
-    m.allclose = value_of<bool>(t, "allclose");
-    m.vmax = number_at(t, "vmax");
-    m.non_finite = value_of<bool>(t, "non_finite");
-    m.axes = value_of<std::string>(t, "axes");
-    m.batches = value_of<std::int64_t>(t, "batches");
-    for (const auto& e : at(t, "maps")) {
-      ErrorMap map;
-      map.title = value_of<std::string>(e, "title");
-      map.rows = value_of<std::int64_t>(e, "rows");
-      map.cols = value_of<std::int64_t>(e, "cols");
-      map.row_step = value_of<std::int64_t>(e, "row_step");
-      map.col_step = value_of<std::int64_t>(e, "col_step");
-      map.cell_rows = value_of<std::int64_t>(e, "cell_rows");
-      map.cell_cols = value_of<std::int64_t>(e, "cell_cols");
-      map.cells = numbers_at(e, "cells");
-      map.row_block = value_of<std::int64_t>(e, "row_block");
-      map.col_block = value_of<std::int64_t>(e, "col_block");
-      map.position_rows = value_of<bool>(e, "position_rows");
-      m.maps.push_back(std::move(map));
-    }
-    out.push_back(std::move(m));
-  }
-  return out;
-}
-
-TensorComparison tensor_of(const json& t) {
-  TensorComparison c;
-  c.name = value_of<std::string>(t, "name");
-  c.shape = value_of<Shape>(t, "shape");
-  c.tolerance = tolerance_of(at(t, "tolerance"));
-  c.allclose = value_of<bool>(t, "allclose");
-  c.max_abs = number_at(t, "max_abs");
-  c.max_rel = number_at(t, "max_rel");
-  c.numel = value_of<std::int64_t>(t, "numel");
-  c.mismatched = value_of<std::int64_t>(t, "mismatched");
-  c.problem = text_or_empty(t, "problem");
-  const json& b = at(t, "baseline");
-  if (!b.is_null()) {
-    BaselineCheck base;
-    base.side = value_of<std::string>(b, "side");
-    base.err = number_at(b, "error");
-    base.baseline_err = number_at(b, "baseline_error");
-    base.ratio = number_at(b, "ratio");
-    base.k = number_at(b, "k");
-    base.floor = number_at(b, "floor");
-    base.bound = number_at(b, "bound");
-    base.normwise = number_at(b, "normwise");
-    base.baseline_normwise = number_at(b, "baseline_normwise");
-    base.position_axis = text_or_empty(b, "position_axis");
-    base.err_by_position = numbers_at(b, "error_by_position");
-    base.baseline_by_position = numbers_at(b, "baseline_error_by_position");
-    for (const auto& head : at(b, "error_by_head_position")) {
-      std::vector<double> profile;
-      for (const auto& x : head) profile.push_back(number_of(x));
-      base.err_by_head_position.push_back(std::move(profile));
-    }
-    c.baseline = std::move(base);
-  }
-  const json& w = at(t, "worst");
-  if (!w.is_null())
-    c.worst = ElementRef{value_of<Shape>(w, "index"), value_of<std::string>(w, "where"), number_at(w, "lhs"),
-                         number_at(w, "rhs")};
-  return c;
-}
-
-std::optional<RopeCase> rope_of(const json& j) {
-  if (!j.contains("rope") || j.at("rope").is_null()) return std::nullopt;
-  const json& r = j.at("rope");
-  RopeCase rope;
-  rope.theta = value_of<double>(r, "theta");
-  rope.style = value_of<std::string>(r, "style") == "half" ? RopeStyle::half : RopeStyle::interleaved;
-  rope.rotary_dim = value_of<std::int64_t>(r, "rotary_dim");
-  rope.offset = value_of<std::int64_t>(r, "offset");
-  rope.rows = value_of<std::vector<std::vector<std::int64_t>>>(r, "positions");
-  rope.per_row = value_of<bool>(r, "per_row");
-  rope.generator = value_of<std::string>(r, "generator");
-  rope.start = value_of<std::int64_t>(r, "start");
-  rope.q_offset = value_of<std::int64_t>(r, "q_offset");
-  return rope;
-}
-
-// What the reports read of a case's spec (suite.hpp), from its JSON.
-CaseSpec spec_of(const json& j) {
-  CaseSpec c;
-  c.name = value_of<std::string>(j, "name");
-  c.base_name = value_of<std::string>(j, "base_name");
-  for (const auto& [d, v] : at(j, "sweep").items()) c.sweep_point.emplace_back(d, v.get<std::int64_t>());
-  const json& src = at(j, "source_at");
-  c.source = {value_of<std::string>(src, "file"), value_of<int>(src, "line"), value_of<int>(src, "column")};
-  c.compare = value_of<std::vector<std::string>>(j, "compare");
-  c.reference_text = text_or_empty(j, "reference");
-  c.reference = c.reference_text;
-  c.level = named(j, "level", {Level::mha, Level::core, Level::rope}, level_name);
-  for (const auto& [d, v] : at(j, "shape").items()) {
-    std::int64_t* dim = c.dims.find(d);
-    if (!dim) throw std::invalid_argument("'shape': unknown dim '" + d + "'");
-    *dim = v.get<std::int64_t>();
-  }
-  try {
-    c.dtype = dtype_from_name(value_of<std::string>(j, "dtype"));
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(std::string("'dtype': ") + e.what());
-  }
-  c.causal = value_of<bool>(j, "causal");
-  if (c.causal)
-    c.causal_alignment = named(j, "causal_alignment", {CausalAlignment::top_left, CausalAlignment::bottom_right},
-                               causal_alignment_name);
-  if (!at(j, "scale").is_null()) c.scale = value_of<double>(j, "scale");
-  c.mask_file = text_or_empty(j, "mask");
-  c.rope = rope_of(j);
-  c.taps = value_of<std::vector<std::string>>(j, "taps");
-  c.layout = named(j, "input_layout", {InputLayout::contiguous, InputLayout::transposed, InputLayout::sliced},
-                   layout_name);
-  c.seed = value_of<std::uint64_t>(j, "seed");
-  c.bias = j.contains("bias") && value_of<bool>(j, "bias");  // reports before biases have none
-  if (j.contains("tolerance_rule"))
-    c.tolerance_rule = value_of<std::string>(j, "tolerance_rule") == "relative_to_baseline"
-                           ? ToleranceRule::relative_to_baseline
-                           : ToleranceRule::allclose;
-  c.tolerance = tolerance_of(at(j, "default_tolerance"));
-  for (const auto& [name, t] : at(j, "tolerance").items()) c.tensor_tolerance[name] = tolerance_of(t);
-  c.check = value_of<std::vector<std::string>>(j, "check");
-  const json& expect = at(j, "expect");
-  c.expect_fail = value_of<bool>(expect, "fail");
-  c.expect_diagnosis = text_or_empty(expect, "diagnosis");
-  c.timeout_s = value_of<double>(j, "timeout");
-  return c;
-}
-
-}  // namespace
-
-CaseResult case_result_from_json(const json& j, const CaseSpec* spec) {
-  CaseResult r;
-  r.spec = spec ? *spec : spec_of(j);
-  r.spec.files.reset();
-  r.status = case_status_at(j, "status");
-  r.cause = text_or_empty(j, "cause");
-  r.lhs_label = value_of<std::string>(j, "lhs");
-  r.rhs_label = value_of<std::string>(j, "rhs");
-  for (const auto& s : at(j, "sides")) {
-    SideResult side;
-    side.plugin = value_of<std::string>(s, "plugin");
-    side.status = named(s, "status",
-                        {SideStatus::ok, SideStatus::not_loaded, SideStatus::threw, SideStatus::crashed,
-                         SideStatus::timed_out, SideStatus::bad_output, SideStatus::non_finite},
-                        side_status_name);
-    side.cause = text_or_empty(s, "cause");
-    side.seconds = value_of<double>(s, "seconds");
-    side.compute_seconds = value_of<double>(s, "compute_seconds");
-    r.sides.push_back(std::move(side));
-  }
-  for (const auto& t : at(j, "tensors")) r.tensors.push_back(tensor_of(t));
-  r.error_maps = error_maps_of(at(j, "error_maps"));
-  r.seconds = value_of<double>(j, "seconds");
-  r.mutant = text_or_empty(j, "mutant");
-  if (j.contains("golden")) r.golden_label = text_or_empty(j, "golden");
-  if (j.contains("baseline")) r.baseline_label = text_or_empty(j, "baseline");
-  if (!at(j, "diagnosis").is_null()) r.diagnosis = diagnosis_of(j.at("diagnosis"));
-  if (!at(j, "localization").is_null()) r.localization = localization_of(j.at("localization"));
-  return r;
-}
-
-namespace {
-
-struct ShardReport {
-  std::filesystem::path file;
-  json report;
-  ShardSpec shard;
-  SuiteIdentity identity;
-  std::vector<std::size_t> indices;
 };
 
-ShardReport read_shard_report(const std::filesystem::path& file) {
-  auto refuse = [&](const std::string& why) { return MergeError(file.string() + ": " + why); };
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw refuse("cannot be read");
-  ShardReport s;
-  s.file = file;
-  try {
-    s.report = json::parse(in);
-  } catch (const json::exception& e) {
-    throw refuse(std::string("is not a JSON report of headgrad run (") + e.what() + ")");
-  }
-  if (!s.report.is_object() || !s.report.contains("headgrad_version") || !s.report.contains("cases"))
-    throw refuse("is not a JSON report of headgrad run (no 'headgrad_version' or 'cases')");
-  if (!s.report.contains("shard") || !s.report.contains("suite_identity"))
-    throw refuse("is a report without 'shard' and 'suite_identity' (written by an older headgrad): run it again");
-  try {
-    const json& sh = s.report.at("shard");
-    s.shard = {value_of<std::size_t>(sh, "index"), value_of<std::size_t>(sh, "count")};
-    s.indices = value_of<std::vector<std::size_t>>(sh, "cases");
-    const json& id = s.report.at("suite_identity");
-    s.identity = {value_of<std::string>(id, "file_hash"), value_of<std::string>(id, "cases_hash"),
-                  value_of<std::size_t>(id, "selected")};
-  } catch (const std::invalid_argument& e) {
-    throw refuse(std::string("bad shard fields: ") + e.what());
-  }
-  if (s.shard.count == 0 || s.shard.index == 0 || s.shard.index > s.shard.count)
-    throw refuse("holds shard " + s.shard.str() + ", which is no shard K/N with 1 <= K <= N");
-  if (s.indices.size() != s.report.at("cases").size())
-    throw refuse("lists " + std::to_string(s.indices.size()) + " case indices for " +
-                 std::to_string(s.report.at("cases").size()) + " cases");
+// Up to 10 shard names, then how many more: a count claimed by a report never sizes a list.
+std::string some_shards(const std::vector<std::string>& names, std::size_t total) {
+  std::string s = join(names);
+  if (total > names.size()) s += " and " + std::to_string(total - names.size()) + " more";
   return s;
 }
 
+struct Shard {
+  std::filesystem::path file;
+  SuiteResult result;
+};
+
+// What one shard's report can say about itself: its case indices strictly
+// increasing (suite order), each within the expanded suite, and as many as
+// shard K/N of the selected cases holds.
+void check_own_indices(const Shard& s) {
+  const std::string& file = s.file.string();
+  const SuiteResult& r = s.result;
+  const std::size_t k = r.shard.index, n = r.shard.count, selected = r.identity.selected;
+  for (std::size_t i = 0; i < r.case_indices.size(); ++i) {
+    const std::size_t index = r.case_indices[i];
+    const std::string at = file + ": $.shard.cases[" + std::to_string(i) + "]: ";
+    if (index >= r.identity.expanded)
+      throw MergeError(at + "case " + std::to_string(index) + " is out of range: suite '" + r.name + "' expands to " +
+                       std::to_string(r.identity.expanded) + " cases");
+    if (i > 0 && index <= r.case_indices[i - 1])
+      throw MergeError(at + "case " + std::to_string(index) + " after case " + std::to_string(r.case_indices[i - 1]) +
+                       ": a shard lists its cases in suite order, each once");
+  }
+  const std::size_t want = selected >= k ? (selected - k) / n + 1 : 0;
+  if (r.case_indices.size() != want)
+    throw MergeError(file + ": $.shard.cases: shard " + r.shard.str() + " of " + std::to_string(selected) +
+                     " selected cases holds " + std::to_string(want) + ", this file lists " +
+                     std::to_string(r.case_indices.size()));
+}
+
+// Where each case is held, by its index in the suite.
+struct Held {
+  Shard* shard;
+  std::size_t at;  // in shard->result.cases
+};
+
+// The selected cases in suite order are the union of the shards' indices:
+// the p-th belongs to shard p % N + 1 (shard_cases) and is the case whose
+// hash the identity lists p-th, so indices swapped between shards, one shard
+// holding another's, cases swapped within a shard or a foreign suite's shard
+// under a copied identity are each refused, naming the file.
+void check_positions(const std::map<std::size_t, Held>& cases, const SuiteResult& one) {
+  std::size_t p = 0;
+  for (const auto& [index, held] : cases) {
+    const SuiteResult& r = held.shard->result;
+    const std::string file = held.shard->file.string();
+    const std::size_t owner = p % one.shard.count + 1;
+    if (r.shard.index != owner)
+      throw MergeError(file + ": $.shard.cases[" + std::to_string(held.at) + "]: case " + std::to_string(index) +
+                       " is the suite's selected case " + std::to_string(p) + ", which shard " +
+                       std::to_string(owner) + "/" + std::to_string(one.shard.count) + " holds, not shard " +
+                       r.shard.str());
+    const CaseSpec& c = r.cases[held.at].spec;
+    const std::string hash = case_hash(c);
+    if (hash != one.identity.case_hashes[p])
+      throw MergeError(file + ": $.cases[" + std::to_string(held.at) + "]: case '" + c.name + "' is not case " +
+                       std::to_string(index) + " of suite '" + one.name + "' (its hash " + hash +
+                       " differs from the identity's " + one.identity.case_hashes[p] + ")");
+    ++p;
+  }
+}
+
 }  // namespace
+
+nlohmann::json read_report_file(const std::filesystem::path& file) {
+  auto refuse = [&](const std::string& why) { return ReportError(file.string() + ": " + why); };
+  // O_NONBLOCK: opening a fifo must not wait for a writer; it is refused below.
+  const Fd in{::open(file.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC)};
+  if (in.fd < 0) throw refuse(std::string("cannot be read: ") + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(in.fd, &st) != 0) throw refuse(std::string("cannot be read: ") + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) throw refuse("is " + file_kind(st.st_mode) + ", not a regular file: a report is a file");
+  const auto size = static_cast<std::uintmax_t>(st.st_size);
+  if (size > kMaxReportBytes)
+    throw refuse("is " + size_text(size) + "; a report of headgrad run is at most " + size_text(kMaxReportBytes));
+  std::string bytes(static_cast<std::size_t>(size), '\0');
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::read(in.fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw refuse(std::string("cannot be read: ") + std::strerror(errno));
+    if (n == 0) break;  // shrank while read: what is there is parsed
+    done += static_cast<std::size_t>(n);
+  }
+  bytes.resize(done);
+  try {
+    return json::parse(bytes);
+  } catch (const json::exception& e) {
+    throw refuse(std::string("is not a JSON report of headgrad run (") + e.what() + ")");
+  }
+}
 
 SuiteResult merge_shard_reports(const std::vector<std::filesystem::path>& files) {
   if (files.empty()) throw MergeError("no report to merge");
-  std::vector<ShardReport> shards;
-  for (const auto& f : files) shards.push_back(read_shard_report(f));
-  const ShardReport& first = shards.front();
-  const std::string suite = first.report.value("suite", "");
-  const std::string suite_file = first.report.value("file", "");
-  std::map<std::size_t, const ShardReport*> by_index;  // shard K -> its report
-  for (const ShardReport& s : shards) {
-    const std::string name = s.report.value("suite", ""), file = s.report.value("file", "");
-    if (s.identity != first.identity || name != suite || s.shard.count != first.shard.count)
-      throw MergeError(s.file.string() + ": is shard " + s.shard.str() + " of suite '" + name + "' (" + file +
-                       ", hash " + s.identity.file_hash + "/" + s.identity.cases_hash + ", " +
-                       std::to_string(s.identity.selected) + " cases), not of the suite of " + first.file.string() +
-                       ": '" + suite + "' (" + suite_file + ", hash " + first.identity.file_hash + "/" +
-                       first.identity.cases_hash + ", " + std::to_string(first.identity.selected) + " cases), shard " +
-                       first.shard.str());
-    const auto [it, inserted] = by_index.emplace(s.shard.index, &s);
+  std::vector<Shard> shards;
+  for (const auto& f : files) {
+    const json report = read_report_file(f);
+    if (!report.is_object() || !report.contains("headgrad_version") || !report.contains("cases"))
+      throw ReportError(f.string() + ": is not a JSON report of headgrad run (no 'headgrad_version' or 'cases')");
+    if (!report.contains("shard") || !report.contains("suite_identity"))
+      throw ReportError(f.string() +
+                        ": is a report without 'shard' and 'suite_identity' (written by an older headgrad): run it again");
+    Shard s{f, suite_result_from_json(report, f.string())};
+    if (s.result.shard.index > s.result.shard.count)
+      throw MergeError(f.string() + ": $.shard.index: holds shard " + s.result.shard.str() +
+                       ", which is no shard K/N with 1 <= K <= N");
+    check_own_indices(s);
+    shards.push_back(std::move(s));
+  }
+  const Shard& first = shards.front();
+  const SuiteResult& one = first.result;
+  std::map<std::size_t, const Shard*> by_index;  // shard K -> its report
+  for (const Shard& s : shards) {
+    const SuiteResult& r = s.result;
+    if (r.identity != one.identity || r.name != one.name || r.shard.count != one.shard.count)
+      throw MergeError(s.file.string() + ": is shard " + r.shard.str() + " of suite '" + r.name + "' (" +
+                       r.file.string() + ", hash " + r.identity.file_hash + "/" + r.identity.cases_hash + ", " +
+                       std::to_string(r.identity.selected) + " cases), not of the suite of " + first.file.string() +
+                       ": '" + one.name + "' (" + one.file.string() + ", hash " + one.identity.file_hash + "/" +
+                       one.identity.cases_hash + ", " + std::to_string(one.identity.selected) + " cases), shard " +
+                       one.shard.str());
+    const auto [it, inserted] = by_index.emplace(r.shard.index, &s);
     if (!inserted)
-      throw MergeError(s.file.string() + ": is shard " + s.shard.str() + " again (so is " + it->second->file.string() +
+      throw MergeError(s.file.string() + ": is shard " + r.shard.str() + " again (so is " + it->second->file.string() +
                        ")");
   }
+  // Up to 10 missing shards named, the rest counted: the loop meets each given
+  // shard once and stops at the 10th missing one, whatever count a file claims.
   std::vector<std::string> missing;
-  for (std::size_t k = 1; k <= first.shard.count; ++k)
-    if (!by_index.count(k)) missing.push_back(std::to_string(k) + "/" + std::to_string(first.shard.count));
-  if (!missing.empty())
-    throw MergeError("shard" + std::string(missing.size() > 1 ? "s " : " ") + join(missing) + " of suite '" + suite +
-                     "' missing (given: " + std::to_string(shards.size()) + " of " +
-                     std::to_string(first.shard.count) + ")");
+  for (std::size_t k = 1; k <= one.shard.count && missing.size() < 10; ++k)
+    if (!by_index.count(k)) missing.push_back(std::to_string(k) + "/" + std::to_string(one.shard.count));
+  const std::size_t missing_count = one.shard.count - by_index.size();  // every index is <= count
+  if (missing_count) {
+    std::vector<std::string> given;
+    for (const Shard& s : shards) given.push_back(s.file.string());
+    throw MergeError(join(given) + ": shard" + std::string(missing_count > 1 ? "s " : " ") +
+                     some_shards(missing, missing_count) + " of suite '" + one.name + "' missing (given: " +
+                     std::to_string(shards.size()) + " of " + std::to_string(one.shard.count) + ")");
+  }
 
   // Cases by their index in the suite: that is suite order.
-  std::map<std::size_t, std::pair<const json*, const ShardReport*>> cases;
+  std::map<std::size_t, Held> cases;
   SuiteResult result;
-  for (const ShardReport& s : shards) {
-    const json& list = s.report.at("cases");
-    for (std::size_t i = 0; i < s.indices.size(); ++i)
-      if (!cases.emplace(s.indices[i], std::make_pair(&list[i], &s)).second)
-        throw MergeError(s.file.string() + ": holds case " + std::to_string(s.indices[i]) +
-                         " of the suite, which another shard holds too");
-    result.seconds += s.report.contains("summary") ? s.report["summary"].value("seconds", 0.0) : 0.0;
-  }
-  if (cases.size() != first.identity.selected)
-    throw MergeError("the shards hold " + std::to_string(cases.size()) + " cases, but suite '" + suite + "' selects " +
-                     std::to_string(first.identity.selected));
-  result.name = suite;
-  result.file = suite_file;
-  result.identity = first.identity;
-  for (const auto& [index, where] : cases) {
-    try {
-      result.cases.push_back(case_result_from_json(*where.first));
-    } catch (const std::invalid_argument& e) {
-      throw MergeError(where.second->file.string() + ": case " + std::to_string(index) + ": " + e.what());
+  for (Shard& s : shards) {
+    for (std::size_t i = 0; i < s.result.cases.size(); ++i) {
+      const auto [it, inserted] = cases.emplace(s.result.case_indices[i], Held{&s, i});
+      if (!inserted)  // which of the two is wrong cannot be told: both are named
+        throw MergeError(it->second.shard->file.string() + ": $.shard.cases[" + std::to_string(it->second.at) +
+                         "]: case " + std::to_string(it->first) + " is held twice: here and in " + s.file.string() +
+                         " ($.shard.cases[" + std::to_string(i) + "])");
     }
-    result.case_indices.push_back(index);
+    result.seconds += s.result.seconds;
   }
-  try {
-    for (const auto& w : first.report.at("warnings"))
-      result.warnings.push_back({value_of<std::string>(w, "condition"), value_of<std::vector<std::string>>(w, "bugs"),
-                                 value_of<std::string>(w, "message")});
-  } catch (const std::exception& e) {
-    throw MergeError(first.file.string() + ": bad 'warnings': " + e.what());
+  check_positions(cases, one);  // every shard holds its count: cases.size() == selected
+  result.name = one.name;
+  result.file = one.file;
+  result.identity = one.identity;
+  result.warnings = one.warnings;
+  for (const auto& [index, held] : cases) {
+    result.cases.push_back(std::move(held.shard->result.cases[held.at]));
+    result.case_indices.push_back(index);
   }
   return result;
 }

@@ -1,5 +1,7 @@
 #include "template/template.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <cctype>
@@ -375,13 +377,54 @@ SdkLocation sdk_for_program(const fs::path& exe) {
   return sdk;
 }
 
+// The longest NAME: it names NAME.cpp and libNAME.so, and a file name holds 255 bytes.
+constexpr std::size_t kMaxNameLength = 200;
+
+namespace {
+
+// Every file of the project, written under `root`; returns the paths as they
+// will be under `dir` once root is renamed to it.
+std::vector<fs::path> write_project_files(const std::string& name, const fs::path& root, const fs::path& dir) {
+  const std::vector<std::pair<std::string, std::string_view>> files = {
+      {"meson.build", kMesonBuild}, {name + ".cpp", kSource}, {"suite.yaml", kSuite}, {"README.md", kReadme}};
+  std::vector<fs::path> written;
+  for (const auto& [file, text] : files) {
+    const fs::path path = root / file;
+    std::ofstream os(path, std::ios::binary);
+    os << fill(text, name);
+    os.close();
+    if (!os) throw std::runtime_error("cannot write " + (dir / file).string());
+    written.push_back(dir / file);
+  }
+  std::error_code ec;
+  fs::create_directories(root / "masks", ec);
+  if (ec) throw std::runtime_error("cannot create " + (dir / "masks").string() + ": " + ec.message());
+  for (const auto& [file, mask] : {std::pair{"padding_B2_Tq5_Tk7.npy", padding_mask(2, 5, 7)},
+                                   std::pair{"empty_row_B2_Tq4_Tk6.npy", empty_row_mask(2, 4, 6)}}) {
+    write_npy(root / "masks" / file, mask);  // throws naming the file
+    written.push_back(dir / "masks" / file);
+  }
+  return written;
+}
+
+}  // namespace
+
 std::vector<fs::path> write_plugin_project(const std::string& name, const fs::path& dir) {
   if (!is_c_identifier(name))
     throw std::invalid_argument("NAME '" + name +
                                 "' is not a valid C identifier (letters, digits and _, not starting with a "
                                 "digit, not a C or C++ keyword): it names the plugin, its library and its source");
+  if (name.size() > kMaxNameLength)
+    throw std::invalid_argument("NAME is " + std::to_string(name.size()) + " characters long; at most " +
+                                std::to_string(kMaxNameLength) + " (it names the files " + "NAME.cpp and libNAME.so)");
   if (std::find(kBuiltinPlugins.begin(), kBuiltinPlugins.end(), name) != kBuiltinPlugins.end())
     throw std::invalid_argument("NAME '" + name + "' is the name of a plugin headgrad ships; choose another");
+  // mutant_* are headgrad's known-bug plugins: reports treat a plugin of that
+  // prefix as a deliberate bug, and the loader would clash with the shipped one
+  if (name.rfind("mutant_", 0) == 0)
+    throw std::invalid_argument("NAME '" + name +
+                                "' starts with mutant_, the prefix reserved for headgrad's known-bug plugins; "
+                                "choose another");
   std::error_code ec;
   if (fs::exists(dir, ec)) {
     if (!fs::is_directory(dir, ec))
@@ -390,29 +433,24 @@ std::vector<fs::path> write_plugin_project(const std::string& name, const fs::pa
       throw std::invalid_argument("DIR " + dir.string() +
                                   " is not empty; give a new or empty folder (nothing is overwritten)");
   }
-  fs::create_directories(dir, ec);
-  if (ec) throw std::runtime_error("cannot create " + dir.string() + ": " + ec.message());
-
-  const std::vector<std::pair<std::string, std::string_view>> files = {
-      {"meson.build", kMesonBuild}, {name + ".cpp", kSource}, {"suite.yaml", kSuite}, {"README.md", kReadme}};
-  std::vector<fs::path> written;
-  for (const auto& [file, text] : files) {
-    const fs::path path = dir / file;
-    std::ofstream os(path, std::ios::binary);
-    os << fill(text, name);
-    os.close();
-    if (!os) throw std::runtime_error("cannot write " + path.string());
-    written.push_back(path);
+  // All or nothing: the project is written in a fresh folder beside DIR and
+  // renamed into place at the end, so a failure leaves DIR as it was.
+  const fs::path parent = dir.parent_path().empty() ? fs::path(".") : dir.parent_path();
+  fs::create_directories(parent, ec);
+  if (ec) throw std::runtime_error("cannot create " + parent.string() + ": " + ec.message());
+  const fs::path root = parent / ("." + dir.filename().string() + ".new-plugin." + std::to_string(::getpid()));
+  fs::remove_all(root, ec);
+  if (!fs::create_directory(root, ec) || ec)
+    throw std::runtime_error("cannot create " + root.string() + ": " + (ec ? ec.message() : "it exists"));
+  try {
+    std::vector<fs::path> written = write_project_files(name, root, dir);
+    fs::rename(root, dir, ec);  // rename(2) replaces an empty folder
+    if (ec) throw std::runtime_error("cannot create " + dir.string() + ": " + ec.message());
+    return written;
+  } catch (...) {
+    fs::remove_all(root, ec);
+    throw;
   }
-  fs::create_directories(dir / "masks", ec);
-  if (ec) throw std::runtime_error("cannot create " + (dir / "masks").string() + ": " + ec.message());
-  for (const auto& [file, mask] : {std::pair{"padding_B2_Tq5_Tk7.npy", padding_mask(2, 5, 7)},
-                                   std::pair{"empty_row_B2_Tq4_Tk6.npy", empty_row_mask(2, 4, 6)}}) {
-    const fs::path path = dir / "masks" / file;
-    write_npy(path, mask);  // throws std::runtime_error naming the file
-    written.push_back(path);
-  }
-  return written;
 }
 
 int run_new_plugin(const std::string& name, const fs::path& dir, std::ostream& out, std::ostream& err) {

@@ -20,7 +20,7 @@
 
 namespace headgrad {
 
-// ---- matrix products (CBLAS sgemm/dgemm) ----
+// ---- matrix products (the BLAS's sgemm/dgemm: BLIS by default, OpenBLAS with -Dblas=openblas) ----
 // a [..., M, K] @ b [..., K, N] -> [..., M, N]; leading dims broadcast.
 // Transposed views go to the GEMM as transposition flags, not copies.
 Variable matmul(const Variable& a, const Variable& b);

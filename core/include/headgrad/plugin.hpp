@@ -50,6 +50,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <boost/dll/alias.hpp>
@@ -79,6 +80,31 @@ struct Capabilities {
   bool bias = false;            // MhaWeights::bq, bk, bv, bo (y = x W^T + b; plugin ABI 5)
   std::vector<std::string> extra;  // free-form capabilities for what comes next
 };
+
+// The one vocabulary of capabilities: each flag's name is its field's name, and
+// errors, `headgrad plugins` (--json: a list), the docs and a suite's
+// `capabilities:` lists all use it; Capabilities::extra adds its strings as
+// they are ("bfloat16", "float16", "c-abi").
+struct CapabilityName {
+  bool Capabilities::*flag;
+  std::string_view name;
+};
+inline constexpr CapabilityName kCapabilityNames[] = {
+    {&Capabilities::mha, "mha"},           {&Capabilities::core, "core"},
+    {&Capabilities::causal, "causal"},     {&Capabilities::bool_mask, "bool_mask"},
+    {&Capabilities::cross_lengths, "cross_lengths"},
+    {&Capabilities::float32, "float32"},   {&Capabilities::float64, "float64"},
+    {&Capabilities::dropout, "dropout"},   {&Capabilities::grouped_kv, "grouped_kv"},
+    {&Capabilities::rope, "rope"},         {&Capabilities::rope_level, "rope_level"},
+    {&Capabilities::bias, "bias"},
+};
+constexpr std::string_view capability_name(bool Capabilities::*flag) {
+  for (const auto& c : kCapabilityNames)
+    if (c.flag == flag) return c.name;
+  return {};
+}
+// The names a plugin declares, in the table's order, then its extras.
+std::vector<std::string> capability_names(const Capabilities& caps);
 
 struct PluginInfo {
   std::string name;         // unique; what suites write in `compare:`

@@ -35,6 +35,8 @@ static_assert(sizeof(bool) == 1, "'|b1' data is copied into bool storage byte fo
 
 constexpr std::array<unsigned char, 6> kMagic = {0x93, 'N', 'U', 'M', 'P', 'Y'};
 constexpr const char* kSupportedDtypes = "'<f2' (float16), '<f4' (float32), '<f8' (float64), '|b1' (bool)";
+// Where integers are expected (token positions): int64, or floats holding integers.
+constexpr const char* kSupportedIntegers = "'<i8' (int64), or '<f2', '<f4', '<f8' holding integers";
 
 // ---------------------------------------------------------------- byte sources
 
@@ -90,6 +92,22 @@ class SpanSource final : public ByteSource {
   std::size_t pos_ = 0;
 };
 
+}  // namespace
+
+std::string not_regular_file(const std::filesystem::path& file) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status link = fs::symlink_status(file, ec);
+  if (ec || !fs::exists(link)) return "cannot open: no such file";
+  const fs::file_status st = fs::status(file, ec);  // stat, never open: a fifo would block
+  if (ec || !fs::exists(st)) return "is a dangling symlink (its target does not exist)";
+  if (fs::is_directory(st)) return "is a folder, not a file";
+  if (!fs::is_regular_file(st)) return "is not a regular file (a fifo, device or socket)";
+  return "";
+}
+
+namespace {
+
 struct FileCloser {
   void operator()(std::FILE* f) const { std::fclose(f); }
 };
@@ -98,8 +116,9 @@ using FilePtr = std::unique_ptr<std::FILE, FileCloser>;
 class FileSource final : public ByteSource {
  public:
   explicit FileSource(const std::filesystem::path& file) : ByteSource(file.string()) {
+    if (const std::string problem = not_regular_file(file); !problem.empty()) throw NpyError(where(), problem);
     std::error_code ec;
-    auto n = std::filesystem::file_size(file, ec);  // also rejects directories
+    auto n = std::filesystem::file_size(file, ec);
     if (ec) throw NpyError(where(), "cannot open: " + ec.message());
     size_ = n;
     file_.reset(std::fopen(file.c_str(), "rb"));
@@ -305,13 +324,17 @@ struct Header {
   std::uint64_t data_bytes = 0;
 };
 
-DType dtype_from_descr(const PyValue& descr, const std::string& where) {
+DType dtype_from_descr(const PyValue& descr, const std::string& where, bool int64_ok) {
+  const std::string supported = int64_ok ? kSupportedIntegers : kSupportedDtypes;
   if (descr.kind == PyValue::Kind::sequence)
-    throw NpyError(where, "unsupported dtype: a structured (record) dtype; supported: " +
-                              std::string(kSupportedDtypes));
+    throw NpyError(where, "unsupported dtype: a structured (record) dtype; supported: " + supported);
   if (descr.kind != PyValue::Kind::string)
     throw NpyError(where, "malformed header: 'descr' must be a string");
   const std::string& d = descr.text;
+  if (int64_ok && (d == "<f2" || d == "<f4" || d == "<f8")) return d == "<f8" ? DType::float64 : d == "<f4" ? DType::float32 : DType::float16;
+  if (int64_ok)
+    throw NpyError(where, "unsupported dtype '" + printable(d) + "' where integers are expected (supported: " +
+                              supported + ")");
   if (d == "<f2") return DType::float16;
   if (d == "<f4") return DType::float32;
   if (d == "<f8") return DType::float64;
@@ -360,7 +383,7 @@ Header interpret_header(std::string_view text, const std::string& where, bool in
     h.int64 = true;  // 8 bytes like float64: converted in place once read
     h.dtype = DType::float64;
   } else {
-    h.dtype = dtype_from_descr(*descr, where);
+    h.dtype = dtype_from_descr(*descr, where, int64_ok);
   }
   h.descr = descr->text;
 
@@ -408,7 +431,9 @@ std::uint32_t read_le(const unsigned char* p, int n) {
   return v;
 }
 
-Tensor read_npy_from(ByteSource& src, bool int64_ok = false) {
+// The preamble and header, checked against the bytes the source holds; the
+// data is not read.
+Header read_header_from(ByteSource& src, bool int64_ok) {
   const std::string& where = src.where();
   const std::uint64_t total = src.size();
 
@@ -448,7 +473,16 @@ Tensor read_npy_from(ByteSource& src, bool int64_ok = false) {
     throw NpyError(where, "shape does not match the data size: shape " + h.shape_text + " of '" +
                               h.descr + "' is " + std::to_string(h.data_bytes) + " bytes, file has " +
                               std::to_string(available) + " after the header");
+  return h;
+}
 
+// The data after read_header_from, at most max_bytes of it (checked before
+// anything is allocated).
+Tensor read_data_from(ByteSource& src, const Header& h, std::uint64_t max_bytes) {
+  const std::string& where = src.where();
+  if (h.data_bytes > max_bytes)
+    throw NpyError(where, "shape " + h.shape_text + " of '" + h.descr + "' is " + std::to_string(h.data_bytes) +
+                              " bytes of data, more than the " + std::to_string(max_bytes) + " it may hold here");
   Tensor t = Tensor::empty(h.shape, h.dtype);
   auto* bytes = static_cast<unsigned char*>(t.storage()->mutable_data());
   const std::size_t n = static_cast<std::size_t>(h.data_bytes);
@@ -476,6 +510,12 @@ Tensor read_npy_from(ByteSource& src, bool int64_ok = false) {
     }
   }
   return t;
+}
+
+Tensor read_npy_from(ByteSource& src, bool int64_ok = false,
+                     std::uint64_t max_bytes = std::numeric_limits<std::uint64_t>::max()) {
+  const Header h = read_header_from(src, int64_ok);
+  return read_data_from(src, h, max_bytes);
 }
 
 // ---------------------------------------------------------------- writing
@@ -538,31 +578,15 @@ bool is_array_member(std::string_view member) {
 // Deflate's best case: 258 bytes of output from about 2 bits of input.
 constexpr std::uint64_t kDeflateMaxRatio = 1032;
 
-// Reads a member whose method has no useful bound on its expansion (bzip2,
-// xz, zstd) into memory that grows with what actually arrives, then parses it.
-Tensor read_unbounded_member(ZipFilePtr member, std::uint64_t declared, const std::string& where) {
-  std::vector<std::byte> bytes;
-  std::array<std::byte, 1 << 16> chunk;
-  while (true) {
-    const zip_int64_t r = zip_fread(member.get(), chunk.data(), chunk.size());
-    if (r < 0)
-      throw NpyError(where, std::string("broken member: ") + zip_error_strerror(zip_file_get_error(member.get())));
-    if (r == 0) break;
-    bytes.insert(bytes.end(), chunk.begin(), chunk.begin() + r);
-    if (bytes.size() > declared)
-      throw NpyError(where, "broken member: more data than the " + std::to_string(declared) +
-                                " bytes its directory entry declares");
-  }
-  SpanSource src(bytes, where);
-  return read_npy_from(src);
-}
-
 // !! The zip directory's sizes are claims: a 126-byte file can declare a
 // 4 GB member. Before anything is allocated from them, they are bounded by
 // what the archive can hold: its compressed bytes must fit in the file, and
-// the uncompressed size in what those bytes can expand to. Sizes are 64-bit
+// the uncompressed size in what those bytes can expand to (bzip2, xz and zstd
+// have no useful bound: their declared size stands, and the reader never
+// takes more than it, nor more than the caller's max_bytes). Sizes are 64-bit
 // (libzip reads zip64 entries), so a real member over 4 GiB is read. !!
-Tensor read_member(zip_t* z, zip_uint64_t index, const std::string& where, std::uint64_t archive_bytes) {
+std::unique_ptr<ZipMemberSource> open_member(zip_t* z, zip_uint64_t index, const std::string& where,
+                                             std::uint64_t archive_bytes) {
   zip_stat_t st;
   zip_stat_init(&st);
   const zip_uint64_t needed = ZIP_STAT_SIZE | ZIP_STAT_COMP_SIZE | ZIP_STAT_COMP_METHOD;
@@ -582,9 +606,7 @@ Tensor read_member(zip_t* z, zip_uint64_t index, const std::string& where, std::
                               (stored ? "stored" : "deflated") + " bytes can hold (" + std::to_string(most) + ")");
   ZipFilePtr member(zip_fopen_index(z, index, 0));
   if (!member) throw NpyError(where, std::string("broken member: ") + zip_strerror(z));
-  if (!stored && !deflated) return read_unbounded_member(std::move(member), st.size, where);
-  ZipMemberSource src(std::move(member), st.size, where);
-  return read_npy_from(src);
+  return std::make_unique<ZipMemberSource>(std::move(member), st.size, where);
 }
 
 std::uint64_t archive_size(const std::filesystem::path& file) {
@@ -681,36 +703,86 @@ Tensor exact_bfloat16(const Tensor& t, const std::string& where) {
 
 Tensor read_npy_bfloat16(const std::filesystem::path& file) { return exact_bfloat16(read_npy(file), file.string()); }
 
-std::map<std::string, Tensor> read_npz(const std::filesystem::path& file) {
-  ZipPtr z = open_npz(file);
-  const std::uint64_t bytes = archive_size(file);
-  std::map<std::string, Tensor> out;
-  const zip_int64_t n = zip_get_num_entries(z.get(), 0);
+struct NpzArchive::Impl {
+  std::filesystem::path file;
+  ZipPtr zip;
+  std::uint64_t bytes = 0;
+  std::vector<std::string> names;
+  std::map<std::string, zip_uint64_t> index;  // array name -> zip entry
+};
+
+NpzArchive::NpzArchive(const std::filesystem::path& file) : impl_(std::make_unique<Impl>()) {
+  if (const std::string problem = not_regular_file(file); !problem.empty()) throw NpyError(file.string(), problem);
+  impl_->file = file;
+  impl_->zip = open_npz(file);
+  impl_->bytes = archive_size(file);
+  zip_t* z = impl_->zip.get();
+  const zip_int64_t n = zip_get_num_entries(z, 0);
   for (zip_int64_t i = 0; i < n; ++i) {
-    const char* name = zip_get_name(z.get(), static_cast<zip_uint64_t>(i), 0);
-    if (!name) throw NpyError(file.string(), std::string("broken archive: ") + zip_strerror(z.get()));
+    const char* name = zip_get_name(z, static_cast<zip_uint64_t>(i), 0);
+    if (!name) throw NpyError(file.string(), std::string("broken archive: ") + zip_strerror(z));
     if (!is_array_member(name)) continue;
-    out[array_name(name)] = read_member(z.get(), static_cast<zip_uint64_t>(i), member_where(file, name), bytes);
+    // two entries of one name: which one numpy would load depends on the reader
+    if (!impl_->index.emplace(array_name(name), static_cast<zip_uint64_t>(i)).second)
+      throw NpyError(member_where(file, name), "the archive holds two members of this name; keep one");
+    impl_->names.push_back(array_name(name));
   }
+}
+
+NpzArchive::~NpzArchive() = default;
+
+const std::vector<std::string>& NpzArchive::names() const { return impl_->names; }
+
+bool NpzArchive::has(const std::string& name) const { return impl_->index.count(name) > 0; }
+
+zip_uint64_t NpzArchive::locate(const std::string& name, std::string& where) const {
+  const std::string stem = is_array_member(name) ? array_name(name) : name;
+  const auto it = impl_->index.find(stem);
+  if (it == impl_->index.end()) {
+    std::string present;
+    for (const auto& m : impl_->names) present += (present.empty() ? "" : ", ") + m;
+    throw NpyError(impl_->file.string(),
+                   "no member '" + name + "' (members: " + (present.empty() ? "none" : present) + ")");
+  }
+  where = member_where(impl_->file, stem + ".npy");
+  return it->second;
+}
+
+NpyHeader NpzArchive::header(const std::string& name, bool integers) {
+  std::string where;
+  const zip_uint64_t i = locate(name, where);
+  const auto src = open_member(impl_->zip.get(), i, where, impl_->bytes);
+  const Header h = read_header_from(*src, integers);
+  return {h.dtype, h.int64, h.shape, h.data_bytes};
+}
+
+Tensor NpzArchive::read(const std::string& name, const NpyLimits& limits) {
+  std::string where;
+  const zip_uint64_t i = locate(name, where);
+  const auto src = open_member(impl_->zip.get(), i, where, impl_->bytes);
+  return read_npy_from(*src, limits.integers, limits.max_bytes);
+}
+
+std::map<std::string, Tensor> read_npz(const std::filesystem::path& file) {
+  NpzArchive archive(file);
+  std::map<std::string, Tensor> out;
+  for (const auto& name : archive.names()) out[name] = archive.read(name);
   return out;
 }
 
 Tensor read_npz_member(const std::filesystem::path& file, const std::string& name) {
-  ZipPtr z = open_npz(file);
-  std::string member = is_array_member(name) ? name : name + ".npy";
-  zip_int64_t index = zip_name_locate(z.get(), member.c_str(), 0);
-  if (index < 0) {
-    std::string present;
-    const zip_int64_t n = zip_get_num_entries(z.get(), 0);
-    for (zip_int64_t i = 0; i < n; ++i) {
-      const char* m = zip_get_name(z.get(), static_cast<zip_uint64_t>(i), 0);
-      if (!m || !is_array_member(m)) continue;
-      present += (present.empty() ? "" : ", ") + array_name(m);
-    }
-    throw NpyError(file.string(), "no member '" + name + "' (members: " +
-                                      (present.empty() ? "none" : present) + ")");
-  }
-  return read_member(z.get(), static_cast<zip_uint64_t>(index), member_where(file, member), archive_size(file));
+  return NpzArchive(file).read(name);
+}
+
+NpyHeader read_npy_header(const std::filesystem::path& file, bool integers) {
+  FileSource src(file);
+  const Header h = read_header_from(src, integers);
+  return {h.dtype, h.int64, h.shape, h.data_bytes};
+}
+
+Tensor read_npy(const std::filesystem::path& file, const NpyLimits& limits) {
+  FileSource src(file);
+  return read_npy_from(src, limits.integers, limits.max_bytes);
 }
 
 }  // namespace headgrad

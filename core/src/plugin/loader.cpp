@@ -145,11 +145,8 @@ Opened open_plugin(const fs::path& file, const std::function<void(const char*)>&
 // ---- what a probe sends back: the fields of FoundPlugin ----
 
 // The Capabilities flags, in the order of their "caps" record.
-constexpr bool Capabilities::*kCapabilityFlags[] = {
-    &Capabilities::mha,     &Capabilities::core,    &Capabilities::causal,
-    &Capabilities::bool_mask, &Capabilities::cross_lengths, &Capabilities::float32,
-    &Capabilities::float64, &Capabilities::dropout, &Capabilities::grouped_kv,
-    &Capabilities::rope, &Capabilities::rope_level, &Capabilities::bias};
+// The probe sends the flags as one '0'/'1' per entry of the vocabulary.
+constexpr auto& kCapabilityFlags = kCapabilityNames;
 constexpr std::size_t kCapabilityCount = std::size(kCapabilityFlags);
 
 // Runs in the probe's child: opens the library and writes what it found.
@@ -164,7 +161,7 @@ void probe_body(const fs::path& file, detail::ProbeChannel& ch) {
     ch.put("abi", std::to_string(o.abi_version));
     ch.put("c_abi", o.c_abi ? "1" : "0");
     std::string caps;
-    for (const auto flag : kCapabilityFlags) caps += o.info.capabilities.*flag ? '1' : '0';
+    for (const auto& c : kCapabilityFlags) caps += o.info.capabilities.*c.flag ? '1' : '0';
     ch.put("caps", caps);
     for (const auto& e : o.info.capabilities.extra) ch.put("extra", e);
     for (const auto& n : o.notes) ch.put("note", n);
@@ -198,7 +195,7 @@ FoundPlugin decode(const fs::path& file, const std::map<std::string, std::vector
   const std::string& caps = one(f, "caps");
   if (caps.size() != kCapabilityCount || caps.find_first_not_of("01") != std::string::npos)
     throw Rejected("its probe's answer has malformed capabilities");
-  for (std::size_t i = 0; i < kCapabilityCount; ++i) p.info.capabilities.*kCapabilityFlags[i] = caps[i] == '1';
+  for (std::size_t i = 0; i < kCapabilityCount; ++i) p.info.capabilities.*kCapabilityFlags[i].flag = caps[i] == '1';
   if (const auto it = f.find("extra"); it != f.end()) p.info.capabilities.extra = it->second;
   return p;
 }
@@ -443,23 +440,17 @@ std::vector<const PluginRejection*> PluginRegistry::rejections_for(const std::st
   return out;
 }
 
+std::vector<std::string> capability_names(const Capabilities& caps) {
+  std::vector<std::string> names;
+  for (const auto& c : kCapabilityNames)
+    if (caps.*c.flag) names.emplace_back(c.name);
+  names.insert(names.end(), caps.extra.begin(), caps.extra.end());
+  return names;
+}
+
 std::string capabilities_str(const Capabilities& c) {
-  std::vector<std::string> parts;
-  if (c.mha) parts.push_back("mha");
-  if (c.core) parts.push_back("core");
-  if (c.causal) parts.push_back("causal");
-  if (c.bool_mask) parts.push_back("mask");
-  if (c.cross_lengths) parts.push_back("Tq!=Tk");
-  if (c.float32) parts.push_back("float32");
-  if (c.float64) parts.push_back("float64");
-  if (c.dropout) parts.push_back("dropout");
-  if (c.grouped_kv) parts.push_back("gqa");
-  if (c.rope) parts.push_back("rope");
-  if (c.rope_level) parts.push_back("rope-level");
-  if (c.bias) parts.push_back("bias");
-  for (const auto& e : c.extra) parts.push_back(e);
   std::string s;
-  for (const auto& p : parts) s += (s.empty() ? "" : ", ") + p;
+  for (const auto& name : capability_names(c)) s += (s.empty() ? "" : ", ") + name;
   return s;
 }
 

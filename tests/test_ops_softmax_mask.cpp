@@ -1,8 +1,10 @@
-// Attention pieces: softmax (each dim), masked_fill, causal_mask, logical_not,
-// their composition into masked softmax, and the grouped kv head helpers
-// (expand_kv_heads, kv_group, mha_dims). For each op: forward against
-// plain loops or numbers worked out by hand, gradcheck in float64 on
+// The ops of core/src/ops/softmax_mask.cpp: softmax (each dim), masked_fill,
+// causal_mask, logical_not, their composition into masked softmax, and the
+// fused masked_softmax against that composition. For each op: forward
+// against plain loops or numbers worked out by hand, gradcheck in float64 on
 // contiguous, transposed and narrowed inputs, and gradcheck with fan-out.
+// (The row kernels under them, exp_shift_row and row_max: test_kernels.cpp;
+// the grouped kv helpers: test_attention_blocks.cpp.)
 //
 // Shape legend: x is [2, 3, 4] unless a case says otherwise; masks are bool,
 // and causal masks are [Tq, Tk] with True = attend (j <= i, aligned top-left).
@@ -20,7 +22,6 @@
 
 #include "headgrad/attention.hpp"
 #include "headgrad/gradcheck.hpp"
-#include "headgrad/kernels.hpp"
 #include "headgrad/ops.hpp"
 #include "op_test_util.hpp"
 
@@ -142,40 +143,6 @@ TEST(Softmax, LargeInputsAreStable) {
   expect_values(softmax(x, -1).data(), {2, 2}, {1 / (1 + e), e / (1 + e), e / (1 + e), 1 / (1 + e)});
   const Tensor f = softmax(Variable(x.data().to(DType::float32)), -1).data();
   expect_values(f, {2, 2}, {1 / (1 + e), e / (1 + e), e / (1 + e), 1 / (1 + e)}, 1e-6);
-}
-
-// exp_shift_row's float32 top edge: within 2 ulp of std::exp up to
-// ln(FLT_MAX) = 88.72, and inf past it (a saturated exp(88) would let a
-// softmax without max subtraction pass for a finite one).
-TEST(ExpShiftRow, Float32OverflowsToInfinityPastItsRange) {
-  const float kFloatInf = std::numeric_limits<float>::infinity();
-  std::vector<float> x;
-  for (float v = 85.0f; v < 88.72f; v += 0.00731f) x.push_back(v);
-  x.push_back(std::nextafter(std::log(std::numeric_limits<float>::max()), 0.0f));
-  const std::size_t finite = x.size();
-  x.insert(x.end(), {88.75f, 89.0f, 100.0f, 1.0e30f, kFloatInf});
-  std::vector<float> y = x;
-  const float sum = kernels::exp_shift_row(y.data(), static_cast<std::int64_t>(y.size()), 0.0f);
-  EXPECT_EQ(sum, kFloatInf);
-  double worst_ulps = 0;
-  for (std::size_t i = 0; i < finite; ++i) {
-    const float want = std::exp(x[i]);
-    ASSERT_TRUE(std::isfinite(want)) << x[i];
-    ASSERT_TRUE(std::isfinite(y[i])) << "exp(" << x[i] << ") = " << y[i];
-    const float ulp = std::nextafter(want, kFloatInf) - want;
-    worst_ulps = std::max(worst_ulps, std::abs(double(y[i]) - double(want)) / double(ulp));
-  }
-  EXPECT_LE(worst_ulps, 2.0);
-  for (std::size_t i = finite; i < x.size(); ++i) {
-    EXPECT_EQ(std::exp(x[i]), kFloatInf) << x[i];
-    EXPECT_EQ(y[i], kFloatInf) << "exp(" << x[i] << ")";
-  }
-  // the shift moves the edge with it: exp(89 - 0.5) is finite, exp(89.5 - 0.25) is not
-  std::vector<float> z = {89.0f, 89.5f};
-  kernels::exp_shift_row(z.data(), 1, 0.5f);
-  kernels::exp_shift_row(z.data() + 1, 1, 0.25f);
-  EXPECT_FLOAT_EQ(z[0], std::exp(88.5f));
-  EXPECT_EQ(z[1], kFloatInf);
 }
 
 TEST(Softmax, DimOutOfRangeThrows) {
@@ -498,57 +465,104 @@ INSTANTIATE_TEST_SUITE_P(Sweep, MaskedSoftmaxLayout,
                          ::testing::Values(Layout::contiguous, Layout::transposed, Layout::narrowed),
                          layout_param_name);
 
-// ---------------------------------------------------------------- grouped kv heads
+// ---------------------------------------------------------------- masked softmax: the fused op
 
-// kv [1, Hkv=2, T=1, d=2] widened for G = 3: heads a a a b b b (repeat_interleave),
-// not a b a b a b (tile); the backward sums each group's gradients.
-TEST(ExpandKvHeads, RepeatsEachHeadForItsGroup) {
-  const Tensor kv = Tensor::from_values(std::vector<double>{1, 2, 3, 4}, {1, 2, 1, 2}, DType::float64);
-  Variable v(kv, true);
-  const Variable wide = expand_kv_heads(v, 3);
-  expect_exact_values(wide.data(), {1, 6, 1, 2}, {1, 2, 1, 2, 1, 2, 3, 4, 3, 4, 3, 4});
-  wide.backward(Tensor::from_values(std::vector<double>{1, 10, 2, 20, 3, 30, 4, 40, 5, 50, 6, 60},
-                                    {1, 6, 1, 2}, DType::float64));
-  expect_exact_values(v.grad(), {1, 2, 1, 2}, {6, 60, 15, 150});
-  expect_gradcheck([](const std::vector<Variable>& in) { return expand_kv_heads(in[0], 2); },
-                   {make({2, 3, 4, 2}, Layout::transposed, 3)});
+// masked_softmax must give exactly what the ops it replaces give.
+
+// About 70% attended, element 0 masked.
+Tensor random_mask(const Shape& shape, std::uint64_t seed) {
+  Generator gen(seed);
+  Tensor m = Tensor::empty(shape, DType::boolean);
+  for (std::int64_t i = 0; i < m.numel(); ++i) m.set_flat(i, gen.uniform() < 0.7);
+  if (m.numel() > 0) m.set_flat(0, 0.0);
+  return m;
 }
 
-TEST(KvGroup, GroupSizeAndErrors) {
-  auto var = [](const Shape& s) { return Variable(Tensor::zeros(s, DType::float64)); };
-  EXPECT_EQ(kv_group(var({2, 12, 5, 4}), var({2, 3, 7, 4}), var({2, 3, 7, 6}), "t"), 4);
-  EXPECT_EQ(kv_group(var({2, 12, 5, 4}), var({2, 12, 7, 4}), var({2, 12, 7, 4}), "t"), 1);
-  EXPECT_EQ(kv_group(var({5, 4}), var({7, 4}), var({7, 4}), "t"), 1);
-  expect_invalid([&] { kv_group(var({2, 12, 5, 4}), var({2, 5, 7, 4}), var({2, 5, 7, 4}), "who"); },
-                 {"who", "q [2, 12, 5, 4]", "k [2, 5, 7, 4]", "H = 12"});
-  expect_invalid([&] { kv_group(var({2, 12, 5, 4}), var({2, 3, 7, 4}), var({2, 4, 7, 4}), "who"); },
-                 {"v [2, 4, 7, 4]"});
-  EXPECT_EQ(kv_group(var({2, 12, 5, 4}), var({1, 1, 7, 4}), var({2, 1, 7, 4}), "t"), 12);
+// softmax(masked_fill(scale(x), !attend, -inf)) from the separate ops, as attention_core did.
+Variable composed(const Variable& x, double s, const Tensor& attend) {
+  Variable scores = scale(x, s);
+  if (attend.defined()) scores = masked_fill(scores, logical_not(attend), -kInf);
+  return softmax(scores, -1);
 }
 
-// mha_dims reads d from the spec when given (D need not be H * d) and names
-// every weight that does not fit.
-TEST(MhaDims, HeadWidthApartFromDAndWeightShapes) {
-  auto var = [](const Shape& s) { return Variable(Tensor::zeros(s, DType::float64)); };
-  AttentionSpec spec;
-  spec.num_heads = 12;
-  spec.num_kv_heads = 3;
-  spec.head_width = 10;
-  MhaWeights w{var({120, 32}), var({30, 32}), var({30, 32}), var({32, 120})};
-  const MhaDims m = mha_dims(var({2, 7, 32}), w, spec, "t");
-  EXPECT_EQ(m.d_model, 32);
-  EXPECT_EQ(m.heads, 12);
-  EXPECT_EQ(m.kv_heads, 3);
-  EXPECT_EQ(m.head_dim, 10);
-  EXPECT_EQ(m.group, 4);
-  w.wv = var({120, 32});
-  expect_invalid([&] { mha_dims(var({2, 7, 32}), w, spec, "who"); },
-                 {"who", "wv is [120, 32]", "expected [30, 32]", "Hkv 3", "d 10"});
-  spec.head_width = 0;
-  expect_invalid([&] { mha_dims(var({2, 7, 32}), w, spec, "who"); }, {"D = 32", "H = 12"});
-  spec.num_kv_heads = 8;
-  expect_invalid([&] { mha_dims(var({2, 7, 32}), w, spec, "who"); },
-                 {"num_kv_heads 8", "num_heads 12"});
+struct MaskedSoftmaxCase {
+  Shape shape;
+  bool causal;
+  bool mask;
+};
+
+class MaskedSoftmaxShapes : public ::testing::TestWithParam<MaskedSoftmaxCase> {};
+
+TEST_P(MaskedSoftmaxShapes, SameValuesAndGradientsAsTheComposedOps) {
+  const MaskedSoftmaxCase c = GetParam();
+  for (DType dtype : {DType::float64, DType::float32}) {
+    Generator gen(3);
+    const Tensor x0 = randn(c.shape, dtype, gen);
+    const Tensor r = randn(c.shape, dtype, gen);
+    const std::int64_t tq = c.shape[c.shape.size() - 2], tk = c.shape.back();
+    Tensor attend = c.mask ? random_mask({tq, tk}, 5) : Tensor();
+    AttentionSpec spec;
+    spec.causal = c.causal;
+    spec.mask = attend;
+    const Tensor combined = attention_mask(spec, tq, tk);
+
+    Variable xa(x0, true), xb(x0, true);
+    const Variable fused = masked_softmax(xa, 0.37, attend, c.causal);
+    const Variable ref = composed(xb, 0.37, combined);
+    sum(mul(fused, Variable(r))).backward();
+    sum(mul(ref, Variable(r))).backward();
+    const auto fv = fused.data().to_vector(), rv = ref.data().to_vector();
+    const auto fg = xa.grad().to_vector(), rg = xb.grad().to_vector();
+    for (std::size_t i = 0; i < fv.size(); ++i) {
+      EXPECT_EQ(fv[i], rv[i]) << "value " << i;  // bit for bit
+      EXPECT_NEAR(fg[i], rg[i], 1e-12 + 1e-6 * std::abs(rg[i])) << "grad " << i;
+    }
+  }
+}
+
+TEST_P(MaskedSoftmaxShapes, GradcheckFloat64) {
+  const MaskedSoftmaxCase c = GetParam();
+  Generator gen(4);
+  const std::int64_t tq = c.shape[c.shape.size() - 2], tk = c.shape.back();
+  const Tensor attend = c.mask ? random_mask({tq, tk}, 6) : Tensor();
+  const auto r = gradcheck(
+      [&](const std::vector<Variable>& v) { return masked_softmax(v[0], 0.8, attend, c.causal); },
+      {randn(c.shape, DType::float64, gen)});
+  EXPECT_TRUE(r.ok) << r.message;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, MaskedSoftmaxShapes,
+                         ::testing::Values(MaskedSoftmaxCase{{2, 3, 5, 5}, true, false},
+                                           MaskedSoftmaxCase{{2, 3, 5, 5}, false, false},
+                                           MaskedSoftmaxCase{{2, 4, 7}, true, true},
+                                           MaskedSoftmaxCase{{3, 5, 7}, false, true},
+                                           MaskedSoftmaxCase{{1, 2, 9, 4}, true, false},
+                                           MaskedSoftmaxCase{{2, 40, 33}, true, true}),
+                         [](const auto& info) {
+                           std::string name;
+                           for (auto s : info.param.shape) name += std::to_string(s) + "x";
+                           name.pop_back();
+                           return name + (info.param.causal ? "_causal" : "_full") +
+                                  (info.param.mask ? "_mask" : "");
+                         });
+
+TEST(MaskedSoftmax, FullyMaskedRowGivesZeros) {
+  // Tq = 2, Tk = 3, the mask hides every key of row 0.
+  const Tensor attend = Tensor::from_values(std::vector<double>{0, 0, 0, 1, 0, 1}, {2, 3}, DType::boolean);
+  Variable x(Tensor::from_values(std::vector<double>{1, 2, 3, 4, 5, 6}, {2, 3}, DType::float64), true);
+  const Variable y = masked_softmax(x, 1.0, attend, false);
+  sum(y).backward();
+  EXPECT_EQ(y.data().at({0, 0}), 0.0);
+  EXPECT_EQ(y.data().at({0, 2}), 0.0);
+  EXPECT_EQ(y.data().at({1, 1}), 0.0);
+  EXPECT_NEAR(y.data().at({1, 0}) + y.data().at({1, 2}), 1.0, 1e-15);
+  for (double g : x.grad().to_vector()) EXPECT_TRUE(std::isfinite(g));
+}
+
+TEST(MaskedSoftmax, RejectsBadMasks) {
+  Variable x(Tensor::zeros({2, 3}, DType::float64));
+  EXPECT_THROW(masked_softmax(x, 1.0, Tensor::zeros({2, 3}, DType::float64), false), std::invalid_argument);
+  EXPECT_THROW(masked_softmax(x, 1.0, Tensor::zeros({3, 2}, DType::boolean), false), std::invalid_argument);
 }
 
 }  // namespace
