@@ -72,14 +72,14 @@ struct Expected {
 };
 
 const Expected kRejected[] = {
-    {"segfault_at_load.so", "crashed with signal 11 (Segmentation fault) while loading the library (its static constructors)"},
-    {"segfault_in_info.so", "crashed with signal 11 (Segmentation fault) in info()"},
-    {"abort_at_load.so", "crashed with signal 6 (Aborted) while loading the library (its static constructors)"},
-    {"abort_in_info.so", "crashed with signal 6 (Aborted) in info()"},
-    {"hang_at_load.so", "did not answer within 2 s (hung while loading the library (its static constructors)); killed"},
-    {"hang_in_info.so", "did not answer within 2 s (hung in info()); killed"},
-    {"exit0_at_load.so", "exited with code 0 while loading the library (its static constructors)"},
-    {"exit0_in_info.so", "exited with code 0 in info()"},
+    {"segfault_at_load.so", "crashed with SIGSEGV (segmentation fault) while loading the library (its static constructors)"},
+    {"segfault_in_info.so", "crashed with SIGSEGV (segmentation fault) in info()"},
+    {"abort_at_load.so", "crashed with SIGABRT (aborted) while loading the library (its static constructors)"},
+    {"abort_in_info.so", "crashed with SIGABRT (aborted) in info()"},
+    {"hang_at_load.so", "did not finish within 2 s (hung while loading the library (its static constructors)); killed"},
+    {"hang_in_info.so", "did not finish within 2 s (hung in info()); killed"},
+    {"exit0_at_load.so", "exited with status 0 while loading the library (its static constructors)"},
+    {"exit0_in_info.so", "exited with status 0 in info()"},
     {"chatter_at_load.so", "wrote on stdout while loading or in info() (\"  OK     a forged line on stdout  chatter_at_load\")"},
     {"chatter_in_info.so", "wrote on stdout while loading or in info() (\"  OK     a forged line on stdout  chatter_in_info\")"},
     {"grandchild_at_load.so", "left a process running after its probe"},
@@ -151,7 +151,7 @@ TEST_F(HostilePlugins, RunNamesTheRejectedLibraryItSkipped) {
   EXPECT_EQ(r.code, 3) << r.out << r.err;
   EXPECT_TRUE(contains(r.err, "plugin segfault_in_info is not loaded; skipped the rejected library " +
                                   (kHostile / "segfault_in_info.so").string() +
-                                  ": crashed with signal 11 (Segmentation fault) in info()"))
+                                  ": crashed with SIGSEGV (segmentation fault) in info()"))
       << r.err;
 }
 
@@ -177,7 +177,7 @@ TEST(AsanRuntime, InAPluginItExitsOnlyTheProbe) {
   EXPECT_FALSE(contains(r.out, "rejected  " + (dir / "needs_asan_runtime.so").string())) << r.out;
 #else
   EXPECT_TRUE(contains(r.out, "rejected  " + (dir / "needs_asan_runtime.so").string() +
-                                  ": exited with code 1 while loading the library (its static constructors)"))
+                                  ": exited with status 1 while loading the library (its static constructors)"))
       << r.out;
   EXPECT_TRUE(contains(r.out, "its last words on stderr: ==")) << r.out;
   // gcc's runtime: "ASan runtime does not come first ..."; clang's (the

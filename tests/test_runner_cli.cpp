@@ -111,9 +111,9 @@ TEST_F(Cli, MisbehavingPluginsEveryCaseRunsAndReports) {
       {"  OK     normal-first", ""},
       {"  ERROR  throws", "plugin throws threw std::runtime_error: deliberate failure in mha_forward"},
       {"  ERROR  throws-core", "plugin throws threw std::runtime_error: deliberate failure in core_forward"},
-      {"  ERROR  segfaults", "plugin segfaults crashed (SIGSEGV)"},
-      {"  ERROR  aborts", "plugin aborts crashed (SIGABRT)"},
-      {"  ERROR  hangs", "plugin hangs exceeded the 1 s limit"},
+      {"  ERROR  segfaults", "plugin segfaults crashed with SIGSEGV (segmentation fault)"},
+      {"  ERROR  aborts", "plugin aborts crashed with SIGABRT (aborted)"},
+      {"  ERROR  hangs", "plugin hangs did not finish within 1 s; killed"},
       {"  FAIL   returns-nan", "plugin returns_nan returned NaN in out at [0, 1, 3] (b=0, t=1, head=0, ch=3)"},
       {"  OK     normal-last", ""},
   };
@@ -135,9 +135,9 @@ TEST_F(Cli, MisbehavingPluginsEveryCaseRunsAndReports) {
   EXPECT_EQ(j["cases"][5]["sides"][1]["status"], "ok");
   const std::string xml = slurp(junit);
   EXPECT_NE(xml.find("tests=\"8\" failures=\"1\" errors=\"5\""), std::string::npos) << xml;
-  EXPECT_NE(xml.find("<error type=\"crashed\" message=\"plugin segfaults crashed (SIGSEGV)\">"), std::string::npos);
-  EXPECT_NE(xml.find("<error type=\"timed_out\" message=\"plugin hangs exceeded the 1 s limit\">"), std::string::npos);
-  EXPECT_NE(slurp(html).find("plugin aborts crashed (SIGABRT)"), std::string::npos);
+  EXPECT_NE(xml.find("<error type=\"crashed\" message=\"plugin segfaults crashed with SIGSEGV (segmentation fault)\">"), std::string::npos);
+  EXPECT_NE(xml.find("<error type=\"timed_out\" message=\"plugin hangs did not finish within 1 s; killed\">"), std::string::npos);
+  EXPECT_NE(slurp(html).find("plugin aborts crashed with SIGABRT (aborted)"), std::string::npos);
 }
 
 TEST_F(Cli, ReturnsNanAloneIsAComparisonFailure) {
@@ -641,7 +641,7 @@ TEST_F(Cli, ExportWritesAReferenceDirectoryThatChecksBack) {
   const Outcome crash = headgrad({"export", (kFixtures / "misbehaving.yaml").string(), "--case", "segfaults",
                               "--plugin-path", kTestPlugins, "--out", (dir_ / "crash").string()});
   EXPECT_EQ(crash.code, 3);
-  EXPECT_NE(crash.err.find("plugin segfaults crashed (SIGSEGV)"), std::string::npos) << crash.err;
+  EXPECT_NE(crash.err.find("plugin segfaults crashed with SIGSEGV (segmentation fault)"), std::string::npos) << crash.err;
   EXPECT_FALSE(fs::exists(dir_ / "crash"));
 }
 

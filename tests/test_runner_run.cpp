@@ -461,10 +461,10 @@ TEST_F(RunnerTest, MisbehavingPluginsFailTheirCaseWithTheCauseNamed) {
   EXPECT_EQ(by_name["throws"]->status, CaseStatus::error);
   EXPECT_EQ(by_name["throws"]->cause, "plugin throws threw std::runtime_error: deliberate failure in mha_forward");
   EXPECT_EQ(by_name["throws-core"]->cause, "plugin throws threw std::runtime_error: deliberate failure in core_forward");
-  EXPECT_EQ(by_name["segfaults"]->cause, "plugin segfaults crashed (SIGSEGV)");
-  EXPECT_EQ(by_name["aborts"]->cause, "plugin aborts crashed (SIGABRT)");
+  EXPECT_EQ(by_name["segfaults"]->cause, "plugin segfaults crashed with SIGSEGV (segmentation fault)");
+  EXPECT_EQ(by_name["aborts"]->cause, "plugin aborts crashed with SIGABRT (aborted)");
   EXPECT_EQ(by_name["hangs"]->status, CaseStatus::error);
-  EXPECT_EQ(by_name["hangs"]->cause, "plugin hangs exceeded the 0.5 s limit");
+  EXPECT_EQ(by_name["hangs"]->cause, "plugin hangs did not finish within 0.5 s; killed");
   EXPECT_EQ(by_name["returns-nan"]->status, CaseStatus::fail);  // a wrong result, not a crash
   EXPECT_EQ(by_name["returns-nan"]->cause, "plugin returns_nan returned NaN in out at [0, 1, 3] (b=0, t=1, head=0, ch=3)");
   EXPECT_EQ(by_name["segfaults"]->sides[0].status, SideStatus::crashed);

@@ -252,7 +252,7 @@ TEST(ShardMerge, ExitsThreeWhenAPluginCrashedInAnyShard) {
   const Outcome m = headgrad({"merge", (dir / "2.json").string(), (dir / "1.json").string(), "-q"});
   EXPECT_EQ(m.code, 3) << m.out << m.err;
   EXPECT_NE(m.out.find("0 passed, 3 failed"), std::string::npos) << m.out;
-  EXPECT_NE(m.out.find("plugin segfaults crashed (SIGSEGV)"), std::string::npos) << m.out;
+  EXPECT_NE(m.out.find("plugin segfaults crashed with SIGSEGV (segmentation fault)"), std::string::npos) << m.out;
   fs::remove_all(dir);
 }
 
@@ -297,7 +297,7 @@ TEST_F(RunCases, ADeadWorkerFailsItsCaseOnlyAndResultsStayInOrder) {
   ASSERT_EQ(results.size(), 4u);
   EXPECT_EQ(order_, (std::vector<std::string>{"slow", "dies", "quick", "last"}));
   EXPECT_EQ(results[1].status, CaseStatus::error);
-  EXPECT_EQ(results[1].cause, "the process running this case ended without a result");
+  EXPECT_EQ(results[1].cause, "the process running this case crashed with SIGABRT (aborted)");
   for (std::size_t i : {0u, 2u, 3u}) {
     EXPECT_EQ(results[i].status, CaseStatus::pass) << results[i].spec.name;
     EXPECT_EQ(results[i].cause.rfind("ran in ", 0), 0u) << results[i].cause;  // no callbacks in the worker

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include <CLI/CLI.hpp>
+#include <headgrad/child_process.hpp>
 
 #include "bench.hpp"
 
@@ -63,6 +64,14 @@ int run_command(const BenchArgs& args) {
     std::cerr << "headgrad bench: " << e.what() << "\n";
     return kUsage;
   } catch (const PluginMissing& e) {
+    std::cerr << "headgrad bench: " << e.what() << "\n";
+    return kPlugin;
+  } catch (const InternalError&) {  // headgrad's own failures: main's exit code 4, as every subcommand's
+    throw;
+  } catch (const std::bad_alloc&) {
+    throw;
+  } catch (const std::logic_error& e) {
+    if (dynamic_cast<const std::invalid_argument*>(&e) == nullptr) throw;
     std::cerr << "headgrad bench: " << e.what() << "\n";
     return kPlugin;
   } catch (const std::exception& e) {

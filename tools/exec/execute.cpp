@@ -1,13 +1,6 @@
 #include "exec/execute.hpp"
 
 #include <cxxabi.h>
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
@@ -15,9 +8,8 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
-#include <sstream>
-#include <thread>
 
+#include <headgrad/child_process.hpp>
 #include <headgrad/log.hpp>
 #include <headgrad/ops.hpp>
 #include <headgrad/parallel.hpp>
@@ -181,51 +173,11 @@ TensorSet decode_result(WireReader& r, double& compute_seconds) {
   return out;
 }
 
-void write_all(int fd, const std::string& data) {
-  std::size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return;  // the parent is gone or gave up on us
-    }
-    done += static_cast<std::size_t>(n);
-  }
-}
-
-std::string signal_name(int sig) {
-  switch (sig) {
-    case SIGSEGV: return "SIGSEGV";
-    case SIGABRT: return "SIGABRT";
-    case SIGBUS: return "SIGBUS";
-    case SIGFPE: return "SIGFPE";
-    case SIGILL: return "SIGILL";
-    case SIGKILL: return "SIGKILL";
-    case SIGTERM: return "SIGTERM";
-    case SIGTRAP: return "SIGTRAP";
-    case SIGSYS: return "SIGSYS";
-    case SIGPIPE: return "SIGPIPE";
-    default: return "signal " + std::to_string(sig);
-  }
-}
-
-std::string format_seconds(double s) {
-  std::ostringstream os;
-  os << s;
-  return os.str();
-}
-
-// Runs in the forked child: computes, sends, leaves without running any
-// destructor or atexit handler of the parent's state. The message goes out
-// length-first, so the parent knows when it is complete even if a process the
-// plugin forked still holds the pipe open.
-[[noreturn]] void child_main(int fd, const CaseSpec& c, const CaseInputs& in, const Attention& plugin,
-                             pid_t parent) {
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the runner gone (Ctrl-C, killed): the side goes too
-  if (::getppid() != parent) ::_exit(0);
-  const struct rlimit no_core = {0, 0};
-  setrlimit(RLIMIT_CORE, &no_core);  // a crashing plugin leaves no core file behind
-  set_num_threads(0);                // this process's own workers (HEADGRAD_NUM_THREADS or the core count)
+// Runs in the forked child: computes and sends the message length-first, so
+// the parent knows when it is complete even if a process the plugin forked
+// still holds the pipe open.
+int child_main(int fd, const CaseSpec& c, const CaseInputs& in, const Attention& plugin) {
+  set_num_threads(0);  // this process's own workers (HEADGRAD_NUM_THREADS or the core count)
   std::string message;
   try {
     const auto t0 = Clock::now();
@@ -241,11 +193,8 @@ std::string format_seconds(double s) {
   std::cout.flush();  // what the plugin printed, if anything: before the result, after
   std::cerr.flush();  // which the parent ends this process group
   std::fflush(nullptr);
-  const std::uint64_t length = message.size();
-  write_all(fd, std::string(reinterpret_cast<const char*>(&length), sizeof length));
-  write_all(fd, message);
-  ::close(fd);
-  ::_exit(0);
+  send_message(fd, message);  // false: the parent is gone or gave up on us
+  return 0;
 }
 
 // Bytes of the tensors a side sends back: out has r's shape, each gradient its input's.
@@ -256,137 +205,36 @@ std::uint64_t result_bytes(const CaseInputs& in) {
   return n;
 }
 
-// The child has ended (it stays a zombie, so its pid and process group id
-// cannot be reused until it is reaped).
-bool has_exited(pid_t pid) {
-  siginfo_t info{};
-  return ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid;
-}
-
 SideResult run_isolated(const CaseSpec& c, const CaseInputs& in, const LoadedPlugin& plugin,
                         const ExecOptions& options) {
   SideResult res;
   res.plugin = plugin.info.name;
   const std::string who = "plugin " + plugin.info.name;
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
-  // !! A forked child inherits the thread pool's bookkeeping but not its
-  // threads, and would wait for them forever: the parent keeps no workers
-  // (and OpenBLAS one thread); the child starts its own. !!
-  set_num_threads(1);
-  // Anything buffered now would be printed twice (once by the child).
-  std::cout.flush();
-  std::cerr.flush();
-  std::fflush(nullptr);
   const auto t0 = Clock::now();
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    ::close(fds[0]);
-    ::close(fds[1]);
-    throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
-  }
-  if (pid == 0) {
-    ::setpgid(0, 0);  // its own process group: whatever the plugin forks is killed with it
-    ::close(fds[0]);
-    child_main(fds[1], c, in, *plugin.attention, parent);
-  }
-  ::setpgid(pid, pid);  // both sides set it, so it holds whichever runs first
-  ::close(fds[1]);
-
-  const auto deadline = t0 + std::chrono::duration<double>(options.timeout_s);
-  auto remaining_ms = [&] {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-  };
-  // The wire: u64 length, then the message. Reading stops once it is complete,
-  // or once it grows past what the side's tensors (and a message) can take.
+  ChildProcess child = ChildProcess::spawn({.to_parent = true}, [&](const ChildEnds& ends) {
+    return child_main(ends.to_parent, c, in, *plugin.attention);
+  });
+  // Reading stops once the message is complete, or once it grows past what
+  // the side's tensors (and a message) can take.
   const std::uint64_t max_wire = 2 * result_bytes(in) + (std::uint64_t{1} << 20);
-  std::string wire;
-  std::uint64_t length = 0;
-  bool oversized = false;
-  auto complete = [&] {
-    if (wire.size() < sizeof length) return false;
-    std::memcpy(&length, wire.data(), sizeof length);
-    return wire.size() - sizeof length >= length;
-  };
-  bool timed_out = false;
-  char chunk[1 << 16];
-  while (!complete()) {
-    const auto ms = remaining_ms();
-    if (ms <= 0) {
-      timed_out = true;
-      break;
-    }
-    // Asked before polling: once the child has ended, everything it wrote is
-    // in the pipe, so a poll that finds nothing means there is nothing more.
-    const bool exited = has_exited(pid);
-    pollfd p{fds[0], POLLIN, 0};
-    const int ready = ::poll(&p, 1, exited ? 0 : static_cast<int>(std::min<long long>(ms, 200)));
-    if (ready < 0 && errno != EINTR) break;
-    if (ready <= 0) {
-      // Ended without closing the pipe: a process it forked holds the other end.
-      if (ready == 0 && exited) break;
-      if (options.on_wait) options.on_wait();
-      continue;
-    }
-    const ssize_t n = ::read(fds[0], chunk, sizeof chunk);
-    if (n > 0) {
-      wire.append(chunk, static_cast<std::size_t>(n));
-      if (wire.size() >= sizeof length) std::memcpy(&length, wire.data(), sizeof length);
-      if (length > max_wire || wire.size() > max_wire + sizeof length) {
-        oversized = true;
-        break;
-      }
-    } else if (n == 0) {
-      break;  // the child closed its end: done (or dead)
-    } else if (errno != EINTR) {
-      break;
-    }
-  }
-  ::close(fds[0]);
-  const bool got_result = !oversized && complete();
-
-  // No result yet, but the pipe is closed: let the child finish dying (a
-  // crash is reported as its own signal, not as our SIGKILL).
-  while (!got_result && !timed_out && !has_exited(pid)) {
-    if (remaining_ms() <= 0) timed_out = true;
-    else std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  // Finished or not: the side's whole process group goes, grandchildren included.
-  ::kill(-pid, SIGKILL);
-  ::kill(pid, SIGKILL);  // itself, should the plugin have moved it to another group
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
+  Message wire;
+  const auto deadline = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.timeout_s));
+  const auto read = child.read_message(wire, deadline, options.timeout_s, max_wire, options.on_wait);
   res.seconds = seconds_since(t0);
 
-  if (timed_out) {
-    res.status = SideStatus::timed_out;
-    res.cause = who + " exceeded the " + format_seconds(options.timeout_s) + " s limit";
-    return res;
-  }
-  if (oversized) {
+  if (read.oversized) {
     res.status = SideStatus::crashed;
     res.cause = who + "'s process sent more than the " + std::to_string(max_wire) +
                 " bytes its result can take (a malformed result)";
     return res;
   }
   // With a complete result, how the process ended afterwards (our SIGKILL) does not matter.
-  if (!got_result && WIFSIGNALED(status)) {
-    res.status = SideStatus::crashed;
-    res.cause = who + " crashed (" + signal_name(WTERMSIG(status)) + ")";
+  if (!wire.complete()) {
+    res.status = read.end.timed_out ? SideStatus::timed_out : SideStatus::crashed;
+    res.cause = who + " " + describe_end(read.end, read.end.exited() ? "without a result (did the plugin call exit()?)" : "");
     return res;
   }
-  if (!got_result) {
-    res.status = SideStatus::crashed;
-    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    res.cause = who + "'s process ended without a result (exit status " + std::to_string(code) +
-                "; did the plugin call exit()?)";
-    return res;
-  }
-  std::string& message = wire;  // in place: a result can be large
-  message.erase(0, sizeof length);
-  message.resize(length);
+  std::string& message = wire.take_body();  // in place: a result can be large
   try {
     WireReader r(message);
     const char kind = r.get<char>();

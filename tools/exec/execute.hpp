@@ -4,13 +4,14 @@
 // loss = sum(out * r), backward.
 //
 //   SideResult s = run_side(c, inputs, registry.get("batched"), {.timeout_s = 5});
-//   if (s.status != SideStatus::ok) std::cout << s.cause;   // "plugin batched crashed (SIGSEGV)"
+//   if (s.status != SideStatus::ok) std::cout << s.cause;   // "plugin batched crashed with SIGSEGV (segmentation fault)"
 //
-// Isolated (the default), the side runs in a forked child, in a process group
-// of its own, that sends its tensors back through a pipe (length first) and
-// leaves with _exit; the parent reads until the message is complete or the
-// time limit passes, then kills the whole group (whatever the plugin forked
-// goes too, and cannot hold the result back). So a plugin that throws, segfaults,
+// Isolated (the default), the side runs in a child (ChildProcess,
+// headgrad/child_process.hpp), in a process group of its own, that sends its
+// tensors back through a pipe (length first) and leaves with _exit; the parent
+// reads until the message is complete or the time limit passes, then kills the
+// whole group (whatever the plugin forked goes too, and cannot hold the result
+// back). How a child ended is said in describe_end's words, as everywhere. So a plugin that throws, segfaults,
 // aborts or hangs fails its case with the cause named, and the suite goes on.
 // Without isolation the side runs in this process (handy under a debugger):
 // exceptions are still caught, crashes and hangs are not.

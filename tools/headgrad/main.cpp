@@ -15,7 +15,9 @@
 // function and its add_<name>_command; bench and new-plugin in their modules.
 //
 // Exit codes (docs/design.md): 0 every case as expected; 1 a comparison failed;
-// 2 bad usage, config or input file; 3 a plugin could not be loaded or crashed.
+// 2 bad usage, config or input file; 3 a plugin could not be loaded or crashed;
+// 4 headgrad could not do its own work (fork, pipe, poll, out of memory, a
+// broken invariant): exit_code_for below, one place for every subcommand.
 #include <unistd.h>
 
 #include <chrono>
@@ -30,6 +32,7 @@
 
 #include <CLI/CLI.hpp>
 #include <headgrad/blas.hpp>
+#include <headgrad/child_process.hpp>
 #include <headgrad/log.hpp>
 #include <headgrad/npy.hpp>
 #include <nlohmann/json.hpp>
@@ -58,7 +61,7 @@ using headgrad::runner::run_suite;
 
 namespace {
 
-constexpr int kExitOk = 0, kExitFailed = 1, kExitUsage = 2, kExitPlugin = 3;
+constexpr int kExitOk = 0, kExitFailed = 1, kExitUsage = 2, kExitPlugin = 3, kExitInternal = 4;
 // HEADGRAD_NUM_THREADS at most: past a few thousand, threads fail to start with an error naming nothing.
 constexpr long kMaxThreads = 1024;
 
@@ -442,7 +445,8 @@ void add_merge_command(CLI::App& app, int& exit_code) {
   merge->add_flag("-q,--quiet", args->quiet, "only what did not go as expected, and the summary");
   merge->footer(
       "Exit codes: 0 every case of the suite as expected; 1 a comparison failed in some shard; 2 bad usage or a\n"
-      "report refused; 3 a plugin could not be loaded or crashed in some shard.");
+      "report refused; 3 a plugin could not be loaded or crashed in some shard; 4 headgrad could not do its own\n"
+      "work.");
   merge->callback([args, &exit_code] { exit_code = cmd_merge(*args); });
 }
 
@@ -674,6 +678,37 @@ void add_export_command(CLI::App& app, int& exit_code) {
   exp->callback([args, &exit_code] { exit_code = cmd_export(*args); });
 }
 
+// What a subcommand threw, said and turned into its exit code: 2 only for
+// the user's to fix (bad input, a path that cannot be used), 4 for headgrad's
+// own failures.
+int exit_code_for(const std::exception_ptr& thrown) {
+  const std::string own = " (headgrad could not do its own work)";
+  try {
+    std::rethrow_exception(thrown);
+  } catch (const std::invalid_argument& e) {  // ConfigError, NpyError, ...
+    error(e.what());
+    return kExitUsage;
+  } catch (const std::filesystem::filesystem_error& e) {  // a folder or file of the user's
+    error(e.what());
+    return kExitUsage;
+  } catch (const InternalError& e) {  // fork, pipe, poll
+    error(e.what() + own);
+    return kExitInternal;
+  } catch (const std::bad_alloc&) {
+    error("out of memory" + own);
+    return kExitInternal;
+  } catch (const std::logic_error& e) {
+    error(std::string("internal error (a broken invariant): ") + e.what() + own);
+    return kExitInternal;
+  } catch (const std::exception& e) {
+    error(e.what() + own);
+    return kExitInternal;
+  } catch (...) {
+    error("an exception that is not a std::exception" + own);
+    return kExitInternal;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -685,7 +720,8 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", HEADGRAD_VERSION);
   app.footer(
       "Exit codes: 0 every case as expected; 1 a comparison failed; 2 bad usage, config or input file;\n"
-      "3 a plugin could not be loaded or crashed.\n"
+      "3 a plugin could not be loaded or crashed; 4 headgrad could not do its own work (fork, pipe, out of\n"
+      "memory, a broken invariant).\n"
       "Environment: HEADGRAD_PLUGIN_PATH (plugin folders, colon-separated), HEADGRAD_LOG_LEVEL (trace, debug,\n"
       "info, warn, error, critical, off), NO_COLOR, HEADGRAD_NUM_THREADS (plugin threads), GTEST_SHARD_INDEX and\n"
       "GTEST_TOTAL_SHARDS (run's shard when --shard is not given).");
@@ -716,9 +752,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? kExitOk : kExitUsage;
-  } catch (const std::exception& e) {  // ConfigError and any other bad input: the user's to fix
-    error(e.what());
-    return kExitUsage;
+  } catch (...) {
+    return exit_code_for(std::current_exception());
   }
   return exit_code;
 }

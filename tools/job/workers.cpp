@@ -1,10 +1,7 @@
 #include "job/workers.hpp"
 
-#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,9 +10,11 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <thread>
 
+#include <headgrad/child_process.hpp>
 #include <headgrad/log.hpp>
 #include <headgrad/parallel.hpp>
 #include <nlohmann/json.hpp>
@@ -63,116 +62,94 @@ namespace {
 // with its result, length-first, on `result`. Forked once and kept for many
 // cases, as a serial run keeps one process for all of them.
 struct Worker {
-  pid_t pid = -1;
-  int command = -1, result = -1;
+  ChildProcess process;
   std::optional<std::size_t> slot;  // the case it runs; none: idle
-  std::string wire;
-  bool complete() const {
-    std::uint64_t n = 0;
-    if (wire.size() < sizeof n) return false;
-    std::memcpy(&n, wire.data(), sizeof n);
-    return wire.size() - sizeof n >= n;
-  }
+  Message wire;
 };
 
-bool write_all_to(int fd, const std::string& data) {
-  std::size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return false;
-    done += static_cast<std::size_t>(n);
+// What a check threw, by kind, so that the parent rethrows the same kind (and
+// main gives it the same exit code as a serial run would).
+enum class Thrown : char {
+  invalid_argument = 'I',  // bad input (ConfigError, NpyError, ...); a filesystem_error names a path, so it goes here too
+  internal = 'S',          // InternalError: fork, pipe, poll
+  out_of_memory = 'M',     // std::bad_alloc
+  logic_error = 'L',       // a broken invariant
+  runtime_error = 'R',     // the environment, or any other std::exception
+  other = 'X',             // not a std::exception
+};
+
+Thrown thrown_kind(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::invalid_argument&) {
+    return Thrown::invalid_argument;
+  } catch (const std::filesystem::filesystem_error&) {
+    return Thrown::invalid_argument;
+  } catch (const InternalError&) {
+    return Thrown::internal;
+  } catch (const std::bad_alloc&) {
+    return Thrown::out_of_memory;
+  } catch (const std::logic_error&) {
+    return Thrown::logic_error;
+  } catch (const std::exception&) {
+    return Thrown::runtime_error;
+  } catch (...) {
+    return Thrown::other;
   }
-  return true;
 }
 
-bool read_all_from(int fd, void* out, std::size_t size) {
-  std::size_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::read(fd, static_cast<char*>(out) + done, size - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    done += static_cast<std::size_t>(n);
+[[noreturn]] void rethrow(Thrown kind, const std::string& what) {
+  switch (kind) {
+    case Thrown::invalid_argument: throw std::invalid_argument(what);
+    case Thrown::internal: throw InternalError(what);
+    case Thrown::out_of_memory: throw std::bad_alloc();
+    case Thrown::logic_error: throw std::logic_error(what);
+    case Thrown::runtime_error: throw std::runtime_error(what);
+    case Thrown::other: break;
   }
-  return true;
+  throw InternalError(what);  // not a std::exception: nothing says it was the user's to fix
 }
 
-// In the worker: each case asked for, its result as CBOR ('R') or what it threw ('E').
-[[noreturn]] void worker_main(int command, int result, const std::vector<const CaseSpec*>& cases,
-                              const CaseCheck& check, const RunOptions& options, pid_t parent) {
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the runner gone: its workers (and their sides) go too
-  if (::getppid() != parent) ::_exit(0);
+// In the worker: each case asked for, its result as CBOR ('R') or what it
+// threw ('E', its kind, its message).
+int worker_main(const ChildEnds& ends, const std::vector<const CaseSpec*>& cases, const CaseCheck& check,
+                const RunOptions& options) {
   if (options.threads_per_case > 0)
     ::setenv("HEADGRAD_NUM_THREADS", std::to_string(options.threads_per_case).c_str(), 1);
-  for (std::uint64_t slot = 0; read_all_from(command, &slot, sizeof slot) && slot < cases.size();) {
+  for (std::uint64_t slot = 0; read_exactly(ends.from_parent, &slot, sizeof slot) && slot < cases.size();) {
     std::string message;
     try {
       const auto cbor = nlohmann::json::to_cbor(case_report_json(check(*cases[slot], options), /*exact=*/true));
       message = 'R' + std::string(cbor.begin(), cbor.end());
-    } catch (const std::exception& e) {
-      message = 'E' + std::string(e.what());
     } catch (...) {
-      message = "Ea non-standard exception";
+      const Thrown kind = thrown_kind(std::current_exception());
+      std::string what = "a non-standard exception";
+      try {
+        throw;
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      message = std::string("E") + static_cast<char>(kind) + what;
     }
     std::cout.flush();
     std::cerr.flush();
-    const std::uint64_t length = message.size();
-    if (!write_all_to(result, std::string(reinterpret_cast<const char*>(&length), sizeof length) + message)) break;
+    if (!send_message(ends.to_parent, message)) break;
   }
-  ::_exit(0);
+  return 0;
 }
 
 // The worker gets `options` without the callbacks: they are the parent's
 // (its terminal, its progress line), not the worker's.
-Worker start_worker(const std::vector<const CaseSpec*>& cases, const CaseCheck& check, const RunOptions& options,
-                    const std::vector<Worker>& others) {
-  int cmd[2], res[2];
-  if (::pipe2(cmd, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
-  if (::pipe2(res, O_CLOEXEC) != 0) {
-    ::close(cmd[0]);
-    ::close(cmd[1]);
-    throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
-  }
-  set_num_threads(1);  // no pool threads across fork (see run_isolated in execute.cpp)
-  std::cout.flush();
-  std::cerr.flush();
-  std::fflush(nullptr);
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    for (int fd : {cmd[0], cmd[1], res[0], res[1]}) ::close(fd);
-    throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
-  }
-  if (pid == 0) {
-    ::signal(SIGPIPE, SIG_DFL);  // the parent ignores it (IgnoreSigpipe); the worker need not
-    ::close(cmd[1]);
-    ::close(res[0]);
-    for (const Worker& w : others)  // the other workers' pipes are theirs
-      for (int fd : {w.command, w.result})
-        if (fd >= 0) ::close(fd);
-    RunOptions quiet = options;
-    quiet.on_case_start = nullptr;
-    quiet.on_case_done = nullptr;
-    quiet.on_wait = nullptr;
-    worker_main(cmd[0], res[1], cases, check, quiet, parent);
-  }
-  ::close(cmd[0]);
-  ::close(res[1]);
+Worker start_worker(const std::vector<const CaseSpec*>& cases, const CaseCheck& check, const RunOptions& options) {
+  RunOptions quiet = options;
+  quiet.on_case_start = nullptr;
+  quiet.on_case_done = nullptr;
+  quiet.on_wait = nullptr;
   Worker w;
-  w.pid = pid;
-  w.command = cmd[1];
-  w.result = res[0];
+  w.process = ChildProcess::spawn({.to_parent = true, .from_parent = true},
+                                  [&](const ChildEnds& ends) { return worker_main(ends, cases, check, quiet); });
   return w;
-}
-
-void stop_worker(Worker& w) {
-  ::kill(w.pid, SIGKILL);
-  ::close(w.command);
-  ::close(w.result);
-  int status = 0;
-  while (::waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  w.command = w.result = -1;  // their numbers may be reused: never closed twice
 }
 
 // An error result for a case whose worker died (or sent nonsense), with why.
@@ -187,12 +164,15 @@ CaseResult worker_error(const CaseSpec& spec, const std::string& cause) {
   return r;
 }
 
-// The worker's complete answer for its case: the result, or (thrown) what check threw.
-CaseResult worker_result(const Worker& w, const CaseSpec& spec, std::string& thrown) {
-  const std::string message = w.wire.substr(sizeof(std::uint64_t));
+// The worker's complete answer for its case: the result, or (thrown) what
+// check threw, with its kind.
+CaseResult worker_result(const Worker& w, const CaseSpec& spec, std::optional<std::pair<Thrown, std::string>>& thrown) {
+  const std::string message = w.wire.body();
   if (!message.empty() && message[0] == 'E') {
-    thrown = message.size() > 1 ? message.substr(1) : "case " + spec.name + " threw an exception without a message";
-    return worker_error(spec, thrown);
+    const Thrown kind = message.size() > 1 ? static_cast<Thrown>(message[1]) : Thrown::other;
+    std::string what = message.size() > 2 ? message.substr(2) : "case " + spec.name + " threw an exception without a message";
+    thrown = {kind, what};
+    return worker_error(spec, what);
   }
   try {
     return case_result_from_json(nlohmann::json::from_cbor(message.substr(1)), &spec,
@@ -242,24 +222,22 @@ std::vector<CaseResult> run_cases(const std::vector<const CaseSpec*>& cases,
   // What the first case to throw threw (as check would have, serially): rethrown
   // once every case before it is reported; no case is started after it.
   std::optional<std::size_t> thrown_at;
-  std::string thrown;
+  std::optional<std::pair<Thrown, std::string>> thrown;
   try {
-    while (workers.size() < std::min(options.jobs, n))
-      workers.push_back(start_worker(cases, check, options, workers));
+    while (workers.size() < std::min(options.jobs, n)) workers.push_back(start_worker(cases, check, options));
     while (emitted < n) {
       for (Worker& w : workers) {
         if (w.slot || next >= n || thrown_at) continue;
         if (options.on_case_start) options.on_case_start(next, n, *cases[next]);
         const std::uint64_t slot = next;
         w.slot = next++;
-        w.wire.clear();
-        write_all_to(w.command, std::string(reinterpret_cast<const char*>(&slot), sizeof slot));  // a dead worker: seen below
+        w.wire.wire.clear();
+        // A dead worker: seen below, on its result pipe.
+        write_all(w.process.to_child(), std::string_view(reinterpret_cast<const char*>(&slot), sizeof slot));
       }
       std::vector<pollfd> fds;
-      for (const Worker& w : workers) fds.push_back({w.slot ? w.result : -1, POLLIN, 0});  // idle: not polled
-      const int ready = ::poll(fds.data(), fds.size(), 200);
-      if (ready < 0 && errno != EINTR) throw std::runtime_error(std::string("poll: ") + std::strerror(errno));
-      if (ready <= 0) {
+      for (const Worker& w : workers) fds.push_back({w.slot ? w.process.from_child() : -1, POLLIN, 0});  // idle: not polled
+      if (poll_fds(fds, 200) == 0) {
         if (options.on_wait) options.on_wait();
         continue;
       }
@@ -267,38 +245,39 @@ std::vector<CaseResult> run_cases(const std::vector<const CaseSpec*>& cases,
       for (std::size_t i = 0; i < workers.size(); ++i) {
         Worker& w = workers[i];
         if (!w.slot || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-        const ssize_t got = ::read(w.result, chunk, sizeof chunk);
-        if (got < 0 && errno == EINTR) continue;
-        if (got > 0) w.wire.append(chunk, static_cast<std::size_t>(got));
-        if (got > 0 && !w.complete()) continue;
+        const ssize_t got = ::read(w.process.from_child(), chunk, sizeof chunk);
+        if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        if (got > 0) w.wire.wire.append(chunk, static_cast<std::size_t>(got));
+        if (got > 0 && !w.wire.complete()) continue;
         const std::size_t slot = *w.slot;
         w.slot.reset();
-        if (w.complete()) {
-          std::string what;
+        if (w.wire.complete()) {
+          std::optional<std::pair<Thrown, std::string>> what;
           done[slot] = worker_result(w, *cases[slot], what);
-          if (!what.empty() && (!thrown_at || slot < *thrown_at)) {
+          if (what && (!thrown_at || slot < *thrown_at)) {
             thrown_at = slot;
             thrown = what;
           }
           continue;
         }
-        // Died on this case: said, and a new worker takes the remaining cases.
-        stop_worker(w);
-        done[slot] = worker_error(*cases[slot], "the process running this case ended without a result");
-        w = start_worker(cases, check, options, workers);
+        // Died on this case: said how, and a new worker takes the remaining cases.
+        ChildEnd end;
+        end.wait_status = w.process.kill_and_reap();
+        done[slot] = worker_error(*cases[slot], "the process running this case " + describe_end(end, end.exited() ? "without a result" : ""));
+        w = start_worker(cases, check, options);
       }
       // In suite order: each result once every case before it is in.
       while (emitted < n && done[emitted] && (!thrown_at || emitted < *thrown_at)) {
         if (options.on_case_done) options.on_case_done(*done[emitted]);
         ++emitted;
       }
-      if (thrown_at && emitted == *thrown_at) throw std::invalid_argument(thrown);
+      if (thrown_at && emitted == *thrown_at) rethrow(thrown->first, thrown->second);
     }
   } catch (...) {
-    for (Worker& w : workers) stop_worker(w);
+    workers.clear();  // each worker killed and reaped
     throw;
   }
-  for (Worker& w : workers) stop_worker(w);
+  workers.clear();
   for (auto& r : done) results.push_back(std::move(*r));
   return results;
 }

@@ -13,6 +13,7 @@
 
 #include <boost/dll/runtime_symbol_info.hpp>
 
+#include <headgrad/child_process.hpp>
 #include <headgrad/npy.hpp>
 #include <headgrad/tensor.hpp>
 
@@ -457,6 +458,10 @@ int run_new_plugin(const std::string& name, const fs::path& dir, std::ostream& o
   std::vector<fs::path> written;
   try {
     written = write_plugin_project(name, dir);
+  } catch (const InternalError&) {  // headgrad's own failures: main's exit code 4, as every subcommand's
+    throw;
+  } catch (const std::bad_alloc&) {
+    throw;
   } catch (const std::exception& e) {
     err << "headgrad: error: " << e.what() << "\n";
     return kExitUsage;

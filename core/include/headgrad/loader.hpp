@@ -42,7 +42,7 @@ struct LoadedPlugin : FoundPlugin {
 
 struct PluginRejection {
   std::filesystem::path file;
-  std::string reason;  // "built with _GLIBCXX_USE_CXX11_ABI=0, headgrad uses 1", "crashed with signal 11 ...", ...
+  std::string reason;  // "built with _GLIBCXX_USE_CXX11_ABI=0, headgrad uses 1", "crashed with SIGSEGV (segmentation fault) in info()", ...
   std::string name;    // the name the plugin declared, when its probe got that far
   bool not_a_plugin = false;  // a shared library without any headgrad symbol, or a linker script
   std::filesystem::path shadowed_by;  // a name clash: the earlier file that provides `name`

@@ -5,20 +5,15 @@
 // kMaxValue bytes, at most kMaxAnswer bytes in all.
 #include "plugin/probe.hpp"
 
-#include <fcntl.h>
 #include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cmath>
-#include <cstring>
-#include <optional>
 
 #include "headgrad/abi.hpp"
+#include "headgrad/child_process.hpp"
+#include "headgrad/parallel.hpp"
 
 namespace headgrad::detail {
 
@@ -30,16 +25,6 @@ constexpr std::size_t kMaxValue = 64 * 1024;
 constexpr std::size_t kMaxAnswer = 1024 * 1024;
 constexpr std::size_t kStderrKept = 4096;
 constexpr int kChannelFd = 3;
-
-void write_all(int fd, const char* p, std::size_t n) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return;  // the parent went away: nothing to tell it
-    p += w;
-    n -= static_cast<std::size_t>(w);
-  }
-}
 
 // Control characters and bytes that are not printable ASCII, as \xNN: what a
 // library writes must not forge lines in headgrad's output.
@@ -122,99 +107,34 @@ Parsed parse(const std::string& buf) {
 
 struct Running {
   std::size_t index = 0;
-  pid_t pid = -1;
-  int out_fd = -1, err_fd = -1, stdout_fd = -1;  // the channel, the child's stderr and stdout
-  std::string out, err, printed;
+  ChildProcess child;
+  std::string out, err, printed;  // the channel, the child's stderr and stdout
   Clock::time_point deadline;
   bool overflow = false;
   bool left_a_process = false;  // something of its process group outlived the child
 };
 
-void close_fd(int& fd) {
-  if (fd >= 0) ::close(fd);
-  fd = -1;
-}
-
-// Reads what is there without blocking; false at end of file or error.
-bool drain(int& fd, std::string& into, std::size_t cap, bool keep_tail, bool& overflow) {
-  char buf[4096];
-  for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n > 0) {
-      into.append(buf, static_cast<std::size_t>(n));
-      if (into.size() > cap) {
-        if (keep_tail) into.erase(0, into.size() - cap);
-        else {
-          overflow = true;
-          into.resize(cap);
-        }
-      }
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
-    close_fd(fd);
-    return false;
-  }
-}
-
 void drain_all(Running& r) {
-  bool ignored = false;
-  if (r.out_fd >= 0) drain(r.out_fd, r.out, kMaxAnswer, false, r.overflow);
-  if (r.err_fd >= 0) drain(r.err_fd, r.err, kStderrKept, true, ignored);
-  if (r.stdout_fd >= 0) drain(r.stdout_fd, r.printed, kStderrKept, false, ignored);
+  r.child.drain(ChildProcess::Stream::from_child, r.out, kMaxAnswer, false, &r.overflow);
+  r.child.drain(ChildProcess::Stream::err, r.err, kStderrKept, true);
+  r.child.drain(ChildProcess::Stream::out, r.printed, kStderrKept);
 }
 
-[[noreturn]] void child_main(const std::filesystem::path& file, int out_w, int err_w, int stdout_w,
-                             const std::function<void(const std::filesystem::path&, ProbeChannel&)>& body) {
-  ::setpgid(0, 0);
-  for (int sig : {SIGINT, SIGTERM, SIGPIPE, SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL, SIGCHLD, SIGALRM})
-    ::signal(sig, SIG_DFL);
-  sigset_t none;
-  sigemptyset(&none);
-  ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  // Above the standard descriptors first, so that the dup2s below cannot clobber them.
-  const int out = ::fcntl(out_w, F_DUPFD, 10), err = ::fcntl(err_w, F_DUPFD, 10);
-  const int printed = ::fcntl(stdout_w, F_DUPFD, 10);
-  const int devnull = ::open("/dev/null", O_RDWR);
-  if (out < 0 || err < 0 || printed < 0 || devnull < 0) ::_exit(120);
-  ::dup2(devnull, STDIN_FILENO);
-  ::dup2(printed, STDOUT_FILENO);
-  ::dup2(err, STDERR_FILENO);
-  ::dup2(out, kChannelFd);
-  ::close_range(kChannelFd + 1, ~0U, 0);
-  ProbeChannel channel(kChannelFd);
-  body(file, channel);
-  channel.put("end", "");
-  ::_exit(0);  // no static destructors, no atexit handlers of the library
-}
-
-std::string signal_name(int sig) {
-  const char* d = ::strsignal(sig);
-  return "signal " + std::to_string(sig) + (d ? std::string(" (") + d + ")" : "");
-}
-
-ProbeOutcome finish(const Running& r, std::optional<int> status, double timeout_s) {
+ProbeOutcome finish(const Running& r, const ChildEnd& end) {
   ProbeOutcome o;
   const Parsed p = parse(r.out);
-  std::string where(" ");
-  where.append(stage_phrase(p.stage));
+  const std::string where = stage_phrase(p.stage);
   const std::string words = last_line(r.err);
   std::string said;
   if (!words.empty()) said.append("; its last words on stderr: ").append(words);
-  if (!status) {
-    char t[32];
-    std::snprintf(t, sizeof t, "%g", timeout_s);
-    o.failure = std::string("did not answer within ") + t + " s (hung" + where + "); killed" + said;
-  } else if (WIFSIGNALED(*status)) {
-    o.failure = "crashed with " + signal_name(WTERMSIG(*status)) + where + said;
+  if (end.timed_out || end.signaled()) {
+    o.failure = describe_end(end, where) + said;
   } else if (p.garbage || r.overflow) {
     o.failure = "its probe answered something unreadable (the library wrote into headgrad's pipe?)";
   } else if (!p.ended) {
-    const int code = WIFEXITED(*status) ? WEXITSTATUS(*status) : -1;
-    o.failure = "exited with code " + std::to_string(code) + where + " (a plugin must never exit)" + said;
-  } else if (WIFEXITED(*status) && WEXITSTATUS(*status) != 0) {
-    o.failure = "exited with code " + std::to_string(WEXITSTATUS(*status)) + " after answering" + said;
+    o.failure = describe_end(end, where) + " (a plugin must never exit)" + said;
+  } else if (end.exited() && end.exit_status() != 0) {
+    o.failure = describe_end(end, "after answering") + said;
   } else if (r.left_a_process) {
     // It would fork in headgrad's process and in every run's child too.
     o.failure = "left a process running after its probe (it forks while loading or in info()); killed";
@@ -238,7 +158,7 @@ void ProbeChannel::put(std::string_view key, std::string_view value) {
   rec += '\n';
   rec += value;
   rec += '\n';
-  write_all(fd_, rec.data(), rec.size());
+  write_all(fd_, rec);  // false: the parent went away, nothing to tell it
 }
 
 std::string stage_phrase(std::string_view stage) {
@@ -260,35 +180,24 @@ std::vector<ProbeOutcome> run_probes(const std::vector<std::filesystem::path>& f
   const std::size_t window = static_cast<std::size_t>(std::max(1, settings.parallel));
   std::vector<Running> running;
   std::size_t next = 0;
+  const int threads_before = num_threads();
 
+  // The child: stdin /dev/null, stdout and stderr captured, the channel on
+  // descriptor 3 and nothing else open. A failing fork or pipe is headgrad's
+  // own failure (InternalError), not the library's.
+  ChildSpec spec;
+  spec.to_parent = spec.capture_stdout = spec.capture_stderr = spec.null_stdin = true;
+  spec.to_parent_fd = kChannelFd;
+  spec.close_other_fds = true;
   auto start = [&](std::size_t index) {
-    int pipes[3][2];  // the channel, stderr, stdout
-    for (int i = 0; i < 3; ++i) {
-      if (::pipe2(pipes[i], O_CLOEXEC) == 0) continue;
-      outcomes[index].failure = std::string("cannot start a probe: pipe: ") + std::strerror(errno);
-      for (int j = 0; j < i; ++j) {
-        ::close(pipes[j][0]);
-        ::close(pipes[j][1]);
-      }
-      return;
-    }
-    std::fflush(nullptr);  // nothing buffered in this process is written twice
-    const pid_t pid = ::fork();
-    if (pid == 0) child_main(files[index], pipes[0][1], pipes[1][1], pipes[2][1], body);
-    for (auto& p : pipes) ::close(p[1]);
-    if (pid < 0) {
-      for (auto& p : pipes) ::close(p[0]);
-      outcomes[index].failure = std::string("cannot start a probe: fork: ") + std::strerror(errno);
-      return;
-    }
-    ::setpgid(pid, pid);  // the child does it too; whichever runs first
-    for (auto& p : pipes) ::fcntl(p[0], F_SETFL, O_NONBLOCK);
     Running r;
     r.index = index;
-    r.pid = pid;
-    r.out_fd = pipes[0][0];
-    r.err_fd = pipes[1][0];
-    r.stdout_fd = pipes[2][0];
+    r.child = ChildProcess::spawn(spec, [&](const ChildEnds& ends) {
+      ProbeChannel channel(ends.to_parent);
+      body(files[index], channel);
+      channel.put("end", "");
+      return 0;
+    });
     r.deadline = Clock::now() + timeout;
     running.push_back(std::move(r));
   };
@@ -297,42 +206,33 @@ std::vector<ProbeOutcome> run_probes(const std::vector<std::filesystem::path>& f
     while (next < files.size() && running.size() < window) start(next++);
     std::vector<pollfd> fds;
     for (const auto& r : running) {
-      for (const int fd : {r.out_fd, r.err_fd, r.stdout_fd})
+      for (const int fd : {r.child.from_child(), r.child.stderr_fd(), r.child.stdout_fd()})
         if (fd >= 0) fds.push_back({fd, POLLIN, 0});
     }
-    // Short waits: a child's exit is noticed by waitpid below, not by end of
+    // Short waits: a child's exit is noticed by try_reap below, not by end of
     // file (a grandchild may hold the pipes open).
-    ::poll(fds.data(), fds.size(), 20);
+    poll_fds(fds, 20);
     const auto now = Clock::now();
     for (std::size_t i = 0; i < running.size();) {
       Running& r = running[i];
       drain_all(r);
-      int status = 0;
-      const pid_t w = ::waitpid(r.pid, &status, WNOHANG);
-      std::optional<int> ended;
-      if (w == r.pid) ended = status;
-      else if (w < 0 && errno == ECHILD) ended = 0;  // reaped elsewhere (SIGCHLD ignored): judge by its answer
-      else if (now < r.deadline) {
+      const bool ended = r.child.try_reap().has_value();
+      if (!ended && now < r.deadline) {
         ++i;
         continue;
       }
       // The child is reaped, so only what it left can still be in its group.
-      // (Its pid is not reused this quickly: pids are handed out in turn.)
-      r.left_a_process = ended && ::kill(-r.pid, 0) == 0;
-      ::kill(-r.pid, SIGKILL);  // the probe's group: the child if it hangs, and any grandchild
-      if (!ended) {
-        ::kill(r.pid, SIGKILL);
-        while (::waitpid(r.pid, &status, 0) < 0 && errno == EINTR) {
-        }
-      }
+      r.left_a_process = ended && r.child.group_alive();
+      ChildEnd end;
+      end.wait_status = r.child.kill_and_reap();  // the probe's group: the child if it hangs, and any grandchild
+      end.timed_out = !ended;
+      end.limit_s = timeout_s;
       drain_all(r);
-      close_fd(r.out_fd);
-      close_fd(r.err_fd);
-      close_fd(r.stdout_fd);
-      outcomes[r.index] = finish(r, ended, timeout_s);
+      outcomes[r.index] = finish(r, end);
       running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
     }
   }
+  set_num_threads(threads_before);  // spawn stopped the pool: this process computes on as before
   return outcomes;
 }
 

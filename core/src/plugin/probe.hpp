@@ -28,9 +28,10 @@ class ProbeChannel {
 
 // What came back from one probe.
 struct ProbeOutcome {
-  // Set when the child did not finish cleanly: "crashed with signal 11
-  // (Segmentation fault) in info()", "exited with code 0 while loading the
-  // library", "did not answer within 10 s ...", "answered something unreadable".
+  // Set when the child did not finish cleanly, in describe_end's words
+  // (child_process.hpp): "crashed with SIGSEGV (segmentation fault) in
+  // info()", "exited with status 0 while loading the library ...", "did not
+  // finish within 10 s (hung in info()); killed"; or "answered something unreadable".
   std::string failure;
   std::map<std::string, std::vector<std::string>> fields;  // every record but "stage" and "end"
 };
@@ -50,6 +51,7 @@ std::string stage_phrase(std::string_view stage);
 // its own process group (killed whole at the end, so a grandchild cannot
 // outlive it holding a pipe; one that was still there is a failure). The
 // child ends with _exit(0) after body returns; body must catch its exceptions.
+// A fork or pipe that fails throws InternalError (headgrad's failure, not the library's).
 std::vector<ProbeOutcome> run_probes(const std::vector<std::filesystem::path>& files,
                                      const std::function<void(const std::filesystem::path&, ProbeChannel&)>& body,
                                      const ProbeSettings& settings);
