@@ -155,7 +155,10 @@ TEST_F(Bias, SuiteKeys) {
       "  - {name: m, compare: [per_head, batched], shape: {B: 2, T: 3, D: 8, H: 2}}\n"
       "  - {name: c, level: core, compare: [per_head, batched], shape: {B: 1, H: 2, Tq: 3, Tk: 3, d: 4}}\n"
       "  - {name: own, compare: [per_head, batched], shape: {B: 2, T: 3, D: 8, H: 2}, check: [dbv], "
-      "tolerance: {dbo: {atol: 0.5}, k: {dbq: 4}}}\n",
+      "tolerance: {dbo: {atol: 0.5}}}\n"
+      // a baseline factor is read under relative_to_baseline (float32 here), never with atol/rtol
+      "  - {name: own_k, compare: [per_head, batched], shape: {B: 2, T: 3, D: 8, H: 2}, dtype: float32, "
+      "tolerance: {k: {dbq: 4}}}\n",
       "bias.yaml");
   // the defaults' list brings the gradients of the biases of the weights it names
   EXPECT_EQ(s.cases[0].check, (std::vector<std::string>{"out", "dx", "dwq", "dwo", "dbq", "dbo"}));
@@ -164,7 +167,7 @@ TEST_F(Bias, SuiteKeys) {
   EXPECT_FALSE(s.cases[1].bias);  // one default serves both levels
   EXPECT_EQ(s.cases[2].check, (std::vector<std::string>{"dbv"}));
   EXPECT_EQ(s.cases[2].tolerance_for("dbo").atol, 0.5);
-  EXPECT_EQ(s.cases[2].baseline_k.k_for("dbq"), 4);
+  EXPECT_EQ(s.cases[3].baseline_k.k_for("dbq"), 4);
   EXPECT_EQ(tensor_names(s.cases[0]),
             (std::vector<std::string>{"out", "dx", "dwq", "dwk", "dwv", "dwo", "dbq", "dbk", "dbv", "dbo"}));
 

@@ -583,7 +583,7 @@ void Parser::read_tolerance_rule(const YAML::Node& key, const YAML::Node& value,
 }
 
 void Parser::check_tolerance_keys(const YAML::Node& map, CaseSpec& c) const {
-  const auto& level_tensors = tensor_names(c.level);
+  const auto& level_tensors = tensor_names(c);  // dbq..dbo too in a bias case
   auto applies = [&](const std::string& t) {
     return std::find(level_tensors.begin(), level_tensors.end(), t) != level_tensors.end() ||
            std::find(c.taps.begin(), c.taps.end(), t) != c.taps.end();
