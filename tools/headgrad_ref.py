@@ -31,6 +31,13 @@ it takes **kwargs), so it need not close over the shape (a core RoPE function
 also gets q_offset). An mha function, or a core one with a head axis, may return
 (out, {"q_rot": q, "k_rot": k}) to add the taps after the rotation.
 
+The writer checks what it can see from outside: a function that breaks its
+declared causality (or mask), whose output ignores an input (a zero gradient
+is written), or that returns NaN or Inf in out or a gradient, is still written,
+as it computes, with a HeadgradRefWarning naming what was seen and suggesting
+`headgrad check FILE.py:FUNCTION`, which localizes and names known bugs.
+A 3-D core case (q, k, v [B, T, d], no H) takes its mask as [Tq, Tk] or [B, Tq, Tk].
+
 A float32 directory also gets golden/: the same files in float64, from the same
 function run in float64 on the float32 inputs cast up (the rounded inputs, so
 golden/ minus the float32 expected files is the float32 computation's own error).
@@ -52,6 +59,7 @@ import math
 import os
 import pathlib
 import sys
+import warnings
 
 import numpy as np
 import torch
@@ -82,6 +90,31 @@ MAX_DIM = 2**31 - 1
 
 def _fail(message):
     raise ValueError("headgrad_ref: " + message)
+
+
+class HeadgradRefWarning(UserWarning):
+    """What the writer saw in the function (it breaks its declared causality, ignores a
+    weight, returns NaN): the directory is written anyway, as the function computes it."""
+
+
+def _check_hint(fn):
+    """'headgrad check path/to/file.py:name', the command that localizes and names a bug in fn."""
+    try:
+        file = inspect.getsourcefile(fn)
+    except TypeError:
+        file = None
+    name = getattr(fn, "__name__", "FUNCTION")
+    return f"headgrad check {file or 'FILE.py'}:{name}"
+
+
+def _finding(fn, message):
+    level, frame = 2, sys._getframe(1)  # the warning points at the caller's line, outside this file
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame, level = frame.f_back, level + 1
+    warnings.warn(HeadgradRefWarning(
+        f"headgrad_ref: {message}; written anyway (the reference holds what the function computes). "
+        f"To find out why, run `{_check_hint(fn)}`: it re-runs the function at other shapes and names known bugs."),
+        stacklevel=level)
 
 
 # ---------------------------------------------------------------- shapes
@@ -204,8 +237,19 @@ def _check_tensor(name, t, shape, dtype):
         _fail(f"{name} has shape {list(t.shape)}, expected {list(shape)}")
     if t.dtype != dtype:
         _fail(f"{name} is {t.dtype}, expected {dtype} (the reference's dtype)")
-    if not torch.isfinite(t).all():
-        _fail(f"{name} holds NaN or Inf")
+
+
+def _non_finite(tensors):
+    """'out holds 3 NaN, dq holds 1 Inf' for the tensors that are not finite; '' when all are."""
+    parts = []
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            continue
+        nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+        if nan or inf:
+            what = " and ".join(f"{n} {k}" for n, k in ((nan, "NaN"), (inf, "Inf")) if n)
+            parts.append(f"{name} holds {what} (of {t.numel()})")
+    return ", ".join(parts)
 
 
 # ---------------------------------------------------------------- the writers
@@ -313,6 +357,7 @@ def _check_dependence(run, x, t_axis, keep, claim, what):
 
     The writer cannot see inside the function, so it checks what it claims (causal,
     the mask) by changing one token at a time: every token up to 64, else the last.
+    Returns what it saw when the claim does not hold, else None.
     """
     n = x.shape[t_axis]
     with torch.no_grad():
@@ -325,8 +370,9 @@ def _check_dependence(run, x, t_axis, keep, claim, what):
             bad = (changed != want).nonzero()
             if len(bad):
                 i = int(bad[0])
-                _fail(f"output row {i} {'depends' if changed[i] else 'does not depend'} on {what} {j}, "
-                      f"but {claim} says it {'should not' if changed[i] else 'should'}")
+                return (f"output row {i} {'depends' if changed[i] else 'does not depend'} on {what} {j}, "
+                        f"but {claim} says it {'should not' if changed[i] else 'should'}")
+    return None
 
 
 def _dtype_of(dtype):
@@ -347,7 +393,8 @@ def write_reference(fn, out_dir, shape, *, level="mha", seed=0, causal=True, dty
     shape:     dict, e.g. {"B": 2, "T": 7, "D": 24, "H": 4, "Hkv": 2} (mha),
                {"B": 2, "H": 4, "Hkv": 2, "Tq": 5, "Tk": 7, "d": 8} (core).
     seed:      seeds every random tensor (inputs, weights, r).
-    causal:    mha: what your function does (checked: a mismatch is an error).
+    causal:    mha: what your function does (checked: a mismatch is written with a
+               HeadgradRefWarning naming what was seen, as are an unused weight and NaN).
                core: writes the top-left causal mask [Tq, Tk] as mask.npy.
     dtype:     "float64", "float32", "bfloat16" or "float16". Below float64 the
                directory also gets golden/: fn run in float64 on the same input
@@ -417,19 +464,27 @@ def _run_mha(fn, s, draw, causal, positions, bias=False):
               " argument (biases are passed as keyword arguments bq, bk, bv, bo)")
     out, taps = _split_taps(result, "mha")
     _check_tensor("out", out, (B, T, D), draw.dtype)
-    if "causal" not in used:  # the function does what it does: check it matches the claim
-        def run(xx):
-            return _split_taps(_call(fn, (xx, wq, wk, wv, wo), offered)[0], "mha")[0]
-        keep = torch.ones(T, T, dtype=torch.bool).tril() if causal else None
-        _check_dependence(run, x, 1, keep, f"causal={causal}", "token of x")
+    # What the function does against what it claims (told causal or not, it is checked)
+    def run(xx):
+        return _split_taps(_call(fn, (xx, wq, wk, wv, wo), offered)[0], "mha")[0]
+    keep = torch.ones(T, T, dtype=torch.bool).tril() if causal else None
+    seen = _check_dependence(run, x, 1, keep, f"causal={causal}", "token of x")
+    if seen:
+        _finding(fn, seen)
     (out * r).sum().backward()
-    for name, w in (("wq", wq), ("wk", wk), ("wv", wv), ("wo", wo), ("x", x), *biases.items()):
-        if w.grad is None:
-            _fail(f"the output does not depend on {name} (no gradient reached it)")
-    tensors = {"x": x, "wq": wq, "wk": wk, "wv": wv, "wo": wo, "r": r, "out": out, "dx": x.grad,
-               "dwq": wq.grad, "dwk": wk.grad, "dwv": wv.grad, "dwo": wo.grad}
+    leaves = (("wq", wq), ("wk", wk), ("wv", wv), ("wo", wo), ("x", x), *biases.items())
+    unused = [name for name, w in leaves if w.grad is None]
+    if unused:  # its gradient is zero: what the function computes
+        _finding(fn, f"the output does not depend on {', '.join(unused)} (no gradient reached it): "
+                     f"{', '.join('d' + n for n in unused)} written as zeros")
+    grad = {n: (w.grad if w.grad is not None else torch.zeros_like(w)) for n, w in leaves}
+    tensors = {"x": x, "wq": wq, "wk": wk, "wv": wv, "wo": wo, "r": r, "out": out, "dx": grad["x"],
+               "dwq": grad["wq"], "dwk": grad["wk"], "dwv": grad["wv"], "dwo": grad["wo"]}
     for name, b in biases.items():
-        tensors[name], tensors["d" + name] = b, b.grad
+        tensors[name], tensors["d" + name] = b, grad[name]
+    bad = _non_finite({k: tensors[k] for k in ("out", "dx", "dwq", "dwk", "dwv", "dwo", *("d" + n for n in biases))})
+    if bad:
+        _finding(fn, bad)
     want = {"q_rot": (B, H, T, d), "k_rot": (B, Hkv, T, d)}
     for name, t in taps.items():
         _check_tensor(name, t, want[name], draw.dtype)
@@ -478,7 +533,8 @@ def _run_core(fn, s, draw, causal, mask, positions, q_offset):
         if keep.dtype != torch.bool:
             _fail(f"mask must hold bools (True = attend), got {keep.dtype}")
         if tuple(keep.shape) not in ((Tq, Tk), (B, *heads, Tq, Tk)):
-            _fail(f"mask has shape {list(keep.shape)}, expected [Tq, Tk] or [B, H, Tq, Tk]")
+            _fail(f"mask has shape {list(keep.shape)}, expected [Tq, Tk] or "
+                  + ("[B, H, Tq, Tk]" if heads else "[B, Tq, Tk] (q, k, v are [B, T, d])"))
         if not keep.any(-1).all():
             _fail("a query row of the mask attends no key (softmax over nothing)")
     elif causal:
@@ -499,12 +555,26 @@ def _run_core(fn, s, draw, causal, mask, positions, q_offset):
     out, taps = _split_taps(result, "core")
     if taps and not heads:
         _fail("taps need a head axis (q_rot [B, H, Tq, d]); 3-D q, k, v have none")
-    if "mask" not in used:  # the function masks (or not) by itself: check it matches mask.npy
-        _check_dependence(lambda vv: _split_taps(_call(fn, (q, k, vv), offered)[0], "core")[0], v,
-                          v.dim() - 2, keep, f"causal={causal} (top-left aligned)", "key")
+    # the function masks as it does (given the mask or not): checked against mask.npy
+    # (a [Tq, Tk] mask or none; a per-batch mask is not probed)
+    claim = "the mask" if mask is not None else f"causal={causal} (top-left aligned)"
+    seen = None
+    if keep is None or keep.dim() == 2:
+        seen = _check_dependence(lambda vv: _split_taps(_call(fn, (q, k, vv), offered)[0], "core")[0], v,
+                                 v.dim() - 2, keep, claim, "key")
+    if seen:
+        _finding(fn, seen)
     _check_tensor("out", out, (B, *heads, Tq, d), draw.dtype)
     (out * r).sum().backward()
-    tensors = {"q": q, "k": k, "v": v, "r": r, "out": out, "dq": q.grad, "dk": k.grad, "dv": v.grad}
+    unused = [n for n, t in (("q", q), ("k", k), ("v", v)) if t.grad is None]
+    if unused:
+        _finding(fn, f"the output does not depend on {', '.join(unused)} (no gradient reached it): "
+                     f"{', '.join('d' + n for n in unused)} written as zeros")
+    g = {n: (t.grad if t.grad is not None else torch.zeros_like(t)) for n, t in (("q", q), ("k", k), ("v", v))}
+    tensors = {"q": q, "k": k, "v": v, "r": r, "out": out, "dq": g["q"], "dk": g["k"], "dv": g["v"]}
+    bad = _non_finite({n: tensors[n] for n in ("out", "dq", "dk", "dv")})
+    if bad:
+        _finding(fn, bad)
     if keep is not None:
         tensors["mask"] = keep
     if pos_file:

@@ -61,6 +61,21 @@ Variable split(const Variable& x, std::int64_t h) {
   return split_heads(x, h);
 }
 
+// BUG qkv_packing_mismatch: wq, wk, wv packed blocked into one [(H + 2 Hkv) d, D]
+// weight, then split as if packed per kv group: [G query heads; k; v], d rows each.
+MhaWeights split_packed_per_head(const MhaWeights& w, std::int64_t h, std::int64_t hkv) {
+  const std::int64_t d = w.wk.size(0) / hkv, g = h / hkv;
+  const Variable packed = cat({w.wq, w.wk, w.wv}, 0);
+  std::vector<Variable> q, k, v;
+  for (std::int64_t j = 0; j < hkv; ++j) {
+    const std::int64_t at = j * (g + 2) * d;
+    q.push_back(narrow(packed, 0, at, g * d));
+    k.push_back(narrow(packed, 0, at + g * d, d));
+    v.push_back(narrow(packed, 0, at + (g + 1) * d, d));
+  }
+  return {cat(q, 0), cat(k, 0), cat(v, 0), w.wo};
+}
+
 // k or v [B, T, Hkv*d] -> [B, Hkv, T, d]
 Variable split_kv(const Variable& x, std::int64_t hkv) {
   if (kBug == "kv_interleaved_head_slices") {  // BUG: kv head j takes features j, j+Hkv, ...
@@ -317,9 +332,10 @@ class Mutant final : public Attention {
     return i;
   }
 
-  Variable mha_forward(const Variable& x, const MhaWeights& w,
+  Variable mha_forward(const Variable& x, const MhaWeights& w_in,
                        const AttentionSpec& spec) const override {
     const std::int64_t t = x.size(-2), dm = x.size(-1), h = spec.num_heads, hkv = spec.kv_heads();
+    const MhaWeights w = kBug == "qkv_packing_mismatch" ? split_packed_per_head(w_in, h, hkv) : w_in;
     const AttentionSpec s = fold_rope_positions(spec, x.shape());
     const Variable x3 = reshape(x, {-1, t, dm});
     Variable pq = project(x3, w.wq, w.bq), pk = project(x3, w.wk, w.bk);

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+import warnings
 
 try:
     import torch
@@ -62,6 +63,16 @@ def wrong_scale_mha(x, wq, wk, wv, wo, *, num_heads, causal):
 
 def run_headgrad(suite):
     return subprocess.run([HEADGRAD, "run", str(suite)], capture_output=True, text=True, timeout=120)
+
+
+def run_headgrad_case(ref_dir, shape, *, causal=False, level="mha"):
+    """headgrad run on one reference case: per_head against the directory."""
+    suite = pathlib.Path(ref_dir).parent / "suite.yaml"
+    extra = (f", shape: {shape}" if shape else "") + (", level: core" if level == "core" else "")
+    suite.write_text("suite: one-reference\ncases:\n"
+                     f"  - {{name: ref, compare: [per_head], reference: {pathlib.Path(ref_dir).name}, "
+                     f"causal: {'true' if causal else 'false'}{extra}}}\n")
+    return run_headgrad(suite)
 
 
 class EntryPointThroughHeadgrad(unittest.TestCase):
@@ -126,13 +137,62 @@ class EntryPointThroughHeadgrad(unittest.TestCase):
                 self.assertEqual(res.returncode, want_code, res.stdout + res.stderr)
 
     def test_causal_claim_is_checked(self):
+        # A function that breaks its declared causality is a finding, not a refusal:
+        # written as it computes, with a warning naming what was seen and `headgrad check`.
         def full(x, wq, wk, wv, wo, *, num_heads):
             return einsum_mha(x, wq, wk, wv, wo, num_heads=num_heads, causal=False)
+        def told_causal_but_full(x, wq, wk, wv, wo, *, num_heads, causal):  # naming causal: still checked
+            return einsum_mha(x, wq, wk, wv, wo, num_heads=num_heads, causal=False)
+        for fn in (full, told_causal_but_full):
+            with tempfile.TemporaryDirectory() as tmp:
+                with self.assertWarnsRegex(headgrad_ref.HeadgradRefWarning,
+                                           r"row 0 depends on token of x 1, but causal=True.*written anyway"
+                                           r".*headgrad check .*test_headgrad_ref.py:" + fn.__name__):
+                    out = headgrad_ref.write_reference(fn, pathlib.Path(tmp) / "r", dict(B=1, T=4, D=8, H=2),
+                                                       causal=True)
+                x = torch.from_numpy(np.load(out / "x.npy"))
+                w = [torch.from_numpy(np.load(out / f"{n}.npy")) for n in ("wq", "wk", "wv", "wo")]
+                want = einsum_mha(x, *w, num_heads=2, causal=False)
+                np.testing.assert_allclose(np.load(out / "out.npy"), want.numpy(), rtol=0, atol=1e-12)
+                # checked against a causal plugin, the reference side is the one that differs
+                res = run_headgrad_case(out, "{H: 2}", causal=True)
+                self.assertEqual(res.returncode, 1, res.stdout + res.stderr)
+
+    def test_unused_weight_and_nan_are_findings(self):
+        def no_wo(x, wq, wk, wv, wo, *, num_heads):
+            B, T, D = x.shape
+            d = D // num_heads
+            q, k, v = (torch.einsum("btD,hdD->bhtd", x, w.view(num_heads, d, D)) for w in (wq, wk, wv))
+            s = (q @ k.transpose(-1, -2) / math.sqrt(d)) + torch.full((T, T), float("-inf"), dtype=x.dtype).triu(1)
+            return (s.softmax(-1) @ v).transpose(1, 2).reshape(B, T, D)
+        def inverted_mask(q, k, v):  # the first row attends nothing: NaN (softmax over nothing)
+            tq, tk = q.shape[-2], k.shape[-2]
+            keep = torch.ones(tq, tk, dtype=torch.bool).tril()
+            s = (q @ k.transpose(-1, -2)).masked_fill(keep, float("-inf"))
+            return s.softmax(-1) @ v
         with tempfile.TemporaryDirectory() as tmp:
-            with self.assertRaisesRegex(ValueError, "row 0 depends on token of x 1, but causal=True"):
-                headgrad_ref.write_reference(full, pathlib.Path(tmp) / "r", dict(B=1, T=4, D=8, H=2),
-                                             causal=True)
-            self.assertFalse((pathlib.Path(tmp) / "r").exists())
+            with self.assertWarnsRegex(headgrad_ref.HeadgradRefWarning,
+                                       "the output does not depend on wo .*dwo written as zeros"):
+                out = headgrad_ref.write_reference(no_wo, pathlib.Path(tmp) / "a", dict(B=1, T=3, D=8, H=2))
+            self.assertEqual(float(np.abs(np.load(out / "dwo.npy")).max()), 0.0)
+            with self.assertWarnsRegex(headgrad_ref.HeadgradRefWarning, r"out holds \d+ NaN .*dv holds \d+ NaN"):
+                out = headgrad_ref.write_reference(inverted_mask, pathlib.Path(tmp) / "b",
+                                                   dict(B=1, H=1, Tq=3, Tk=3, d=2), level="core", causal=True)
+            self.assertTrue(np.isnan(np.load(out / "out.npy")).any())
+
+    def test_3d_core_case_takes_a_b_tq_tk_mask(self):
+        # CS336's SDPA test: q, k, v [B, T, d] and a mask [B, Tq, Tk], broadcast as PyTorch does
+        def sdpa(q, k, v, *, mask):
+            s = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(~mask, float("-inf"))
+            return s.softmax(-1) @ v
+        keep = torch.rand(3, 4, 6, generator=torch.Generator().manual_seed(1)) > 0.4
+        keep[..., 0] = True
+        with tempfile.TemporaryDirectory() as tmp:
+            out = headgrad_ref.write_reference(sdpa, pathlib.Path(tmp) / "r", dict(B=3, Tq=4, Tk=6, d=5),
+                                               level="core", mask=keep.numpy())
+            self.assertEqual(np.load(out / "mask.npy").shape, (3, 4, 6))
+            res = run_headgrad_case(out, None, level="core")
+            self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
 
     def test_core_mask_alignment_is_checked(self):
         def bottom_right_causal(q, k, v, *, causal):  # FlashAttention's alignment, not mask.npy's
@@ -142,11 +202,14 @@ class EntryPointThroughHeadgrad(unittest.TestCase):
             return s.softmax(-1) @ v
         with tempfile.TemporaryDirectory() as tmp:
             shape = dict(B=1, H=2, Tq=3, Tk=5, d=4)
-            with self.assertRaisesRegex(ValueError, r"row 0 depends on key 1, but causal=True \(top-left"):
+            with self.assertWarnsRegex(headgrad_ref.HeadgradRefWarning,
+                                       r"row 0 depends on key 1, but causal=True \(top-left"):
                 headgrad_ref.write_reference(bottom_right_causal, pathlib.Path(tmp) / "r", shape, level="core")
-            # at Tq = Tk both alignments agree: written, with the mask it was checked against
-            out = headgrad_ref.write_reference(bottom_right_causal, pathlib.Path(tmp) / "s", dict(shape, Tk=3),
-                                               level="core")
+            # at Tq = Tk both alignments agree: written, with the mask it was checked against, no warning
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", headgrad_ref.HeadgradRefWarning)
+                out = headgrad_ref.write_reference(bottom_right_causal, pathlib.Path(tmp) / "s", dict(shape, Tk=3),
+                                                   level="core")
             self.assertTrue(np.array_equal(np.load(out / "mask.npy"), np.tril(np.ones((3, 3), dtype=bool))))
 
     def test_bad_shapes_name_the_key(self):

@@ -192,6 +192,16 @@ constexpr std::array<BugInfo, static_cast<std::size_t>(Bug::count_)> kEntries{{
      "head h of every batch row rotates at positions row h mod B",
      "index positions by the batch: positions[:, None, :] against q [B, H, T, d] (and k [B, Hkv, T, d])",
      {.needs_seq = true, .needs_batch = true, .needs_rope = true, .needs_position_rows = true}},
+    // A packed qkv projection ([(H + 2 Hkv) d, D]) split in the other layout
+    // than it was packed: blocked q | k | v (nn.MultiheadAttention's
+    // in_proj_weight, GPT-2's c_attn) read per kv group as [G q heads; k; v]
+    // (GPT-NeoX, Megatron). Invisible where both layouts agree: Hkv = 1 (H = 1 included).
+    {Bug::qkv_packing_mismatch, {},
+     "the packed qkv weight was packed blocked (q | k | v, [3D, D]) but split per head ([q_h; k_h; v_h], "
+     "GPT-NeoX / Megatron order): each head's q, k and v come from the wrong rows",
+     "split the packed weight in the layout it was packed in (blocked: q, k, v = W.split(D); per head: "
+     "view as [Hkv, G + 2, d, D]), or repack it",
+     {.needs_heads = true, .mha_only = true, .needs_kv_heads = true}},
 }};
 
 constexpr auto kCatalog = [] {

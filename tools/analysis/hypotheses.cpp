@@ -298,6 +298,24 @@ Variable rope_whole_width(const Variable& p, const AttentionSpec& spec, bool que
   return queries ? rope_queries(p, s) : rope_keys(p, s);
 }
 
+// The rows of [wq; wk; wv] (packed blocked, q | k | v) that a per-head split
+// reads as head h's q, k, v: kv group j owns rows [j (G+2) d, (j+1) (G+2) d),
+// its G query heads first, then k_j, then v_j (GPT-NeoX's order at G = 1).
+MhaWeights repack_blocked_as_per_head(const MhaWeights& w, const AttentionSpec& spec) {
+  const std::int64_t heads = spec.num_heads, kv = spec.kv_heads(), d = w.wq.size(0) / heads;
+  const std::int64_t group = heads / kv, rows = w.wq.size(0) + 2 * w.wk.size(0);
+  const Variable packed = cat({w.wq, w.wk, w.wv}, 0);
+  if (packed.size(0) != rows) throw std::logic_error("repack: packed rows do not add up");
+  std::vector<Variable> q, k, v;
+  for (std::int64_t j = 0; j < kv; ++j) {
+    const std::int64_t base = j * (group + 2) * d;
+    for (std::int64_t g = 0; g < group; ++g) q.push_back(narrow(packed, 0, base + g * d, d));
+    k.push_back(narrow(packed, 0, base + group * d, d));
+    v.push_back(narrow(packed, 0, base + (group + 1) * d, d));
+  }
+  return {cat(q, 0), cat(k, 0), cat(v, 0), w.wo};
+}
+
 }  // namespace
 
 // The mask as the hypothesis applies it, element by element from the
@@ -346,9 +364,17 @@ Tensor hypothesis_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t 
   return Tensor::from_values(values, out_shape, DType::boolean);
 }
 
-Variable hypothesis_mha(const Variable& x, const MhaWeights& w, const AttentionSpec& spec_in,
+Variable hypothesis_mha(const Variable& x, const MhaWeights& w_in, const AttentionSpec& spec_in,
                         BugSet bug) {
   const AttentionSpec spec = fold_rope_positions(spec_in, x.shape());
+  // qkv_packing_mismatch is the correct attention on repacked weights
+  const MhaWeights w = is(bug, Bug::qkv_packing_mismatch) ? repack_blocked_as_per_head(w_in, spec) : w_in;
+  if (is(bug, Bug::qkv_packing_mismatch)) {  // the rest of the set (a pair) on those weights
+    BugSet rest;
+    for (Bug b : bug.bugs())
+      if (b != Bug::qkv_packing_mismatch) rest.add(b);
+    bug = rest;
+  }
   const std::int64_t t = x.size(-2), dm = x.size(-1), heads = spec.num_heads;
   const std::int64_t kv_heads = spec.kv_heads(), group = heads / kv_heads;
   const std::int64_t d = spec.head_dim();

@@ -153,9 +153,10 @@ Tensor with_layout(const Tensor& t, InputLayout layout) {
 
 namespace {
 
-// A mask must broadcast to [B, H, Tq, Tk] without growing it.
+// A mask must broadcast to [B, H, Tq, Tk] (3-D q, k, v: [B, Tq, Tk]) without growing it.
 void check_mask_shape(const CaseSpec& c, const std::string& key, const Tensor& mask, const Shape& target,
                       const std::string& what) {
+  const std::string dims = target.size() == 3 ? "[B, Tq, Tk]" : "[B, H, Tq, Tk]";
   bool fits = mask.dim() <= static_cast<std::int64_t>(target.size());
   for (std::int64_t i = 1; fits && i <= mask.dim(); ++i) {
     const std::int64_t m = mask.size(-i), want = target[target.size() - static_cast<std::size_t>(i)];
@@ -163,7 +164,8 @@ void check_mask_shape(const CaseSpec& c, const std::string& key, const Tensor& m
   }
   if (!fits)
     throw ConfigError(c.where(key), "case '" + c.name + "': " + what + " has shape " + shape_str(mask.shape()) +
-                                        ", which does not broadcast to [B, H, Tq, Tk] = " + shape_str(target));
+                                        ", which does not broadcast to " + dims + " = " + shape_str(target) +
+                                        (target.size() == 3 ? " (q, k, v are [B, T, d]: the scores are [B, Tq, Tk])" : ""));
 }
 
 // "[2, 0, 8]" has no element: a reference input like that is a mistake, not a case.
@@ -545,7 +547,8 @@ class ReferenceReader {
     ref.inputs = {{"q", q}, {"k", k}, {"v", v}};
     Tensor mask = load("mask", false, "");
     if (mask.defined()) {
-      check_mask_shape(c_, "reference", mask, {b, h, tq, tk}, file("mask"));
+      // 3-D q, k, v (CS336's SDPA test) have [B, Tq, Tk] scores: a [B, Tq, Tk] mask, as PyTorch broadcasts it
+      check_mask_shape(c_, "reference", mask, heads ? Shape{b, h, tq, tk} : Shape{b, tq, tk}, file("mask"));
       ref.inputs.push_back({"mask", mask});
     }
     const Shape out_shape = heads ? Shape{b, h, tq, dv} : Shape{b, tq, dv};
@@ -597,6 +600,12 @@ Tensor read_mask_file(const CaseSpec& c) {
 }
 
 Shape mask_target(const Dims& d) { return {d.B, d.H, d.Tq, d.Tk}; }
+// A reference's 3-D q, k, v [B, T, d] have [B, Tq, Tk] scores: its mask broadcasts to those.
+Shape mask_target(const Dims& d, const CaseFiles& f) {
+  const Tensor* q = find_tensor(f.inputs, "q");
+  if (q && q->defined() && q->dim() == 3) return {d.B, d.Tq, d.Tk};
+  return mask_target(d);
+}
 
 std::string mask_key(const CaseSpec& c) { return c.key_source.count("mask") ? "mask" : "reference"; }
 
@@ -695,7 +704,7 @@ void load_case_files(CaseSpec& c) {
   }
   if (!files->mask.defined() && !c.mask_file.empty()) files->mask = read_mask_file(c);
   if (files->mask.defined())
-    check_mask_shape(c, mask_key(c), files->mask, mask_target(c.dims), "mask file " + c.mask_file.string());
+    check_mask_shape(c, mask_key(c), files->mask, mask_target(c.dims, *files), "mask file " + c.mask_file.string());
   c.files = std::move(files);
 }
 
@@ -793,7 +802,7 @@ CaseInputs make_inputs(const CaseSpec& spec) {
   }
   if (files && files->mask.defined()) {
     // a localization variant keeps the mask of a case whose dims it changed
-    check_mask_shape(spec, mask_key(spec), files->mask, mask_target(spec.dims), "mask file " + spec.mask_file.string());
+    check_mask_shape(spec, mask_key(spec), files->mask, mask_target(spec.dims, *files), "mask file " + spec.mask_file.string());
     in.mask = files->mask;
   }
   if (spec.level != Level::core) {

@@ -297,7 +297,7 @@ Tolerance tolerance_16bit(DType dtype) {
   return {kUlps16 * eps, kUlps16 * eps};
 }
 
-const std::vector<std::string> kTopKeys = {"suite", "description", "defaults", "cases"};
+const std::vector<std::string> kTopKeys = {"suite", "description", "defaults", "plugins", "cases"};
 const std::vector<std::string> kCaseKeys = {
     "name",  "description", "compare", "reference", "level",     "shape",     "sweep",
     "dtype", "causal",      "scale",   "dropout_p", "mask",      "input_layout", "seed",
@@ -382,6 +382,7 @@ class Parser {
   RopeCase read_rope(const YAML::Node& map, Level level) const;
   void read_rope_positions(const YAML::Node& v, RopeCase& r) const;
   void check_rope(const CaseSpec& c) const;
+  std::vector<pyplug::PythonPluginDecl> read_python_plugins(const YAML::Node& map) const;
 
   std::vector<CaseSpec> parse_case(const YAML::Node& node, std::size_t index,
                                    const std::map<std::string, Entry>& defaults);
@@ -789,6 +790,62 @@ class DocumentContent final : public YAML::EventHandler {
   }
 };
 
+// plugins: {NAME: {python: FILE.py:FUNCTION | MODULE:FUNCTION, capabilities: [...], rope: {...}}}
+std::vector<pyplug::PythonPluginDecl> Parser::read_python_plugins(const YAML::Node& map) const {
+  std::vector<pyplug::PythonPluginDecl> out;
+  if (map.IsNull()) return out;
+  if (!map.IsMap()) fail(map, "'plugins' must be a map of plugin names, each {python: FILE.py:FUNCTION, capabilities: [...]}");
+  for (auto it = map.begin(); it != map.end(); ++it) {
+    const YAML::Node name = it->first, body = it->second;
+    if (!name.IsScalar() || name.Scalar().empty()) fail(name, "a plugin name under 'plugins' must be a plain name");
+    pyplug::PythonPluginDecl d;
+    d.name = name.Scalar();
+    d.origin = loc(name).str();
+    for (const auto& other : out)
+      if (other.name == d.name) fail(name, "plugin '" + d.name + "' is defined twice under 'plugins'");
+    if (!body.IsMap()) fail(body, "plugin '" + d.name + "' must be a map {python: FILE.py:FUNCTION, capabilities: [...]}");
+    YAML::Node python, caps;  // (a default YAML::Node is a valid null: presence tracked apart)
+    bool has_python = false, has_caps = false;
+    for (const auto& [k, v] : entries(body, {"python", "capabilities", "rope"}, "plugin '" + d.name + "'")) {
+      if (k.Scalar() == "python") has_python = (python = v, true);
+      else if (k.Scalar() == "capabilities") has_caps = (caps = v, true);
+      else {
+        for (const auto& [rk, rv] : entries(v, {"theta", "style", "rotary_dim"}, "plugin '" + d.name + "': 'rope'")) {
+          if (rk.Scalar() == "theta") d.rope.theta = number_value(rv, "theta");
+          else if (rk.Scalar() == "style") d.rope.style = choice(rv, "style", {"interleaved", "half"});
+          else d.rope.rotary_dim = int_value(rv, "rotary_dim");
+        }
+      }
+    }
+    if (!has_python) fail(body, "plugin '" + d.name + "' has no 'python: FILE.py:FUNCTION'");
+    const std::string spec = string_value(python, "python");
+    const auto colon = spec.rfind(':');
+    if (spec.size() > 1 && spec[0] == '@') {  // served by the calling process (headgrad.check)
+      d.function = spec;
+    } else {
+      if (colon == std::string::npos || colon == 0 || colon + 1 == spec.size())
+        fail(python, "'python' must be FILE.py:FUNCTION or MODULE:FUNCTION, got '" + spec + "'");
+      std::string file = spec.substr(0, colon);
+      if (file.size() > 3 && file.ends_with(".py")) {
+        fs::path p = fs::path(file).is_absolute() ? fs::path(file) : dir_ / file;
+        std::error_code ec;
+        if (!fs::is_regular_file(p, ec)) fail(python, "plugin '" + d.name + "': no file " + p.string());
+        file = fs::absolute(p, ec).lexically_normal().string();
+      }
+      d.function = file + spec.substr(colon);
+    }
+    if (!has_caps) fail(body, "plugin '" + d.name + "' has no 'capabilities' list (as `headgrad plugins` names them: "
+                          "mha, core, causal, bool_mask, cross_lengths, grouped_kv, rope, rope_level, bfloat16, float16)");
+    try {
+      d.capabilities = pyplug::parse_capabilities(string_list(caps, "capabilities"));
+    } catch (const std::invalid_argument& e) {
+      fail(caps, "plugin '" + d.name + "': " + e.what());
+    }
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
 Suite Parser::parse(std::string_view text) {
   YAML::Node root;
   try {
@@ -827,6 +884,7 @@ Suite Parser::parse(std::string_view text) {
     if (key == "suite") suite.name = string_value(v, key);
     else if (key == "description") suite.description = string_value(v, key);
     else if (key == "defaults") has_defaults = (defaults_node = v, true);
+    else if (key == "plugins") suite.python_plugins = read_python_plugins(v);
     else has_cases = (cases_node = v, true);
   }
 

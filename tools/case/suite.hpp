@@ -31,6 +31,8 @@
 #include <headgrad/loader.hpp>
 #include <headgrad/tensor.hpp>
 
+#include "pyplug/python_plugin.hpp"
+
 namespace headgrad::runner {
 
 struct SourceLoc {
@@ -179,6 +181,10 @@ struct Suite {
   std::filesystem::path file;
   std::string description;
   std::vector<CaseSpec> cases;
+  // The top-level `plugins:` block: Python functions as plugins
+  // (`mine: {python: glue/mine.py:fn, capabilities: [mha, causal], rope: {...}}`),
+  // the path resolved against the suite's folder.
+  std::vector<pyplug::PythonPluginDecl> python_plugins;
 };
 
 // The tensors a level produces, in report order:

@@ -15,6 +15,7 @@
 #include <headgrad/parallel.hpp>
 
 #include "case/axes.hpp"
+#include "pyplug/python_plugin.hpp"
 
 namespace headgrad::runner {
 
@@ -177,6 +178,7 @@ TensorSet decode_result(WireReader& r, double& compute_seconds) {
 // the parent knows when it is complete even if a process the plugin forked
 // still holds the pipe open.
 int child_main(int fd, const CaseSpec& c, const CaseInputs& in, const Attention& plugin) {
+  pyplug::in_side_child();  // a Python plugin talks to its parent's worker
   set_num_threads(0);  // this process's own workers (HEADGRAD_NUM_THREADS or the core count)
   std::string message;
   try {
@@ -210,6 +212,7 @@ SideResult run_isolated(const CaseSpec& c, const CaseInputs& in, const LoadedPlu
   SideResult res;
   res.plugin = plugin.info.name;
   const std::string who = "plugin " + plugin.info.name;
+  pyplug::before_side(*plugin.attention);  // a Python plugin's worker, started here once and reused
   const auto t0 = Clock::now();
   ChildProcess child = ChildProcess::spawn({.to_parent = true}, [&](const ChildEnds& ends) {
     return child_main(ends.to_parent, c, in, *plugin.attention);
@@ -221,6 +224,8 @@ SideResult run_isolated(const CaseSpec& c, const CaseInputs& in, const LoadedPlu
   const auto deadline = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.timeout_s));
   const auto read = child.read_message(wire, deadline, options.timeout_s, max_wire, options.on_wait);
   res.seconds = seconds_since(t0);
+  // A side that died or hung mid-conversation leaves its Python worker in an unknown state.
+  pyplug::after_side(*plugin.attention, wire.complete() && !read.end.timed_out);
 
   if (read.oversized) {
     res.status = SideStatus::crashed;

@@ -49,6 +49,8 @@
 #include "judge/run_case.hpp"
 #include "report/report.hpp"
 #include "template/template.hpp"
+#include "pyplug/check_suite.hpp"
+#include "pyplug/python_plugin.hpp"
 
 #ifndef HEADGRAD_VERSION
 #define HEADGRAD_VERSION "unknown"
@@ -144,6 +146,18 @@ PluginRegistry probed_registry(const CommonArgs& a) {
   PluginRegistry registry(options);
   registry.probe_directories(search_path(a));
   return registry;
+}
+
+// The suite's Python functions (its `plugins:` block) next to the libraries:
+// a name clash is the suite's error, at the plugin's line.
+void add_python_plugins(PluginRegistry& registry, const Suite& suite) {
+  for (const auto& d : suite.python_plugins) {
+    try {
+      registry.add(pyplug::make_python_plugin(d));
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(d.origin + ": " + e.what());
+    }
+  }
 }
 
 // The plugins these cases compare, each once, in order.
@@ -326,6 +340,7 @@ int cmd_run(const RunArgs& a) {
   check_outputs(report_outputs(a.json, a.junit, a.html), run_reads(suite, selected));
   // Only the plugins the selected cases name are loaded into this process.
   PluginRegistry registry = probed_registry(a);
+  add_python_plugins(registry, suite);
   registry.load(plugins_named_by(selected));
   // The oracle of the relative_to_baseline rule (golden and baseline), when it is on the path.
   if (std::any_of(selected.begin(), selected.end(), [](const CaseSpec* c) { return c->relative_rule(); }))
@@ -350,6 +365,8 @@ int cmd_run(const RunArgs& a) {
   options.filter = a.filter;
   options.shard = shard;
   options.jobs = a.jobs.value_or(default_jobs(shard_cases(selected, shard).size(), options.isolate));
+  // A worker served by the calling Python process (headgrad.check) has one connection: one case at a time.
+  if (pyplug::external_worker() && !suite.python_plugins.empty()) options.jobs = 1;
   options.threads_per_case = options.jobs > 1 ? threads_per_case(options.jobs) : 0;
   logging::runner()->info("{} case(s) at once, {} plugin thread(s) each", options.jobs,
                           options.jobs > 1 ? std::to_string(options.threads_per_case) : "default");
@@ -596,6 +613,7 @@ int cmd_export(const ExportArgs& a) {
   if (!c.is_reference()) c.compare.push_back(plugin_name);  // keeps the spec well-formed
 
   PluginRegistry registry = probed_registry(a);
+  add_python_plugins(registry, suite);
   registry.load({plugin_name});
   const LoadedPlugin* plugin = registry.find(plugin_name);
   if (!plugin) {
@@ -709,6 +727,98 @@ int exit_code_for(const std::exception_ptr& thrown) {
   }
 }
 
+struct CheckArgs : RunArgs {
+  std::string function, level = "mha", rope, dtype;
+  bool causal = false, no_causal = false;
+  std::int64_t kv_heads = 0;
+  std::string keep_suite;
+};
+
+int cmd_check(CheckArgs a) {
+  apply_verbosity(a);
+  pyplug::CheckOptions o;
+  o.level = a.level;
+  if (a.causal && a.no_causal) throw std::invalid_argument("--causal and --no-causal exclude each other");
+  if (a.causal) o.causal = true;
+  if (a.no_causal) o.causal = false;
+  o.kv_heads = a.kv_heads;
+  o.rope = a.rope;
+  o.dtype = a.dtype;
+  // FILE.py:FUNCTION, relative to here; MODULE:FUNCTION; @NAME (served by headgrad.check)
+  const auto colon = a.function.rfind(':');
+  if (a.function.rfind('@', 0) != 0 && (colon == std::string::npos || colon == 0 || colon + 1 == a.function.size()))
+    throw std::invalid_argument("'" + a.function + "' is not FILE.py:FUNCTION (or MODULE:FUNCTION)");
+  o.function = a.function;
+  if (a.function[0] != '@') {
+    const std::string file = a.function.substr(0, colon);
+    if (file.ends_with(".py")) {
+      if (!fs::is_regular_file(file)) throw std::invalid_argument("no file " + file + " (from " + a.function + ")");
+      o.function = fs::absolute(file).lexically_normal().string() + a.function.substr(colon);
+    }
+  }
+  pyplug::FunctionInfo info;
+  try {
+    info = pyplug::describe_function(o.function);
+  } catch (const pyplug::PythonError& e) {
+    error(e.what());
+    return kExitPlugin;
+  }
+  fs::path dir = a.keep_suite;
+  std::string tmpl = (fs::temp_directory_path() / "headgrad-check-XXXXXX").string();
+  if (dir.empty()) {
+    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("cannot make a temporary folder for the check suite");
+    dir = tmpl;
+  }
+  a.suite = pyplug::write_check_suite(o, info, dir).string();
+  // One case at a time unless asked: the worker this process started (torch
+  // imported once) then serves every side; -j N starts one worker per job.
+  if (!a.jobs) a.jobs = 1;
+  int code = kExitUsage;
+  try {
+    code = cmd_run(a);
+  } catch (...) {
+    if (a.keep_suite.empty()) fs::remove_all(dir);
+    throw;
+  }
+  if (a.keep_suite.empty()) fs::remove_all(dir);
+  if (a.verbose > 0) {
+    const auto st = pyplug::worker_stats();
+    std::cout << "python worker: " << st.starts << " start(s) in this process, " << st.start_seconds
+              << " s (torch import included)\n";
+  }
+  return code;
+}
+
+void add_check_command(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<CheckArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "check", "Check a Python (PyTorch) attention function against per_head, no YAML: the suite new-plugin writes "
+               "(shapes where no bug hides, edge cases, non-contiguous input, float32; GQA with --kv-heads, RoPE with "
+               "--rope), adapted to what the function's signature takes. Exit codes as run's.");
+  cmd->add_option("function", args->function, "FILE.py:FUNCTION or MODULE:FUNCTION")->required()->type_name("FILE.py:FUNCTION");
+  cmd->add_option("--level", args->level, "mha: fn(x, wq, wk, wv, wo, **kw); core: fn(q, k, v, **kw); rope: fn(x, positions, **kw)")
+      ->check(CLI::IsMember({"mha", "core", "rope"}))
+      ->capture_default_str();
+  cmd->add_flag("--causal", args->causal, "the function is causal (needed when it takes no `causal` argument: the default)");
+  cmd->add_flag("--no-causal", args->no_causal, "the function is not causal (it takes no `causal` argument)");
+  cmd->add_option("--kv-heads", args->kv_heads, "add grouped-kv cases (GQA) with N kv heads")->type_name("N");
+  cmd->add_option("--rope", args->rope, "add RoPE cases: theta=..,style=interleaved|half,rotary_dim=.. (what the function does "
+                                        "when it takes no keyword for them)")->type_name("SETTINGS");
+  cmd->add_option("--dtype", args->dtype, "one more case in this dtype (float32 is always in)")
+      ->check(CLI::IsMember({"float64", "float32", "bfloat16", "float16"}));
+  cmd->add_option("--json", args->json, "write the JSON report here")->type_name("FILE");
+  cmd->add_option("--junit", args->junit, "write a JUnit XML report here")->type_name("FILE");
+  cmd->add_option("--html", args->html, "write a self-contained HTML report here")->type_name("FILE");
+  cmd->add_option("--timeout", args->timeout, "time limit in seconds for each plugin run (default 60)")
+      ->type_name("SEC")
+      ->check(timeout_check());
+  cmd->add_option("-j,--jobs", args->jobs, "cases at once, each job with its own Python worker (default 1: one torch import)")->type_name("N")->check(CLI::Range(std::size_t{1}, std::size_t{1024}));
+  cmd->add_option("--keep-suite", args->keep_suite, "write the suite into DIR and keep it (to edit and `headgrad run` it)")
+      ->type_name("DIR");
+  add_common(cmd, *args);
+  cmd->callback([args, &exit_code] { exit_code = cmd_check(*args); });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -729,6 +839,7 @@ int main(int argc, char** argv) {
   // Each subcommand's callback runs it and sets the exit code.
   int exit_code = kExitUsage;
   add_run_command(app, exit_code);
+  add_check_command(app, exit_code);
   add_plugins_command(app, exit_code);
   add_export_command(app, exit_code);
   add_merge_command(app, exit_code);

@@ -80,6 +80,10 @@ class PluginRegistry {
   // when it cannot. A C plugin (<headgrad/c_plugin.h>) loads too, as a
   // core-level Attention.
   bool load_file(const std::filesystem::path& file);
+  // Adds a plugin made in this process (a Python function run by a worker):
+  // no library behind it. Throws std::invalid_argument when a plugin of its
+  // name is already found or loaded.
+  void add(LoadedPlugin plugin);
 
   const std::vector<FoundPlugin>& found() const { return found_; }
   const std::vector<LoadedPlugin>& plugins() const { return plugins_; }

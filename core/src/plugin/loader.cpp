@@ -382,6 +382,16 @@ bool PluginRegistry::load_found(const FoundPlugin& found) {
   return true;
 }
 
+void PluginRegistry::add(LoadedPlugin plugin) {
+  if (find(plugin.info.name) || find_found(plugin.info.name))
+    throw std::invalid_argument("plugin '" + plugin.info.name + "' is defined twice: " + plugin.file.string() +
+                                " and " + (find(plugin.info.name) ? find(plugin.info.name)->file
+                                                                  : find_found(plugin.info.name)->file).string());
+  logging::plugins()->info("added plugin '{}' from {}", plugin.info.name, plugin.file.string());
+  found_.push_back(plugin);
+  plugins_.push_back(std::move(plugin));
+}
+
 void PluginRegistry::load(const std::vector<std::string>& names) {
   for (const auto& name : names) {
     if (find(name)) continue;

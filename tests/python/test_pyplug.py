@@ -1,0 +1,304 @@
+#!/usr/bin/python3
+"""Python functions as headgrad plugins, end to end through the built headgrad.
+
+Usage: test_pyplug.py HEADGRAD_EXE   (meson passes the built program)
+Needs PyTorch (Debian's python3-torch in /usr/bin/python3); exits 77 (a skip for
+meson) when torch cannot be imported, and says so.
+
+1. `headgrad check FILE.py:FUNCTION`: a plain MHA passes; its merge without
+   transpose fails, is named merge_without_transpose and localized (it
+   disappears at T = 1 and H = 1); a Python exception fails its cases with
+   the type, message and the user's file:line (exit 3); a function that
+   cannot take a non-contiguous x fails exactly the transposed/sliced cases
+   (so it was handed real strided views); a hang is killed by --timeout and
+   the next cases still run (the worker is replaced); a function without
+   `causal` is causal-only and localization says it could not run `causal off`.
+2. A suite's `plugins:` block (a path relative to the suite), and its errors.
+3. headgrad.check from Python (served by this process: closures work) on
+   excerpts of real implementations through the module adapter: nanoGPT's
+   CausalSelfAttention (packed blocked c_attn, biases), the course's
+   MultiHeadAttention (separate projections), HF's Llama attention (GQA,
+   rotate_half RoPE), each correct and with a seed bug, named as the C++
+   mutant is; a NeoX-style per-head packing declared blocked is named
+   qkv_packing_mismatch and passes declared interleaved.
+4. An autograd.Function's own backward is what is checked (a wrong dV fails dv only).
+5. The pytest example in docs/python.md runs and passes.
+"""
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+
+try:
+    import torch  # noqa: F401
+except ImportError as e:
+    print(f"SKIP: PyTorch is not importable by {sys.executable} ({e}); "
+          "install Debian's python3-torch to run this test")
+    sys.exit(77)
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures"
+sys.path.insert(0, str(REPO / "tools" / "python"))
+sys.path.insert(0, str(FIXTURES))
+import headgrad  # noqa: E402
+from headgrad.modules import pack_qkv  # noqa: E402
+
+HEADGRAD = None
+
+
+def run(*args, cwd=None, timeout=600):
+    p = subprocess.run([HEADGRAD, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout + p.stderr
+
+
+def cases(report):
+    return {c["name"]: c for c in report["cases"]}
+
+
+def failed(report):
+    return [c for c in report["cases"] if c["status"] != "pass"]
+
+
+class CheckCommand(unittest.TestCase):
+    fixture = str(FIXTURES / "functions.py")
+
+    def check(self, fn, *extra):
+        with tempfile.TemporaryDirectory() as tmp:
+            report = pathlib.Path(tmp) / "r.json"
+            code, text = run("check", f"{self.fixture}:{fn}", "--json", report, *extra)
+            return code, text, json.loads(report.read_text()) if report.exists() else None
+
+    def test_plain_mha_passes(self):
+        code, text, report = self.check("mha")
+        self.assertEqual(code, 0, text)
+        self.assertGreaterEqual(len(report["cases"]), 20)
+        self.assertIn("sliced input", cases(report))
+        self.assertIn("non-contiguous input[T=5,H=2]", cases(report))
+
+    def test_merge_without_transpose_named_and_localized(self):
+        code, text, report = self.check("merge_without_transpose")
+        self.assertEqual(code, 1, text)
+        c = cases(report)["closed-book"]
+        self.assertEqual(c["diagnosis"]["best"], "merge_without_transpose", json.dumps(c["diagnosis"])[:2000])
+        self.assertIn("disappears at T = 1 and H = 1", c["localization"]["sentence"])
+        # where the bug cannot show, the cases pass
+        self.assertEqual(cases(report)["heads, lengths, batches[B=2,T=5,H=1]"]["status"], "pass")
+
+    def test_exception_names_type_message_and_line(self):
+        code, text, report = self.check("raises")
+        self.assertEqual(code, 3, text)
+        line = next(i for i, l in enumerate(open(self.fixture), 1) if "no attention today" in l)
+        self.assertIn(f"ValueError: no attention today (H=2) (at {self.fixture}:{line} in raises)", text)
+        self.assertTrue(all(c["status"] == "error" for c in report["cases"]))
+
+    def test_non_contiguous_inputs_are_views(self):
+        code, text, report = self.check("flattens_x")
+        self.assertEqual(code, 3, text)
+        bad = sorted(c["name"] for c in failed(report))
+        self.assertTrue(bad and all(n.startswith(("non-contiguous", "sliced")) for n in bad), bad)
+        self.assertIn("view size is not compatible", text)
+
+    def test_hang_is_killed_and_the_worker_replaced(self):
+        code, text, report = self.check("hangs_at_t5", "--timeout", "4")
+        self.assertEqual(code, 3, text)
+        by = cases(report)
+        self.assertEqual(by["heads, lengths, batches[B=1,T=5,H=1]"]["status"], "error")
+        self.assertIn("exceeded the 4 s limit", by["heads, lengths, batches[B=1,T=5,H=1]"]["cause"])
+        # after it, a fresh worker serves the other cases
+        self.assertEqual(by["heads, lengths, batches[B=1,T=17,H=1]"]["status"], "pass")
+        self.assertEqual(by["float32"]["status"], "pass")
+
+    def test_fixed_causal_variant_not_run(self):
+        code, text, report = self.check("causal_only", "--causal")
+        self.assertEqual(code, 1, text)
+        names = cases(report)
+        self.assertNotIn("not causal[T=4,H=1]", names)  # the suite leaves out what it cannot run
+        loc = names["closed-book"]["localization"]["sentence"]
+        self.assertIn("Could not run: causal off", loc)
+        self.assertIn("disappears at T = 1", loc)
+
+    def test_bad_function_spec(self):
+        code, text = run("check", "nofile.py:fn")
+        self.assertEqual(code, 2, text)
+        self.assertIn("no file nofile.py", text)
+        code, text = run("check", f"{self.fixture}:no_such_function")
+        self.assertEqual(code, 3, text)
+        self.assertIn("no_such_function", text)
+
+
+class SuitePlugins(unittest.TestCase):
+    def write(self, tmp, caps, fn="mha"):
+        glue = pathlib.Path(tmp) / "glue"
+        glue.mkdir(exist_ok=True)
+        (glue / "mine.py").write_text(f"import sys\nsys.path.insert(0, {str(FIXTURES)!r})\nfrom functions import {fn}\n")
+        suite = pathlib.Path(tmp) / "suite.yaml"
+        suite.write_text(textwrap.dedent(f"""\
+            suite: python plugin
+            plugins:
+              mine: {{python: glue/mine.py:{fn}, capabilities: {caps}}}
+            cases:
+              - name: gqa
+                compare: [mine, per_head]
+                causal: true
+                shape: {{B: 2, T: 5, D: 24, H: 6, Hkv: 2}}
+              - name: gqa rope
+                compare: [mine, batched]
+                causal: true
+                rope: {{theta: 10000, style: half, positions: {{generator: gapped, start: 1000}}}}
+                shape: {{B: 2, T: 5, D: 24, H: 6, Hkv: 3}}
+            """))
+        return suite
+
+    def test_suite_names_a_python_function(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            code, text = run("run", self.write(tmp, "[mha, causal, gqa, rope]"), "-j", "2")
+            self.assertEqual(code, 0, text)
+            self.assertIn("2 passed", text)
+
+    def test_bug_is_named_in_a_suite(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            code, text = run("run", self.write(tmp, "[mha, causal, gqa, rope]", "kv_map_tile"), "-v")
+            self.assertEqual(code, 1, text)
+            self.assertIn("reproduces kv_map_tile", text)
+
+    def test_errors(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            code, text = run("run", self.write(tmp, "[mha, causal, gqaa]"))
+            self.assertEqual(code, 2, text)
+            self.assertRegex(text, r"suite.yaml:3:\d+: .*unknown capability 'gqaa' \(did you mean 'gqa'")
+            code, text = run("run", self.write(tmp, "[mha, causal]"))
+            self.assertEqual(code, 2, text)
+            self.assertIn("gqa", text)  # the capability check names what is missing
+            (pathlib.Path(tmp) / "glue" / "mine.py").unlink()
+            code, text = run("run", self.write(tmp, "[mha, causal, gqa, rope]").with_name("suite.yaml"))
+            self.assertEqual(code, 0, text)  # write() wrote it again
+
+
+def names_of(result):
+    return {c["name"]: c for c in result.cases()}
+
+
+def bugs_of(case):
+    d = case.get("diagnosis") or {}
+    return [d["best"]] if d.get("best") else []
+
+
+class ModulesFromPython(unittest.TestCase):
+    def assert_named(self, result, bug, disappears):
+        self.assertFalse(result.passed, result.text)
+        c = names_of(result)["closed-book"]
+        self.assertEqual(bugs_of(c)[:1], [bug], json.dumps(c.get("diagnosis"))[:1500])
+        self.assertIn(disappears, c["localization"]["sentence"])
+
+    def test_nanogpt(self):
+        from nanogpt_attention import CausalSelfAttention
+        def make(bug):
+            return headgrad.module_function(lambda D, H, Hkv, d: CausalSelfAttention(D, H, bug=bug), qkv="blocked")
+        self.assertTrue(headgrad.check(make(""), causal=True).passed)
+        self.assert_named(headgrad.check(make("merge_without_transpose"), causal=True, raise_on_failure=False),
+                          "merge_without_transpose", "disappears at T = 1 and H = 1")
+        self.assert_named(headgrad.check(make("scale_sqrt_D"), causal=True, raise_on_failure=False),
+                          "scale_model_dim", "H = 1")
+
+    def test_course_mha(self):
+        from rasbt_mha import MultiHeadAttention
+        def make(bug):
+            return headgrad.module_function(
+                lambda D, H, Hkv, d: MultiHeadAttention(D, D, 64, 0.0, H, qkv_bias=True, bug=bug))
+        self.assertTrue(headgrad.check(make(""), causal=True).passed)
+        self.assert_named(headgrad.check(make("merge_without_transpose"), causal=True, raise_on_failure=False),
+                          "merge_without_transpose", "disappears at T = 1 and H = 1")
+
+    def test_hf_llama_gqa_rope(self):
+        from hf_llama_attention import LlamaAttention
+        def make(bug):
+            return headgrad.module_function(
+                lambda D, H, Hkv, d: LlamaAttention(D, H, Hkv, bug=bug),
+                call=lambda m, x, positions: m(x, positions.expand(x.shape[0], -1) if positions.dim() == 1
+                                               else positions)[0])
+        rope = dict(theta=10000, style="half")
+        self.assertTrue(headgrad.check(make(""), causal=True, kv_heads=2, rope=rope).passed)
+        r = headgrad.check(make("kv_map_tile"), causal=True, kv_heads=2, rope=rope, raise_on_failure=False)
+        self.assertFalse(r.passed)
+        gqa = [c for c in r.failed_cases() if c["name"].startswith("grouped kv heads")]
+        self.assertTrue(gqa, r.text)
+        self.assertEqual(bugs_of(gqa[0])[:1], ["kv_map_tile"], r.text[-3000:])
+        self.assertIn("tile order", json.dumps(gqa[0]["diagnosis"]))
+
+    def test_packing_declared_wrong(self):
+        from neox_attention import NeoXAttention
+        neox = lambda D, H, Hkv, d: NeoXAttention(D, H)  # noqa: E731
+        good = headgrad.module_function(neox, qkv="interleaved", names={"qkv": "query_key_value", "o": "dense"})
+        self.assertTrue(headgrad.check(good, causal=True).passed)
+        wrong = headgrad.module_function(neox, qkv="blocked", names={"qkv": "query_key_value", "o": "dense"})
+        self.assert_named(headgrad.check(wrong, causal=True, raise_on_failure=False), "qkv_packing_mismatch", "H = 1")
+
+    def test_pack_qkv_layouts(self):
+        # blocked is cat; interleaved puts head h's q, k, v rows together (per kv group under GQA)
+        H, Hkv, d, D = 4, 2, 3, 5
+        wq, wk, wv = (torch.arange(n * D, dtype=torch.float64).view(n, D) + 1000 * i
+                      for i, n in enumerate((H * d, Hkv * d, Hkv * d)))
+        self.assertTrue(torch.equal(pack_qkv(wq, wk, wv, "blocked", H, Hkv, d), torch.cat([wq, wk, wv])))
+        p = pack_qkv(wq, wk, wv, "interleaved", H, Hkv, d)
+        group = 2 * d + 2 * d  # G = 2 query heads, then k, then v
+        self.assertTrue(torch.equal(p[group:group + 2 * d], wq[2 * d:4 * d]))
+        self.assertTrue(torch.equal(p[group + 2 * d:group + 3 * d], wk[d:2 * d]))
+        self.assertTrue(torch.equal(p[group + 3 * d:group + 4 * d], wv[d:2 * d]))
+
+    def test_biases_are_routed_when_given(self):
+        # the adapter's output with headgrad's biases against the module loaded with the same parameters
+        from nanogpt_attention import CausalSelfAttention
+        g = torch.Generator().manual_seed(5)
+        D, H, T = 12, 3, 4
+        x = torch.randn(2, T, D, generator=g, dtype=torch.float64)
+        wq, wk, wv, wo = (torch.randn(D, D, generator=g, dtype=torch.float64) / D ** 0.5 for _ in range(4))
+        bq, bk, bv, bo = (torch.randn(D, generator=g, dtype=torch.float64) for _ in range(4))
+        fn = headgrad.module_function(lambda D, H, Hkv, d: CausalSelfAttention(D, H, bug=""), qkv="blocked")
+        got = fn(x, wq, wk, wv, wo, num_heads=H, num_kv_heads=H, bq=bq, bk=bk, bv=bv, bo=bo)
+        m = CausalSelfAttention(D, H, bug="").double()
+        m.load_state_dict({"c_attn.weight": torch.cat([wq, wk, wv]), "c_attn.bias": torch.cat([bq, bk, bv]),
+                           "c_proj.weight": wo, "c_proj.bias": bo, "bias": m.bias})
+        torch.testing.assert_close(got, m(x), rtol=0, atol=1e-12)
+        zeroed = fn(x, wq, wk, wv, wo, num_heads=H, num_kv_heads=H)
+        m.c_attn.bias.data.zero_()
+        m.c_proj.bias.data.zero_()
+        torch.testing.assert_close(zeroed, m(x), rtol=0, atol=1e-12)
+
+    def test_closure_and_autograd_function(self):
+        import functions
+        scale = {"s": 1.0}
+        def closure(q, k, v, *, causal):
+            return functions.core_autograd_function(q * scale["s"], k, v, causal=causal)
+        self.assertTrue(headgrad.check(closure, level="core").passed)
+        r = headgrad.check(functions.core_autograd_function_bad_dv, level="core", raise_on_failure=False)
+        c = names_of(r)["closed-book"]
+        differ = {t["name"] for t in c["tensors"] if not t["allclose"]}
+        self.assertEqual(differ, {"dv"}, json.dumps(c["tensors"])[:1500])
+        with self.assertRaises(AssertionError) as e:
+            headgrad.check(functions.core_autograd_function_bad_dv, level="core")
+        self.assertIn("dv", str(e.exception))
+
+
+class DocExample(unittest.TestCase):
+    def test_docs_python_example_runs(self):
+        doc = (REPO / "docs" / "python.md").read_text()
+        code = re.search(r"<!-- pytest example -->\s*```python\n(.*?)```", doc, re.S).group(1)
+        with tempfile.TemporaryDirectory() as tmp:
+            test = pathlib.Path(tmp) / "test_my_attention.py"
+            test.write_text(code)
+            env = dict(os.environ, PYTHONPATH=str(REPO / "tools" / "python"), HEADGRAD_EXE=HEADGRAD)
+            p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test)],
+                               cwd=tmp, capture_output=True, text=True, env=env, timeout=600)
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            self.assertIn("2 passed", p.stdout)
+
+
+if __name__ == "__main__":
+    HEADGRAD = os.path.abspath(sys.argv.pop(1))
+    os.environ["HEADGRAD_EXE"] = HEADGRAD
+    unittest.main(verbosity=2)

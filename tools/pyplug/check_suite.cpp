@@ -1,0 +1,192 @@
+#include "pyplug/check_suite.hpp"
+
+#include <fstream>
+#include <sstream>
+
+#include <headgrad/npy.hpp>
+
+namespace fs = std::filesystem;
+
+namespace headgrad::pyplug {
+
+namespace {
+
+// Batch item b pads its last b + 1 keys away; each query also skips keys j
+// with (i + j) % 4 == 3, never its last valid key (the template's padding mask).
+Tensor padding_mask(std::int64_t bn, std::int64_t tq, std::int64_t tk) {
+  std::vector<double> v;
+  for (std::int64_t b = 0; b < bn; ++b)
+    for (std::int64_t i = 0; i < tq; ++i)
+      for (std::int64_t j = 0; j < tk; ++j) {
+        const std::int64_t valid = tk - (b + 1);
+        v.push_back(j < valid && ((i + j) % 4 != 3 || j == valid - 1));
+      }
+  return Tensor::from_values(v, {bn, 1, tq, tk}, DType::boolean);
+}
+
+struct Rope {
+  std::string theta = "10000", style = "interleaved", rotary_dim;
+};
+
+Rope parse_rope(const std::string& text) {
+  Rope r;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (item.empty()) continue;
+    const auto eq = item.find('=');
+    const std::string key = item.substr(0, eq), value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    if (eq == std::string::npos || value.empty())
+      throw std::invalid_argument("--rope item '" + item + "' is not KEY=VALUE (theta=.., style=.., rotary_dim=..)");
+    if (key == "theta") r.theta = value;
+    else if (key == "style") {
+      if (value != "interleaved" && value != "half")
+        throw std::invalid_argument("--rope style must be interleaved or half, got '" + value + "'");
+      r.style = value;
+    } else if (key == "rotary_dim") r.rotary_dim = value;
+    else throw std::invalid_argument("--rope key '" + key + "' is not theta, style or rotary_dim");
+  }
+  return r;
+}
+
+std::string rope_block(const Rope& r, bool gapped) {
+  std::string s = "{theta: " + r.theta + ", style: " + r.style;
+  if (!r.rotary_dim.empty()) s += ", rotary_dim: " + r.rotary_dim;
+  if (gapped) s += ", positions: {generator: gapped, start: 1000}";
+  return s + "}";
+}
+
+}  // namespace
+
+std::string check_plugin_name(const std::string& function) {
+  std::string name = function.substr(function.rfind(':') + 1);
+  if (!name.empty() && name[0] == '@') name = name.substr(1);
+  for (char& c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') c = '_';
+  return name.empty() ? "python_function" : name;
+}
+
+fs::path write_check_suite(const CheckOptions& o, const FunctionInfo& f, const fs::path& dir) {
+  if (o.level != "mha" && o.level != "core" && o.level != "rope")
+    throw std::invalid_argument("--level must be mha, core or rope, got '" + o.level + "'");
+  if (o.level == "rope" && o.kv_heads) throw std::invalid_argument("--kv-heads has no meaning at the rope level");
+  if (o.kv_heads < 0) throw std::invalid_argument("--kv-heads must be >= 1");
+  const std::string name = check_plugin_name(o.function);
+  const bool takes_causal = f.takes("causal");
+  const bool causal = o.causal.value_or(true);
+  const bool both = takes_causal && !o.causal.has_value() ? true : takes_causal;  // non-causal cases too
+  const bool rope_on = !o.rope.empty() || o.level == "rope";
+  const Rope rope = parse_rope(o.rope);
+  const bool positions = f.takes("positions");
+
+  std::vector<std::string> caps;
+  if (o.level == "rope") caps = {"rope_level"};
+  else caps = {o.level};
+  if (o.level != "rope" && (causal || takes_causal)) caps.push_back("causal");
+  if (o.level == "core") caps.push_back("cross_lengths");
+  if (o.level == "core" && f.takes("mask")) caps.push_back("bool_mask");
+  if (o.kv_heads || o.level == "core") caps.push_back("grouped_kv");
+  if (rope_on) caps.push_back("rope");
+  if (o.dtype == "bfloat16" || o.dtype == "float16") caps.push_back(o.dtype);
+
+  std::ostringstream y;
+  y << "# Written by `headgrad check " << o.function << "`: " << name << " against per_head.\n";
+  y << "suite: check " << name << "\n";
+  y << "plugins:\n  " << name << ":\n    python: \"" << o.function << "\"\n    capabilities: [";
+  for (std::size_t i = 0; i < caps.size(); ++i) y << (i ? ", " : "") << caps[i];
+  y << "]\n";
+  if (!o.rope.empty()) {
+    // what the function does when it takes no keyword for it
+    y << "    rope: {theta: " << rope.theta << ", style: " << rope.style;
+    if (!rope.rotary_dim.empty()) y << ", rotary_dim: " << rope.rotary_dim;
+    y << "}\n";
+  }
+  y << "defaults:\n  compare: [" << name << ", per_head]\n  dtype: float64\n  seed: 0\n";
+  if (o.level != "rope") y << "  causal: " << (causal ? "true" : "false") << "\n";
+  y << "cases:\n";
+  auto rope_key = [&](bool gapped) { return rope_on ? "    rope: " + rope_block(rope, gapped && positions) + "\n" : std::string(); };
+  const std::string extra_dtype = o.dtype.empty() || o.dtype == "float64" ? "" : o.dtype;
+
+  if (o.level == "mha") {
+    const std::string r = rope_key(true);
+    y << "  - name: closed-book\n    shape: {B: 2, T: 3, D: 8, H: 2}\n" << rope_key(false);
+    y << "  - name: heads, lengths, batches\n    sweep: {B: [1, 2], T: [1, 5, 17], H: [1, 2, 4], D: [24]}\n" << r;
+    if (both && causal)
+      y << "  - name: not causal\n    causal: false\n    sweep: {B: [2], T: [4, 9], H: [1, 3], D: [12]}\n" << r;
+    y << "  - name: non-contiguous input\n    input_layout: transposed\n    sweep: {B: [2], T: [5, 17], H: [2, 4], D: [24]}\n" << r;
+    y << "  - name: sliced input\n    input_layout: sliced\n    shape: {B: 2, T: 7, D: 16, H: 4}\n" << r;
+    if (f.takes("head_dim"))  // a function that reads d from D / H cannot run it
+      y << "  - name: head width below D / H\n    shape: {B: 2, T: 5, D: 12, H: 3, d: 6}\n" << r;
+    y << "  - name: float32\n    dtype: float32\n    shape: {B: 2, T: 9, D: 16, H: 4}\n" << r;
+    // RoPE settings the function takes: a base other than 10000, a partial rotary width
+    Rope other = rope;
+    if (rope_on && f.takes("theta")) {
+      other.theta = "500000";
+      y << "  - name: rope theta 500000\n    shape: {B: 2, T: 7, D: 24, H: 4}\n    rope: " << rope_block(other, positions) << "\n";
+    }
+    if (rope_on && f.takes("rotary_dim")) {
+      other.rotary_dim = "4";
+      y << "  - name: partial rotary\n    shape: {B: 2, T: 7, D: 24, H: 4}\n    rope: " << rope_block(other, positions) << "\n";
+    }
+    if (o.kv_heads) {
+      const std::int64_t n = o.kv_heads;
+      // G = 2 and G = 4; B = 3, apart from H and Hkv (a head/batch axis mix-up shows)
+      y << "  - name: grouped kv heads\n    shape: {B: 3, T: 7, D: " << 8 * n << ", H: " << 2 * n << ", Hkv: " << n << "}\n" << r;
+      y << "  - name: grouped kv heads, G = 4\n    shape: {B: 3, T: 5, D: " << 16 * n << ", H: " << 4 * n << ", Hkv: " << n
+        << "}\n" << r;
+      y << "  - name: grouped kv heads, non-contiguous\n    input_layout: transposed\n    shape: {B: 3, T: 6, D: " << 12 * n
+        << ", H: " << 3 * n << ", Hkv: " << n << "}\n" << r;
+    }
+    if (!extra_dtype.empty() && extra_dtype != "float32")
+      y << "  - name: " << extra_dtype << "\n    dtype: " << extra_dtype << "\n    shape: {B: 2, T: 9, D: 16, H: 4}\n" << r;
+  } else if (o.level == "core") {
+    const std::string r = rope_key(false);
+    y << "  - name: closed-book\n    level: core\n    shape: {B: 2, H: 2, Tq: 3, Tk: 3, d: 4}\n" << r;
+    y << "  - name: heads, lengths, batches\n    level: core\n    sweep: {B: [1, 2], Tq: [1, 5], Tk: [5, 9], H: [1, 3]}\n"
+         "    shape: {d: 4}\n" << r;
+    if (both && causal)
+      y << "  - name: not causal\n    level: core\n    causal: false\n    shape: {B: 2, H: 3, Tq: 5, Tk: 7, d: 4}\n" << r;
+    y << "  - name: non-contiguous input\n    level: core\n    input_layout: transposed\n    shape: {B: 2, H: 3, Tq: 6, Tk: 6, d: 4}\n" << r;
+    y << "  - name: sliced input\n    level: core\n    input_layout: sliced\n    shape: {B: 2, H: 2, Tq: 5, Tk: 5, d: 4}\n" << r;
+    y << "  - name: decode step, Tq = 1\n    level: core\n    shape: {B: 2, H: 2, Tq: 1, Tk: 7, d: 4}\n" << r;
+    y << "  - name: more queries than keys\n    level: core\n    shape: {B: 2, H: 2, Tq: 6, Tk: 4, d: 4}\n" << r;
+    y << "  - name: float32\n    level: core\n    dtype: float32\n    shape: {B: 2, H: 3, Tq: 7, Tk: 7, d: 8}\n" << r;
+    if (o.kv_heads)
+      y << "  - name: grouped kv heads\n    level: core\n    shape: {B: 2, H: " << 3 * o.kv_heads << ", Hkv: " << o.kv_heads
+        << ", Tq: 5, Tk: 5, d: 4}\n" << r;
+    if (f.takes("mask")) {
+      fs::create_directories(dir / "masks");
+      write_npy(dir / "masks" / "padding_B2_Tq5_Tk7.npy", padding_mask(2, 5, 7));
+      y << "  - name: boolean mask, padding and holes\n    level: core\n    causal: " << (causal && !both ? "true" : "false")
+        << "\n    mask: masks/padding_B2_Tq5_Tk7.npy\n    shape: {B: 2, H: 3, Tq: 5, Tk: 7, d: 4}\n" << r;
+    }
+    if (f.takes("scale"))
+      y << "  - name: large logits\n    level: core\n    scale: 2000\n    shape: {B: 2, H: 2, Tq: 4, Tk: 4, d: 4}\n" << r;
+    if (!extra_dtype.empty() && extra_dtype != "float32")
+      y << "  - name: " << extra_dtype << "\n    level: core\n    dtype: " << extra_dtype
+        << "\n    shape: {B: 2, H: 3, Tq: 7, Tk: 7, d: 8}\n" << r;
+  } else {
+    const std::string r = rope_key(true);
+    y << "  - name: rotation\n    level: rope\n    shape: {B: 2, T: 9, d: 16}\n" << r;
+    y << "  - name: rotation with heads\n    level: rope\n    shape: {B: 2, H: 3, T: 5, d: 8}\n" << r;
+    y << "  - name: rotation, float32\n    level: rope\n    dtype: float32\n    shape: {B: 2, T: 9, d: 16}\n" << r;
+    y << "  - name: rotation, non-contiguous\n    level: rope\n    input_layout: transposed\n    shape: {B: 2, T: 6, d: 8}\n" << r;
+    Rope other = rope;
+    if (f.takes("theta")) {
+      other.theta = "500000";
+      y << "  - name: rotation, theta 500000\n    level: rope\n    shape: {B: 2, T: 9, d: 16}\n    rope: "
+        << rope_block(other, true) << "\n";
+    }
+    if (f.takes("rotary_dim")) {
+      other.rotary_dim = "8";
+      y << "  - name: partial rotation\n    level: rope\n    shape: {B: 2, T: 9, d: 16}\n    rope: " << rope_block(other, true)
+        << "\n";
+    }
+  }
+  fs::create_directories(dir);
+  const fs::path file = dir / "suite.yaml";
+  std::ofstream(file) << y.str();
+  return file;
+}
+
+}  // namespace headgrad::pyplug

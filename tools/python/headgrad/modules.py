@@ -1,0 +1,194 @@
+"""nn.Module adapters: a module as an mha-level headgrad function.
+
+    fn = module_function(lambda D, H, Hkv, d: MultiHeadAttention(D, D, ..., num_heads=H),
+                         names={"q": "W_query", "k": "W_key", "v": "W_value", "o": "out_proj"})
+
+fn(x, wq, wk, wv, wo, num_heads, num_kv_heads, head_dim, **kw) builds the module
+for the shape (once per shape, from the factory), then calls it with headgrad's
+weights in place of its parameters (torch.nn.utils.stateless.functional_call),
+so the gradients reach wq, wk, wv and wo through the module's own code.
+
+Weights are routed by parameter name; `names` maps the roles to the module's
+Linear (or Conv1D) submodules or weight parameters:
+  q, k, v, o     separate projections
+  qkv, o         one packed projection, laid out as `qkv` says:
+                 "blocked"      [q | k | v] rows, [(H + 2 Hkv) d, D] (nn.MultiheadAttention's
+                                in_proj_weight, GPT-2 / nanoGPT's c_attn)
+                 "interleaved"  per kv group: the group's G query heads, then its k head, then its
+                                v head, d rows each ([q_h; k_h; v_h] per head when Hkv = H:
+                                GPT-NeoX, Megatron checkpoints)
+  in_out=True    weights stored [in, out] (GPT-2's Conv1D): transposed on the way in.
+Without `names`, the common spellings are tried (q_proj/k_proj/v_proj/o_proj,
+W_query/W_key/W_value/out_proj, c_attn/c_proj, in_proj_weight/out_proj,
+query_key_value/dense). A module whose packed projection is split in the other
+layout than declared computes something else: headgrad's catalog names that
+bug qkv_packing_mismatch.
+
+Biases: a case without biases runs the module with every bias of the routed
+projections set to zeros (said once per module class, on stderr). Given
+headgrad's bq, bk, bv, bo (keyword arguments of those names), they are routed
+like the weights (a packed bias packed in the declared layout).
+
+call(module, x, **kw) runs the module (default module(x)); give it for modules
+that take more than x, e.g. lambda m, x, positions: m(x, positions)[0].
+"""
+import inspect
+import sys
+
+import torch
+from torch.nn.utils import stateless
+
+_AUTO = [
+    {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj"},
+    {"q": "W_query", "k": "W_key", "v": "W_value", "o": "out_proj"},
+    {"q": "query", "k": "key", "v": "value", "o": "out"},
+    {"q": "wq", "k": "wk", "v": "wv", "o": "wo"},
+    {"qkv": "c_attn", "o": "c_proj"},
+    {"qkv": "in_proj_weight", "o": "out_proj"},
+    {"qkv": "query_key_value", "o": "dense"},
+    {"qkv": "qkv", "o": "proj"},
+]
+_warned = set()
+
+
+def pack_qkv(wq, wk, wv, layout, num_heads, num_kv_heads, head_dim):
+    """The packed [(H + 2 Hkv) d, D] weight in `layout` from separate wq, wk, wv ([out, in])."""
+    if layout == "blocked":
+        return torch.cat([wq, wk, wv], 0)
+    if layout != "interleaved":
+        raise ValueError(f"qkv layout '{layout}' is not 'blocked' or 'interleaved'")
+    H, Hkv, d = num_heads, num_kv_heads, head_dim
+    G = H // Hkv
+    D = wq.shape[1]
+    q = wq.reshape(Hkv, G * d, D)
+    k = wk.reshape(Hkv, d, D)
+    v = wv.reshape(Hkv, d, D)
+    return torch.cat([q, k, v], 1).reshape((H + 2 * Hkv) * d, D)
+
+
+def _param_name(module, role_target):
+    """'c_attn' -> 'c_attn.weight' (a submodule), 'in_proj_weight' stays (a parameter)."""
+    params = dict(module.named_parameters())
+    if role_target in params:
+        return role_target
+    if role_target + ".weight" in params:
+        return role_target + ".weight"
+    return None
+
+
+def _resolve_names(module, names):
+    if names is not None:
+        out = {}
+        for role, target in names.items():
+            if role not in ("q", "k", "v", "o", "qkv"):
+                raise ValueError(f"names: unknown role '{role}' (q, k, v, o or qkv, o)")
+            p = _param_name(module, target)
+            if p is None:
+                raise ValueError(f"names: {type(module).__name__} has no parameter or submodule '{target}' "
+                                 f"(its parameters: {', '.join(n for n, _ in module.named_parameters())})")
+            out[role] = p
+        return out
+    for candidate in _AUTO:
+        resolved = {role: _param_name(module, t) for role, t in candidate.items()}
+        if all(resolved.values()):
+            return resolved
+    raise ValueError(f"cannot tell which parameters of {type(module).__name__} are the q, k, v and output "
+                     f"projections ({', '.join(n for n, _ in module.named_parameters())}); pass names={{...}}")
+
+
+def _bias_of(weight_name):
+    return weight_name[: -len("weight")] + "bias" if weight_name.endswith("weight") else None
+
+
+def module_function(factory, names=None, qkv=None, in_out=False, call=None, any_head_dim=False):
+    """An mha-level headgrad function that runs the module `factory(D, H, Hkv, d)` builds.
+
+    any_head_dim: the module takes a head width d other than D / H (HF's head_dim):
+    headgrad check then adds a case with d != D / H."""
+    cache = {}
+
+    def run(x, wq, wk, wv, wo, num_heads, num_kv_heads, head_dim=None, **kw):
+        D = x.shape[-1]
+        head_dim = head_dim or wq.shape[0] // num_heads
+        key = (D, num_heads, num_kv_heads, head_dim, x.dtype)
+        if key not in cache:
+            torch.manual_seed(0)
+            m = factory(D, num_heads, num_kv_heads, head_dim)
+            m = m.to(x.dtype).eval()  # eval: dropout off
+            cache[key] = (m, _resolve_names(m, names))
+        m, roles = cache[key]
+        params = dict(m.named_parameters())
+        if "qkv" in roles:
+            layout = qkv or "blocked"
+            routed = {roles["qkv"]: pack_qkv(wq, wk, wv, layout, num_heads, num_kv_heads, head_dim)}
+        else:
+            if qkv:
+                raise ValueError(f"qkv='{qkv}' declared, but the module has separate q, k, v projections")
+            routed = {roles["q"]: wq, roles["k"]: wk, roles["v"]: wv}
+        routed[roles["o"]] = wo
+        for n in list(routed):
+            w = routed[n]
+            if in_out:
+                w = w.t()
+            if tuple(w.shape) != tuple(params[n].shape):
+                raise ValueError(f"{type(m).__name__}.{n} has shape {list(params[n].shape)}, headgrad's weight is "
+                                 f"{list(w.shape)}" + ("" if in_out else " (stored [in, out]? pass in_out=True)"))
+            routed[n] = w
+        # headgrad's biases when the case has them (bq [H*d], bk, bv [Hkv*d], bo [D]), routed like the
+        # weights; else every bias of the routed projections is zero
+        given = {r: kw.get("b" + r) for r in ("q", "k", "v", "o")}
+        if any(v is not None for v in given.values()):
+            zero = {r: given[r] if given[r] is not None else torch.zeros(n, dtype=x.dtype)
+                    for r, n in (("q", wq.shape[0]), ("k", wk.shape[0]), ("v", wv.shape[0]), ("o", wo.shape[0]))}
+            if "qkv" in roles:
+                b = pack_qkv(zero["q"][:, None], zero["k"][:, None], zero["v"][:, None], qkv or "blocked",
+                             num_heads, num_kv_heads, head_dim)[:, 0]
+                routed[_bias_of(roles["qkv"])] = b
+            else:
+                for r in ("q", "k", "v"):
+                    routed[_bias_of(roles[r])] = zero[r]
+            routed[_bias_of(roles["o"])] = zero["o"]
+        biases = [b for b in (_bias_of(n) for n in list(routed)) if b and b in params and b not in routed]
+        for b in biases:
+            routed[b] = torch.zeros_like(params[b])
+        if biases and not any(v is not None for v in given.values()) and type(m) not in _warned:
+            _warned.add(type(m))
+            print(f"headgrad: {type(m).__name__} has biases ({', '.join(biases)}): checked with them zeroed "
+                  "(headgrad's comparison has no bias terms yet)", file=sys.stderr)
+        if call is None:
+            args, kwargs = (x,), {}
+        else:
+            wanted = inspect.signature(call).parameters
+            args, kwargs = (m, x), {k: v for k, v in kw.items() if k in wanted}
+        if call is None:
+            out = stateless.functional_call(m, routed, args)
+        else:
+            out = _with_params(m, routed, lambda: call(*args, **kwargs))
+        if isinstance(out, tuple) and not (len(out) == 2 and isinstance(out[1], dict)):
+            out = out[0]  # modules that return (out, attention weights, ...)
+        return out
+
+    run.__name__ = getattr(factory, "__name__", "module")
+    if run.__name__ == "<lambda>":
+        run.__name__ = "module_function"
+    run.__signature__ = inspect.Signature(
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in ("x", "wq", "wk", "wv", "wo")]
+        + [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in ("num_heads", "num_kv_heads") + ("head_dim",) * any_head_dim]
+        + [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None) for n in ("bq", "bk", "bv", "bo")]
+        + ([inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None)
+            for n in inspect.signature(call).parameters if n in ("positions", "causal", "mask")]
+           if call is not None else []))
+    return run
+
+
+def _with_params(module, routed, thunk):
+    """thunk() with the module's parameters replaced (functional_call around a custom call)."""
+    class _Wrap(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = module
+
+        def forward(self):
+            return thunk()
+
+    return stateless.functional_call(_Wrap(), {"m." + k: v for k, v in routed.items()}, ())
