@@ -116,8 +116,10 @@ class BiasWriterThroughHeadgrad(unittest.TestCase):
         with tempfile.TemporaryDirectory() as tmp:
             with self.assertRaisesRegex(ValueError, "takes no bk, bo, bq, bv argument"):
                 headgrad_ref.write_reference(no_bias_mha, pathlib.Path(tmp) / "a", SHAPE, bias=True)
-            with self.assertRaisesRegex(ValueError, "does not depend on bo"):
-                headgrad_ref.write_reference(ignores_bo, pathlib.Path(tmp) / "b", SHAPE, bias=True)
+            # an unused bias is a finding (a warning), and its gradient is written as zeros
+            with self.assertWarnsRegex(headgrad_ref.HeadgradRefWarning, "does not depend on bo"):
+                out = headgrad_ref.write_reference(ignores_bo, pathlib.Path(tmp) / "b", SHAPE, bias=True)
+            self.assertFalse(np.load(pathlib.Path(out) / "dbo.npy").any())
             with self.assertRaisesRegex(ValueError, "bias is an mha-level setting"):
                 headgrad_ref.write_reference(no_bias_mha, pathlib.Path(tmp) / "c", dict(B=1, T=2, d=2),
                                              level="core", bias=True)
