@@ -1,5 +1,5 @@
 // The plugin ABI's layout, pinned: the sizes and offsets of every type that
-// crosses the plugin boundary, as of HEADGRAD_PLUGIN_ABI_VERSION 4 on LP64
+// crosses the plugin boundary, as of HEADGRAD_PLUGIN_ABI_VERSION 5 on LP64
 // libstdc++ (x86-64, aarch64) with the C++11 string ABI. A change to any of
 // these types fails to compile here: bump HEADGRAD_PLUGIN_ABI_VERSION in
 // <headgrad/abi.hpp> and write the new numbers below. Then the build
@@ -19,8 +19,8 @@ using headgrad::test::contains;
 
 namespace {
 
-static_assert(HEADGRAD_PLUGIN_ABI_VERSION == 4,
-              "the numbers below are ABI 4's: write the new ABI's layout here");
+static_assert(HEADGRAD_PLUGIN_ABI_VERSION == 5,
+              "the numbers below are ABI 5's: write the new ABI's layout here");
 
 #if defined(__LP64__) && defined(__GLIBCXX__) && _GLIBCXX_USE_CXX11_ABI
 // offsetof on classes with std members is conditionally supported; GCC and
@@ -37,7 +37,7 @@ static_assert(offsetof(hg::Capabilities, mha) == 0 && offsetof(hg::Capabilities,
               offsetof(hg::Capabilities, cross_lengths) == 4 && offsetof(hg::Capabilities, float32) == 5 &&
               offsetof(hg::Capabilities, float64) == 6 && offsetof(hg::Capabilities, dropout) == 7 &&
               offsetof(hg::Capabilities, grouped_kv) == 8 && offsetof(hg::Capabilities, rope) == 9 &&
-              offsetof(hg::Capabilities, rope_level) == 10 &&
+              offsetof(hg::Capabilities, rope_level) == 10 && offsetof(hg::Capabilities, bias) == 11 &&
               offsetof(hg::Capabilities, extra) == 16);
 static_assert(sizeof(hg::Attention) == 8);  // the vtable pointer
 static_assert(sizeof(hg::UnsupportedError) == 16);
@@ -52,9 +52,11 @@ static_assert(sizeof(hg::RopeSpec) == 128 && offsetof(hg::RopeSpec, enabled) == 
               offsetof(hg::RopeSpec, theta) == 8 && offsetof(hg::RopeSpec, style) == 16 &&
               offsetof(hg::RopeSpec, rotary_dim) == 24 && offsetof(hg::RopeSpec, positions) == 32 &&
               offsetof(hg::RopeSpec, offset) == 112 && offsetof(hg::RopeSpec, q_offset) == 120);
-static_assert(sizeof(hg::MhaWeights) == 384 && offsetof(hg::MhaWeights, wq) == 0 &&
+static_assert(sizeof(hg::MhaWeights) == 768 && offsetof(hg::MhaWeights, wq) == 0 &&
               offsetof(hg::MhaWeights, wk) == 96 && offsetof(hg::MhaWeights, wv) == 192 &&
-              offsetof(hg::MhaWeights, wo) == 288);
+              offsetof(hg::MhaWeights, wo) == 288 && offsetof(hg::MhaWeights, bq) == 384 &&
+              offsetof(hg::MhaWeights, bk) == 480 && offsetof(hg::MhaWeights, bv) == 576 &&
+              offsetof(hg::MhaWeights, bo) == 672);
 static_assert(sizeof(hg::Tensor) == 80);   // storage, shape, strides, offset, dtype
 static_assert(sizeof(hg::Storage) == 32);  // data, nbytes, capacity, version
 static_assert(sizeof(hg::Variable) == 96);  // its value (a Tensor) and a shared_ptr to its node
@@ -115,7 +117,7 @@ TEST(AbiLayout, HostTableHoldsThePinnedSizes) {
   EXPECT_EQ(d.row("std::shared_ptr").size, 16u);
   EXPECT_EQ(d.row("std::function").size, 32u);
   EXPECT_EQ(d.row("std::map").size, 48u);
-  EXPECT_EQ(d.info.abi_version, 4u);
+  EXPECT_EQ(d.info.abi_version, 5u);
   EXPECT_EQ(d.info.cxx11_abi, 1);
   EXPECT_EQ(d.info.stdlib, HEADGRAD_STDLIB_LIBSTDCXX);
   EXPECT_EQ(d.info.cplusplus, 202002);
@@ -174,10 +176,10 @@ TEST(AbiLayout, EachFieldMismatchIsNamed) {
 
 TEST(AbiLayout, AnotherAbiVersionSaysOnlyThat) {
   Doctored d;
-  d.info.abi_version = 1;
+  d.info.abi_version = 4;  // the ABI before MhaWeights' biases
   d.info.cxx11_abi = 0;  // not comparable across versions: not reported
   d.info.headgrad_version = "0.0.9";
-  EXPECT_EQ(mismatch_of(d.get()), "built for plugin ABI version 1 (headgrad 0.0.9), headgrad uses 4");
+  EXPECT_EQ(mismatch_of(d.get()), "built for plugin ABI version 4 (headgrad 0.0.9), headgrad uses 5");
 }
 
 TEST(AbiLayout, NotADescriptionAtAll) {

@@ -13,7 +13,10 @@ H query heads, Hkv key/value heads, d head width, Tq/Tk query/key tokens):
   mha   fn(x, wq, wk, wv, wo) -> out          x [B, T, D], W is [out, in], y = x W^T:
         wq [H*d, D], wk and wv [Hkv*d, D], wo [D, H*d]; out [B, T, D].
         writes x, wq, wk, wv, wo, r, out, dx, dwq, dwk, dwv, dwo (+ positions,
-        q_rot, k_rot for RoPE).
+        q_rot, k_rot for RoPE). With bias=True (--bias) fn also gets the biases
+        as keyword arguments bq [H*d], bk and bv [Hkv*d], bo [D] (y = x W^T + b,
+        F.linear(x, w, b)), drawn after r, and bq, bk, bv, bo, dbq, dbk, dbv,
+        dbo are written too.
   core  fn(q, k, v) -> out                    q [B, H, Tq, d], k and v [B, Hkv, Tk, d]
         (or [B, Tq, d] and [B, Tk, d] when shape has no H); out like q.
         writes q, k, v, r, out, dq, dk, dv (+ mask when causal or a mask is given;
@@ -72,6 +75,8 @@ OFFERED_KWARGS = ("num_heads", "num_kv_heads", "head_dim", "causal", "positions"
 # Every file a writer may produce: an overwrite removes exactly these.
 FILE_STEMS = ("x", "wq", "wk", "wv", "wo", "q", "k", "v", "mask", "r", "positions", "out", "dx", "dwq",
               "dwk", "dwv", "dwo", "dq", "dk", "dv", "q_rot", "k_rot")
+BIAS_STEMS = ("bq", "bk", "bv", "bo", "dbq", "dbk", "dbv", "dbo")  # mha level, bias=True
+FILE_STEMS += BIAS_STEMS
 SHAPE_KEYS = {
     "mha": ("B", "T", "D", "H", "Hkv", "d"),
     "core": ("B", "H", "Hkv", "T", "Tq", "Tk", "d"),
@@ -318,7 +323,7 @@ def _yaml_str(text):
     return json.dumps(str(text))
 
 
-def _case_yaml(out, level, shape_keys, causal, rope, taps, dtype, suite_dir):
+def _case_yaml(out, level, shape_keys, causal, rope, taps, dtype, suite_dir, bias=False):
     """The suite case that checks this directory, to paste into a suite in suite_dir."""
     where = pathlib.Path(os.path.relpath(out, suite_dir)) if suite_dir is not None else out
     lines = [f"# A suite case that checks this directory ({dtype}); "
@@ -333,6 +338,8 @@ def _case_yaml(out, level, shape_keys, causal, rope, taps, dtype, suite_dir):
     if level != "rope":
         # a core directory's mask.npy holds the whole mask, so the case is not causal on top
         lines.append(f"  causal: {'true' if causal and level == 'mha' else 'false'}")
+    if bias:
+        lines.append("  bias: true")
     if rope:
         lines.append("  rope: " + _flow_map(rope))
     if taps:
@@ -377,7 +384,8 @@ def _dtype_of(dtype):
 
 
 def write_reference(fn, out_dir, shape, *, level="mha", seed=0, causal=True, dtype="float64",
-                    positions=None, q_offset=0, rope=None, mask=None, suite_dir=None, overwrite=False):
+                    positions=None, q_offset=0, rope=None, mask=None, suite_dir=None, overwrite=False,
+                    bias=False):
     """Run fn on random inputs and write a reference directory; returns its path.
 
     fn:        your PyTorch function (signatures in the module docstring).
@@ -401,6 +409,8 @@ def write_reference(fn, out_dir, shape, *, level="mha", seed=0, causal=True, dty
     mask:      core only: bool [Tq, Tk] or [B, H, Tq, Tk], True = attend.
     suite_dir: the folder of the suite that will use the directory: case.yaml's
                'reference' is then relative to it (default: out_dir as given).
+    bias:      mha only: fn takes bq, bk, bv, bo as keyword arguments (drawn after r)
+               and the directory holds them and their gradients.
     """
     if level == "rope":
         return write_rope_reference(fn, out_dir, shape, positions=positions, seed=seed, dtype=dtype,
@@ -409,10 +419,12 @@ def write_reference(fn, out_dir, shape, *, level="mha", seed=0, causal=True, dty
     dtype_name, dt = _dtype_of(dtype)
     if q_offset and level != "core":
         _fail("q_offset is a core-level setting (queries at positions + q_offset, keys at positions)")
+    if bias and level != "mha":
+        _fail("bias is an mha-level setting (bq, bk, bv, bo on the projections)")
 
     def run(draw):
         if level == "mha":
-            return _run_mha(fn, s, draw, causal, positions)
+            return _run_mha(fn, s, draw, causal, positions, bias)
         return _run_core(fn, s, draw, causal, mask, positions, q_offset)
 
     draw = _Draw(seed, dt)
@@ -423,11 +435,11 @@ def write_reference(fn, out_dir, shape, *, level="mha", seed=0, causal=True, dty
     if golden is not None:
         _save(out / "golden", golden)
     _case_yaml(out, level, case_shape, causal, dict(rope or {}, **rope_extra) or None, taps, dtype_name,
-               suite_dir)
+               suite_dir, bias)
     return out
 
 
-def _run_mha(fn, s, draw, causal, positions):
+def _run_mha(fn, s, draw, causal, positions, bias=False):
     B, T, D, H, Hkv, d = (s[k] for k in ("B", "T", "D", "H", "Hkv", "d"))
     x = draw(B, T, D)
     wq = draw(H * d, D, std=D ** -0.5)
@@ -435,6 +447,11 @@ def _run_mha(fn, s, draw, causal, positions):
     wo = draw(D, H * d, std=(H * d) ** -0.5)
     r = draw(B, T, D, grad=False)
     offered = {"num_heads": H, "num_kv_heads": Hkv, "head_dim": d, "causal": causal}
+    biases = {}
+    if bias:  # after r, as headgrad draws them: a case without biases keeps its values
+        biases = {"bq": draw(H * d, std=D ** -0.5), "bk": draw(Hkv * d, std=D ** -0.5),
+                  "bv": draw(Hkv * d, std=D ** -0.5), "bo": draw(D, std=(H * d) ** -0.5)}
+        offered.update(biases)
     pos = None
     if positions is not None:
         pos = _check_positions(positions, B, T)
@@ -442,6 +459,9 @@ def _run_mha(fn, s, draw, causal, positions):
     result, used = _call(fn, (x, wq, wk, wv, wo), offered)
     if pos is not None and "positions" not in used:
         _fail("positions were given but the function takes no 'positions' argument")
+    if bias and set(biases) - set(used):
+        _fail("bias=True but the function takes no " + ", ".join(sorted(set(biases) - set(used))) +
+              " argument (biases are passed as keyword arguments bq, bk, bv, bo)")
     out, taps = _split_taps(result, "mha")
     _check_tensor("out", out, (B, T, D), draw.dtype)
     # What the function does against what it claims (told causal or not, it is checked)
@@ -452,15 +472,17 @@ def _run_mha(fn, s, draw, causal, positions):
     if seen:
         _finding(fn, seen)
     (out * r).sum().backward()
-    unused = [name for name, w in (("wq", wq), ("wk", wk), ("wv", wv), ("wo", wo), ("x", x)) if w.grad is None]
+    leaves = (("wq", wq), ("wk", wk), ("wv", wv), ("wo", wo), ("x", x), *biases.items())
+    unused = [name for name, w in leaves if w.grad is None]
     if unused:  # its gradient is zero: what the function computes
         _finding(fn, f"the output does not depend on {', '.join(unused)} (no gradient reached it): "
                      f"{', '.join('d' + n for n in unused)} written as zeros")
-    grad = {n: (w.grad if w.grad is not None else torch.zeros_like(w))
-            for n, w in (("wq", wq), ("wk", wk), ("wv", wv), ("wo", wo), ("x", x))}
+    grad = {n: (w.grad if w.grad is not None else torch.zeros_like(w)) for n, w in leaves}
     tensors = {"x": x, "wq": wq, "wk": wk, "wv": wv, "wo": wo, "r": r, "out": out, "dx": grad["x"],
                "dwq": grad["wq"], "dwk": grad["wk"], "dwv": grad["wv"], "dwo": grad["wo"]}
-    bad = _non_finite({k: tensors[k] for k in ("out", "dx", "dwq", "dwk", "dwv", "dwo")})
+    for name, b in biases.items():
+        tensors[name], tensors["d" + name] = b, grad[name]
+    bad = _non_finite({k: tensors[k] for k in ("out", "dx", "dwq", "dwk", "dwv", "dwo", *("d" + n for n in biases))})
     if bad:
         _finding(fn, bad)
     want = {"q_rot": (B, H, T, d), "k_rot": (B, Hkv, T, d)}
@@ -688,6 +710,8 @@ def main(argv=None):
                         help="folder of the suite that will use it "
                              "('reference' in case.yaml is relative to it)")
     parser.add_argument("--force", action="store_true", help="replace an existing reference in --out")
+    parser.add_argument("--bias", action="store_true",
+                        help="mha: the function takes bq, bk, bv, bo keyword arguments; write them and dbq..dbo")
     args = parser.parse_args(argv)
     try:
         try:
@@ -701,7 +725,7 @@ def main(argv=None):
                               positions=parse_positions(args.positions) if args.positions else None,
                               q_offset=args.q_offset,
                               rope=parse_rope(args.rope) if args.rope else None, suite_dir=args.suite_dir,
-                              overwrite=args.force)
+                              overwrite=args.force, bias=args.bias)
     except (ValueError, ImportError) as e:
         print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2

@@ -6,7 +6,8 @@ Each directory holds plain .npy files, the format of docs/references.md
   MHA level:  inputs x, wq, wk, wv, wo, r;   expected out, dx, dwq, dwk, dwv, dwo
   core level: inputs q, k, v, mask, r;       expected out, dq, dk, dv
   rope level: inputs x, positions, r;        expected out, dx
-plus positions.npy and the taps q_rot.npy, k_rot.npy in MHA-level RoPE cases.
+plus positions.npy and the taps q_rot.npy, k_rot.npy in MHA-level RoPE cases,
+and the biases bq, bk, bv, bo with dbq, dbk, dbv, dbo in the MHA-level bias cases.
 The loss is sum(out * r), so the gradients are those of that scalar.
 The grouped-KV and RoPE cases are written through the user entry point
 (tools/headgrad_ref.py) from the plain PyTorch functions below.
@@ -22,6 +23,7 @@ import pathlib
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 import headgrad_ref  # beside this file
 
@@ -286,6 +288,37 @@ ROPE_LEVEL_CASES = [
 ]
 
 
+def biased_attention(x, wq, wk, wv, wo, *, bq, bk, bv, bo, num_heads, num_kv_heads, head_dim, causal):
+    """MHA with biases on every projection, as nn.Linear(bias=True) computes it:
+    F.linear(x, w, b) = x W^T + b; Hkv <= H kv heads (repeat_interleave), head width d."""
+    B, T, _ = x.shape
+    H, Hkv, d = num_heads, num_kv_heads, head_dim
+
+    def split(t, heads):  # [B, T, heads*d] -> [B, heads, T, d]
+        return t.view(B, T, heads, d).transpose(1, 2)
+
+    q = split(F.linear(x, wq, bq), H)
+    k, v = split(F.linear(x, wk, bk), Hkv), split(F.linear(x, wv, bv), Hkv)
+    keep = torch.ones(T, T, dtype=torch.bool).tril() if causal else None
+    o = core(q, k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1), keep)
+    return F.linear(o.transpose(1, 2).reshape(B, T, H * d), wo, bo)
+
+
+# Biases (nn.Linear's default): (name, shape, dtype), GQA with d apart from D / H.
+BIAS_CASES = [
+    ("mha_B2_T7_D8_H6_Hkv3_d4_causal_bias_float64", dict(B=2, T=7, D=8, H=6, Hkv=3, d=4), "float64"),
+    ("mha_B2_T7_D8_H6_Hkv3_d4_causal_bias_float32", dict(B=2, T=7, D=8, H=6, Hkv=3, d=4), "float32"),
+]
+
+
+def write_bias_cases(out):
+    """MHA references with biases (float32 with golden/), through headgrad_ref."""
+    for seed, (name, shape, dtype) in enumerate(BIAS_CASES, start=600):
+        headgrad_ref.write_reference(biased_attention, out / name, shape, seed=seed, dtype=dtype, bias=True,
+                                     suite_dir=out.parent, overwrite=True)
+        print("wrote", out / name)
+
+
 # 16-bit: (name, shape, dtype). PyTorch on a CPU computes each op in float32 and
 # rounds its result; the writer adds golden/ (float64 on the same input values).
 LOWP_CASES = [
@@ -341,7 +374,7 @@ def write_gqa_rope_cases(out):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=pathlib.Path, help="folder to write the directories into")
-    parser.add_argument("--cases", choices=["all", "first", "gqa-rope", "lowp"], default="gqa-rope",
+    parser.add_argument("--cases", choices=["all", "first", "gqa-rope", "lowp", "bias"], default="gqa-rope",
                         help="which directories to write (default: the grouped-KV and RoPE ones)")
     args = parser.parse_args()
     # The first cases are committed as written once; another torch build may round
@@ -353,6 +386,8 @@ def main():
         write_first_goldens(args.out)
     if args.cases in ("all", "lowp"):
         write_lowp_cases(args.out)
+    if args.cases in ("all", "bias"):
+        write_bias_cases(args.out)
 
 
 if __name__ == "__main__":

@@ -67,6 +67,7 @@ class Batched final : public Attention {
     i.description = "split, transpose, batched core, transpose back, merge";
     auto& c = i.capabilities;
     c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = c.grouped_kv = c.rope = c.rope_level = true;
+    c.bias = true;  // batched_mha adds MhaWeights' biases to the projections
     c.extra = {"bfloat16", "float16"};  // through the engine's ops: float32 math, 16-bit results
     return i;
   }

@@ -43,9 +43,13 @@ Tensor mutant_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t tk) 
   return m;
 }
 
-Variable project(const Variable& x, const Variable& w) {
-  if (kBug == "weights_not_transposed") return matmul(x, w);  // BUG: x W, not x W^T
-  return linear(x, w);
+// x W^T + b (b undefined: no bias).
+Variable project(const Variable& x, const Variable& w, const Variable& b) {
+  if (kBug == "weights_not_transposed") {  // BUG: x W, not x W^T
+    const Variable y = matmul(x, w);
+    return b.defined() ? add(y, b) : y;
+  }
+  return linear_bias(x, w, b);
 }
 
 // [B, T, D] -> [B, H, T, d]
@@ -321,6 +325,7 @@ class Mutant final : public Attention {
     auto& c = i.capabilities;
     c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = true;
     c.grouped_kv = true;
+    c.bias = true;  // biases on every projection; no catalog bug lives in them
     c.rope = true;  // the RoPE bugs rotate wrongly, the others rotate the one right way
     c.rope_level = rope_bug();
     c.extra = {"bfloat16", "float16"};  // the engine's ops: float32 math, 16-bit results
@@ -333,7 +338,7 @@ class Mutant final : public Attention {
     const MhaWeights w = kBug == "qkv_packing_mismatch" ? split_packed_per_head(w_in, h, hkv) : w_in;
     const AttentionSpec s = fold_rope_positions(spec, x.shape());
     const Variable x3 = reshape(x, {-1, t, dm});
-    Variable pq = project(x3, w.wq), pk = project(x3, w.wk);
+    Variable pq = project(x3, w.wq, w.bq), pk = project(x3, w.wk, w.bk);
     const bool rope_on = s.rope.enabled;
     if (rope_on && kBug == "rope_before_head_split") {  // BUG: rotated over the whole H*d width
       AttentionSpec wide = s;
@@ -344,15 +349,15 @@ class Mutant final : public Attention {
       pk = rope_keys(pk, wide);
     }
     const bool per_head = rope_on && kBug != "rope_before_head_split";
-    Variable q = split(pq, h), k = split_kv(pk, hkv), v = split_kv(project(x3, w.wv), hkv);
+    Variable q = split(pq, h), k = split_kv(pk, hkv), v = split_kv(project(x3, w.wv, w.bv), hkv);
     if (per_head) {
       q = mutant_rope(q, s, true);
       k = mutant_rope(k, s, false);
       if (kBug == "rope_on_v") v = rope(v, s.rope);  // BUG: v rotated like k
     }
     const Variable o = merge(core(q, widen_kv(k, h), widen_kv(v, h), without_rope(s), dm));
-    if (kBug == "missing_output_projection") return reshape(o, x.shape());  // BUG: no wo
-    return reshape(project(o, w.wo), x.shape());
+    if (kBug == "missing_output_projection") return reshape(o, x.shape());  // BUG: no wo (nor bo)
+    return reshape(project(o, w.wo, w.bo), x.shape());
   }
 
   Variable core_forward(const Variable& q_in, const Variable& k_in, const Variable& v_in,

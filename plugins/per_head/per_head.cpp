@@ -2,6 +2,9 @@
 // its own slice of the weights and its own [T, T] scores; no reshape of
 // activations ever touches the head layout.
 //
+// Biases (when given): head h's slice of bq is added to its own projection,
+// kv head j's slices of bk and bv to its own, bo once after the concatenation.
+//
 // Grouped kv heads: query head h slices the rows of kv head floor(h / G)
 // out of wk and wv; nothing is repeated, so the gradient of a shared kv head
 // is the sum over its G query heads by plain accumulation. RoPE (when on)
@@ -22,6 +25,11 @@ Variable one_head(const Variable& q, const Variable& k, const Variable& v, const
   Variable s = scale(matmul(q, transpose(k, -2, -1)), scale_factor);  // [B, Tq, Tk]
   if (attend.defined()) s = masked_fill(s, logical_not(attend), -INFINITY);
   return matmul(softmax(s, -1), v);
+}
+
+// Entries [start, start + n) of a bias; undefined stays undefined (no bias).
+Variable slice(const Variable& b, std::int64_t start, std::int64_t n) {
+  return b.defined() ? narrow(b, 0, start, n) : b;
 }
 
 // The mask's slice for head h when the mask has a head dim ([B, H, Tq, Tk]).
@@ -73,6 +81,7 @@ class PerHead final : public Attention {
     i.description = "loop over heads with sliced weights: the slow, obvious oracle";
     auto& c = i.capabilities;
     c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = c.grouped_kv = c.rope = c.rope_level = true;
+    c.bias = true;
     c.extra = {"bfloat16", "float16"};  // through the engine's ops: float32 math, 16-bit results
     return i;
   }
@@ -87,18 +96,18 @@ class PerHead final : public Attention {
     const Tensor attend = attention_mask(spec, t, t);
     std::vector<Variable> ks, vs;  // kv head j: rows [j*d, (j+1)*d) of wk and wv
     for (std::int64_t j = 0; j < m.kv_heads; ++j) {
-      ks.push_back(rope_keys(linear(x3, narrow(w.wk, 0, j * d, d)), s));  // [B, T, d]
-      vs.push_back(linear(x3, narrow(w.wv, 0, j * d, d)));
+      ks.push_back(rope_keys(linear_bias(x3, narrow(w.wk, 0, j * d, d), slice(w.bk, j * d, d)), s));  // [B, T, d]
+      vs.push_back(linear_bias(x3, narrow(w.wv, 0, j * d, d), slice(w.bv, j * d, d)));
     }
     std::vector<Variable> heads;
     for (std::int64_t h = 0; h < m.heads; ++h) {
       const std::int64_t j = h / m.group;  // the kv head this query head reads
-      const Variable q = rope_queries(linear(x3, narrow(w.wq, 0, h * d, d)), s);  // [B, T, d]
+      const Variable q = rope_queries(linear_bias(x3, narrow(w.wq, 0, h * d, d), slice(w.bq, h * d, d)), s);  // [B, T, d]
       heads.push_back(one_head(q, ks[j], vs[j], head_mask(attend, h), spec.scale_for(d)));
     }
     const Variable concat = cat(heads, -1);  // [B, T, H*d]: head h in columns [h*d, (h+1)*d)
     Shape out_shape = x.shape();
-    return reshape(linear(concat, w.wo), out_shape);
+    return reshape(linear_bias(concat, w.wo, w.bo), out_shape);
   }
 
   // x [..., T, d]: the engine's RoPE op, the oracle of the rope level.

@@ -210,9 +210,10 @@ void rerun_under_tile_permutation(Diagnosis& dx, const CaseResult& failed, const
   CaseInputs tiled = in;
   tiled.wq = diagnosis::reorder_blocks(in.wq, 0, d, order);  // [H*d, D]: head h' gets head order[h']'s rows
   tiled.wo = diagnosis::reorder_blocks(in.wo, 1, d, order);  // [D, H*d]: and its columns
+  if (in.bq.defined()) tiled.bq = diagnosis::reorder_blocks(in.bq, 0, d, order);  // [H*d]: and its entries
   TensorSet correct = hypothesis_tensors(c, in, diagnosis::BugSet{});
   for (auto& [name, t] : correct) {
-    if (name == "dwq") t = diagnosis::reorder_blocks(t, 0, d, order);
+    if (name == "dwq" || name == "dbq") t = diagnosis::reorder_blocks(t, 0, d, order);
     if (name == "dwo") t = diagnosis::reorder_blocks(t, 1, d, order);
   }
   ExecOptions exec;

@@ -9,6 +9,7 @@
 #include "analysis/catalog.hpp"
 #include "analysis/evaluate.hpp"
 #include "analysis/hypotheses.hpp"
+#include "exec/execute.hpp"
 
 namespace headgrad::analysis {
 
@@ -141,18 +142,22 @@ std::optional<TensorSet> instrumented(const CaseSpec& c, const CaseInputs& in, c
   const std::int64_t d = in.wq.size(0) / heads;
   auto split = [&](const Variable& p, std::int64_t n) { return transpose(reshape(p, {b, t, n, d}), 1, 2); };
   Variable xq(in.x, true), xk(in.x, true), xv(in.x, true);
-  MhaWeights w{Variable(in.wq, true), Variable(in.wk, true), Variable(in.wv, true), Variable(in.wo, true)};
-  const Variable q = split(linear(xq, w.wq), heads), k = split(linear(xk, w.wk), kv), v = split(linear(xv, w.wv), kv);
+  const MhaWeights w = leaf_weights(in);  // with the biases when the case has them
+  const Variable q = split(linear_bias(xq, w.wq, w.bq), heads), k = split(linear_bias(xk, w.wk, w.bk), kv),
+                 v = split(linear_bias(xv, w.wv, w.bv), kv);
   const Variable o = diagnosis::hypothesis_core(grad_times(q, s.q), grad_times(k, s.k), grad_times(v, s.v), spec, {});
   const Variable merged = grad_times(reshape(transpose(o, 1, 2), {b, t, heads * d}), s.merged);
-  const Variable y = linear(merged, w.wo);
+  const Variable y = linear_bias(merged, w.wo, w.bo);
   sum(mul(y, Variable(in.r))).backward();
   auto part = [](const Variable& x, double f) {
     return x.grad().defined() ? scale(Variable(x.grad()), f).data() : Tensor::zeros(x.shape(), x.dtype());
   };
   const Tensor dx = add(add(Variable(part(xq, s.xq)), Variable(part(xk, s.xk))), Variable(part(xv, s.xv))).data();
-  return TensorSet{{"out", y.data()},    {"dx", dx},          {"dwq", w.wq.grad()},
-                   {"dwk", w.wk.grad()}, {"dwv", w.wv.grad()}, {"dwo", w.wo.grad()}};
+  TensorSet out{{"out", y.data()},    {"dx", dx},          {"dwq", w.wq.grad()},
+                {"dwk", w.wk.grad()}, {"dwv", w.wv.grad()}, {"dwo", w.wo.grad()}};
+  if (w.has_bias())
+    out.insert(out.end(), {{"dbq", w.bq.grad()}, {"dbk", w.bk.grad()}, {"dbv", w.bv.grad()}, {"dbo", w.bo.grad()}});
+  return out;
 }
 
 // A candidate explanation of a side: its prediction at any case (nullopt

@@ -65,8 +65,10 @@ Variable attend(const Variable& q, const Variable& k_in, const Variable& v_in, c
   return narrow_acc ? matmul_narrow_accumulator(p, v) : matmul(p, v);
 }
 
-Variable project(const Variable& x, const Variable& w, BugSet bug) {
-  return is(bug, Bug::weights_not_transposed) ? matmul(x, w) : linear(x, w);
+// x W^T + b (b undefined: no bias); the bug transposes W only.
+Variable project(const Variable& x, const Variable& w, const Variable& b, BugSet bug) {
+  const Variable y = is(bug, Bug::weights_not_transposed) ? matmul(x, w) : linear(x, w);
+  return b.defined() ? add(y, b) : y;
 }
 
 // Head h's slice of a projection P [B, T, D], as the hypothesis lays heads out.
@@ -380,8 +382,8 @@ Variable hypothesis_mha(const Variable& x, const MhaWeights& w_in, const Attenti
   BugSet kv_layout = bug;
   if (is(bug, Bug::kv_interleaved_head_slices)) kv_layout.add(Bug::interleaved_head_slices);
   const Variable x3 = reshape(x, {-1, t, dm});
-  Variable q = project(x3, w.wq, bug), k = project(x3, w.wk, bug);
-  const Variable v = project(x3, w.wv, bug);
+  Variable q = project(x3, w.wq, w.bq, bug), k = project(x3, w.wk, w.bk, bug);
+  const Variable v = project(x3, w.wv, w.bv, bug);
   // RoPE per head after the split, unless the bug rotates the whole width first
   const bool whole = spec.rope.enabled && is(bug, Bug::rope_before_head_split);
   const bool per_head = spec.rope.enabled && !whole;
@@ -414,7 +416,7 @@ Variable hypothesis_mha(const Variable& x, const MhaWeights& w_in, const Attenti
   }
   const Variable merged = merge(outs, bug);
   if (is(bug, Bug::missing_output_projection)) return reshape(merged, x.shape());
-  return reshape(project(merged, w.wo, bug), x.shape());
+  return reshape(project(merged, w.wo, w.bo, bug), x.shape());
 }
 
 Variable hypothesis_core(const Variable& q, const Variable& k, const Variable& v,

@@ -72,6 +72,7 @@ constexpr ProbeInfo kProbes[] = {
     {Probe::rope, "rope", "the rotation (RoPE)", "the rotation (it shows only with RoPE on)"},
     {Probe::r, "r", "the rotary width", "more than one rotating pair (rotary_dim > 2)"},
     {Probe::positions, "positions", "the token positions", "tokens at different positions"},
+    {Probe::bias, "bias", "the biases", "the biases (it shows only with biases on)"},
 };
 
 }  // namespace
@@ -134,6 +135,15 @@ std::vector<Variant> variants_of(const CaseSpec& c) {
     if (!c.mask_file.empty()) add(Probe::mask, "mask off", true, [](CaseSpec& v) { v.mask_file.clear(); v.files.reset(); });
   }
   if (c.causal) add(Probe::causal, "causal off", true, [](CaseSpec& v) { v.causal = false; });
+  // Biases off (and their gradients out of the checks): a failure that needs them lives in them.
+  if (c.bias)
+    add(Probe::bias, "bias off", true, [](CaseSpec& v) {
+      v.bias = false;
+      const auto& b = bias_tensor_names();
+      v.check.erase(std::remove_if(v.check.begin(), v.check.end(),
+                                   [&](const std::string& t) { return std::find(b.begin(), b.end(), t) != b.end(); }),
+                    v.check.end());
+    });
   // Grouped kv heads: plain multi-head (G = 1) and one shared kv head (MQA).
   if (d0.Hkv > 1 && d0.Hkv < d0.H) {
     add(Probe::G, "Hkv = H (G = 1)", true, [](CaseSpec& v) { v.dims.Hkv = 0; });

@@ -7,6 +7,7 @@ namespace headgrad::runner {
 namespace {
 
 bool is_weight_grad(std::string_view t) { return t == "dwq" || t == "dwk" || t == "dwv"; }
+bool is_bias_grad(std::string_view t) { return t == "dbq" || t == "dbk" || t == "dbv"; }
 bool is_tap(std::string_view t) { return t == "q_rot" || t == "k_rot"; }
 bool reads_keys(std::string_view t) { return t == "dk" || t == "dv" || t == "k" || t == "v" || t == "k_rot"; }
 
@@ -54,6 +55,10 @@ TensorAxes axes_of(Level level, std::string_view tensor, const Shape& shape, std
       a.dims = {{AxisRole::heads, "row", block_of(shape[0], heads)}, {AxisRole::features, "in"}};
     else if (tensor == "dwo" && n == 2)
       a.dims = {{AxisRole::features, "out"}, {AxisRole::heads, "col", block_of(shape[1], heads)}};
+    else if (is_bias_grad(tensor) && n == 1)  // as its weight's rows
+      a.dims = {{AxisRole::heads, "row", block_of(shape[0], heads)}};
+    else if (tensor == "dbo" && n == 1)  // output features: no head owns one
+      a.dims = {{AxisRole::features, "out"}};
     return a;
   }
   a.dims = token_axes(n, level == Level::core ? (reads_keys(tensor) ? "k" : "q") : "t");
@@ -61,7 +66,7 @@ TensorAxes axes_of(Level level, std::string_view tensor, const Shape& shape, std
 }
 
 std::int64_t head_blocks(const CaseSpec& c, std::string_view tensor) {
-  const bool kv_blocks = tensor == "dwk" || tensor == "dwv" || tensor == "k_rot";
+  const bool kv_blocks = tensor == "dwk" || tensor == "dwv" || tensor == "dbk" || tensor == "dbv" || tensor == "k_rot";
   return kv_blocks ? c.dims.kv_heads() : c.dims.H;
 }
 

@@ -7,6 +7,8 @@
 //   mha   out, dx [B, T, D]       b, t, D packing H heads of d (head, ch)
 //         dwq [H*d, D], dwk, dwv [Hkv*d, D]   rows packing heads (head, row), in
 //         dwo [D, H*d]            out, columns packing heads (head, col)
+//         dbq [H*d], dbk, dbv [Hkv*d]   packing heads as their weights' rows (head, row)
+//         dbo [D]                 out (output features: no head owns one)
 //         q_rot [B, H, T, d], k_rot [B, Hkv, T, d]   b, h, t, ch
 //   core  out, dq [B, H, Tq, d]   b, h, q, ch;  dk, dv, k_rot [B, Hkv, Tk, d]: b, h, k, ch
 //         (3-D and other ranks: leading dims i0, i1, .. then the position and ch)
@@ -50,8 +52,8 @@ struct TensorAxes {
   std::optional<std::pair<std::size_t, std::int64_t>> head_dim() const;
 };
 
-// `heads` is the number of head blocks this tensor holds (H; Hkv for dwk, dwv
-// and k_rot: head_blocks gives it from a case); unused at the core and rope levels.
+// `heads` is the number of head blocks this tensor holds (H; Hkv for dwk, dwv,
+// dbk, dbv and k_rot: head_blocks gives it from a case); unused at the core and rope levels.
 TensorAxes axes_of(Level level, std::string_view tensor, const Shape& shape, std::int64_t heads);
 // H, or Hkv for the tensors with one block per kv head.
 std::int64_t head_blocks(const CaseSpec& c, std::string_view tensor);

@@ -110,7 +110,10 @@ TensorSet read_reference_golden(const CaseSpec& c, const TensorSet& expected) {
     // they agree within the dtype's rounding, or one of them is not what it says.
     // (a float64 case is judged by allclose: its golden/, if any, is not used)
     const double eps = dtype_epsilon(c.dtype), rel = std::sqrt(diff) / std::sqrt(norm);
-    if (c.dtype != DType::float64 && diff > 0 && !(rel <= kGoldenEpsilons * eps)) {
+    // dbk is zero in exact arithmetic (q_i . bk is one constant along a softmax row):
+    // both files hold rounding noise, which no relative bound measures.
+    const bool zero_in_exact = name == "dbk";
+    if (c.dtype != DType::float64 && diff > 0 && !zero_in_exact && !(rel <= kGoldenEpsilons * eps)) {
       std::ostringstream os;
       os.precision(3);
       os << "disagrees with " << c.reference_text << "/" << name << ".npy: ||" << name << " - golden|| / ||golden|| = "
@@ -181,6 +184,7 @@ std::optional<std::int64_t> first_non_finite_at(const Tensor& t) {
 }
 
 struct ReferenceData {
+  bool bias = false;   // bq, bk, bv, bo are among the inputs
   Tensor positions;    // positions.npy as float64; undefined: none
   TensorSet inputs;    // x, wq, ... | q, k, v, [mask], [r]
   TensorSet expected;  // every expected file present
@@ -294,8 +298,10 @@ class ReferenceReader {
 
   // An expected tensor the case checks (others are never read), of shape
   // `want`, finite: an Inf there would pass or fail anything.
-  Tensor load_expected(const std::string& stem, const Shape& want, const std::string& why) {
-    if (std::find(c_.check.begin(), c_.check.end(), stem) == c_.check.end()) return {};
+  // `unlisted`: read though the check list does not (yet) name it (a bias
+  // gradient where the files give the biases: the list gains them after the read).
+  Tensor load_expected(const std::string& stem, const Shape& want, const std::string& why, bool unlisted = false) {
+    if (!unlisted && std::find(c_.check.begin(), c_.check.end(), stem) == c_.check.end()) return {};
     Tensor t = load(stem, false, "", &want, why);
     if (!t.defined()) return t;
     if (const auto at = first_non_finite_at(t)) {
@@ -367,7 +373,9 @@ class ReferenceReader {
   void warn_unknown_files() const {
     std::set<std::string> known = {"r", "positions", "q_rot", "k_rot"};
     for (const auto& n : tensor_names(c_.level)) known.insert(n);
-    if (c_.level == Level::mha) known.insert({"x", "wq", "wk", "wv", "wo"});
+    if (c_.level == Level::mha) known.insert({"x", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "bo"});
+    if (c_.level == Level::mha)
+      for (const auto& n : bias_tensor_names()) known.insert(n);
     else if (c_.level == Level::core) known.insert({"q", "k", "v", "mask"});
     else known.insert("x");
     std::vector<std::string> stems;
@@ -420,10 +428,20 @@ class ReferenceReader {
     Tensor wo = load_input("wo", true, needs, &wo_shape, wo_why);
     expect_shape("wo", wo, wo_shape, wo_why);
     ref.inputs.push_back({"wo", wo});
+    const bool bias = read_biases(ref, hd, hkv * d, dm, h, hkv, d);
     const Shape act = {b, t, dm};
     const std::string act_why = part("x") + " is " + shape_str(x.shape());
     Tensor r = load_input("r", false, "", &act, act_why);
     if (r.defined()) ref.inputs.push_back({"r", r});
+    if (bias)
+      for (const auto& name : bias_tensor_names()) {  // a bias's gradient has its bias's shape
+        const std::string of = name.substr(1);  // "dbq" -> "bq"
+        const Shape want = find_tensor(ref.inputs, of)->shape();
+        // a check list from the defaults gains the bias gradients once the files give biases
+        const bool gained = !c_.bias && !c_.check_strict;
+        Tensor e = load_expected(name, want, "the gradient of " + part(of) + " " + shape_str(want), gained);
+        if (e.defined()) ref.expected.push_back({name, e});
+      }
     for (const auto& name : tensor_names(Level::mha)) {
       const bool activation = name == "out" || name == "dx";
       const bool kv = name == "dwk" || name == "dwv";
@@ -435,6 +453,46 @@ class ReferenceReader {
     ref.dims = Dims{.B = b, .T = t, .D = dm, .H = h, .d = hd == dm ? 0 : d, .Hkv = hkv == h ? 0 : hkv};
     ref.dtype = dtype_;
     return ref;
+  }
+
+  // bq [H*d], bk and bv [Hkv*d], bo [D]: all four or none (a bias file
+  // alone is a mistake, and so is `bias: true` without the files). True: the
+  // reference has biases.
+  bool read_biases(ReferenceData& data, std::int64_t hd, std::int64_t kvd, std::int64_t dm, std::int64_t h,
+                   std::int64_t hkv, std::int64_t d) {
+    const std::vector<std::string> stems = {"bq", "bk", "bv", "bo"};
+    std::vector<std::string> present, absent;
+    for (const auto& s : stems) (has(s) ? present : absent).push_back(s);
+    const bool asked = c_.bias, said_no = !c_.bias && c_.key_source.count("bias");
+    if (present.empty()) {
+      if (asked)
+        fail(std::string("the case says 'bias: true' but ") + (npz_ ? "reference file " : "reference directory ") + ref() +
+             " has no bq, bk, bv, bo" + (npz_ ? " members" : " .npy files") +
+             " (bq [H*d], bk and bv [Hkv*d], bo [D]); drop 'bias: true' or add them");
+      return false;
+    }
+    if (said_no)
+      fail(file(present.front()) + " is a bias, but the case says 'bias: false'; drop 'bias: false' (the files "
+           "give the biases) or the bias files");
+    if (!absent.empty()) {
+      std::string have, missing;
+      for (const auto& s : present) have += (have.empty() ? "" : ", ") + part(s);
+      for (const auto& s : absent) missing += (missing.empty() ? "" : ", ") + part(s);
+      fail(std::string(npz_ ? "reference file " : "reference directory ") + ref() + " holds " + have + " but not " + missing +
+           ": a reference with biases holds all four of bq, bk, bv, bo");
+    }
+    const std::string dims = " (H=" + std::to_string(h) + ", Hkv=" + std::to_string(hkv) + ", d=" +
+                             std::to_string(d) + ", D=" + std::to_string(dm) + " from the weights)";
+    const std::pair<std::string, std::pair<std::int64_t, std::string>> want[] = {
+        {"bq", {hd, "bq is [H*d]"}}, {"bk", {kvd, "bk is [Hkv*d]"}}, {"bv", {kvd, "bv is [Hkv*d]"}},
+        {"bo", {dm, "bo is [D]"}}};
+    for (const auto& [stem, shape_why] : want) {
+      const Shape shape = {shape_why.first};
+      Tensor t = load_input(stem, true, "a reference with biases holds all four", &shape, shape_why.second + dims);
+      data.inputs.push_back({stem, t});
+    }
+    data.bias = true;
+    return true;
   }
 
   // x [..., T, d] with any leading dims (CS336's run_rope takes [..., T, d_k]);
@@ -594,6 +652,10 @@ void load_case_files(CaseSpec& c) {
     if (c.dtype == DType::bfloat16) as_bfloat16(c, ref);
     c.dims = ref.dims;
     c.dtype = ref.dtype;
+    if (ref.bias && !c.bias) {  // the files give the biases: a check list not the case's own compares theirs too
+      c.bias = true;
+      if (!c.check_strict) c.check = with_bias_gradients(c.check);
+    }
     if (c.baseline_k_at.line > 0 && !c.relative_rule())
       throw ConfigError(c.baseline_k_at, "case '" + c.name + "': 'tolerance: k' is the factor of relative_to_baseline, "
                                          "and this reference's files are " + std::string(dtype_name(c.dtype)) +
@@ -657,7 +719,7 @@ Suite load_suite(const fs::path& file) {
   return suite;
 }
 
-CaseInputs seeded_inputs(Level level, const Dims& d, DType dt, std::uint64_t seed) {
+CaseInputs seeded_inputs(Level level, const Dims& d, DType dt, std::uint64_t seed, bool bias) {
   Generator gen(seed);
   CaseInputs in;
   in.level = level;
@@ -671,6 +733,12 @@ CaseInputs seeded_inputs(Level level, const Dims& d, DType dt, std::uint64_t see
     in.wv = randn({kv_hd, d.D}, dt, gen, w_std);
     in.wo = randn({d.D, hd}, dt, gen, 1.0 / std::sqrt(static_cast<double>(hd)));
     in.r = randn({d.B, d.T, d.D}, dt, gen);
+    if (bias) {  // after r: a case without biases keeps every value it had
+      in.bq = randn({hd}, dt, gen, w_std);
+      in.bk = randn({kv_hd}, dt, gen, w_std);
+      in.bv = randn({kv_hd}, dt, gen, w_std);
+      in.bo = randn({d.D}, dt, gen, 1.0 / std::sqrt(static_cast<double>(hd)));
+    }
   } else if (level == Level::rope) {
     const Shape x_shape = d.H > 0 ? Shape{d.B, d.H, d.T, d.d} : Shape{d.B, d.T, d.d};
     in.x = randn(x_shape, dt, gen);
@@ -706,6 +774,10 @@ CaseInputs make_inputs(const CaseSpec& spec) {
       in.wk = get("wk");
       in.wv = get("wv");
       in.wo = get("wo");
+      in.bq = get("bq");
+      in.bk = get("bk");
+      in.bv = get("bv");
+      in.bo = get("bo");
     } else {
       in.q = get("q");
       in.k = get("k");
@@ -720,7 +792,7 @@ CaseInputs make_inputs(const CaseSpec& spec) {
     in.expected = files->expected;
     in.positions = files->positions;
   } else {
-    in = seeded_inputs(spec.level, spec.dims, spec.dtype, spec.seed);
+    in = seeded_inputs(spec.level, spec.dims, spec.dtype, spec.seed, spec.bias);
   }
   if (spec.rope && !in.positions.defined()) {
     Shape shape;

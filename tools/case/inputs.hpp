@@ -8,13 +8,17 @@
 //
 // Recipe from the seed (headgrad::Generator, the same stream on every machine),
 // drawn in this order: mha level x ~ N(0, 1); wq, wk, wv, wo ~ N(0, 1/D) so
-// the softmax is not saturated; r ~ N(0, 1). Core level q, k, v, r ~ N(0, 1).
+// the softmax is not saturated; r ~ N(0, 1); then, with `bias: true` only
+// (so a case without biases keeps its values), bq, bk, bv ~ N(0, 1/D) and
+// bo ~ N(0, 1/(H*d)). Core level q, k, v, r ~ N(0, 1).
 //
 // A reference is a directory of plain .npy files, or one .npz file holding the
 // same members (numpy.savez(path, x=..., wq=...)):
 //   rope level: x [..., T, d] (any leading dims), optional r; expected out, dx
 //   mha level:  x [B, T, D], wq wk wv wo [D, D], optional r [B, T, D] (ones if
-//               absent); expected any of out, dx [B, T, D], dwq dwk dwv dwo [D, D]
+//               absent); expected any of out, dx [B, T, D], dwq dwk dwv dwo [D, D];
+//               optional biases bq [H*d], bk bv [Hkv*d], bo [D] (all four, or none;
+//               present, the case has biases) and expected dbq, dbk, dbv, dbo
 //   core level: q [B, H, Tq, d], k [B, H, Tk, d], v [B, H, Tk, dv], optional
 //               mask (bool, broadcastable to [B, H, Tq, Tk], True = attend),
 //               optional r [B, H, Tq, dv]; expected any of out, dq, dk, dv
@@ -82,6 +86,7 @@ struct CaseInputs {
   // mha level
   Tensor x;               // [B, T, D] as handed to the plugins (layout applied)
   Tensor wq, wk, wv, wo;  // [D, D], PyTorch's [out, in]: y = x W^T
+  Tensor bq, bk, bv, bo;  // [H*d], [Hkv*d], [Hkv*d], [D]: y = x W^T + b; undefined: no bias
   // core level
   Tensor q;               // [B, H, Tq, d] (layout applied, like x)
   Tensor k;               // [B, H, Tk, d]
@@ -97,7 +102,7 @@ struct CaseInputs {
 // the inputs walks over (a new input is added here, and nowhere else).
 enum class InputRole {
   activation,  // x, q, k, v: handed to plugins in the case's input_layout
-  weight,      // wq, wk, wv, wo
+  weight,      // wq, wk, wv, wo; the biases bq, bk, bv, bo
   loss,        // r
   mask,        // bool
   positions,   // int64 token positions
@@ -115,6 +120,10 @@ inline constexpr InputField kInputFields[] = {
     {&CaseInputs::wk, "wk", InputRole::weight, Level::mha},
     {&CaseInputs::wv, "wv", InputRole::weight, Level::mha},
     {&CaseInputs::wo, "wo", InputRole::weight, Level::mha},
+    {&CaseInputs::bq, "bq", InputRole::weight, Level::mha},  // biases: defined only with `bias: true`
+    {&CaseInputs::bk, "bk", InputRole::weight, Level::mha},
+    {&CaseInputs::bv, "bv", InputRole::weight, Level::mha},
+    {&CaseInputs::bo, "bo", InputRole::weight, Level::mha},
     {&CaseInputs::q, "q", InputRole::activation, Level::core},
     {&CaseInputs::k, "k", InputRole::activation, Level::core},
     {&CaseInputs::v, "v", InputRole::activation, Level::core},
@@ -138,7 +147,7 @@ CaseInputs map_inputs(const CaseInputs& in, F&& f) {
 
 // The seeded recipe above, contiguous, for dims d (mha: B, T, D; core: B, H,
 // Tq, Tk, d). Also what `headgrad bench` times plugins on.
-CaseInputs seeded_inputs(Level level, const Dims& d, DType dtype, std::uint64_t seed);
+CaseInputs seeded_inputs(Level level, const Dims& d, DType dtype, std::uint64_t seed, bool bias = false);
 
 // From c.files (loaded first if they are not) or from the seed; reads no file
 // that load_case_files has read. ConfigError when a mask does not fit c.dims.
@@ -153,7 +162,7 @@ CaseInputs private_copy(const CaseInputs& in, InputLayout layout);
 AttentionSpec attention_spec(const CaseSpec& c, const CaseInputs& in);
 
 // The inputs as a reference directory names them, contiguous:
-// x, wq, wk, wv, wo, r (mha) or q, k, v, [mask,] r (core).
+// x, wq, wk, wv, wo, [bq, bk, bv, bo,] r (mha) or q, k, v, [mask,] r (core).
 TensorSet input_tensors(const CaseInputs& in);
 
 // The same values in another memory layout: transposed keeps the last two dims

@@ -85,6 +85,40 @@ const std::vector<std::string>& tensor_names(Level level) {
   return level == Level::mha ? mha : level == Level::core ? core : rope;
 }
 
+const std::vector<std::string>& bias_tensor_names() {
+  static const std::vector<std::string> names = {"dbq", "dbk", "dbv", "dbo"};
+  return names;
+}
+
+const std::vector<std::string>& tensor_names(const CaseSpec& c) {
+  static const std::vector<std::string> mha_bias = [] {
+    std::vector<std::string> n = tensor_names(Level::mha);
+    n.insert(n.end(), bias_tensor_names().begin(), bias_tensor_names().end());
+    return n;
+  }();
+  return c.level == Level::mha && c.bias ? mha_bias : tensor_names(c.level);
+}
+
+// A check list from the defaults, on a case with biases: each weight gradient
+// brings its bias's (dwq -> dbq, ...), so one defaults list serves both kinds.
+std::vector<std::string> with_bias_gradients(const std::vector<std::string>& check) {
+  std::vector<std::string> out = check;
+  for (const auto& t : check)
+    if (t.size() == 3 && t.rfind("dw", 0) == 0) {
+      const std::string b = "db" + t.substr(2);
+      if (std::find(out.begin(), out.end(), b) == out.end()) out.push_back(b);
+    }
+  return out;
+}
+
+std::vector<std::string> all_tensor_names() {
+  std::vector<std::string> names = tensor_names(Level::mha);
+  names.insert(names.end(), bias_tensor_names().begin(), bias_tensor_names().end());
+  for (const auto& n : tensor_names(Level::core))
+    if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
+  return names;
+}
+
 SourceLoc CaseSpec::where(const std::string& key) const {
   auto it = key_source.find(key);
   return it != key_source.end() ? it->second : source;
@@ -241,6 +275,7 @@ std::string describe_case(const CaseSpec& c) {
     os << "scale=" << *c.scale;
     add(os.str());
   }
+  if (c.bias) add("bias");
   if (c.layout != InputLayout::contiguous) add(std::string(layout_name(c.layout)));
   if (c.dtype != DType::float64) add(std::string(dtype_name(c.dtype)));
   if (c.rope) add(c.rope->describe());
@@ -266,7 +301,7 @@ const std::vector<std::string> kTopKeys = {"suite", "description", "defaults", "
 const std::vector<std::string> kCaseKeys = {
     "name",  "description", "compare", "reference", "level",     "shape",     "sweep",
     "dtype", "causal",      "scale",   "dropout_p", "mask",      "input_layout", "seed",
-    "atol",  "rtol",        "tolerance", "check",   "expect",    "timeout", "rope", "taps"};
+    "atol",  "rtol",        "tolerance", "check",   "expect",    "timeout", "rope", "taps", "bias"};
 const std::vector<std::string> kRopeKeys = {"theta", "style", "rotary_dim", "positions", "q_offset"};
 const std::vector<std::string> kExpectKeys = {"fail", "diagnosis"};
 const std::vector<std::string> kToleranceKeys = {"atol", "rtol"};
@@ -506,9 +541,7 @@ void Parser::read_dims(const YAML::Node& map, Level level, const std::string& ke
 }
 
 void Parser::read_tolerance_map(const YAML::Node& map, CaseSpec& c) const {
-  std::vector<std::string> names = tensor_names(Level::mha);
-  for (const auto& n : tensor_names(Level::core))
-    if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
+  std::vector<std::string> names = all_tensor_names();
   names.push_back("rule");
   names.push_back("k");
   for (const auto& [tkey, tval] : entries(map, names, "'tolerance'")) {
@@ -536,9 +569,8 @@ void Parser::read_tolerance_rule(const YAML::Node& key, const YAML::Node& value,
     return;
   }
   std::vector<std::string> names = {"out", "grads"};
-  for (const Level l : {Level::mha, Level::core})
-    for (const auto& n : tensor_names(l))
-      if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
+  for (const auto& n : all_tensor_names())
+    if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
   names.push_back("q_rot");
   names.push_back("k_rot");
   for (const auto& [kkey, kval] : entries(value, names, "'tolerance: k'")) {
@@ -552,7 +584,7 @@ void Parser::read_tolerance_rule(const YAML::Node& key, const YAML::Node& value,
 }
 
 void Parser::check_tolerance_keys(const YAML::Node& map, CaseSpec& c) const {
-  const auto& level_tensors = tensor_names(c.level);
+  const auto& level_tensors = tensor_names(c);  // dbq..dbo too in a bias case
   auto applies = [&](const std::string& t) {
     return std::find(level_tensors.begin(), level_tensors.end(), t) != level_tensors.end() ||
            std::find(c.taps.begin(), c.taps.end(), t) != c.taps.end();
@@ -927,19 +959,22 @@ void Parser::read_check_and_taps(std::map<std::string, Entry>& keys, CaseSpec& c
   auto val = [&](const char* key) -> const YAML::Node& { return keys.at(key).value; };
   // check: the case's own list is taken as written; a list from the defaults
   // keeps the names this level has (so one default serves both levels).
-  const auto& level_tensors = tensor_names(c.level);
+  const auto& level_tensors = tensor_names(c);
   if (has("check")) {
     const Entry& e = keys["check"];
-    const std::vector<std::string> wanted = string_list(e.value, "check");
+    std::vector<std::string> wanted = string_list(e.value, "check");
     if (wanted.empty()) fail(e.value, "'check' is empty; list the tensors to compare");
-    std::vector<std::string> all = tensor_names(Level::mha);
-    all.insert(all.end(), tensor_names(Level::core).begin() + 1, tensor_names(Level::core).end());
+    const std::vector<std::string> all = all_tensor_names();
+    if (c.bias && !e.from_case) wanted = with_bias_gradients(wanted);
     std::set<std::string> chosen;
     for (const auto& t : wanted) {
       const bool here = std::find(level_tensors.begin(), level_tensors.end(), t) != level_tensors.end();
       if (!here && (e.from_case || std::find(all.begin(), all.end(), t) == all.end())) {
         const std::string near = closest_match(t, level_tensors);
-        fail(e.value, "'" + t + "' is not a " + std::string(level_name(c.level)) + "-level tensor (" +
+        const bool bias_grad =
+            std::find(bias_tensor_names().begin(), bias_tensor_names().end(), t) != bias_tensor_names().end();
+        fail(e.value, "'" + t + "' is not a " + std::string(level_name(c.level)) + "-level tensor" +
+                          (bias_grad && c.level == Level::mha ? " of a case without 'bias: true'" : "") + " (" +
                           join(level_tensors) + ")" + (near.empty() ? "" : "; did you mean '" + near + "'?"));
       }
       if (here) chosen.insert(t);
@@ -1062,6 +1097,14 @@ std::vector<CaseSpec> Parser::parse_case(const YAML::Node& node, std::size_t ind
         fail(m, "'mask' must be none, causal or a .npy file of bools, got '" + s + "'");
       c.mask_file = fs::path(s).is_absolute() ? fs::path(s) : dir_ / s;
     }
+  }
+  if (has("bias")) {
+    // One default serves every level: only a case's own `bias: true` off the mha level is a mistake.
+    const bool b = bool_value(val("bias"), "bias");
+    if (b && c.level != Level::mha && keys["bias"].from_case)
+      fail(val("bias"), "'bias: true' belongs to the mha level (bq, bk, bv, bo on the projections); a " +
+                            std::string(level_name(c.level)) + "-level case has no projection");
+    c.bias = b && c.level == Level::mha;
   }
   if (has("input_layout")) {
     const std::string s = choice(val("input_layout"), "input_layout", {"contiguous", "transposed", "sliced"});
@@ -1290,6 +1333,8 @@ std::vector<std::pair<std::string, std::string>> missing_capabilities(const Case
   if (is_16bit(c.dtype) && std::find(caps.extra.begin(), caps.extra.end(), dtype_name(c.dtype)) == caps.extra.end())
     out.emplace_back(std::string(dtype_name(c.dtype)), "dtype: " + std::string(dtype_name(c.dtype)));
   if (c.rope && c.level != Level::rope && !caps.rope) out.emplace_back(capability_name(&Capabilities::rope), "the case has a 'rope:' block");
+  if (c.bias && !caps.bias)
+    out.emplace_back(capability_name(&Capabilities::bias), "the case has 'bias: true' (bq, bk, bv, bo on the projections)");
   return out;
 }
 
@@ -1301,9 +1346,12 @@ void check_capabilities(const std::vector<const CaseSpec*>& cases, const PluginR
       const auto missing = missing_capabilities(*c, p->info.capabilities);
       if (missing.empty()) continue;
       const auto& [cap, why] = missing.front();
+      std::string also;  // every other missing one too, so that one fix is not followed by the next refusal
+      for (std::size_t i = 1; i < missing.size(); ++i)
+        also += (also.empty() ? "; it also lacks '" : ", '") + missing[i].first + "' (" + missing[i].second + ")";
       throw ConfigError(c->where("compare"),
                         "case '" + c->name + "': plugin '" + name + "' lacks the capability '" + cap +
-                            "' (" + why + "); it declares: " + capabilities_str(p->info.capabilities));
+                            "' (" + why + ")" + also + "; it declares: " + capabilities_str(p->info.capabilities));
     }
   }
 }

@@ -151,6 +151,7 @@ struct CaseSpec {
   std::optional<double> scale;         // default 1/sqrt(d)
   std::filesystem::path mask_file;     // core level bool mask (.npy); empty: none
   std::optional<RopeCase> rope;        // the `rope:` block; none: no rotation
+  bool bias = false;                   // mha level: bq, bk, bv, bo too, and their gradients (`bias: true`)
   std::vector<std::string> taps;       // q_rot, k_rot: compared too (also listed in `check`)
   InputLayout layout = InputLayout::contiguous;
   std::uint64_t seed = 0;
@@ -189,6 +190,15 @@ struct Suite {
 // The tensors a level produces, in report order:
 // mha: out, dx, dwq, dwk, dwv, dwo; core: out, dq, dk, dv; rope: out, dx.
 const std::vector<std::string>& tensor_names(Level level);
+// The biases' gradients, after dwo in a case with `bias: true`: dbq, dbk, dbv, dbo.
+const std::vector<std::string>& bias_tensor_names();
+// A case's tensors: its level's, then the biases' gradients when c.bias.
+const std::vector<std::string>& tensor_names(const CaseSpec& c);
+// A check list from the defaults, on a case with biases: each weight gradient
+// brings its bias's (dwq -> dbq, ...), so one defaults list serves both kinds.
+std::vector<std::string> with_bias_gradients(const std::vector<std::string>& check);
+// Every tensor name a suite may write in `check` or `tolerance` (both levels, biases too).
+std::vector<std::string> all_tensor_names();
 
 // Timeouts are seconds in (0, kMaxTimeoutSeconds]: a day, far below where a
 // deadline computed from them could overflow.

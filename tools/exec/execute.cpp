@@ -311,6 +311,12 @@ void add_taps(const CaseSpec& c, const AttentionSpec& spec, TensorSet& res) {
 
 }  // namespace
 
+MhaWeights leaf_weights(const CaseInputs& in) {
+  auto leaf = [](const Tensor& t) { return t.defined() ? Variable(t, true) : Variable(); };
+  return MhaWeights{leaf(in.wq), leaf(in.wk), leaf(in.wv), leaf(in.wo),
+                    leaf(in.bq), leaf(in.bk), leaf(in.bv), leaf(in.bo)};
+}
+
 TensorSet compute_side(const CaseSpec& c, const CaseInputs& shared, const Attention& plugin) {
   // This side's own copy: what the plugin writes into its inputs stays here.
   const CaseInputs in = private_copy(shared, c.layout);
@@ -330,13 +336,16 @@ TensorSet compute_side(const CaseSpec& c, const CaseInputs& shared, const Attent
   }
   if (c.level == Level::mha) {
     const Variable x(in.x, true);
-    const MhaWeights w{Variable(in.wq, true), Variable(in.wk, true), Variable(in.wv, true),
-                       Variable(in.wo, true)};
+    const MhaWeights w = leaf_weights(in);
     const Variable out = plugin.mha_forward(x, w, spec);  // [B, T, D]
     check_output(out, in.r, in.x.dtype());
     backward(out);
     TensorSet res = {{"out", out.data().contiguous()}, {"dx", x.grad()},     {"dwq", w.wq.grad()},
                      {"dwk", w.wk.grad()},             {"dwv", w.wv.grad()}, {"dwo", w.wo.grad()}};
+    if (c.bias)
+      for (const auto& [name, b] : {std::pair<const char*, const Variable*>{"dbq", &w.bq}, {"dbk", &w.bk},
+                                    {"dbv", &w.bv}, {"dbo", &w.bo}})
+        res.push_back({name, b->grad()});
     add_taps(c, spec, res);
     return res;
   }

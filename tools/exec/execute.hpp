@@ -61,6 +61,10 @@ struct ExecOptions {
 // undefined when the parts do not assemble (none recorded, mixed shapes).
 Tensor assemble_tap(const std::vector<Tensor>& parts);
 
+// The mha-level leaves of a side: each weight (and bias, when the inputs have
+// them) as a Variable that takes a gradient; an absent bias stays undefined.
+MhaWeights leaf_weights(const CaseInputs& in);
+
 // In this process; throws what the plugin throws (BadOutputError for an
 // output of the wrong shape or dtype).
 TensorSet compute_side(const CaseSpec& c, const CaseInputs& in, const Attention& plugin);

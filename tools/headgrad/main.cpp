@@ -577,6 +577,7 @@ std::string exported_suite(const CaseSpec& c, const LoadedPlugin& p, const std::
     << "    level: " << level_name(c.level) << "\n"
     << "    causal: " << (c.causal ? "true" : "false") << "\n";
   if (c.level == Level::mha) y << "    shape: {H: " << c.dims.H << "}\n";
+  if (c.bias) y << "    bias: true\n";
   if (c.scale) y << "    scale: " << *c.scale << "\n";
   if (c.relative_rule()) {  // below float64: judged against per_head's float64 golden, as the case was
     y << "    tolerance: {rule: relative_to_baseline, k: {out: " << c.baseline_k.out << ", grads: " << c.baseline_k.grads;
@@ -628,7 +629,7 @@ int cmd_export(const ExportArgs& a) {
   if (fs::is_directory(a.out)) {  // a folder made here holds no input
     std::vector<std::pair<std::string, fs::path>> outputs;
     for (const auto& nt : input_tensors(inputs)) outputs.emplace_back("--out", fs::path(a.out) / (nt.name + ".npy"));
-    for (const auto& name : tensor_names(c.level)) outputs.emplace_back("--out", fs::path(a.out) / (name + ".npy"));
+    for (const auto& name : tensor_names(c)) outputs.emplace_back("--out", fs::path(a.out) / (name + ".npy"));
     outputs.emplace_back("--out", fs::path(a.out) / "suite.yaml");
     check_outputs(outputs, reads);
   }
@@ -678,8 +679,8 @@ void add_export_command(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<ExportArgs>();
   CLI::App* exp = app.add_subcommand(
       "export", "Run one plugin on one case and write its inputs, output and gradients as a reference directory "
-                "(.npy files: x, wq, wk, wv, wo, r, out, dx, dwq, dwk, dwv, dwo; or q, k, v, mask, r, out, dq, dk, "
-                "dv), plus a suite.yaml that checks the plugin against it.");
+                "(.npy files: x, wq, wk, wv, wo, r, out, dx, dwq, dwk, dwv, dwo, with biases bq, bk, bv, bo, dbq, dbk, "
+                "dbv, dbo; or q, k, v, mask, r, out, dq, dk, dv), plus a suite.yaml that checks the plugin against it.");
   exp->add_option("suite", args->suite, "the suite (YAML)")->required()->check(CLI::ExistingFile)->type_name("SUITE.yaml");
   exp->add_option("--case", args->case_name, "the case's name as reports show it (a sweep point: name[B=2,T=5])")
       ->required()

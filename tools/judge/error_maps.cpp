@@ -61,6 +61,12 @@ void cut(TensorErrorMaps& out, const CaseSpec& spec, const std::string& name, co
     out.axes = cols ? "rows: output features; columns: input features, head h owns columns [h·d, (h+1)·d)"
                     : "rows: output features, head h owns rows [h·d, (h+1)·d); columns: input features";
     out.maps.push_back(downsample("", R, C, diff, cols ? 0 : d, cols ? d : 0, false));
+  } else if (dims.size() == 1 && (role(0) == AxisRole::heads || role(0) == AxisRole::features)) {  // biases: one row
+    const bool heads = role(0) == AxisRole::heads;  // dbq [H*d], dbk, dbv [Hkv*d]; else dbo [D]
+    const std::int64_t n = shape[0], block = dims[0].block;
+    const std::int64_t d = heads && n / block > 1 ? block : 0;
+    out.axes = heads ? "one row: output features, head h owns entries [h·d, (h+1)·d)" : "one row: output features";
+    out.maps.push_back(downsample("", 1, n, diff, 0, d, false));
   } else if (dims.size() == 4 && role(0) == AxisRole::batch && role(1) == AxisRole::head &&
              role(2) == AxisRole::position) {  // [B, H, T, c]
     const std::int64_t B = shape[0], H = shape[1], T = shape[2], c = shape[3];

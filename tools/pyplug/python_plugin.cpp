@@ -520,6 +520,9 @@ Capabilities parse_capabilities(const std::vector<std::string>& names) {
   }
   if (!c.mha && !c.core && !c.rope_level)
     throw std::invalid_argument("the capabilities name no level: give mha, core or rope_level");
+  // the Python worker hands a function x, wq, wk, wv, wo only (no biases yet)
+  if (c.bias)
+    throw std::invalid_argument("capability 'bias': a Python plugin is not handed biases (bq, bk, bv, bo) yet");
   return c;
 }
 

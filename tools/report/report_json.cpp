@@ -642,6 +642,7 @@ void spec_fields(Io& io, S& c) {
       });
   io.choice("input_layout", c.layout, {InputLayout::contiguous, InputLayout::transposed, InputLayout::sliced},
             layout_name);
+  io.flag("bias", c.bias);
   io.integer("seed", c.seed);
   io.texts("compare", c.compare);
   io.custom(

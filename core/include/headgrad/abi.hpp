@@ -20,8 +20,9 @@
 
 // Bumped whenever a type of the SDK changes layout or meaning (the layout
 // table below catches a size change; tests/test_abi_layout.cpp pins the sizes
-// and offsets so that a change cannot go unnoticed).
-#define HEADGRAD_PLUGIN_ABI_VERSION 4
+// and offsets so that a change cannot go unnoticed). 5: MhaWeights' biases
+// and Capabilities::bias.
+#define HEADGRAD_PLUGIN_ABI_VERSION 5
 
 #define HEADGRAD_BUILD_INFO_MAGIC 0x49424748u  // "HGBI"
 

@@ -90,16 +90,28 @@ struct AttentionSpec {
   }
 };
 
-// The four projections, PyTorch's layout: W is [out, in] and y = x W^T.
+// The four projections, PyTorch's layout: W is [out, in] and y = x W^T (+ b).
 // Query head h owns rows [h*d, (h+1)*d) of wq and columns [h*d, (h+1)*d) of
 // wo; kv head j owns rows [j*d, (j+1)*d) of wk and wv, and query head h
 // reads kv head floor(h / G) (PyTorch enable_gqa, HF repeat_kv).
+// The biases are optional (undefined: none; all four or none, `bias: true`
+// in a suite): head h owns entries [h*d, (h+1)*d) of bq, kv head j of bk, bv.
 struct MhaWeights {
   Variable wq;  // [H*d, D]
   Variable wk;  // [Hkv*d, D]
   Variable wv;  // [Hkv*d, D]
   Variable wo;  // [D, H*d]
+  // (= {}: MhaWeights{wq, wk, wv, wo} stays a complete initializer, without biases)
+  Variable bq = {};  // [H*d] or undefined
+  Variable bk = {};  // [Hkv*d] or undefined
+  Variable bv = {};  // [Hkv*d] or undefined
+  Variable bo = {};  // [D] or undefined
+
+  bool has_bias() const { return bq.defined() || bk.defined() || bv.defined() || bo.defined(); }
 };
+
+// x W^T + b (nn.Linear, F.linear); b undefined: x W^T.
+Variable linear_bias(const Variable& x, const Variable& w, const Variable& b);
 
 // The head layout of one MHA call, read from x and the spec.
 struct MhaDims {
@@ -110,8 +122,9 @@ struct MhaDims {
   std::int64_t group = 0;     // G = H / Hkv
 };
 // Throws std::invalid_argument naming `who` and the shapes when Hkv does not
-// divide H, D is not a multiple of H and no head width is given, or a weight
-// is not wq [H*d, D], wk and wv [Hkv*d, D], wo [D, H*d].
+// divide H, D is not a multiple of H and no head width is given, a weight
+// is not wq [H*d, D], wk and wv [Hkv*d, D], wo [D, H*d], or the biases are
+// not all four of bq [H*d], bk and bv [Hkv*d], bo [D] (or none).
 MhaDims mha_dims(const Variable& x, const MhaWeights& w, const AttentionSpec& spec,
                  std::string_view who);
 
@@ -162,7 +175,7 @@ enum class KvHeads {
   grouped,  // as projected, [B, Hkv, T, d]: the core maps query head h to kv head h / (H / Hkv)
 };
 
-// The batched multi-head layer around any core: x [..., T, D] -> project ->
+// The batched multi-head layer around any core: x [..., T, D] -> project (+ bias) ->
 // split_heads -> (grouped KV heads widened to H, unless KvHeads::grouped) ->
 // core -> merge_heads -> project -> [..., T, D]. Leading dims are folded into
 // one batch. Shapes are checked first (mha_dims). With spec.rope on, q and k

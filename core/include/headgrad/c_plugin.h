@@ -18,7 +18,8 @@
  *   HG_C_EXPORT const hg_c_plugin* headgrad_c_plugin(void) { return &kPlugin; }
  *
  * headgrad's loader sees the two symbols (its own names, apart from the C++
- * SDK's), checks the version first, then wraps the plugin as an Attention with the core level only:
+ * SDK's), checks the version first, then wraps the plugin as an Attention with the core level only
+ * (no projections, so no biases: a `bias: true` case, MHA level, is refused naming `mha` and `bias`):
  * core_forward becomes a custom op whose forward calls `core_forward` and whose
  * backward calls `core_backward`.
  *

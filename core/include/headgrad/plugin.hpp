@@ -77,6 +77,7 @@ struct Capabilities {
   bool grouped_kv = false;      // num_kv_heads < num_heads (GQA/MQA)
   bool rope = false;            // rotary position embeddings
   bool rope_level = false;      // rope_forward: the rotation alone (level: rope)
+  bool bias = false;            // MhaWeights::bq, bk, bv, bo (y = x W^T + b; plugin ABI 5)
   std::vector<std::string> extra;  // free-form capabilities for what comes next
 };
 
@@ -95,6 +96,7 @@ inline constexpr CapabilityName kCapabilityNames[] = {
     {&Capabilities::float32, "float32"},   {&Capabilities::float64, "float64"},
     {&Capabilities::dropout, "dropout"},   {&Capabilities::grouped_kv, "grouped_kv"},
     {&Capabilities::rope, "rope"},         {&Capabilities::rope_level, "rope_level"},
+    {&Capabilities::bias, "bias"},
 };
 constexpr std::string_view capability_name(bool Capabilities::*flag) {
   for (const auto& c : kCapabilityNames)

@@ -64,7 +64,22 @@ MhaDims mha_dims(const Variable& x, const MhaWeights& w, const AttentionSpec& sp
           ", H " + std::to_string(m.heads) + ", Hkv " + std::to_string(m.kv_heads) + ", d " +
           std::to_string(m.head_dim) +
           " (wq [H*d, D], wk and wv [Hkv*d, D], wo [D, H*d])");
+  if (w.has_bias()) {
+    const std::pair<const Variable*, Shape> biases[] = {{&w.bq, {hd}}, {&w.bk, {kvd}}, {&w.bv, {kvd}}, {&w.bo, {dm}}};
+    const char* bias_names[] = {"bq", "bk", "bv", "bo"};
+    for (std::size_t i = 0; i < 4; ++i)
+      if (!biases[i].first->defined() || biases[i].first->shape() != biases[i].second)
+        throw std::invalid_argument(
+            at + bias_names[i] + " is " +
+            (biases[i].first->defined() ? shape_str(biases[i].first->shape()) : "undefined") + ", expected " +
+            shape_str(biases[i].second) + " (biases come as all four of bq [H*d], bk and bv [Hkv*d], bo [D], or none)");
+  }
   return m;
+}
+
+Variable linear_bias(const Variable& x, const Variable& w, const Variable& b) {
+  const Variable y = linear(x, w);
+  return b.defined() ? add(y, b) : y;  // b [out] broadcasts over the rows
 }
 
 std::int64_t kv_group(const Variable& q, const Variable& k, const Variable& v,
@@ -167,15 +182,15 @@ Variable batched_mha(const Variable& x, const MhaWeights& w, const AttentionSpec
   const MhaDims m = mha_dims(x, w, spec, "batched_mha");
   const AttentionSpec s = fold_rope_positions(spec, x.shape());
   const Variable x3 = reshape(x, {-1, x.size(-2), m.d_model});                 // [B, T, D]
-  const Variable q = rope_queries(split_heads(linear(x3, w.wq), m.heads), s);   // [B, H, T, d]
-  Variable k = rope_keys(split_heads(linear(x3, w.wk), m.kv_heads), s);         // [B, Hkv, T, d]
-  Variable v = split_heads(linear(x3, w.wv), m.kv_heads);                       // never rotated
+  const Variable q = rope_queries(split_heads(linear_bias(x3, w.wq, w.bq), m.heads), s);  // [B, H, T, d]
+  Variable k = rope_keys(split_heads(linear_bias(x3, w.wk, w.bk), m.kv_heads), s);        // [B, Hkv, T, d]
+  Variable v = split_heads(linear_bias(x3, w.wv, w.bv), m.kv_heads);                      // never rotated
   if (kv_heads == KvHeads::repeat) {  // widened to H: query head h reads kv head h / G
     k = expand_kv_heads(k, m.group);
     v = expand_kv_heads(v, m.group);
   }
   const Variable o = merge_heads(core(q, k, v, without_rope(s)));  // [B, T, H*d]
-  return reshape(linear(o, w.wo), x.shape());
+  return reshape(linear_bias(o, w.wo, w.bo), x.shape());
 }
 
 Variable attention_core(const Variable& q, const Variable& k, const Variable& v,
