@@ -67,6 +67,10 @@ TEST(PythonCapabilities, NamesAsPluginsPrintsThem) {
   const Capabilities fields = pyplug::parse_capabilities({"core", "grouped_kv", "bool_mask", "cross_lengths", "rope_level"});
   EXPECT_TRUE(fields.grouped_kv && fields.bool_mask && fields.cross_lengths && fields.rope_level);
   for (const auto& c : kCapabilityNames) {
+    if (c.flag == &Capabilities::bias) {  // refused with its reason: the worker hands no biases yet
+      EXPECT_THROW(pyplug::parse_capabilities({"mha", "bias"}), std::invalid_argument);
+      continue;
+    }
     const Capabilities one = pyplug::parse_capabilities({"mha", std::string(c.name)});
     EXPECT_TRUE(one.*c.flag) << c.name;
   }
