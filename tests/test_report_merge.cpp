@@ -1,4 +1,4 @@
-// `headgrad merge` on hostile shard reports (issue 26, items 2, 4, 5, 9): two
+// `headgrad merge` on hostile shard reports (docs/design.md, merge): two
 // real shards of tests/runner/merge.yaml, corrupted one field at a time. Each
 // must exit 2 naming the file (and the JSON path where one field is wrong),
 // leave every output untouched, and neither hang nor fill memory: the program
