@@ -1,5 +1,5 @@
 // The plugin ABI's layout, pinned: the sizes and offsets of every type that
-// crosses the plugin boundary, as of HEADGRAD_PLUGIN_ABI_VERSION 5 on LP64
+// crosses the plugin boundary, as of HEADGRAD_PLUGIN_ABI_VERSION 6 on LP64
 // libstdc++ (x86-64, aarch64) with the C++11 string ABI. A change to any of
 // these types fails to compile here: bump HEADGRAD_PLUGIN_ABI_VERSION in
 // <headgrad/abi.hpp> and write the new numbers below. Then the build
@@ -19,44 +19,55 @@ using headgrad::test::contains;
 
 namespace {
 
-static_assert(HEADGRAD_PLUGIN_ABI_VERSION == 5,
-              "the numbers below are ABI 5's: write the new ABI's layout here");
+static_assert(HEADGRAD_PLUGIN_ABI_VERSION == 6,
+              "the numbers below are ABI 6's: write the new ABI's layout here");
 
 #if defined(__LP64__) && defined(__GLIBCXX__) && _GLIBCXX_USE_CXX11_ABI
 // offsetof on classes with std members is conditionally supported; GCC and
 // Clang give the real offsets.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Winvalid-offsetof"
-static_assert(sizeof(hg::PluginInfo) == 144 && alignof(hg::PluginInfo) == 8);
+static_assert(sizeof(hg::PluginInfo) == 152 && alignof(hg::PluginInfo) == 8);
 static_assert(offsetof(hg::PluginInfo, name) == 0 && offsetof(hg::PluginInfo, version) == 32 &&
               offsetof(hg::PluginInfo, description) == 64 && offsetof(hg::PluginInfo, capabilities) == 96 &&
-              offsetof(hg::PluginInfo, mutant) == 136);
-static_assert(sizeof(hg::Capabilities) == 40);
+              offsetof(hg::PluginInfo, mutant) == 144);
+static_assert(sizeof(hg::Capabilities) == 48);
 static_assert(offsetof(hg::Capabilities, mha) == 0 && offsetof(hg::Capabilities, core) == 1 &&
               offsetof(hg::Capabilities, causal) == 2 && offsetof(hg::Capabilities, bool_mask) == 3 &&
               offsetof(hg::Capabilities, cross_lengths) == 4 && offsetof(hg::Capabilities, float32) == 5 &&
               offsetof(hg::Capabilities, float64) == 6 && offsetof(hg::Capabilities, dropout) == 7 &&
               offsetof(hg::Capabilities, grouped_kv) == 8 && offsetof(hg::Capabilities, rope) == 9 &&
               offsetof(hg::Capabilities, rope_level) == 10 && offsetof(hg::Capabilities, bias) == 11 &&
-              offsetof(hg::Capabilities, extra) == 16);
+              offsetof(hg::Capabilities, window) == 12 && offsetof(hg::Capabilities, softcap) == 13 &&
+              offsetof(hg::Capabilities, sinks) == 14 && offsetof(hg::Capabilities, qk_norm) == 15 &&
+              offsetof(hg::Capabilities, cross_attention) == 16 && offsetof(hg::Capabilities, extra) == 24);
 static_assert(sizeof(hg::Attention) == 8);  // the vtable pointer
 static_assert(sizeof(hg::UnsupportedError) == 16);
-static_assert(sizeof(hg::AttentionSpec) == 296);
+static_assert(sizeof(hg::AttentionSpec) == 552);
 static_assert(offsetof(hg::AttentionSpec, d_model) == 0 && offsetof(hg::AttentionSpec, num_heads) == 8 &&
               offsetof(hg::AttentionSpec, num_kv_heads) == 16 && offsetof(hg::AttentionSpec, head_width) == 24 &&
               offsetof(hg::AttentionSpec, causal) == 32 && offsetof(hg::AttentionSpec, causal_alignment) == 36 &&
               offsetof(hg::AttentionSpec, scale) == 40 && offsetof(hg::AttentionSpec, dropout_p) == 56 &&
               offsetof(hg::AttentionSpec, dropout_seed) == 64 && offsetof(hg::AttentionSpec, mask) == 72 &&
-              offsetof(hg::AttentionSpec, rope) == 152 && offsetof(hg::AttentionSpec, rope_taps) == 280);
+              offsetof(hg::AttentionSpec, rope) == 152 && offsetof(hg::AttentionSpec, rope_taps) == 280 &&
+              offsetof(hg::AttentionSpec, window) == 296 && offsetof(hg::AttentionSpec, softcap) == 328 &&
+              offsetof(hg::AttentionSpec, sinks) == 336 && offsetof(hg::AttentionSpec, qk_norm) == 432 &&
+              offsetof(hg::AttentionSpec, x_kv) == 456);
+static_assert(sizeof(hg::WindowSpec) == 32 && offsetof(hg::WindowSpec, left) == 0 &&
+              offsetof(hg::WindowSpec, right) == 16);
+static_assert(sizeof(hg::QkNormSpec) == 24 && offsetof(hg::QkNormSpec, enabled) == 0 &&
+              offsetof(hg::QkNormSpec, axis) == 4 && offsetof(hg::QkNormSpec, eps) == 8 &&
+              offsetof(hg::QkNormSpec, gain) == 16);
 static_assert(sizeof(hg::RopeSpec) == 128 && offsetof(hg::RopeSpec, enabled) == 0 &&
               offsetof(hg::RopeSpec, theta) == 8 && offsetof(hg::RopeSpec, style) == 16 &&
               offsetof(hg::RopeSpec, rotary_dim) == 24 && offsetof(hg::RopeSpec, positions) == 32 &&
               offsetof(hg::RopeSpec, offset) == 112 && offsetof(hg::RopeSpec, q_offset) == 120);
-static_assert(sizeof(hg::MhaWeights) == 768 && offsetof(hg::MhaWeights, wq) == 0 &&
+static_assert(sizeof(hg::MhaWeights) == 960 && offsetof(hg::MhaWeights, wq) == 0 &&
               offsetof(hg::MhaWeights, wk) == 96 && offsetof(hg::MhaWeights, wv) == 192 &&
               offsetof(hg::MhaWeights, wo) == 288 && offsetof(hg::MhaWeights, bq) == 384 &&
               offsetof(hg::MhaWeights, bk) == 480 && offsetof(hg::MhaWeights, bv) == 576 &&
-              offsetof(hg::MhaWeights, bo) == 672);
+              offsetof(hg::MhaWeights, bo) == 672 && offsetof(hg::MhaWeights, q_norm) == 768 &&
+              offsetof(hg::MhaWeights, k_norm) == 864);
 static_assert(sizeof(hg::Tensor) == 80);   // storage, shape, strides, offset, dtype
 static_assert(sizeof(hg::Storage) == 32);  // data, nbytes, capacity, version
 static_assert(sizeof(hg::Variable) == 96);  // its value (a Tensor) and a shared_ptr to its node
@@ -117,7 +128,7 @@ TEST(AbiLayout, HostTableHoldsThePinnedSizes) {
   EXPECT_EQ(d.row("std::shared_ptr").size, 16u);
   EXPECT_EQ(d.row("std::function").size, 32u);
   EXPECT_EQ(d.row("std::map").size, 48u);
-  EXPECT_EQ(d.info.abi_version, 5u);
+  EXPECT_EQ(d.info.abi_version, 6u);
   EXPECT_EQ(d.info.cxx11_abi, 1);
   EXPECT_EQ(d.info.stdlib, HEADGRAD_STDLIB_LIBSTDCXX);
   EXPECT_EQ(d.info.cplusplus, 202002);
@@ -179,7 +190,7 @@ TEST(AbiLayout, AnotherAbiVersionSaysOnlyThat) {
   d.info.abi_version = 4;  // the ABI before MhaWeights' biases
   d.info.cxx11_abi = 0;  // not comparable across versions: not reported
   d.info.headgrad_version = "0.0.9";
-  EXPECT_EQ(mismatch_of(d.get()), "built for plugin ABI version 4 (headgrad 0.0.9), headgrad uses 5");
+  EXPECT_EQ(mismatch_of(d.get()), "built for plugin ABI version 4 (headgrad 0.0.9), headgrad uses 6");
 }
 
 TEST(AbiLayout, NotADescriptionAtAll) {

@@ -21,8 +21,9 @@
 // Bumped whenever a type of the SDK changes layout or meaning (the layout
 // table below catches a size change; tests/test_abi_layout.cpp pins the sizes
 // and offsets so that a change cannot go unnoticed). 5: MhaWeights' biases
-// and Capabilities::bias.
-#define HEADGRAD_PLUGIN_ABI_VERSION 5
+// and Capabilities::bias. 6: windows, soft-capping, sinks, QK-norm and
+// cross-attention (AttentionSpec, MhaWeights' gains, five capabilities).
+#define HEADGRAD_PLUGIN_ABI_VERSION 6
 
 #define HEADGRAD_BUILD_INFO_MAGIC 0x49424748u  // "HGBI"
 
@@ -122,6 +123,8 @@ struct headgrad_build_info {
   X("UnsupportedError", ::headgrad::UnsupportedError)       \
   X("AttentionSpec", ::headgrad::AttentionSpec)             \
   X("RopeSpec", ::headgrad::RopeSpec)                       \
+  X("WindowSpec", ::headgrad::WindowSpec)                   \
+  X("QkNormSpec", ::headgrad::QkNormSpec)                   \
   X("MhaWeights", ::headgrad::MhaWeights)                   \
   X("Tensor", ::headgrad::Tensor)                           \
   X("Storage", ::headgrad::Storage)                         \

@@ -62,6 +62,39 @@ struct RopeTaps {
   std::vector<Tensor> k_rot;
 };
 
+// A sliding window (`window: {left, right}` in a suite). With p_i = i + o,
+// o = Tk - Tq under causal bottom_right and 0 otherwise, query i attends key j
+// only when p_i - left <= j <= p_i + right (and causal and the mask allow it).
+// An absent bound is unbounded. A Mistral-style window of W keys, the query
+// included, is {left: W - 1, right: 0} with causal. It counts key indices:
+// RoPE positions do not move it.
+struct WindowSpec {
+  std::optional<std::int64_t> left;
+  std::optional<std::int64_t> right;
+  bool enabled() const { return left.has_value() || right.has_value(); }
+};
+
+// QK-norm (MHA level): RMSNorm of q and k, y = x / sqrt(mean(x^2) + eps) * g,
+// after the projections and before RoPE; the gains are MhaWeights::q_norm and
+// k_norm.
+enum class QkNormAxis {
+  head,   // over d, per head; gains [d] shared by every head (Qwen3, Gemma 3)
+  model,  // over a token's whole projection, H*d for q and Hkv*d for k, before
+          // the head split; gains [H*d] and [Hkv*d] (OLMo 2)
+};
+enum class QkNormGain {
+  w,           // g = w (Qwen3, OLMo 2)
+  one_plus_w,  // g = 1 + w (Gemma 3's RMSNorm with a unit offset)
+};
+std::string_view qk_norm_axis_name(QkNormAxis axis);  // "head" | "model"
+std::string_view qk_norm_gain_name(QkNormGain gain);  // "w" | "one_plus_w"
+struct QkNormSpec {
+  bool enabled = false;
+  QkNormAxis axis = QkNormAxis::head;
+  double eps = 1e-6;
+  QkNormGain gain = QkNormGain::w;
+};
+
 struct AttentionSpec {
   std::int64_t d_model = 0;       // D (mha level)
   std::int64_t num_heads = 1;     // H
@@ -78,6 +111,19 @@ struct AttentionSpec {
   RopeSpec rope;
   // Optional sink for the rotated q and k; shared by the copies a layer makes.
   std::shared_ptr<RopeTaps> rope_taps;
+  WindowSpec window;
+  // Logit soft-capping: C > 0 replaces each scaled score s by C tanh(s / C),
+  // after the scale and before the masks and the sinks (Gemma 2); 0 is off.
+  double softcap = 0.0;
+  // Attention sinks: one learned logit per query head, [H], in each row's
+  // softmax denominator, with no value vector, not scaled, not capped
+  // (gpt-oss). A row with every key masked puts all its mass on the sink
+  // (out 0). Undefined: none. The gradient dsinks flows through it.
+  Variable sinks;
+  QkNormSpec qk_norm;  // MHA level
+  // Cross-attention (MHA level): k and v are projected from x_kv [B, Tk, D]
+  // instead of x [B, Tq, D]; dx_kv flows through it. Undefined: self-attention.
+  Variable x_kv;
 
   std::int64_t head_dim() const { return head_width > 0 ? head_width : d_model / num_heads; }
   std::int64_t kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }
@@ -106,6 +152,10 @@ struct MhaWeights {
   Variable bk = {};  // [Hkv*d] or undefined
   Variable bv = {};  // [Hkv*d] or undefined
   Variable bo = {};  // [D] or undefined
+  // QK-norm gains (with spec.qk_norm; undefined otherwise): [d] for axis head
+  // (every head shares them), [H*d] (q) and [Hkv*d] (k) for axis model.
+  Variable q_norm = {};
+  Variable k_norm = {};
 
   bool has_bias() const { return bq.defined() || bk.defined() || bv.defined() || bo.defined(); }
 };

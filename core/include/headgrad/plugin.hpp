@@ -78,6 +78,11 @@ struct Capabilities {
   bool rope = false;            // rotary position embeddings
   bool rope_level = false;      // rope_forward: the rotation alone (level: rope)
   bool bias = false;            // MhaWeights::bq, bk, bv, bo (y = x W^T + b; plugin ABI 5)
+  bool window = false;          // AttentionSpec::window (plugin ABI 6, as the four below)
+  bool softcap = false;         // AttentionSpec::softcap
+  bool sinks = false;           // AttentionSpec::sinks
+  bool qk_norm = false;         // AttentionSpec::qk_norm, MhaWeights::q_norm, k_norm (mha level)
+  bool cross_attention = false; // AttentionSpec::x_kv (mha level)
   std::vector<std::string> extra;  // free-form capabilities for what comes next
 };
 
@@ -96,7 +101,9 @@ inline constexpr CapabilityName kCapabilityNames[] = {
     {&Capabilities::float32, "float32"},   {&Capabilities::float64, "float64"},
     {&Capabilities::dropout, "dropout"},   {&Capabilities::grouped_kv, "grouped_kv"},
     {&Capabilities::rope, "rope"},         {&Capabilities::rope_level, "rope_level"},
-    {&Capabilities::bias, "bias"},
+    {&Capabilities::bias, "bias"},         {&Capabilities::window, "window"},
+    {&Capabilities::softcap, "softcap"},   {&Capabilities::sinks, "sinks"},
+    {&Capabilities::qk_norm, "qk_norm"},   {&Capabilities::cross_attention, "cross_attention"},
 };
 constexpr std::string_view capability_name(bool Capabilities::*flag) {
   for (const auto& c : kCapabilityNames)

@@ -18,6 +18,22 @@ std::string_view causal_alignment_name(CausalAlignment alignment) {
                          std::to_string(static_cast<int>(alignment)));
 }
 
+std::string_view qk_norm_axis_name(QkNormAxis axis) {
+  switch (axis) {
+    case QkNormAxis::head: return "head";
+    case QkNormAxis::model: return "model";
+  }
+  throw std::logic_error("qk_norm_axis_name: unknown axis " + std::to_string(static_cast<int>(axis)));
+}
+
+std::string_view qk_norm_gain_name(QkNormGain gain) {
+  switch (gain) {
+    case QkNormGain::w: return "w";
+    case QkNormGain::one_plus_w: return "one_plus_w";
+  }
+  throw std::logic_error("qk_norm_gain_name: unknown gain " + std::to_string(static_cast<int>(gain)));
+}
+
 Tensor attention_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t tk) {
   const bool has_mask = spec.mask.defined();
   if (has_mask && spec.mask.dtype() != DType::boolean)
