@@ -65,15 +65,25 @@ Variable split(const Variable& x, std::int64_t h) {
 // weight, then split as if packed per kv group: [G query heads; k; v], d rows each.
 MhaWeights split_packed_per_head(const MhaWeights& w, std::int64_t h, std::int64_t hkv) {
   const std::int64_t d = w.wk.size(0) / hkv, g = h / hkv;
-  const Variable packed = cat({w.wq, w.wk, w.wv}, 0);
-  std::vector<Variable> q, k, v;
-  for (std::int64_t j = 0; j < hkv; ++j) {
-    const std::int64_t at = j * (g + 2) * d;
-    q.push_back(narrow(packed, 0, at, g * d));
-    k.push_back(narrow(packed, 0, at + g * d, d));
-    v.push_back(narrow(packed, 0, at + (g + 1) * d, d));
+  // the biases (packed like their weights: nn.MultiheadAttention's in_proj_bias) split the same way
+  auto split = [&](const Variable& a, const Variable& b, const Variable& c, Variable& oq, Variable& ok, Variable& ov) {
+    const Variable packed = cat({a, b, c}, 0);
+    std::vector<Variable> q, k, v;
+    for (std::int64_t j = 0; j < hkv; ++j) {
+      const std::int64_t at = j * (g + 2) * d;
+      q.push_back(narrow(packed, 0, at, g * d));
+      k.push_back(narrow(packed, 0, at + g * d, d));
+      v.push_back(narrow(packed, 0, at + (g + 1) * d, d));
+    }
+    oq = cat(q, 0), ok = cat(k, 0), ov = cat(v, 0);
+  };
+  MhaWeights out{{}, {}, {}, w.wo};
+  split(w.wq, w.wk, w.wv, out.wq, out.wk, out.wv);
+  if (w.has_bias()) {
+    split(w.bq, w.bk, w.bv, out.bq, out.bk, out.bv);
+    out.bo = w.bo;
   }
-  return {cat(q, 0), cat(k, 0), cat(v, 0), w.wo};
+  return out;
 }
 
 // k or v [B, T, Hkv*d] -> [B, Hkv, T, d]

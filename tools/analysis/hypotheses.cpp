@@ -1,6 +1,7 @@
 #include "analysis/hypotheses.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -304,16 +305,26 @@ Variable rope_whole_width(const Variable& p, const AttentionSpec& spec, bool que
 MhaWeights repack_blocked_as_per_head(const MhaWeights& w, const AttentionSpec& spec) {
   const std::int64_t heads = spec.num_heads, kv = spec.kv_heads(), d = w.wq.size(0) / heads;
   const std::int64_t group = heads / kv, rows = w.wq.size(0) + 2 * w.wk.size(0);
-  const Variable packed = cat({w.wq, w.wk, w.wv}, 0);
-  if (packed.size(0) != rows) throw std::logic_error("repack: packed rows do not add up");
-  std::vector<Variable> q, k, v;
-  for (std::int64_t j = 0; j < kv; ++j) {
-    const std::int64_t base = j * (group + 2) * d;
-    for (std::int64_t g = 0; g < group; ++g) q.push_back(narrow(packed, 0, base + g * d, d));
-    k.push_back(narrow(packed, 0, base + group * d, d));
-    v.push_back(narrow(packed, 0, base + (group + 1) * d, d));
+  // the weights' rows, and the biases' entries with them (a packed projection packs its bias alike)
+  auto repack = [&](const Variable& a, const Variable& b, const Variable& c) {
+    const Variable packed = cat({a, b, c}, 0);
+    if (packed.size(0) != rows) throw std::logic_error("repack: packed rows do not add up");
+    std::vector<Variable> q, k, v;
+    for (std::int64_t j = 0; j < kv; ++j) {
+      const std::int64_t base = j * (group + 2) * d;
+      for (std::int64_t g = 0; g < group; ++g) q.push_back(narrow(packed, 0, base + g * d, d));
+      k.push_back(narrow(packed, 0, base + group * d, d));
+      v.push_back(narrow(packed, 0, base + (group + 1) * d, d));
+    }
+    return std::array<Variable, 3>{cat(q, 0), cat(k, 0), cat(v, 0)};
+  };
+  const auto [wq, wk, wv] = repack(w.wq, w.wk, w.wv);
+  MhaWeights out{wq, wk, wv, w.wo};
+  if (w.has_bias()) {
+    const auto [bq, bk, bv] = repack(w.bq, w.bk, w.bv);
+    out.bq = bq, out.bk = bk, out.bv = bv, out.bo = w.bo;
   }
-  return {cat(q, 0), cat(k, 0), cat(v, 0), w.wo};
+  return out;
 }
 
 }  // namespace
