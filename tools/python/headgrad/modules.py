@@ -166,7 +166,8 @@ def module_function(factory, names=None, qkv=None, in_out=False, call=None, any_
         if any(v is not None for v in given.values()):
             missing = _missing_biases(m, roles)
             if missing:
-                raise ValueError(f"{type(m).__name__} has no bias for {', '.join(roles[r] for r in missing)}: it "
+                where = ", ".join(roles[r].removesuffix(".weight") for r in missing)
+                raise ValueError(f"{type(m).__name__} has no bias for {where}: it "
                                  "cannot take headgrad's biases (module_function(..., bias=False) checks it without)")
             if "qkv" in roles:  # one bias vector packed as the weight's rows are
                 b = pack_qkv(given["q"][:, None], given["k"][:, None], given["v"][:, None], qkv or "blocked",
