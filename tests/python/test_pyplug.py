@@ -12,15 +12,21 @@ meson) when torch cannot be imported, and says so.
    cannot take a non-contiguous x fails exactly the transposed/sliced cases
    (so it was handed real strided views); a hang is killed by --timeout and
    the next cases still run (the worker is replaced); a function without
-   `causal` is causal-only and localization says it could not run `causal off`.
-2. A suite's `plugins:` block (a path relative to the suite), and its errors.
+   `causal` is causal-only and localization says it could not run `causal off`;
+   a function that names bq, bk, bv, bo is checked with biases (--no-bias
+   without), one that drops bo fails on dbo.
+2. A suite's `plugins:` block (a path relative to the suite), and its errors;
+   `run -j 2` and `check -j 2` give the verdicts and values of -j 1.
 3. headgrad.check from Python (served by this process: closures work) on
-   excerpts of real implementations through the module adapter: nanoGPT's
-   CausalSelfAttention (packed blocked c_attn, biases), the course's
-   MultiHeadAttention (separate projections), HF's Llama attention (GQA,
-   rotate_half RoPE), each correct and with a seed bug, named as the C++
-   mutant is; a NeoX-style per-head packing declared blocked is named
-   qkv_packing_mismatch and passes declared interleaved.
+   verbatim excerpts of public code (fixtures/, each naming repo, path, commit
+   and lines) through the module adapter: nanoGPT's CausalSelfAttention (packed
+   blocked c_attn, with its biases), the book's MultiHeadAttention (separate
+   projections, qkv_bias) and its Llama 3 GroupedQueryAttention (GQA, RoPE in
+   the split-halves pairing), each passing as it is and failing with a seed
+   bug put into its source by replacing a line, named as the C++ mutant is; a
+   NeoX-style per-head packing (restated: GPT-NeoX lives in transformers, too
+   large to fetch here) declared blocked is named qkv_packing_mismatch and
+   passes declared interleaved, its packed bias included.
 4. An autograd.Function's own backward is what is checked (a wrong dV fails dv only).
 5. The pytest example in docs/python.md runs and passes.
 """
