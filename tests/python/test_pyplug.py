@@ -350,6 +350,28 @@ class ModulesFromPython(unittest.TestCase):
         # at G = 1 (every other case) the tiled mapping is the correct one
         self.assertEqual(names_of(r)["closed-book"]["status"], "pass")
 
+    def test_packed_gqa_module_with_biases(self):
+        # packed qkv + biases + GQA in one module (functions.py): passes as it is, every case with
+        # dbq..dbo; the tiled kv mapping is named on the grouped cases, with the tile-order evidence
+        import functions
+        def make(bug):
+            return headgrad.module_function(lambda D, H, Hkv, d: functions.PackedGqaAttention(D, H, Hkv, bug=bug),
+                                            qkv="blocked", names={"qkv": "qkv", "o": "proj"})
+        good = headgrad.check(make(""), causal=True, kv_heads=2)
+        self.assertTrue(good.passed)
+        self.assertTrue(all({"dbq", "dbk", "dbv", "dbo"} <= checked_tensors(c) for c in good.cases()))
+        r = headgrad.check(make("kv_map_tile"), causal=True, kv_heads=2, raise_on_failure=False)
+        gqa = [c for c in r.failed_cases() if c["name"].startswith("grouped kv heads")]
+        self.assertTrue(gqa, r.text)
+        for c in gqa:
+            self.assertEqual(bugs_of(c)[:1], ["kv_map_tile"], r.text[-3000:])
+            self.assertIn("dbk", checked_tensors(c))
+            # localized as the C++ mutant is, the bias-off variant run too
+            self.assertIn("Hkv = H (G = 1) and Hkv = 1", c["localization"]["sentence"])
+            self.assertIn("the biases", c["localization"]["sentence"])
+        self.assertIn("tile order", json.dumps(gqa[0]["diagnosis"]))
+        self.assertTrue(all(c["name"].startswith("grouped kv heads") for c in r.failed_cases()))
+
     def test_packing_declared_wrong(self):
         # NeoX's query_key_value has a bias, packed per head like its rows: checked as it is
         from neox_attention import NeoXAttention
