@@ -232,6 +232,31 @@ class SuitePlugins(unittest.TestCase):
         self.assertEqual(verdicts["1"], verdicts["2"])
         self.assertIn(("closed-book", "fail", ["merge_without_transpose"]), verdicts["2"])
 
+    def test_bias_capability_in_a_suite(self):
+        # declared `bias`: a function that names bq..bo gets them (and is checked on dbq..dbo); one that
+        # does not is told so, naming the arguments, instead of running without them
+        with tempfile.TemporaryDirectory() as tmp:
+            suite = self.write(tmp, "[mha, causal, gqa, bias]", "mha, kv_map_tile")
+            suite.write_text(textwrap.dedent("""\
+                suite: python biases
+                plugins:
+                  mine: {python: glue/mine.py:mha, capabilities: [mha, causal, gqa, bias]}
+                  nobias: {python: glue/mine.py:kv_map_tile, capabilities: [mha, causal, gqa, bias]}
+                defaults: {causal: true, bias: true, shape: {B: 2, T: 5, D: 24, H: 6, Hkv: 2}}
+                cases:
+                  - {name: with biases, compare: [mine, per_head]}
+                  - {name: takes none, compare: [nobias, per_head]}
+                """))
+            out = pathlib.Path(tmp) / "r.json"
+            code, text = run("run", suite, "--json", out)
+            self.assertEqual(code, 3, text)
+            by = cases(json.loads(out.read_text()))
+            self.assertEqual(by["with biases"]["status"], "pass", text)
+            self.assertTrue({"dbq", "dbk", "dbv", "dbo"} <= checked_tensors(by["with biases"]))
+            self.assertEqual(by["takes none"]["status"], "error")
+            self.assertIn("kv_map_tile takes no bq, bk, bv, bo argument: it cannot run a case with biases",
+                          by["takes none"]["cause"])
+
     def test_bug_is_named_in_a_suite(self):
         with tempfile.TemporaryDirectory() as tmp:
             code, text = run("run", self.write(tmp, "[mha, causal, gqa, rope]", "kv_map_tile"), "-v")
