@@ -26,7 +26,8 @@ meson) when torch cannot be imported, and says so.
    bug put into its source by replacing a line, named as the C++ mutant is; a
    NeoX-style per-head packing (restated: GPT-NeoX lives in transformers, too
    large to fetch here) declared blocked is named qkv_packing_mismatch and
-   passes declared interleaved, its packed bias included.
+   passes declared interleaved, its packed bias included; nanoGPT declared
+   interleaved is named qkv_packing_mismatch_reverse.
 4. An autograd.Function's own backward is what is checked (a wrong dV fails dv only).
 5. The pytest example in docs/python.md runs and passes.
 """
@@ -407,6 +408,13 @@ class ModulesFromPython(unittest.TestCase):
         self.assertIn("dbk", checked_tensors(names_of(r)["closed-book"]))
         wrong = headgrad.module_function(neox, qkv="blocked", names={"qkv": "query_key_value", "o": "dense"})
         self.assert_named(headgrad.check(wrong, causal=True, raise_on_failure=False), "qkv_packing_mismatch", "H = 1")
+        # the other direction: nanoGPT's c_attn split blocked, declared per head
+        m = fixture("nanogpt_attention")
+        reverse = headgrad.module_function(
+            lambda D, H, Hkv, d: m.CausalSelfAttention(m.GPTConfig(block_size=64, n_embd=D, n_head=H, bias=True)),
+            qkv="interleaved")
+        self.assert_named(headgrad.check(reverse, causal=True, raise_on_failure=False),
+                          "qkv_packing_mismatch_reverse", "H = 1")
 
     def test_pack_qkv_layouts(self):
         # blocked is cat; interleaved puts head h's q, k, v rows together (per kv group under GQA)

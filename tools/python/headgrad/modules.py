@@ -22,7 +22,8 @@ Without `names`, the common spellings are tried (q_proj/k_proj/v_proj/o_proj,
 W_query/W_key/W_value/out_proj, c_attn/c_proj, in_proj_weight/out_proj,
 query_key_value/dense). A module whose packed projection is split in the other
 layout than declared computes something else: headgrad's catalog names that
-bug qkv_packing_mismatch.
+bug qkv_packing_mismatch (declared blocked, split per head) or
+qkv_packing_mismatch_reverse (declared interleaved, split blocked).
 
 Biases: a module whose routed projections all have one (q, k, v and o, or qkv
 and o) takes headgrad's bq, bk, bv, bo: its function names them, so `headgrad
