@@ -2,9 +2,13 @@
 // one wording for how a child ended (the probe, a side and a -j worker say
 // the same words for the same crash), a worker's exception rethrown as its
 // own kind, and a fork that fails reported as headgrad's own failure (exit
-// code 4), never as bad input.
+// code 4), never as bad input; a child's later children keep the pipes it
+// made (the -j 2 Python failure), a program exec'd with its pipes on stdin and
+// stdout, a disowned child left alive.
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -119,6 +123,97 @@ TEST(ChildProcess, ABodyLongerThanAllowedIsCutShort) {
   const auto r = child.read_message(m, ChildProcess::Clock::now() + std::chrono::seconds(5), 5, 1000);
   EXPECT_TRUE(r.oversized);
   EXPECT_FALSE(child.running());  // killed and reaped all the same
+}
+
+// Waits for the child to end (up to 10 s) and gives its status, reaped.
+int wait_for(ChildProcess& c) {
+  for (int i = 0; i < 1000 && !c.has_exited(); ++i) ::usleep(10000);
+  const auto s = c.try_reap();
+  return s ? *s : -1;
+}
+
+// What a child wrote to_parent until it closed the pipe (up to 10 s).
+std::string read_all(ChildProcess& c, ChildProcess::Stream which = ChildProcess::Stream::from_child) {
+  std::string out;
+  for (int i = 0; i < 1000; ++i) {
+    if (!c.drain(which, out)) break;
+    ::usleep(10000);
+  }
+  return out;
+}
+
+// A -j worker is a child that forks children of its own. It closes the other
+// children's pipes it inherited; the children it forks later must not close
+// them again by number, now that the numbers may name its own pipes (its
+// Python worker's, in the -j 2 failure this pins).
+TEST(ChildProcess, AChildsLaterChildrenKeepPipesReusingTheNumbersOfItsSiblings) {
+  ChildProcess sibling = ChildProcess::spawn({.to_parent = true}, [](const ChildEnds&) {
+    ::pause();
+    return 0;
+  });
+  const int sibling_fd = sibling.from_child();  // on the list of pipes later children close
+  ASSERT_GE(sibling_fd, 0);
+  ChildProcess worker = ChildProcess::spawn({}, [&](const ChildEnds&) {
+    int p[2];
+    if (::pipe(p) != 0) return 10;
+    const int read_end = ::fcntl(p[0], F_DUPFD, 100);  // out of the way: pipe() may have reused that number
+    if (read_end < 0 || ::dup2(p[1], sibling_fd) != sibling_fd) return 10;  // its own pipe, at that number
+    ChildProcess grandchild = ChildProcess::spawn({}, [&](const ChildEnds&) {
+      return ::write(sibling_fd, "x", 1) == 1 ? 0 : 11;  // 11: the number was closed in this child
+    });
+    const int status = wait_for(grandchild);
+    char c = 0;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return WIFEXITED(status) ? WEXITSTATUS(status) : 12;
+    return ::read(read_end, &c, 1) == 1 && c == 'x' ? 0 : 13;
+  });
+  const int status = wait_for(worker);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "11: a grandchild closed its parent's own pipe by a sibling's stale number";
+}
+
+// spawn_program: from_parent is the program's stdin, to_parent its stdout,
+// `env` replaces a variable, nothing else is open (0, 1, 2, and ls's own
+// directory descriptor, 3).
+TEST(ChildProcess, AProgramGetsThePipesOnStdinAndStdoutAndNothingElse) {
+  ::setenv("HEADGRAD_TEST_VAR", "inherited", 1);
+  ChildSpec spec;
+  spec.to_parent = spec.from_parent = true;
+  ChildProcess c = ChildProcess::spawn_program(
+      spec, {"/bin/sh", "-c", "read line; echo \"$line $HEADGRAD_TEST_VAR\"; ls /proc/self/fd"},
+      {{"HEADGRAD_TEST_VAR", "replaced"}});
+  ASSERT_TRUE(write_all(c.to_child(), "hello\n"));
+  c.close_to_child();
+  EXPECT_EQ(read_all(c), "hello replaced\n0\n1\n2\n3\n");
+  const int status = wait_for(c);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  ::unsetenv("HEADGRAD_TEST_VAR");
+}
+
+TEST(ChildProcess, AProgramThatCannotRunExits127SayingWhy) {
+  ChildSpec spec;
+  spec.capture_stderr = true;
+  ChildProcess c = ChildProcess::spawn_program(spec, {"/nonexistent/headgrad-test-program"});
+  const std::string said = read_all(c, ChildProcess::Stream::err);
+  const int status = wait_for(c);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 127) << status;
+  EXPECT_NE(said.find("headgrad: cannot run /nonexistent/headgrad-test-program: No such file or directory"),
+            std::string::npos) << said;
+}
+
+// A process forked from a child's owner disowns its copy: the child lives on.
+TEST(ChildProcess, ADisownedChildIsNotKilled) {
+  ChildProcess server = ChildProcess::spawn({.to_parent = true}, [](const ChildEnds&) {
+    ::pause();
+    return 0;
+  });
+  ChildProcess other = ChildProcess::spawn({}, [&](const ChildEnds&) {
+    server.disown();
+    return server.pid() == -1 && server.from_child() == -1 ? 0 : 1;  // and its destructor kills nothing
+  });
+  const int status = wait_for(other);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_TRUE(server.running());
+  EXPECT_FALSE(server.has_exited());
 }
 
 // ---- the same crash, the same words: probe, side, worker ----

@@ -67,13 +67,11 @@ TEST(PythonCapabilities, NamesAsPluginsPrintsThem) {
   const Capabilities fields = pyplug::parse_capabilities({"core", "grouped_kv", "bool_mask", "cross_lengths", "rope_level"});
   EXPECT_TRUE(fields.grouped_kv && fields.bool_mask && fields.cross_lengths && fields.rope_level);
   for (const auto& c : kCapabilityNames) {
-    if (c.flag == &Capabilities::bias) {  // refused with its reason: the worker hands no biases yet
-      EXPECT_THROW(pyplug::parse_capabilities({"mha", "bias"}), std::invalid_argument);
-      continue;
-    }
     const Capabilities one = pyplug::parse_capabilities({"mha", std::string(c.name)});
     EXPECT_TRUE(one.*c.flag) << c.name;
   }
+  // biases are an MHA-level input: a core-only function cannot declare them
+  EXPECT_THROW(pyplug::parse_capabilities({"core", "bias"}), std::invalid_argument);
 }
 
 TEST(PythonCapabilities, UnknownOrNoLevelIsRefused) {
@@ -135,7 +133,7 @@ TEST(CheckSuite, MhaAdaptedToTheSignature) {
   TempDir tmp;
   pyplug::CheckOptions o;
   o.function = "@attention";
-  pyplug::FunctionInfo takes_causal{{"num_heads", "causal"}, false, ""};
+  pyplug::FunctionInfo takes_causal{{"num_heads", "causal"}, false, "", {}};
   const Suite both = load_suite(pyplug::write_check_suite(o, takes_causal, tmp.path / "a"));
   ASSERT_EQ(both.python_plugins.size(), 1u);
   EXPECT_EQ(both.python_plugins[0].name, "attention");
@@ -151,7 +149,7 @@ TEST(CheckSuite, MhaAdaptedToTheSignature) {
   EXPECT_FALSE(has_prefix(both, "grouped kv"));
 
   // no `causal` argument, declared causal: only causal cases
-  pyplug::FunctionInfo fixed{{"num_heads", "head_dim"}, false, ""};
+  pyplug::FunctionInfo fixed{{"num_heads", "head_dim"}, false, "", {}};
   o.causal = true;
   const Suite causal_only = load_suite(pyplug::write_check_suite(o, fixed, tmp.path / "b"));
   EXPECT_FALSE(has_prefix(causal_only, "not causal"));
@@ -175,7 +173,7 @@ TEST(CheckSuite, GroupedKvRopeAndDtype) {
   o.kv_heads = 2;
   o.rope = "theta=500000,style=half";
   o.dtype = "bfloat16";
-  pyplug::FunctionInfo f{{"num_heads", "num_kv_heads", "causal", "positions"}, false, ""};
+  pyplug::FunctionInfo f{{"num_heads", "num_kv_heads", "causal", "positions"}, false, "", {}};
   const Suite s = load_suite(pyplug::write_check_suite(o, f, tmp.path));
   const auto& decl = s.python_plugins.at(0);
   EXPECT_TRUE(decl.capabilities.grouped_kv && decl.capabilities.rope);
@@ -211,7 +209,7 @@ TEST(CheckSuite, CoreWithMaskAndScale) {
   pyplug::CheckOptions o;
   o.function = "@sdpa";
   o.level = "core";
-  pyplug::FunctionInfo f{{"causal", "mask", "scale"}, false, ""};
+  pyplug::FunctionInfo f{{"causal", "mask", "scale"}, false, "", {}};
   const Suite s = load_suite(pyplug::write_check_suite(o, f, tmp.path));
   const auto& caps = s.python_plugins.at(0).capabilities;
   EXPECT_TRUE(caps.core && caps.bool_mask && caps.cross_lengths && caps.causal);
@@ -224,11 +222,38 @@ TEST(CheckSuite, CoreWithMaskAndScale) {
   ASSERT_NE(find_case(s, "decode step, Tq = 1"), nullptr);
   EXPECT_EQ(find_case(s, "decode step, Tq = 1")->dims.Tq, 1);
   // without mask and scale: neither case
-  pyplug::FunctionInfo plain{{"causal"}, false, ""};
+  pyplug::FunctionInfo plain{{"causal"}, false, "", {}};
   const Suite p = load_suite(pyplug::write_check_suite(o, plain, tmp.path / "p"));
   EXPECT_EQ(find_case(p, "boolean mask, padding and holes"), nullptr);
   EXPECT_EQ(find_case(p, "large logits"), nullptr);
   EXPECT_FALSE(p.python_plugins.at(0).capabilities.bool_mask);
+}
+
+TEST(CheckSuite, BiasesWhenTheSignatureNamesThem) {
+  TempDir tmp;
+  pyplug::CheckOptions o;
+  o.function = "@attention";
+  pyplug::FunctionInfo named{{"num_heads", "causal", "bq", "bk", "bv", "bo"}, false, "", {"num_heads", "causal", "bq", "bk", "bv", "bo"}};
+  const Suite with = load_suite(pyplug::write_check_suite(o, named, tmp.path / "a"));
+  EXPECT_TRUE(with.python_plugins.at(0).capabilities.bias);
+  for (const auto& c : with.cases) EXPECT_TRUE(c.bias) << c.name;  // every case: the function as it is
+  // **kwargs takes them too, but does not name them: no biases unless --bias
+  pyplug::FunctionInfo kwargs{{"num_heads", "causal", "bq", "bk", "bv", "bo"}, true, "", {"num_heads"}};
+  const Suite without = load_suite(pyplug::write_check_suite(o, kwargs, tmp.path / "b"));
+  EXPECT_FALSE(without.python_plugins.at(0).capabilities.bias);
+  for (const auto& c : without.cases) EXPECT_FALSE(c.bias) << c.name;
+  o.bias = true;
+  const Suite asked = load_suite(pyplug::write_check_suite(o, kwargs, tmp.path / "c"));
+  for (const auto& c : asked.cases) EXPECT_TRUE(c.bias) << c.name;
+  o.bias = false;  // --no-bias
+  const Suite off = load_suite(pyplug::write_check_suite(o, named, tmp.path / "d"));
+  for (const auto& c : off.cases) EXPECT_FALSE(c.bias) << c.name;
+  // --bias for a function that takes none, or at the core level: refused
+  o.bias = true;
+  pyplug::FunctionInfo none{{"num_heads", "causal"}, false, "f.py:3", {"num_heads", "causal"}};
+  EXPECT_THROW(pyplug::write_check_suite(o, none, tmp.path / "e"), std::invalid_argument);
+  o.level = "core";
+  EXPECT_THROW(pyplug::write_check_suite(o, named, tmp.path / "f"), std::invalid_argument);
 }
 
 TEST(CheckSuite, PluginNameFromTheFunction) {

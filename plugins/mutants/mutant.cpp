@@ -63,17 +63,37 @@ Variable split(const Variable& x, std::int64_t h) {
 
 // BUG qkv_packing_mismatch: wq, wk, wv packed blocked into one [(H + 2 Hkv) d, D]
 // weight, then split as if packed per kv group: [G query heads; k; v], d rows each.
-MhaWeights split_packed_per_head(const MhaWeights& w, std::int64_t h, std::int64_t hkv) {
+// BUG qkv_packing_mismatch_reverse: packed per kv group, then split blocked
+// (the first H d rows as q, the next Hkv d as k, the last Hkv d as v).
+MhaWeights split_packed_wrongly(const MhaWeights& w, std::int64_t h, std::int64_t hkv, bool reverse) {
   const std::int64_t d = w.wk.size(0) / hkv, g = h / hkv;
-  const Variable packed = cat({w.wq, w.wk, w.wv}, 0);
-  std::vector<Variable> q, k, v;
-  for (std::int64_t j = 0; j < hkv; ++j) {
-    const std::int64_t at = j * (g + 2) * d;
-    q.push_back(narrow(packed, 0, at, g * d));
-    k.push_back(narrow(packed, 0, at + g * d, d));
-    v.push_back(narrow(packed, 0, at + (g + 1) * d, d));
+  // the biases (packed like their weights: nn.MultiheadAttention's in_proj_bias) split the same way
+  auto split = [&](const Variable& a, const Variable& b, const Variable& c, Variable& oq, Variable& ok, Variable& ov) {
+    if (reverse) {
+      std::vector<Variable> groups;
+      for (std::int64_t j = 0; j < hkv; ++j)
+        groups.insert(groups.end(), {narrow(a, 0, j * g * d, g * d), narrow(b, 0, j * d, d), narrow(c, 0, j * d, d)});
+      const Variable packed = cat(groups, 0);
+      oq = narrow(packed, 0, 0, h * d), ok = narrow(packed, 0, h * d, hkv * d), ov = narrow(packed, 0, (h + hkv) * d, hkv * d);
+      return;
+    }
+    const Variable packed = cat({a, b, c}, 0);
+    std::vector<Variable> q, k, v;
+    for (std::int64_t j = 0; j < hkv; ++j) {
+      const std::int64_t at = j * (g + 2) * d;
+      q.push_back(narrow(packed, 0, at, g * d));
+      k.push_back(narrow(packed, 0, at + g * d, d));
+      v.push_back(narrow(packed, 0, at + (g + 1) * d, d));
+    }
+    oq = cat(q, 0), ok = cat(k, 0), ov = cat(v, 0);
+  };
+  MhaWeights out{{}, {}, {}, w.wo};
+  split(w.wq, w.wk, w.wv, out.wq, out.wk, out.wv);
+  if (w.has_bias()) {
+    split(w.bq, w.bk, w.bv, out.bq, out.bk, out.bv);
+    out.bo = w.bo;
   }
-  return {cat(q, 0), cat(k, 0), cat(v, 0), w.wo};
+  return out;
 }
 
 // k or v [B, T, Hkv*d] -> [B, Hkv, T, d]
@@ -335,7 +355,8 @@ class Mutant final : public Attention {
   Variable mha_forward(const Variable& x, const MhaWeights& w_in,
                        const AttentionSpec& spec) const override {
     const std::int64_t t = x.size(-2), dm = x.size(-1), h = spec.num_heads, hkv = spec.kv_heads();
-    const MhaWeights w = kBug == "qkv_packing_mismatch" ? split_packed_per_head(w_in, h, hkv) : w_in;
+    const bool packing = kBug == "qkv_packing_mismatch" || kBug == "qkv_packing_mismatch_reverse";
+    const MhaWeights w = packing ? split_packed_wrongly(w_in, h, hkv, kBug == "qkv_packing_mismatch_reverse") : w_in;
     const AttentionSpec s = fold_rope_positions(spec, x.shape());
     const Variable x3 = reshape(x, {-1, t, dm});
     Variable pq = project(x3, w.wq, w.bq), pk = project(x3, w.wk, w.bk);

@@ -4,9 +4,9 @@
 - Each folder of tools/ includes headers only from the folders below it:
   headgrad -> job -> report -> analysis -> judge -> exec -> case -> pyplug (bench -> case).
 - No folder holds more than 10 .cpp files.
-- fork() is called in one file of the whole tree (the child-process helper),
-  and, until it moves onto that helper, in the Python worker's spawn
-  (tools/pyplug/python_plugin.cpp: fork, then exec python3).
+- fork() and exec*() are called in one file of core/, tools/ and plugins/:
+  the child-process helper (core/src/util/child_process.cpp); the Python
+  worker is started through it (ChildProcess::spawn_program).
 
 Usage: test_layering.py SOURCE_ROOT
 """
@@ -20,7 +20,8 @@ ALLOWED = {name: set(ORDER[:i]) for i, name in enumerate(ORDER)}
 ALLOWED.update({"bench": {"case", "pyplug"}, "template": set(), "headgrad": set(ORDER) | {"bench", "template"}})
 MAX_CPP = 10
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^/"]+)/[^"]+"', re.M)
-FORK = re.compile(r"\bfork\s*\(")
+FORK = re.compile(r"\b(?:v?fork|exec[lv]p?e?|posix_spawnp?)\s*\(")
+HELPER = "core/src/util/child_process.cpp"
 
 
 def main(root: pathlib.Path) -> int:
@@ -40,12 +41,11 @@ def main(root: pathlib.Path) -> int:
                 if used != name and used in ALLOWED and used not in ALLOWED[name]:
                     problems.append(f"{src.relative_to(root)} includes {used}/: an arrow back up "
                                     f"(tools/{name}/ may include {', '.join(sorted(ALLOWED[name])) or 'no tools/ folder'})")
-    forks = [p.relative_to(root) for d in ("core", "tools", "plugins") for p in (root / d).rglob("*.cpp")
+    forks = [str(p.relative_to(root)) for d in ("core", "tools", "plugins") for p in (root / d).rglob("*.cpp")
              if FORK.search(re.sub(r"//[^\n]*", "", p.read_text()))]
-    # the one known exception, listed in docs/design.md: the Python worker's fork + exec
-    forks = [f for f in forks if str(f) != "tools/pyplug/python_plugin.cpp"]
-    if len(forks) > 1:
-        problems.append("fork() is called in " + ", ".join(map(str, forks)) + ": it belongs in one file")
+    if forks != [HELPER]:
+        problems.append("fork() or exec() is called in " + (", ".join(forks) or "no file") +
+                        f": it belongs in {HELPER} alone (ChildProcess)")
     for p in problems:
         print(p)
     print(f"{len(folders)} folders of tools/ checked: {'ok' if not problems else str(len(problems)) + ' problems'}")

@@ -12,18 +12,26 @@ meson) when torch cannot be imported, and says so.
    cannot take a non-contiguous x fails exactly the transposed/sliced cases
    (so it was handed real strided views); a hang is killed by --timeout and
    the next cases still run (the worker is replaced); a function without
-   `causal` is causal-only and localization says it could not run `causal off`.
-2. A suite's `plugins:` block (a path relative to the suite), and its errors.
+   `causal` is causal-only and localization says it could not run `causal off`;
+   a function that names bq, bk, bv, bo is checked with biases (--no-bias
+   without), one that drops bo fails on dbo.
+2. A suite's `plugins:` block (a path relative to the suite), and its errors;
+   `run -j 2` and `check -j 2` give the verdicts and values of -j 1.
 3. headgrad.check from Python (served by this process: closures work) on
-   excerpts of real implementations through the module adapter: nanoGPT's
-   CausalSelfAttention (packed blocked c_attn, biases), the course's
-   MultiHeadAttention (separate projections), HF's Llama attention (GQA,
-   rotate_half RoPE), each correct and with a seed bug, named as the C++
-   mutant is; a NeoX-style per-head packing declared blocked is named
-   qkv_packing_mismatch and passes declared interleaved.
+   verbatim excerpts of public code (fixtures/, each naming repo, path, commit
+   and lines) through the module adapter: nanoGPT's CausalSelfAttention (packed
+   blocked c_attn, with its biases), the book's MultiHeadAttention (separate
+   projections, qkv_bias) and its Llama 3 GroupedQueryAttention (GQA, RoPE in
+   the split-halves pairing), each passing as it is and failing with a seed
+   bug put into its source by replacing a line, named as the C++ mutant is; a
+   NeoX-style per-head packing (restated: GPT-NeoX lives in transformers, too
+   large to fetch here) declared blocked is named qkv_packing_mismatch and
+   passes declared interleaved, its packed bias included; nanoGPT declared
+   interleaved is named qkv_packing_mismatch_reverse.
 4. An autograd.Function's own backward is what is checked (a wrong dV fails dv only).
 5. The pytest example in docs/python.md runs and passes.
 """
+import inspect
 import json
 import os
 import pathlib
@@ -32,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import types
 import unittest
 
 try:
@@ -122,6 +131,25 @@ class CheckCommand(unittest.TestCase):
         self.assertIn("Could not run: causal off", loc)
         self.assertIn("disappears at T = 1", loc)
 
+    def test_biases_when_the_signature_names_them(self):
+        code, text, report = self.check("mha_bias")
+        self.assertEqual(code, 0, text)
+        self.assertTrue(all({"dbq", "dbk", "dbv", "dbo"} <= checked_tensors(c) for c in report["cases"]))
+        code, text, report = self.check("mha_bias", "--no-bias")
+        self.assertEqual(code, 0, text)
+        self.assertFalse(any("dbq" in checked_tensors(c) for c in report["cases"]))
+        # a function that takes bo and drops it: out, dx and dbo differ, dbo the gradient it never returned
+        code, text, report = self.check("bo_dropped")
+        self.assertEqual(code, 1, text)
+        c = cases(report)["closed-book"]
+        differ = {t["name"] for t in c["tensors"] if not t["allclose"]}
+        self.assertIn("dbo", differ, json.dumps(c["tensors"])[:1500])
+        self.assertNotIn("dbq", differ)
+        # --bias on a function without them is refused, naming it
+        code, text = run("check", f"{self.fixture}:merge_without_transpose", "--bias")
+        self.assertEqual(code, 2, text)
+        self.assertIn("takes no bq, bk, bv, bo", text)
+
     def test_bad_function_spec(self):
         code, text = run("check", "nofile.py:fn")
         self.assertEqual(code, 2, text)
@@ -160,16 +188,75 @@ class SuitePlugins(unittest.TestCase):
             self.assertEqual(code, 0, text)
             self.assertIn("2 passed", text)
 
-    # Known bug: under -j 2 (job workers on the one child-process helper) the
-    # second worker's side finds its Python worker's pipe closed ("the Python
-    # worker closed its pipe"). Marked so that the fix shows as an unexpected
-    # success and this mark goes with it.
-    @unittest.expectedFailure
-    def test_suite_names_a_python_function_in_parallel_jobs(self):
+    def test_parallel_jobs_give_the_serial_verdicts_and_values(self):
+        # -j 2: two job workers, each starting its own Python worker for its sides (before the fix a
+        # second job worker's sides found their worker's pipes closed); a failing case too, so that
+        # the diagnosis is compared as well
         with tempfile.TemporaryDirectory() as tmp:
-            code, text = run("run", self.write(tmp, "[mha, causal, gqa, rope]"), "-j", "2")
-            self.assertEqual(code, 0, text)
-            self.assertIn("2 passed", text)
+            suite = self.write(tmp, "[mha, causal, gqa, rope]")
+            text = suite.read_text() + textwrap.indent(textwrap.dedent("""\
+                - name: tiled
+                  compare: [tiled, per_head]
+                  causal: true
+                  shape: {B: 2, T: 5, D: 24, H: 6, Hkv: 2}
+                """), "  ")
+            text = text.replace("plugins:\n", "plugins:\n  tiled: {python: glue/mine.py:kv_map_tile, "
+                                              "capabilities: [mha, causal, gqa, rope]}\n", 1)
+            (pathlib.Path(tmp) / "glue" / "mine.py").write_text(
+                f"import sys\nsys.path.insert(0, {str(FIXTURES)!r})\nfrom functions import mha, kv_map_tile\n")
+            suite.write_text(text)
+            reports = {}
+            for jobs in ("1", "2"):
+                out = pathlib.Path(tmp) / f"j{jobs}.json"
+                code, log = run("run", suite, "-j", jobs, "--json", out)
+                self.assertEqual(code, 1, log)
+                self.assertIn("2 passed, 1 failed", log)
+                reports[jobs] = json.loads(out.read_text())
+            for a, b in zip(reports["1"]["cases"], reports["2"]["cases"]):
+                self.assertEqual((a["name"], a["status"]), (b["name"], b["status"]))
+                self.assertEqual([(t["name"], t["max_abs"]) for t in a["tensors"]],
+                                 [(t["name"], t["max_abs"]) for t in b["tensors"]])
+                self.assertEqual(bugs_of(a), bugs_of(b))
+            self.assertEqual(bugs_of(reports["2"]["cases"][2]), ["kv_map_tile"])
+
+    def test_check_in_parallel_jobs(self):
+        # headgrad check -j 2 (this process's worker from describing the function is disowned by
+        # each job worker, which starts its own): the serial verdicts
+        fixture_file = str(FIXTURES / "functions.py")
+        verdicts = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            for jobs in ("1", "2"):
+                out = pathlib.Path(tmp) / f"j{jobs}.json"
+                code, log = run("check", f"{fixture_file}:merge_without_transpose", "-j", jobs, "--json", out)
+                self.assertEqual(code, 1, log)
+                verdicts[jobs] = [(c["name"], c["status"], bugs_of(c)) for c in json.loads(out.read_text())["cases"]]
+        self.assertEqual(verdicts["1"], verdicts["2"])
+        self.assertIn(("closed-book", "fail", ["merge_without_transpose"]), verdicts["2"])
+
+    def test_bias_capability_in_a_suite(self):
+        # declared `bias`: a function that names bq..bo gets them (and is checked on dbq..dbo); one that
+        # does not is told so, naming the arguments, instead of running without them
+        with tempfile.TemporaryDirectory() as tmp:
+            suite = self.write(tmp, "[mha, causal, gqa, bias]", "mha, kv_map_tile")
+            suite.write_text(textwrap.dedent("""\
+                suite: python biases
+                plugins:
+                  mine: {python: glue/mine.py:mha, capabilities: [mha, causal, gqa, bias]}
+                  nobias: {python: glue/mine.py:kv_map_tile, capabilities: [mha, causal, gqa, bias]}
+                defaults: {causal: true, bias: true, shape: {B: 2, T: 5, D: 24, H: 6, Hkv: 2}}
+                cases:
+                  - {name: with biases, compare: [mine, per_head]}
+                  - {name: takes none, compare: [nobias, per_head]}
+                """))
+            out = pathlib.Path(tmp) / "r.json"
+            code, text = run("run", suite, "--json", out)
+            self.assertEqual(code, 3, text)
+            by = cases(json.loads(out.read_text()))
+            self.assertEqual(by["with biases"]["status"], "pass", text)
+            self.assertTrue({"dbq", "dbk", "dbv", "dbo"} <= checked_tensors(by["with biases"]))
+            self.assertEqual(by["takes none"]["status"], "error")
+            self.assertIn("kv_map_tile takes no bq, bk, bv, bo argument: it cannot run a case with biases",
+                          by["takes none"]["cause"])
 
     def test_bug_is_named_in_a_suite(self):
         with tempfile.TemporaryDirectory() as tmp:
@@ -199,55 +286,135 @@ def bugs_of(case):
     return [d["best"]] if d.get("best") else []
 
 
+def fixture(name, *edits):
+    """The fixture module `name` (a verbatim excerpt), with each (old, new, count) edit made in its
+    source first: how a seed bug is put into real code without restating it."""
+    path = FIXTURES / f"{name}.py"
+    text = path.read_text()
+    for old, new, count in edits:
+        assert text.count(old) == count, f"{path.name}: {old!r} occurs {text.count(old)} times, not {count}"
+        text = text.replace(old, new)
+    module_name = f"{name}_{abs(hash(edits))}"
+    module = types.ModuleType(module_name)
+    module.__file__ = str(path)
+    sys.modules[module_name] = module  # dataclasses look their module up
+    exec(compile(text, str(path), "exec"), module.__dict__)
+    return module
+
+
+def checked_tensors(case):
+    return {t["name"] for t in case["tensors"]}
+
+
 class ModulesFromPython(unittest.TestCase):
-    def assert_named(self, result, bug, disappears):
+    def assert_named(self, result, bug, disappears, case="closed-book"):
         self.assertFalse(result.passed, result.text)
-        c = names_of(result)["closed-book"]
+        c = names_of(result)[case]
         self.assertEqual(bugs_of(c)[:1], [bug], json.dumps(c.get("diagnosis"))[:1500])
         self.assertIn(disappears, c["localization"]["sentence"])
+        return c
 
     def test_nanogpt(self):
-        from nanogpt_attention import CausalSelfAttention
-        def make(bug):
-            return headgrad.module_function(lambda D, H, Hkv, d: CausalSelfAttention(D, H, bug=bug), qkv="blocked")
-        self.assertTrue(headgrad.check(make(""), causal=True).passed)
-        self.assert_named(headgrad.check(make("merge_without_transpose"), causal=True, raise_on_failure=False),
-                          "merge_without_transpose", "disappears at T = 1 and H = 1")
-        self.assert_named(headgrad.check(make("scale_sqrt_D"), causal=True, raise_on_failure=False),
-                          "scale_model_dim", "H = 1")
+        # packed blocked c_attn WITH its biases, checked as it is: every case compares dbq..dbo
+        def make(m):
+            return headgrad.module_function(
+                lambda D, H, Hkv, d: m.CausalSelfAttention(m.GPTConfig(block_size=64, n_embd=D, n_head=H,
+                                                                       dropout=0.0, bias=True)), qkv="blocked")
+        good = headgrad.check(make(fixture("nanogpt_attention")), causal=True)
+        self.assertTrue(good.passed)
+        closed = names_of(good)["closed-book"]
+        self.assertTrue({"dbq", "dbk", "dbv", "dbo"} <= checked_tensors(closed), checked_tensors(closed))
+        self.assertTrue(all({"dbq", "dbo"} <= checked_tensors(c) for c in good.cases()))
+        merge = fixture("nanogpt_attention", ("y.transpose(1, 2).contiguous().view(B, T, C)",
+                                              "y.contiguous().view(B, T, C)", 1))
+        c = self.assert_named(headgrad.check(make(merge), causal=True, raise_on_failure=False),
+                              "merge_without_transpose", "disappears at T = 1 and H = 1")
+        self.assertIn("dbq", checked_tensors(c))
+        scale = fixture("nanogpt_attention", ("(1.0 / math.sqrt(k.size(-1)))", "(1.0 / math.sqrt(C))", 1))
+        self.assert_named(headgrad.check(make(scale), causal=True, raise_on_failure=False), "scale_model_dim", "H = 1")
 
     def test_course_mha(self):
-        from rasbt_mha import MultiHeadAttention
-        def make(bug):
-            return headgrad.module_function(
-                lambda D, H, Hkv, d: MultiHeadAttention(D, D, 64, 0.0, H, qkv_bias=True, bug=bug))
-        self.assertTrue(headgrad.check(make(""), causal=True).passed)
-        self.assert_named(headgrad.check(make("merge_without_transpose"), causal=True, raise_on_failure=False),
+        # separate projections, qkv_bias=True and out_proj's own bias: all four checked
+        def make(m):
+            return headgrad.module_function(lambda D, H, Hkv, d: m.MultiHeadAttention(D, D, 64, 0.0, H, qkv_bias=True))
+        good = headgrad.check(make(fixture("rasbt_mha")), causal=True)
+        self.assertTrue(good.passed)
+        self.assertIn("dbv", checked_tensors(names_of(good)["closed-book"]))
+        merge = fixture("rasbt_mha", ("context_vec = (attn_weights @ values).transpose(1, 2)",
+                                      "context_vec = (attn_weights @ values)", 1))
+        self.assert_named(headgrad.check(make(merge), causal=True, raise_on_failure=False),
                           "merge_without_transpose", "disappears at T = 1 and H = 1")
 
-    def test_hf_llama_gqa_rope(self):
-        from hf_llama_attention import LlamaAttention
-        def make(bug):
-            return headgrad.module_function(
-                lambda D, H, Hkv, d: LlamaAttention(D, H, Hkv, bug=bug),
-                call=lambda m, x, positions: m(x, positions.expand(x.shape[0], -1) if positions.dim() == 1
-                                               else positions)[0])
+    def test_llama3_gqa_rope(self):
+        def make(m):
+            def call(module, x):
+                T, d = x.shape[1], module.head_dim
+                # compute_rope_params's table (angles twice over, split halves), in float64: the excerpt
+                # rounds its frequencies to float32 (.float()), which float64 tolerances would rightly fail
+                inv = 1.0 / 10000 ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+                angles = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
+                angles = torch.cat([angles, angles], dim=1)
+                mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)  # as Llama3Model.forward
+                return module(x, mask, angles.cos().to(x.dtype), angles.sin().to(x.dtype))
+            return headgrad.module_function(lambda D, H, Hkv, d: m.GroupedQueryAttention(D, D, H, Hkv), call=call)
+        good = fixture("rasbt_llama3_gqa")
+        # the glue's table is the excerpt's own, to float32 rounding
+        cos32, _ = good.compute_rope_params(head_dim=8, theta_base=10000, context_length=17)
+        inv = 1.0 / 10000 ** (torch.arange(0, 8, 2, dtype=torch.float64) / 8)
+        ang = torch.arange(17, dtype=torch.float64)[:, None] * inv
+        torch.testing.assert_close(cos32.double(), torch.cat([ang, ang], 1).cos(), rtol=0, atol=1e-6)
         rope = dict(theta=10000, style="half")
-        self.assertTrue(headgrad.check(make(""), causal=True, kv_heads=2, rope=rope).passed)
-        r = headgrad.check(make("kv_map_tile"), causal=True, kv_heads=2, rope=rope, raise_on_failure=False)
+        self.assertTrue(headgrad.check(make(good), causal=True, kv_heads=2, rope=rope).passed)
+        tiled = fixture("rasbt_llama3_gqa", ("repeat_interleave(self.group_size, dim=1)",
+                                             "repeat(1, self.group_size, 1, 1)", 2))
+        r = headgrad.check(make(tiled), causal=True, kv_heads=2, rope=rope, raise_on_failure=False)
         self.assertFalse(r.passed)
         gqa = [c for c in r.failed_cases() if c["name"].startswith("grouped kv heads")]
         self.assertTrue(gqa, r.text)
         self.assertEqual(bugs_of(gqa[0])[:1], ["kv_map_tile"], r.text[-3000:])
         self.assertIn("tile order", json.dumps(gqa[0]["diagnosis"]))
+        # at G = 1 (every other case) the tiled mapping is the correct one
+        self.assertEqual(names_of(r)["closed-book"]["status"], "pass")
+
+    def test_packed_gqa_module_with_biases(self):
+        # packed qkv + biases + GQA in one module (functions.py): passes as it is, every case with
+        # dbq..dbo; the tiled kv mapping is named on the grouped cases, with the tile-order evidence
+        import functions
+        def make(bug):
+            return headgrad.module_function(lambda D, H, Hkv, d: functions.PackedGqaAttention(D, H, Hkv, bug=bug),
+                                            qkv="blocked", names={"qkv": "qkv", "o": "proj"})
+        good = headgrad.check(make(""), causal=True, kv_heads=2)
+        self.assertTrue(good.passed)
+        self.assertTrue(all({"dbq", "dbk", "dbv", "dbo"} <= checked_tensors(c) for c in good.cases()))
+        r = headgrad.check(make("kv_map_tile"), causal=True, kv_heads=2, raise_on_failure=False)
+        gqa = [c for c in r.failed_cases() if c["name"].startswith("grouped kv heads")]
+        self.assertTrue(gqa, r.text)
+        for c in gqa:
+            self.assertEqual(bugs_of(c)[:1], ["kv_map_tile"], r.text[-3000:])
+            self.assertIn("dbk", checked_tensors(c))
+            # localized as the C++ mutant is, the bias-off variant run too
+            self.assertIn("Hkv = H (G = 1) and Hkv = 1", c["localization"]["sentence"])
+            self.assertIn("the biases", c["localization"]["sentence"])
+        self.assertIn("tile order", json.dumps(gqa[0]["diagnosis"]))
+        self.assertTrue(all(c["name"].startswith("grouped kv heads") for c in r.failed_cases()))
 
     def test_packing_declared_wrong(self):
+        # NeoX's query_key_value has a bias, packed per head like its rows: checked as it is
         from neox_attention import NeoXAttention
         neox = lambda D, H, Hkv, d: NeoXAttention(D, H)  # noqa: E731
         good = headgrad.module_function(neox, qkv="interleaved", names={"qkv": "query_key_value", "o": "dense"})
-        self.assertTrue(headgrad.check(good, causal=True).passed)
+        r = headgrad.check(good, causal=True)
+        self.assertTrue(r.passed)
+        self.assertIn("dbk", checked_tensors(names_of(r)["closed-book"]))
         wrong = headgrad.module_function(neox, qkv="blocked", names={"qkv": "query_key_value", "o": "dense"})
         self.assert_named(headgrad.check(wrong, causal=True, raise_on_failure=False), "qkv_packing_mismatch", "H = 1")
+        # the other direction: nanoGPT's c_attn split blocked, declared per head
+        m = fixture("nanogpt_attention")
+        reverse = headgrad.module_function(
+            lambda D, H, Hkv, d: m.CausalSelfAttention(m.GPTConfig(block_size=64, n_embd=D, n_head=H, bias=True)),
+            qkv="interleaved")
+        self.assert_named(headgrad.check(reverse, causal=True, raise_on_failure=False),
+                          "qkv_packing_mismatch_reverse", "H = 1")
 
     def test_pack_qkv_layouts(self):
         # blocked is cat; interleaved puts head h's q, k, v rows together (per kv group under GQA)
@@ -263,22 +430,60 @@ class ModulesFromPython(unittest.TestCase):
 
     def test_biases_are_routed_when_given(self):
         # the adapter's output with headgrad's biases against the module loaded with the same parameters
-        from nanogpt_attention import CausalSelfAttention
+        m = fixture("nanogpt_attention")
         g = torch.Generator().manual_seed(5)
         D, H, T = 12, 3, 4
         x = torch.randn(2, T, D, generator=g, dtype=torch.float64)
         wq, wk, wv, wo = (torch.randn(D, D, generator=g, dtype=torch.float64) / D ** 0.5 for _ in range(4))
         bq, bk, bv, bo = (torch.randn(D, generator=g, dtype=torch.float64) for _ in range(4))
-        fn = headgrad.module_function(lambda D, H, Hkv, d: CausalSelfAttention(D, H, bug=""), qkv="blocked")
+        config = m.GPTConfig(block_size=64, n_embd=D, n_head=H, dropout=0.0, bias=True)
+        fn = headgrad.module_function(lambda D, H, Hkv, d: m.CausalSelfAttention(config), qkv="blocked")
+        self.assertIn("bq", inspect.signature(fn).parameters)  # found: every projection has a bias
         got = fn(x, wq, wk, wv, wo, num_heads=H, num_kv_heads=H, bq=bq, bk=bk, bv=bv, bo=bo)
-        m = CausalSelfAttention(D, H, bug="").double()
-        m.load_state_dict({"c_attn.weight": torch.cat([wq, wk, wv]), "c_attn.bias": torch.cat([bq, bk, bv]),
-                           "c_proj.weight": wo, "c_proj.bias": bo, "bias": m.bias})
-        torch.testing.assert_close(got, m(x), rtol=0, atol=1e-12)
+        ref = m.CausalSelfAttention(config).double()
+        ref.load_state_dict({"c_attn.weight": torch.cat([wq, wk, wv]), "c_attn.bias": torch.cat([bq, bk, bv]),
+                             "c_proj.weight": wo, "c_proj.bias": bo, "bias": ref.bias})
+        torch.testing.assert_close(got, ref(x), rtol=0, atol=1e-12)
         zeroed = fn(x, wq, wk, wv, wo, num_heads=H, num_kv_heads=H)
-        m.c_attn.bias.data.zero_()
-        m.c_proj.bias.data.zero_()
-        torch.testing.assert_close(zeroed, m(x), rtol=0, atol=1e-12)
+        ref.c_attn.bias.data.zero_()
+        ref.c_proj.bias.data.zero_()
+        torch.testing.assert_close(zeroed, ref(x), rtol=0, atol=1e-12)
+
+    def test_interleaved_bias_packed_per_head(self):
+        # NeoX's layout, rows and bias written out head by head here (not with pack_qkv)
+        from neox_attention import NeoXAttention
+        g = torch.Generator().manual_seed(7)
+        D, H, T = 12, 3, 5
+        d = D // H
+        x = torch.randn(2, T, D, generator=g, dtype=torch.float64)
+        wq, wk, wv, wo = (torch.randn(D, D, generator=g, dtype=torch.float64) / D ** 0.5 for _ in range(4))
+        bq, bk, bv, bo = (torch.randn(D, generator=g, dtype=torch.float64) for _ in range(4))
+        fn = headgrad.module_function(lambda D, H, Hkv, d: NeoXAttention(D, H), qkv="interleaved",
+                                      names={"qkv": "query_key_value", "o": "dense"})
+        got = fn(x, wq, wk, wv, wo, num_heads=H, num_kv_heads=H, bq=bq, bk=bk, bv=bv, bo=bo)
+        heads = range(H)
+        rows = torch.cat([w[h * d:(h + 1) * d] for h in heads for w in (wq, wk, wv)])
+        bias = torch.cat([b[h * d:(h + 1) * d] for h in heads for b in (bq, bk, bv)])
+        ref = NeoXAttention(D, H).double()
+        ref.load_state_dict({"query_key_value.weight": rows, "query_key_value.bias": bias,
+                             "dense.weight": wo, "dense.bias": bo})
+        torch.testing.assert_close(got, ref(x), rtol=0, atol=1e-12)
+
+    def test_bias_detection(self):
+        m = fixture("nanogpt_attention")
+        no_bias = headgrad.module_function(
+            lambda D, H, Hkv, d: m.CausalSelfAttention(m.GPTConfig(block_size=64, n_embd=D, n_head=H, bias=False)))
+        self.assertNotIn("bq", inspect.signature(no_bias).parameters)
+        # the course's MHA with qkv_bias=False still has out_proj's bias: not every projection has one,
+        # so it is checked without headgrad's biases (its own zeroed), and said so
+        c = fixture("rasbt_mha")
+        partial = headgrad.module_function(lambda D, H, Hkv, d: c.MultiHeadAttention(D, D, 64, 0.0, H))
+        self.assertNotIn("bq", inspect.signature(partial).parameters)
+        forced = headgrad.module_function(lambda D, H, Hkv, d: c.MultiHeadAttention(D, D, 64, 0.0, H), bias=True)
+        x, w = torch.ones(1, 2, 8, dtype=torch.float64), torch.eye(8, dtype=torch.float64)
+        b = torch.zeros(8, dtype=torch.float64)
+        with self.assertRaisesRegex(ValueError, "has no bias for W_query, W_key, W_value"):
+            forced(x, w, w, w, w, num_heads=2, num_kv_heads=2, bq=b, bk=b, bv=b, bo=b)
 
     def test_closure_and_autograd_function(self):
         import functions

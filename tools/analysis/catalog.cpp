@@ -202,6 +202,15 @@ constexpr std::array<BugInfo, static_cast<std::size_t>(Bug::count_)> kEntries{{
      "split the packed weight in the layout it was packed in (blocked: q, k, v = W.split(D); per head: "
      "view as [Hkv, G + 2, d, D]), or repack it",
      {.needs_heads = true, .mha_only = true, .needs_kv_heads = true}},
+    // The other direction: packed per kv group ([G q heads; k; v]: GPT-NeoX,
+    // Megatron) and split blocked (q | k | v: a GPT-2 style W.split(D)), e.g. a
+    // NeoX checkpoint loaded into a c_attn module. Invisible where they agree.
+    {Bug::qkv_packing_mismatch_reverse, {},
+     "the packed qkv weight was packed per head ([q_h; k_h; v_h], GPT-NeoX / Megatron order) but split blocked "
+     "(q | k | v = W.split(D)): each head's q, k and v come from the wrong rows",
+     "split the packed weight in the layout it was packed in (per head: view as [Hkv, G + 2, d, D]; blocked: "
+     "q, k, v = W.split(D)), or repack it",
+     {.needs_heads = true, .mha_only = true, .needs_kv_heads = true}},
 }};
 
 constexpr auto kCatalog = [] {

@@ -1,6 +1,7 @@
 #include "analysis/hypotheses.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -301,19 +302,42 @@ Variable rope_whole_width(const Variable& p, const AttentionSpec& spec, bool que
 // The rows of [wq; wk; wv] (packed blocked, q | k | v) that a per-head split
 // reads as head h's q, k, v: kv group j owns rows [j (G+2) d, (j+1) (G+2) d),
 // its G query heads first, then k_j, then v_j (GPT-NeoX's order at G = 1).
-MhaWeights repack_blocked_as_per_head(const MhaWeights& w, const AttentionSpec& spec) {
+// reverse: the rows packed per kv group that a blocked split reads as q, k, v
+// (the first H d rows, the next Hkv d, the last Hkv d).
+MhaWeights repack_qkv(const MhaWeights& w, const AttentionSpec& spec, bool reverse) {
   const std::int64_t heads = spec.num_heads, kv = spec.kv_heads(), d = w.wq.size(0) / heads;
   const std::int64_t group = heads / kv, rows = w.wq.size(0) + 2 * w.wk.size(0);
-  const Variable packed = cat({w.wq, w.wk, w.wv}, 0);
-  if (packed.size(0) != rows) throw std::logic_error("repack: packed rows do not add up");
-  std::vector<Variable> q, k, v;
-  for (std::int64_t j = 0; j < kv; ++j) {
-    const std::int64_t base = j * (group + 2) * d;
-    for (std::int64_t g = 0; g < group; ++g) q.push_back(narrow(packed, 0, base + g * d, d));
-    k.push_back(narrow(packed, 0, base + group * d, d));
-    v.push_back(narrow(packed, 0, base + (group + 1) * d, d));
+  // the weights' rows, and the biases' entries with them (a packed projection packs its bias alike)
+  auto repack = [&](const Variable& a, const Variable& b, const Variable& c) {
+    if (reverse) {
+      std::vector<Variable> packed;
+      for (std::int64_t j = 0; j < kv; ++j) {
+        packed.push_back(narrow(a, 0, j * group * d, group * d));
+        packed.push_back(narrow(b, 0, j * d, d));
+        packed.push_back(narrow(c, 0, j * d, d));
+      }
+      const Variable p = cat(packed, 0);
+      return std::array<Variable, 3>{narrow(p, 0, 0, heads * d), narrow(p, 0, heads * d, kv * d),
+                                     narrow(p, 0, (heads + kv) * d, kv * d)};
+    }
+    const Variable packed = cat({a, b, c}, 0);
+    if (packed.size(0) != rows) throw std::logic_error("repack: packed rows do not add up");
+    std::vector<Variable> q, k, v;
+    for (std::int64_t j = 0; j < kv; ++j) {
+      const std::int64_t base = j * (group + 2) * d;
+      for (std::int64_t g = 0; g < group; ++g) q.push_back(narrow(packed, 0, base + g * d, d));
+      k.push_back(narrow(packed, 0, base + group * d, d));
+      v.push_back(narrow(packed, 0, base + (group + 1) * d, d));
+    }
+    return std::array<Variable, 3>{cat(q, 0), cat(k, 0), cat(v, 0)};
+  };
+  const auto [wq, wk, wv] = repack(w.wq, w.wk, w.wv);
+  MhaWeights out{wq, wk, wv, w.wo};
+  if (w.has_bias()) {
+    const auto [bq, bk, bv] = repack(w.bq, w.bk, w.bv);
+    out.bq = bq, out.bk = bk, out.bv = bv, out.bo = w.bo;
   }
-  return {cat(q, 0), cat(k, 0), cat(v, 0), w.wo};
+  return out;
 }
 
 }  // namespace
@@ -367,12 +391,14 @@ Tensor hypothesis_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t 
 Variable hypothesis_mha(const Variable& x, const MhaWeights& w_in, const AttentionSpec& spec_in,
                         BugSet bug) {
   const AttentionSpec spec = fold_rope_positions(spec_in, x.shape());
-  // qkv_packing_mismatch is the correct attention on repacked weights
-  const MhaWeights w = is(bug, Bug::qkv_packing_mismatch) ? repack_blocked_as_per_head(w_in, spec) : w_in;
-  if (is(bug, Bug::qkv_packing_mismatch)) {  // the rest of the set (a pair) on those weights
-    BugSet rest;
+  // qkv_packing_mismatch (either direction) is the correct attention on repacked weights
+  MhaWeights w = w_in;
+  if (is(bug, Bug::qkv_packing_mismatch)) w = repack_qkv(w, spec, false);
+  if (is(bug, Bug::qkv_packing_mismatch_reverse)) w = repack_qkv(w, spec, true);
+  if (is(bug, Bug::qkv_packing_mismatch) || is(bug, Bug::qkv_packing_mismatch_reverse)) {
+    BugSet rest;  // the rest of the set (a pair) on those weights
     for (Bug b : bug.bugs())
-      if (b != Bug::qkv_packing_mismatch) rest.add(b);
+      if (b != Bug::qkv_packing_mismatch && b != Bug::qkv_packing_mismatch_reverse) rest.add(b);
     bug = rest;
   }
   const std::int64_t t = x.size(-2), dm = x.size(-1), heads = spec.num_heads;

@@ -729,7 +729,7 @@ int exit_code_for(const std::exception_ptr& thrown) {
 
 struct CheckArgs : RunArgs {
   std::string function, level = "mha", rope, dtype;
-  bool causal = false, no_causal = false;
+  bool causal = false, no_causal = false, bias = false, no_bias = false;
   std::int64_t kv_heads = 0;
   std::string keep_suite;
 };
@@ -741,6 +741,9 @@ int cmd_check(CheckArgs a) {
   if (a.causal && a.no_causal) throw std::invalid_argument("--causal and --no-causal exclude each other");
   if (a.causal) o.causal = true;
   if (a.no_causal) o.causal = false;
+  if (a.bias && a.no_bias) throw std::invalid_argument("--bias and --no-bias exclude each other");
+  if (a.bias) o.bias = true;
+  if (a.no_bias) o.bias = false;
   o.kv_heads = a.kv_heads;
   o.rope = a.rope;
   o.dtype = a.dtype;
@@ -802,6 +805,10 @@ void add_check_command(CLI::App& app, int& exit_code) {
   cmd->add_flag("--causal", args->causal, "the function is causal (needed when it takes no `causal` argument: the default)");
   cmd->add_flag("--no-causal", args->no_causal, "the function is not causal (it takes no `causal` argument)");
   cmd->add_option("--kv-heads", args->kv_heads, "add grouped-kv cases (GQA) with N kv heads")->type_name("N");
+  cmd->add_flag("--bias", args->bias,
+                "every MHA case with biases bq, bk, bv, bo (the default when the signature names all four; "
+                "headgrad.module_function's does for a module whose projections all have biases)");
+  cmd->add_flag("--no-bias", args->no_bias, "no biases, even when the function takes them");
   cmd->add_option("--rope", args->rope, "add RoPE cases: theta=..,style=interleaved|half,rotary_dim=.. (what the function does "
                                         "when it takes no keyword for them)")->type_name("SETTINGS");
   cmd->add_option("--dtype", args->dtype, "one more case in this dtype (float32 is always in)")

@@ -1,5 +1,6 @@
 #include "pyplug/check_suite.hpp"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -10,6 +11,8 @@ namespace fs = std::filesystem;
 namespace headgrad::pyplug {
 
 namespace {
+
+constexpr const char* kBiasNames[] = {"bq", "bk", "bv", "bo"};
 
 // Batch item b pads its last b + 1 keys away; each query also skips keys j
 // with (i + j) % 4 == 3, never its last valid key (the template's padding mask).
@@ -78,6 +81,16 @@ fs::path write_check_suite(const CheckOptions& o, const FunctionInfo& f, const f
   const bool rope_on = !o.rope.empty() || o.level == "rope";
   const Rope rope = parse_rope(o.rope);
   const bool positions = f.takes("positions");
+  // Biases: a function whose signature names all four (not through **kwargs
+  // alone) is checked with them, every MHA case; --bias / --no-bias decide.
+  const bool names_biases = std::all_of(std::begin(kBiasNames), std::end(kBiasNames), [&](const char* b) {
+    return std::find(f.declared.begin(), f.declared.end(), b) != f.declared.end();
+  });
+  if (o.bias.value_or(false) && o.level != "mha")
+    throw std::invalid_argument("--bias is an MHA-level setting (the biases of the projections), not --level " + o.level);
+  if (o.bias.value_or(false) && !f.takes("bq"))
+    throw std::invalid_argument("--bias: " + o.function + " takes no bq, bk, bv, bo arguments (at " + f.where + ")");
+  const bool bias = o.level == "mha" && o.bias.value_or(names_biases);
 
   std::vector<std::string> caps;
   if (o.level == "rope") caps = {"rope_level"};
@@ -88,6 +101,7 @@ fs::path write_check_suite(const CheckOptions& o, const FunctionInfo& f, const f
   if (o.kv_heads || o.level == "core") caps.push_back("grouped_kv");
   if (rope_on) caps.push_back("rope");
   if (o.dtype == "bfloat16" || o.dtype == "float16") caps.push_back(o.dtype);
+  if (bias) caps.push_back("bias");
 
   std::ostringstream y;
   y << "# Written by `headgrad check " << o.function << "`: " << name << " against per_head.\n";
@@ -103,6 +117,7 @@ fs::path write_check_suite(const CheckOptions& o, const FunctionInfo& f, const f
   }
   y << "defaults:\n  compare: [" << name << ", per_head]\n  dtype: float64\n  seed: 0\n";
   if (o.level != "rope") y << "  causal: " << (causal ? "true" : "false") << "\n";
+  if (bias) y << "  bias: true\n";  // the function as it is; localization varies it (bias off)
   y << "cases:\n";
   auto rope_key = [&](bool gapped) { return rope_on ? "    rope: " + rope_block(rope, gapped && positions) + "\n" : std::string(); };
   const std::string extra_dtype = o.dtype.empty() || o.dtype == "float64" ? "" : o.dtype;

@@ -1,7 +1,8 @@
 // `headgrad check FILE.py:FUNCTION`: the suite it runs, written for the
 // function from what it can do (the template's suite: shapes where no bug
 // hides, edge cases, non-contiguous input, float32; GQA with --kv-heads,
-// RoPE with --rope), the function against per_head.
+// RoPE with --rope, every case with biases when the function takes them),
+// the function against per_head.
 #pragma once
 
 #include <filesystem>
@@ -20,6 +21,7 @@ struct CheckOptions {
   std::int64_t kv_heads = 0;       // --kv-heads N: GQA cases at Hkv = N
   std::string rope;                // --rope theta=..,style=..,rotary_dim=..; empty: none (rope level: defaults)
   std::string dtype;               // --dtype: one more case in that dtype (bfloat16, float16, float32)
+  std::optional<bool> bias;        // --bias / --no-bias; none: biases when the signature names bq, bk, bv and bo
 };
 
 // The plugin's name in the suite: the function's name ("my_attention").

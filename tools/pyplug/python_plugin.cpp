@@ -1,10 +1,5 @@
 #include "pyplug/python_plugin.hpp"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +8,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <thread>
+
+#include <headgrad/child_process.hpp>
 
 #include <headgrad/log.hpp>
 #include <nlohmann/json.hpp>
@@ -101,9 +99,9 @@ class Worker {
   void prepare() {
     if (child_) return;
     if (external()) return;
-    if (pid_ > 0 && owner_ != ::getpid()) forget();  // inherited from the process that forked us: not ours
-    if (pid_ > 0 && has_exited()) discard("it had exited");
-    if (pid_ <= 0) start();
+    if (process_.pid() > 0 && owner_ != ::getpid()) forget();  // inherited from the process that forked us: not ours
+    if (process_.running() && process_.has_exited()) discard("it had exited");
+    if (!process_.running()) start();
   }
   void mark_child() { child_ = true; }
   // Kills our worker (the next prepare starts another); an external one is lost.
@@ -112,13 +110,12 @@ class Worker {
       lost_ = why;
       return;
     }
-    if (pid_ <= 0 || owner_ != ::getpid()) return forget();
-    logging::plugins()->info("replacing the Python worker (pid {}): {}", pid_, why);
-    ::kill(pid_, SIGKILL);
-    int status = 0;
-    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-    }
-    forget();
+    if (process_.pid() <= 0 || owner_ != ::getpid()) return forget();
+    logging::plugins()->info("replacing the Python worker (pid {}): {}", process_.pid(), why);
+    process_.kill_and_reap();
+    process_ = ChildProcess();
+    to_ = from_ = -1;
+    session_ = 0;
   }
 
   Reply request(const json& header, const Named& tensors) {
@@ -142,47 +139,27 @@ class Worker {
     }
   }
 
+  // A worker inherited from the process that forked this one: our copies of
+  // its pipes closed, the worker left to its owner.
   void forget() {
-    if (to_ >= 0) ::close(to_);
-    if (from_ >= 0) ::close(from_);
+    process_.disown();
     to_ = from_ = -1;
-    pid_ = 0;
     session_ = 0;
   }
 
-  bool has_exited() {
-    int status = 0;
-    return ::waitpid(pid_, &status, WNOHANG) == pid_;
-  }
-
+  // On core's ChildProcess (the one fork of headgrad): its own process group,
+  // killed with this process; the pipes stay open in the sides forked later,
+  // which talk to it.
   void start() {
     const auto t0 = Clock::now();
-    int in[2], out[2];
-    if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0)
-      throw PythonError(std::string("pipe: ") + std::strerror(errno));
     const std::string py = interpreter(), pkg = package_dir();
     std::string pythonpath = pkg;
     if (const char* old = std::getenv("PYTHONPATH"); old && *old) pythonpath += (pkg.empty() ? "" : ":") + std::string(old);
-    std::fflush(nullptr);
-    const pid_t parent = ::getpid();
-    const pid_t pid = ::fork();
-    if (pid < 0) throw PythonError(std::string("fork: ") + std::strerror(errno));
-    if (pid == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the process that owns it gone: the worker goes too
-      if (::getppid() != parent) ::_exit(127);
-      ::dup2(in[0], 0);
-      ::dup2(out[1], 1);
-      ::setenv("PYTHONPATH", pythonpath.c_str(), 1);
-      ::execlp(py.c_str(), py.c_str(), "-m", "headgrad.worker", static_cast<char*>(nullptr));
-      const std::string msg = "headgrad: cannot run " + py + ": " + std::strerror(errno) + "\n";
-      (void)!::write(2, msg.data(), msg.size());
-      ::_exit(127);
-    }
-    ::close(in[0]);
-    ::close(out[1]);
-    to_ = in[1];
-    from_ = out[0];
-    pid_ = pid;
+    ChildSpec spec;
+    spec.to_parent = spec.from_parent = spec.close_other_fds = spec.shared_with_later_children = true;
+    process_ = ChildProcess::spawn_program(spec, {py, "-m", "headgrad.worker"}, {{"PYTHONPATH", pythonpath}});
+    to_ = process_.to_child();
+    from_ = process_.from_child();
     owner_ = ::getpid();
     session_ = 0;
     try {
@@ -194,6 +171,18 @@ class Worker {
     }
     stats.start_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     ++stats.starts;
+  }
+
+  // How our worker ended, once its pipe is closed: what it says itself if it
+  // ends within a second, else killed.
+  std::string ended() {
+    for (int i = 0; i < 100 && !process_.has_exited(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ChildEnd end;
+    end.wait_status = process_.kill_and_reap();
+    process_ = ChildProcess();
+    to_ = from_ = -1;
+    session_ = 0;
+    return describe_end(end);
   }
 
   // A fresh session: skips whatever a side that died left in the pipe.
@@ -246,29 +235,22 @@ class Worker {
     for (const auto& [p, size] : blobs) write_all(to_, p, size);
   }
 
+  // The pipe is non-blocking (ChildProcess makes it so): every read waits in poll first.
   void read_exact(char* p, std::size_t n, Clock::time_point deadline, bool timed) {
     while (n > 0) {
+      int wait_ms = 1000;
       if (timed) {
         const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
         if (ms <= 0) throw PythonError("the Python worker did not answer in time");
-        pollfd pfd{from_, POLLIN, 0};
-        const int ready = ::poll(&pfd, 1, static_cast<int>(std::min<long long>(ms, 1000)));
-        if (ready < 0 && errno != EINTR) throw PythonError(std::string("poll: ") + std::strerror(errno));
-        if (ready <= 0) continue;
+        wait_ms = static_cast<int>(std::min<long long>(ms, 1000));
       }
+      std::vector<pollfd> pfd{{from_, POLLIN, 0}};
+      if (poll_fds(pfd, wait_ms) == 0) continue;
       const ssize_t r = ::read(from_, p, n);
-      if (r < 0 && errno == EINTR) continue;
+      if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
       if (r <= 0) {
         std::string how = "closed its pipe";
-        if (!external() && pid_ > 0 && owner_ == ::getpid()) {
-          int status = 0;
-          if (::waitpid(pid_, &status, 0) == pid_) {
-            how = WIFSIGNALED(status) ? "was killed by signal " + std::to_string(WTERMSIG(status))
-                                      : "exited with status " + std::to_string(WEXITSTATUS(status));
-            pid_ = 0;
-            forget();
-          }
-        }
+        if (!external() && !child_ && process_.pid() > 0 && owner_ == ::getpid()) how = ended();
         throw PythonError("the Python worker " + how + " (its messages are above, on stderr)");
       }
       p += r;
@@ -308,8 +290,9 @@ class Worker {
     return r;
   }
 
+  ChildProcess process_;  // ours (not an external one)
   int to_ = -1, from_ = -1;
-  pid_t pid_ = 0, owner_ = 0, session_ = 0;
+  pid_t owner_ = 0, session_ = 0;
   bool child_ = false;
   std::uint64_t counter_ = 0;
   std::string lost_;
@@ -373,6 +356,10 @@ class PythonAttention final : public Attention {
       settings["rope"] = rope_settings(spec.rope, dims.head_dim);
       extra.emplace_back("positions", positions_of(spec.rope, x.size(-2)));
     }
+    // with biases (mha_dims checked all four or none): passed as bq, bk, bv, bo, their gradients back
+    if (w.has_bias())
+      return run("mha", {x, w.wq, w.wk, w.wv, w.wo, w.bq, w.bk, w.bv, w.bo},
+                 {"x", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "bo"}, settings, extra, spec);
     return run("mha", {x, w.wq, w.wk, w.wv, w.wo}, {"x", "wq", "wk", "wv", "wo"}, settings, extra, spec);
   }
 
@@ -520,9 +507,7 @@ Capabilities parse_capabilities(const std::vector<std::string>& names) {
   }
   if (!c.mha && !c.core && !c.rope_level)
     throw std::invalid_argument("the capabilities name no level: give mha, core or rope_level");
-  // the Python worker hands a function x, wq, wk, wv, wo only (no biases yet)
-  if (c.bias)
-    throw std::invalid_argument("capability 'bias': a Python plugin is not handed biases (bq, bk, bv, bo) yet");
+  if (c.bias && !c.mha) throw std::invalid_argument("capability 'bias' is an MHA-level one: give mha too");
   return c;
 }
 
@@ -530,6 +515,7 @@ FunctionInfo describe_function(const std::string& function) {
   Reply r = call({{"op", "describe"}, {"fn", function}}, {}, "Python function " + function, "described");
   FunctionInfo f;
   f.names = r.header.value("names", std::vector<std::string>{});
+  f.declared = r.header.value("declared", std::vector<std::string>{});
   f.var_keyword = r.header.value("var_keyword", false);
   f.where = r.header.value("where", std::string(""));
   return f;

@@ -61,9 +61,10 @@ class PythonError : public std::runtime_error {
 
 // What the worker knows of a function's signature.
 struct FunctionInfo {
-  std::vector<std::string> names;  // the offered keyword arguments it takes
+  std::vector<std::string> names;     // the offered keyword arguments it takes (all of them with **kwargs)
   bool var_keyword = false;
-  std::string where;               // "file.py:12"
+  std::string where;                  // "file.py:12"
+  std::vector<std::string> declared;  // those its signature names itself (not through **kwargs)
   bool takes(const std::string& kw) const;
 };
 // Asks the worker (started here if need be); throws PythonError when the

@@ -24,6 +24,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace headgrad {
@@ -67,6 +68,10 @@ struct ChildSpec {
   bool null_stdin = false;       // stdin from /dev/null
   int to_parent_fd = -1;         // >= 3: to_parent moved to this descriptor number in the child
   bool close_other_fds = false;  // every descriptor but 0, 1, 2 and the child's pipe ends closed
+  // The parent's ends stay open in the children this process forks later (a
+  // long-lived server they talk to: the Python worker). Otherwise each later
+  // child closes them, as the other children's business.
+  bool shared_with_later_children = false;
 };
 
 // The child's ends of its pipes (-1 where not asked for).
@@ -95,6 +100,14 @@ class ChildProcess {
   // flushed first, so that nothing is printed twice.
   // Throws InternalError naming pipe or fork when they fail.
   static ChildProcess spawn(const ChildSpec& spec, const std::function<int(const ChildEnds&)>& body);
+  // spawn, then exec argv[0] (a path, or a name searched on PATH) with argv,
+  // the environment plus `env` (each NAME=VALUE replacing NAME): from_parent
+  // becomes the program's stdin, to_parent its stdout, stderr is shared and no
+  // other descriptor stays open. headgrad's thread pool is left as it was.
+  // A program that cannot be run exits with status 127 after saying
+  // "headgrad: cannot run PROGRAM: REASON" on stderr.
+  static ChildProcess spawn_program(const ChildSpec& spec, const std::vector<std::string>& argv,
+                                    const std::vector<std::pair<std::string, std::string>>& env = {});
 
   ChildProcess() = default;
   ChildProcess(ChildProcess&& other) noexcept;
@@ -135,6 +148,10 @@ class ChildProcess {
   int kill_and_reap();
   // The status once reaped.
   std::optional<int> status() const { return status_; }
+  // In a process forked from the one that spawned the child: closes this
+  // process's copies of the parent's ends and forgets the child, which is
+  // not this process's to kill or reap (its owner still talks to it).
+  void disown();
 
   // Reads what the child writes on to_parent as one Message (length first)
   // until it is complete, the child ends without completing it, the deadline

@@ -120,6 +120,10 @@ int place(int fd, int target) {
   const struct rlimit no_core = {0, 0};
   ::setrlimit(RLIMIT_CORE, &no_core);  // a crashing plugin leaves no core file behind
   for (int fd : others) ::close(fd);
+  // This process's copy of the list names descriptors it has just closed; a
+  // child it forks later must not close whatever reuses those numbers (a -j
+  // worker's Python worker pipes did, and its sides found them closed).
+  g_parent_fds.clear();
   for (int fd : {to_parent.read, from_parent.write, out.read, err.read})
     if (fd >= 0) ::close(fd);
   // Above the standard descriptors first, so that the dup2s below cannot clobber them.
@@ -193,20 +197,59 @@ ChildProcess ChildProcess::spawn(const ChildSpec& spec, const std::function<int(
   ::setpgid(pid, pid);  // the child does it too; whichever runs first
   ChildProcess c;
   c.pid_ = pid;
+  const bool remember = !spec.shared_with_later_children;
   for (int i : {0, 2, 3}) {
     if (pipes[i].write >= 0) ::close(pipes[i].write);
     if (pipes[i].read >= 0) {
       ::fcntl(pipes[i].read, F_SETFL, O_NONBLOCK);
-      remember_fd(pipes[i].read);
+      if (remember) remember_fd(pipes[i].read);
     }
   }
   if (pipes[1].read >= 0) ::close(pipes[1].read);
-  if (pipes[1].write >= 0) remember_fd(pipes[1].write);
+  if (pipes[1].write >= 0 && remember) remember_fd(pipes[1].write);
   c.from_child_ = pipes[0].read;
   c.to_child_ = pipes[1].write;
   c.stdout_ = pipes[2].read;
   c.stderr_ = pipes[3].read;
   return c;
+}
+
+ChildProcess ChildProcess::spawn_program(const ChildSpec& spec, const std::vector<std::string>& argv,
+                                         const std::vector<std::pair<std::string, std::string>>& env) {
+  if (argv.empty()) throw std::logic_error("ChildProcess::spawn_program: no program");
+  // Everything exec needs is made here, before the fork.
+  std::vector<std::string> vars;
+  for (char** e = environ; *e; ++e) {
+    const std::string_view v(*e);
+    const auto name = v.substr(0, v.find('='));
+    if (std::none_of(env.begin(), env.end(), [&](const auto& kv) { return kv.first == name; })) vars.emplace_back(v);
+  }
+  for (const auto& [name, value] : env) vars.push_back(name + "=" + value);
+  std::vector<char*> args, envp;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  for (const auto& v : vars) envp.push_back(const_cast<char*>(v.c_str()));
+  args.push_back(nullptr);
+  envp.push_back(nullptr);
+  const std::string failed = "headgrad: cannot run " + argv[0] + ": ";
+  const int threads = num_threads();
+  ChildProcess c = spawn(spec, [&](const ChildEnds& ends) {
+    // The ends are at 3 or above (spawn placed them), so the dup2s clobber nothing.
+    if (ends.from_parent >= 0) ::dup2(ends.from_parent, STDIN_FILENO);
+    if (ends.to_parent >= 0) ::dup2(ends.to_parent, STDOUT_FILENO);
+    ::close_range(3, ~0U, 0);
+    ::execvpe(args[0], args.data(), envp.data());
+    const std::string msg = failed + std::strerror(errno) + "\n";
+    (void)!::write(STDERR_FILENO, msg.data(), msg.size());
+    return 127;
+  });
+  set_num_threads(threads);  // spawn stopped the pool; the program is not a fork of this process's state
+  return c;
+}
+
+void ChildProcess::disown() {
+  close_all();
+  pid_ = -1;
+  status_.reset();
 }
 
 ChildProcess::ChildProcess(ChildProcess&& o) noexcept { *this = std::move(o); }

@@ -60,7 +60,7 @@ def _program():
 
 
 def check(fn, level="mha", causal=None, kv_heads=None, rope=None, dtype=None, timeout=None, json=None,
-          junit=None, html=None, extra_args=(), raise_on_failure=True):
+          junit=None, html=None, extra_args=(), raise_on_failure=True, bias=None):
     """Runs `headgrad check` on fn (a function, closure, lambda or a module_function adapter).
 
     level:    "mha" fn(x, wq, wk, wv, wo, **kw), "core" fn(q, k, v, **kw), "rope" fn(x, positions, **kw)
@@ -68,6 +68,8 @@ def check(fn, level="mha", causal=None, kv_heads=None, rope=None, dtype=None, ti
     kv_heads: add grouped-kv cases with that many kv heads
     rope:     dict(theta=.., style="interleaved"|"half", rotary_dim=..) adds RoPE cases
     dtype:    one more case in "bfloat16", "float16" or "float32"
+    bias:     True/False: every mha case with or without biases bq, bk, bv, bo (None: with them
+              when fn's signature names all four, as module_function's does for a module with biases)
     Returns a CheckResult; raises AssertionError carrying the report on failure
     (unless raise_on_failure=False).
     """
@@ -87,6 +89,10 @@ def check(fn, level="mha", causal=None, kv_heads=None, rope=None, dtype=None, ti
         args += ["--rope", ",".join(f"{k}={v}" for k, v in dict(rope).items())]
     if dtype:
         args += ["--dtype", str(dtype).replace("torch.", "")]
+    if bias is True:
+        args.append("--bias")
+    elif bias is False:
+        args.append("--no-bias")
     if timeout:
         args += ["--timeout", str(timeout)]
     for flag, path in (("--junit", junit), ("--html", html)):

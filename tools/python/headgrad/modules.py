@@ -22,12 +22,18 @@ Without `names`, the common spellings are tried (q_proj/k_proj/v_proj/o_proj,
 W_query/W_key/W_value/out_proj, c_attn/c_proj, in_proj_weight/out_proj,
 query_key_value/dense). A module whose packed projection is split in the other
 layout than declared computes something else: headgrad's catalog names that
-bug qkv_packing_mismatch.
+bug qkv_packing_mismatch (declared blocked, split per head) or
+qkv_packing_mismatch_reverse (declared interleaved, split blocked).
 
-Biases: a case without biases runs the module with every bias of the routed
-projections set to zeros (said once per module class, on stderr). Given
-headgrad's bq, bk, bv, bo (keyword arguments of those names), they are routed
-like the weights (a packed bias packed in the declared layout).
+Biases: a module whose routed projections all have one (q, k, v and o, or qkv
+and o) takes headgrad's bq, bk, bv, bo: its function names them, so `headgrad
+check` runs every case with biases, routed like the weights (a packed qkv bias
+packed in the declared layout, blocked or interleaved) and the module checked
+as it is. bias=None (default) finds out by building the module once at D 16,
+H 2, Hkv 2, d 8; bias=True or False says it. Without them (bias=False, or some
+projection has no bias), and in a case without biases, the module runs with
+its biases set to zeros (said once per module class on stderr when they are
+never given).
 
 call(module, x, **kw) runs the module (default module(x)); give it for modules
 that take more than x, e.g. lambda m, x, positions: m(x, positions)[0].
@@ -100,12 +106,33 @@ def _bias_of(weight_name):
     return weight_name[: -len("weight")] + "bias" if weight_name.endswith("weight") else None
 
 
-def module_function(factory, names=None, qkv=None, in_out=False, call=None, any_head_dim=False):
+def _missing_biases(module, roles):
+    """The roles whose projection has no bias parameter."""
+    params = dict(module.named_parameters())
+    return [r for r, n in roles.items() if _bias_of(n) not in params]
+
+
+def _detect_bias(factory, names):
+    """Whether every routed projection of the module has a bias (built once at a small shape)."""
+    try:
+        m = factory(16, 2, 2, 8)
+    except Exception as e:  # a factory with its own constraints: say how to decide
+        print(f"headgrad: module_function could not build the module at D=16, H=2, Hkv=2, d=8 to look for "
+              f"biases ({type(e).__name__}: {e}); checked without biases: pass bias=True to check them",
+              file=sys.stderr)
+        return False
+    return not _missing_biases(m, _resolve_names(m, names))
+
+
+def module_function(factory, names=None, qkv=None, in_out=False, call=None, any_head_dim=False, bias=None):
     """An mha-level headgrad function that runs the module `factory(D, H, Hkv, d)` builds.
 
     any_head_dim: the module takes a head width d other than D / H (HF's head_dim):
-    headgrad check then adds a case with d != D / H."""
+    headgrad check then adds a case with d != D / H.
+    bias: whether the module's projections take headgrad's biases (None: found out)."""
     cache = {}
+    if bias is None:
+        bias = _detect_bias(factory, names)
 
     def run(x, wq, wk, wv, wo, num_heads, num_kv_heads, head_dim=None, **kw):
         D = x.shape[-1]
@@ -138,23 +165,28 @@ def module_function(factory, names=None, qkv=None, in_out=False, call=None, any_
         # weights; else every bias of the routed projections is zero
         given = {r: kw.get("b" + r) for r in ("q", "k", "v", "o")}
         if any(v is not None for v in given.values()):
-            zero = {r: given[r] if given[r] is not None else torch.zeros(n, dtype=x.dtype)
-                    for r, n in (("q", wq.shape[0]), ("k", wk.shape[0]), ("v", wv.shape[0]), ("o", wo.shape[0]))}
-            if "qkv" in roles:
-                b = pack_qkv(zero["q"][:, None], zero["k"][:, None], zero["v"][:, None], qkv or "blocked",
+            missing = _missing_biases(m, roles)
+            if missing:
+                where = ", ".join(roles[r].removesuffix(".weight") for r in missing)
+                raise ValueError(f"{type(m).__name__} has no bias for {where}: it "
+                                 "cannot take headgrad's biases (module_function(..., bias=False) checks it without)")
+            if "qkv" in roles:  # one bias vector packed as the weight's rows are
+                b = pack_qkv(given["q"][:, None], given["k"][:, None], given["v"][:, None], qkv or "blocked",
                              num_heads, num_kv_heads, head_dim)[:, 0]
                 routed[_bias_of(roles["qkv"])] = b
             else:
                 for r in ("q", "k", "v"):
-                    routed[_bias_of(roles[r])] = zero[r]
-            routed[_bias_of(roles["o"])] = zero["o"]
+                    routed[_bias_of(roles[r])] = given[r]
+            routed[_bias_of(roles["o"])] = given["o"]
+        # a case without biases (or a module that is not handed them): its own biases zeroed
         biases = [b for b in (_bias_of(n) for n in list(routed)) if b and b in params and b not in routed]
         for b in biases:
             routed[b] = torch.zeros_like(params[b])
-        if biases and not any(v is not None for v in given.values()) and type(m) not in _warned:
+        if biases and not bias and type(m) not in _warned:
             _warned.add(type(m))
+            why = "not every projection has one" if _missing_biases(m, roles) else "bias=False"
             print(f"headgrad: {type(m).__name__} has biases ({', '.join(biases)}): checked with them zeroed "
-                  "(headgrad's comparison has no bias terms yet)", file=sys.stderr)
+                  f"({why})", file=sys.stderr)
         if call is None:
             args, kwargs = (x,), {}
         else:
@@ -174,7 +206,7 @@ def module_function(factory, names=None, qkv=None, in_out=False, call=None, any_
     run.__signature__ = inspect.Signature(
         [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in ("x", "wq", "wk", "wv", "wo")]
         + [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in ("num_heads", "num_kv_heads") + ("head_dim",) * any_head_dim]
-        + [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None) for n in ("bq", "bk", "bv", "bo")]
+        + [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None) for n in ("bq", "bk", "bv", "bo") if bias]
         + ([inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None)
             for n in inspect.signature(call).parameters if n in ("positions", "causal", "mask")]
            if call is not None else []))

@@ -8,7 +8,8 @@ backward that headgrad checks is torch.autograd's, through your own backward or
 autograd.Function when you wrote one.
 
 The contract (also tools/headgrad_ref.py's):
-  mha   fn(x, wq, wk, wv, wo, **kw) -> out, or (out, {"q_rot": q, "k_rot": k})
+  mha   fn(x, wq, wk, wv, wo, **kw) -> out, or (out, {"q_rot": q, "k_rot": k});
+        with `bias: true` the biases come as the keyword arguments bq, bk, bv, bo
   core  fn(q, k, v, **kw) -> out, or (out, taps)
   rope  fn(x, positions, **kw) -> out
 with the keyword arguments of OFFERED that the signature names (all of them
@@ -28,7 +29,8 @@ import torch
 from headgrad import wire
 
 OFFERED = ("num_heads", "num_kv_heads", "head_dim", "causal", "mask", "scale", "positions", "q_offset",
-           "theta", "style", "rotary_dim")
+           "theta", "style", "rotary_dim", "bq", "bk", "bv", "bo")
+BIASES = ("bq", "bk", "bv", "bo")
 _PACKAGE_DIR = str(pathlib.Path(__file__).resolve().parent)
 _TORCH_DIR = str(pathlib.Path(torch.__file__).resolve().parent)
 
@@ -81,15 +83,15 @@ def resolve(spec, served=None):
     return obj
 
 
-def signature_names(fn):
-    """(names of OFFERED the signature takes, whether it takes **kwargs)."""
+def signature_names(fn, declared_only=False):
+    """(names of OFFERED the signature takes, whether it takes **kwargs); declared_only: those it names itself."""
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return [], False
     takes_all = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params)
     names = {p.name for p in params}
-    return [k for k in OFFERED if takes_all or k in names], takes_all
+    return [k for k in OFFERED if (takes_all and not declared_only) or k in names], takes_all
 
 
 def _where(fn):
@@ -143,7 +145,8 @@ class Worker:
             if op == "describe":
                 fn = self.function(header["fn"])
                 names, takes_all = signature_names(fn)
-                return {"op": "described", "names": names, "var_keyword": takes_all,
+                declared = signature_names(fn, declared_only=True)[0]
+                return {"op": "described", "names": names, "declared": declared, "var_keyword": takes_all,
                         "where": _where(fn), "qualname": getattr(fn, "__qualname__", type(fn).__name__)}, []
             if op == "forward":
                 return self.forward(header, tensors)
@@ -168,6 +171,13 @@ class Worker:
         names, _ = signature_names(fn)
         grad = bool(header.get("grad", True))
         inputs = {"mha": ("x", "wq", "wk", "wv", "wo"), "core": ("q", "k", "v"), "rope": ("x",)}[level]
+        with_bias = level == "mha" and all(tensors.get(b) is not None for b in BIASES)
+        if with_bias:
+            missing = [b for b in BIASES if b not in names]
+            if missing:
+                raise Unsupported(f"{fn_name} takes no {', '.join(missing)} argument: it cannot run a case with "
+                                  "biases (bias: true)")
+            inputs += BIASES
         leaves = []
         for n in inputs:
             t = tensors[n].detach()
@@ -175,6 +185,10 @@ class Worker:
                 t.requires_grad_(True)
             leaves.append(t)
         kw = {}
+        if level == "mha":  # biases as keyword arguments: the case's leaves, or None without biases
+            for i, b in enumerate(BIASES):
+                if b in names:
+                    kw[b] = leaves[5 + i] if with_bias else None
         offer = {"num_heads": s.get("num_heads"), "num_kv_heads": s.get("num_kv_heads"),
                  "head_dim": s.get("head_dim")}
         for k, v in offer.items():
@@ -202,7 +216,7 @@ class Worker:
         if level == "rope":
             args = (leaves[0], positions)
         else:
-            args = tuple(leaves)
+            args = tuple(leaves[:len(leaves) - 4 * with_bias])
             if rope is None:
                 if "positions" in names:
                     kw["positions"] = None
