@@ -523,6 +523,11 @@ Capabilities parse_capabilities(const std::vector<std::string>& names) {
   // the Python worker hands a function x, wq, wk, wv, wo only (no biases yet)
   if (c.bias)
     throw std::invalid_argument("capability 'bias': a Python plugin is not handed biases (bq, bk, bv, bo) yet");
+  // nor the QK-norm gains, nor x_kv
+  if (c.qk_norm)
+    throw std::invalid_argument("capability 'qk_norm': a Python plugin is not handed the QK-norm gains (q_norm, k_norm) yet");
+  if (c.cross_attention)
+    throw std::invalid_argument("capability 'cross_attention': a Python plugin is not handed x_kv yet");
   return c;
 }
 
