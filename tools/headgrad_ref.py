@@ -485,7 +485,7 @@ def write_reference(fn, out_dir, shape, *, level="mha", seed=0, causal=True, dty
         _fail("qk_norm and cross are mha-level settings (around the projections)")
     if cross and "Tq" not in s:
         _fail("cross=True needs the shape's Tq and Tk (x [B, Tq, D], x_kv [B, Tk, D])")
-    if not cross and "Tq" in s:
+    if level == "mha" and not cross and "Tq" in s:
         _fail("an mha shape with Tq and Tk is cross-attention: pass cross=True (--cross)")
     if cross and (positions is not None or rope):
         _fail("RoPE is not defined for cross-attention (the query and key streams' positions are unrelated)")
