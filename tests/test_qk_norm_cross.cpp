@@ -15,6 +15,8 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <unistd.h>
 #include <string>
 #include <vector>
 
@@ -22,6 +24,7 @@
 #include "case/inputs.hpp"
 #include "checks.hpp"
 #include "exec/execute.hpp"
+#include "headgrad_cli.hpp"
 #include "headgrad/gradcheck.hpp"
 #include "headgrad/kernels.hpp"
 #include "headgrad/loader.hpp"
@@ -551,7 +554,7 @@ TEST_F(QkNormCross, PluginWithoutTheCapabilitiesIsRefusedNamingThem) {
 TEST_F(QkNormCross, CasesPassForEveryPairDtypeAndLayout) {
   const std::string gqa = "B: 2, D: 24, H: 6, Hkv: 2";
   for (const char* other : {"batched", "fused_sdpa"})
-    for (const char* dtype : {"float64", "float32", "bfloat16"})
+    for (const char* dtype : {"float64", "float32", "bfloat16", "float16"})
       for (const std::string extra : {std::string("qk_norm: {axis: head, gain: one_plus_w}, rope: {theta: 100, style: half}, "
                                                   "causal: true, shape: {T: 7, ") + gqa + "}",
                                       std::string("qk_norm: {axis: model}, input_layout: transposed, shape: {T: 7, ") + gqa + "}",
@@ -609,6 +612,36 @@ TEST_F(QkNormCross, LocalizationTurnsTheNormOffAndBringsTqToTk) {
   // the missing gradient is named
   ASSERT_TRUE(tensor(r, "dx_kv"));
   EXPECT_TRUE(contains(tensor(r, "dx_kv")->problem, "gives no dx_kv")) << tensor(r, "dx_kv")->problem;
+}
+
+// export writes the gains, x_kv and their gradients and a suite with the
+// case's qk_norm and cross; that suite passes against them, and a reference
+// whose gain file the case does not explain is refused naming the file.
+TEST_F(QkNormCross, ExportWritesGainsAndXkvAndItsSuitePasses) {
+  const fs::path dir = fs::temp_directory_path() / ("headgrad_qk_export_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "gen.yaml") << "suite: t\ncases:\n  - {name: c, cross: true, qk_norm: {axis: model, gain: one_plus_w}, "
+                                     "compare: [batched, per_head], shape: {B: 2, Tq: 3, Tk: 5, D: 12, H: 6, Hkv: 2}}\n";
+  const fs::path out = dir / "exported";
+  const test::Outcome e = test::headgrad({"export", (dir / "gen.yaml").string(), "--case", "c", "--out", out.string()});
+  ASSERT_EQ(e.code, 0) << e.out << e.err;
+  for (const char* stem : {"q_norm", "k_norm", "x_kv", "dq_norm", "dk_norm", "dx_kv"})
+    EXPECT_TRUE(fs::is_regular_file(out / (std::string(stem) + ".npy"))) << stem;
+  const std::string suite = test::slurp(out / "suite.yaml");
+  // eps at 17 digits, so that it reads back exactly
+  EXPECT_TRUE(contains(suite, "qk_norm: {axis: model, eps: 9.9999999999999995e-07, gain: one_plus_w}")) << suite;
+  EXPECT_TRUE(contains(suite, "cross: true")) << suite;
+  const test::Outcome r = test::headgrad({"run", (out / "suite.yaml").string()});
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out, "Tq=3,Tk=5")) << r.out;
+  // the same files without the case's keys: the gain and x_kv files are refused by name
+  std::ofstream(dir / "bare.yaml") << "suite: t\ncases:\n  - {name: c, compare: [per_head], reference: exported, "
+                                      "shape: {H: 6}}\n";
+  const test::Outcome b = test::headgrad({"run", (dir / "bare.yaml").string()});
+  EXPECT_EQ(b.code, 2) << b.out << b.err;
+  EXPECT_TRUE(contains(b.err, "q_norm.npy is a QK-norm gain, but the case has no 'qk_norm'")) << b.err;
+  fs::remove_all(dir);
 }
 
 TEST_F(QkNormCross, WeakSuiteWarningsForCrossOnlyCausalOrSquareAndNormWithoutRope) {
