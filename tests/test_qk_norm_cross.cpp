@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "analysis/analyze.hpp"
+#include "case/axes.hpp"
 #include "case/inputs.hpp"
 #include "checks.hpp"
 #include "exec/execute.hpp"
@@ -609,6 +610,14 @@ TEST_F(QkNormCross, LocalizationTurnsTheNormOffAndBringsTqToTk) {
   bool tq_tk = false;
   for (const auto& row : r.localization->rows) tq_tk = tq_tk || row.change == "Tq = Tk = 9";
   EXPECT_TRUE(tq_tk);
+  // the error map of dx_kv has x_kv's tokens as rows (a causal mask on cross-attention)
+  const CaseResult causal = run_case("  - {name: c, compare: [mutant_cross_causal, per_head], "
+                                     "shape: {B: 2, Tq: 5, Tk: 9, D: 24, H: 6, Hkv: 2}, cross: true}\n",
+                                     *registry_);
+  bool kv_map = false;
+  for (const auto& m : causal.error_maps)
+    if (m.tensor == "dx_kv") kv_map = contains(m.axes, "rows: x_kv's tokens (keys)") && m.maps.size() == 2;
+  EXPECT_TRUE(kv_map);
   // the missing gradient is named
   ASSERT_TRUE(tensor(r, "dx_kv"));
   EXPECT_TRUE(contains(tensor(r, "dx_kv")->problem, "gives no dx_kv")) << tensor(r, "dx_kv")->problem;
@@ -642,6 +651,25 @@ TEST_F(QkNormCross, ExportWritesGainsAndXkvAndItsSuitePasses) {
   EXPECT_EQ(b.code, 2) << b.out << b.err;
   EXPECT_TRUE(contains(b.err, "q_norm.npy is a QK-norm gain, but the case has no 'qk_norm'")) << b.err;
   fs::remove_all(dir);
+}
+
+// Where-lines name the new tensors' own axes: x_kv's tokens are keys; a shared
+// [d] gain has channels only; an [H*d] gain has heads of d.
+TEST_F(QkNormCross, WhereLinesUseTheNewTensorsAxes) {
+  const Suite s = parse_suite("suite: t\ncases:\n"
+                              "  - {name: h, cross: true, qk_norm: {axis: head}, compare: [per_head, batched], "
+                              "shape: {B: 2, Tq: 5, Tk: 9, D: 24, H: 6, Hkv: 2}}\n"
+                              "  - {name: m, qk_norm: {axis: model}, compare: [per_head, batched], "
+                              "shape: {B: 2, T: 5, D: 24, H: 6, Hkv: 2}}\n",
+                              "qk.yaml");
+  const CaseSpec& h = s.cases[0];
+  const CaseSpec& m = s.cases[1];
+  const std::int64_t at_kv[] = {1, 7, 13}, at_gain[] = {3}, at_kgain[] = {6};
+  EXPECT_EQ(describe_index(Level::mha, "dx_kv", {2, 9, 24}, at_kv, head_blocks(h, "dx_kv")), "b=1, k=7, head=3, ch=1");
+  EXPECT_EQ(describe_index(Level::mha, "dq_norm", {4}, at_gain, head_blocks(h, "dq_norm")), "ch=3");
+  EXPECT_EQ(describe_index(Level::mha, "dk_norm", {8}, at_kgain, head_blocks(m, "dk_norm")), "head=1, ch=2");
+  EXPECT_EQ(head_blocks(m, "dq_norm"), 6);
+  EXPECT_EQ(head_blocks(m, "dk_norm"), 2);
 }
 
 TEST_F(QkNormCross, WeakSuiteWarningsForCrossOnlyCausalOrSquareAndNormWithoutRope) {
