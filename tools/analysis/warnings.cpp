@@ -178,8 +178,8 @@ void add_qk_norm_cross_warnings(const std::vector<const CaseSpec*>& cases, Add& 
     return names;
   };
   if (all_of(norm, [](const CaseSpec& c) { return !c.rope || gains_pairwise_equal(c); }))
-    add("no QK-norm case has RoPE with per-dim gains (uniform gains, or gains equal within each rotated pair, "
-        "leave out and every dW unchanged by the order of norm and RoPE)",
+    add("no QK-norm case has RoPE with per-dim gains (with uniform gains, or gains equal within each rotated "
+        "pair, the order of norm and RoPE changes only dq_norm and dk_norm)",
         bugs_where([](const auto& v) { return v.needs_per_dim_gains; }));
   if (all_of(norm, [](const CaseSpec& c) { return c.dims.H <= 1 || c.dims.kv_heads() <= 1; }))
     add("every QK-norm case has H = 1 or Hkv = 1 (one head's statistics are the whole projection's)",
