@@ -29,6 +29,7 @@
 #include "headgrad/gradcheck.hpp"
 #include "headgrad/kernels.hpp"
 #include "headgrad/loader.hpp"
+#include "headgrad/npy.hpp"
 #include "headgrad/ops.hpp"
 #include "headgrad/plugin.hpp"
 #include "real_plugins.hpp"
@@ -687,6 +688,27 @@ TEST_F(QkNormCross, WeakSuiteWarningsForCrossOnlyCausalOrSquareAndNormWithoutRop
   EXPECT_TRUE(contains(all, "no QK-norm case has RoPE with per-dim gains")) << all;
   EXPECT_TRUE(contains(all, "every QK-norm case has H = 1 or Hkv = 1")) << all;
   EXPECT_TRUE(contains(all, "no QK-norm case is float64")) << all;
+  // a reference with RoPE whose gains are uniform (the ones-init) is a blind spot; its
+  // committed per-dim gains are not
+  const fs::path dir = fs::temp_directory_path() / ("headgrad_qk_uniform_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path ref = HEADGRAD_SOURCE_ROOT "/configs/refs/mha_B2_T7_D24_H6_Hkv2_causal_qknorm_head_rope_float64";
+  fs::copy(ref, dir / "ref", fs::copy_options::recursive);
+  const std::string rope_case = "compare: [per_head], shape: {H: 6}, causal: true, qk_norm: {axis: head}, "
+                                "rope: {theta: 10000.0, style: half, rotary_dim: 4}";
+  std::ofstream(dir / "s.yaml") << "suite: t\ncases:\n  - {name: a, reference: ref, " << rope_case << "}\n";
+  auto warnings_of = [&](const fs::path& suite) {
+    const Suite loaded = load_suite(suite);
+    std::string text;
+    for (const auto& w : analysis::weak_suite_warnings({&loaded.cases[0]})) text += w.message + "\n";
+    return text;
+  };
+  EXPECT_FALSE(contains(warnings_of(dir / "s.yaml"), "no QK-norm case has RoPE with per-dim gains"));
+  write_npy(dir / "ref" / "q_norm.npy", Tensor::ones({4}, DType::float64));
+  write_npy(dir / "ref" / "k_norm.npy", Tensor::ones({4}, DType::float64));
+  EXPECT_TRUE(contains(warnings_of(dir / "s.yaml"), "no QK-norm case has RoPE with per-dim gains"));
+  fs::remove_all(dir);
   // a suite without either feature has none of these warnings
   const Suite plain = parse_suite("suite: t\ncases:\n  - {name: a, compare: [per_head, batched], shape: {B: 2, T: 4, D: 8, H: 2}}\n",
                                   "qk.yaml");
