@@ -465,7 +465,7 @@ TEST_F(QkNormCross, SuiteKeysTensorNamesAndDefaults) {
   EXPECT_EQ(m.qk_norm.eps, 1e-5);
   // the defaults' list brings the gains' gradients with dwq and dwk
   EXPECT_EQ(m.check, (std::vector<std::string>{"out", "dx", "dwq", "dwk", "dq_norm", "dk_norm"}));
-  EXPECT_TRUE(contains(describe_case(m), "qk_norm=model/one_plus_w")) << describe_case(m);
+  EXPECT_TRUE(contains(describe_case(m), "qk_norm=model/one_plus_w/eps=1e-05")) << describe_case(m);
   const CaseSpec& x = s.cases[1];
   EXPECT_FALSE(x.qk_norm.enabled);  // qk_norm: false turns the default off
   EXPECT_TRUE(x.cross);

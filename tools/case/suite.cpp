@@ -316,8 +316,12 @@ std::string describe_case(const CaseSpec& c) {
     add(os.str());
   }
   if (c.bias) add("bias");
-  if (c.qk_norm.enabled)
-    add("qk_norm=" + std::string(qk_norm_axis_name(c.qk_norm.axis)) + "/" + std::string(qk_norm_gain_name(c.qk_norm.gain)));
+  if (c.qk_norm.enabled) {  // "qk_norm=head/w", the eps only when it is not 1e-6
+    std::ostringstream eps;
+    if (c.qk_norm.eps != QkNormSpec{}.eps) eps << "/eps=" << c.qk_norm.eps;
+    add("qk_norm=" + std::string(qk_norm_axis_name(c.qk_norm.axis)) + "/" + std::string(qk_norm_gain_name(c.qk_norm.gain)) +
+        eps.str());
+  }
   if (c.cross) add("cross");
   if (c.layout != InputLayout::contiguous) add(std::string(layout_name(c.layout)));
   if (c.dtype != DType::float64) add(std::string(dtype_name(c.dtype)));
