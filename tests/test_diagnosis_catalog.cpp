@@ -114,7 +114,9 @@ TEST_P(CatalogTest, HypothesisReproducesMutantAndDiffersFromCorrect) {
   // Tq = Tk = T, no boolean mask (so no fully masked row), small logits, float64
   // here: such bugs cannot show (CrossLengthCatalogTest, EdgeCatalogTest and
   // LowPrecisionCatalogTest show them).
-  if (vis.needs_tq_ne_tk || vis.needs_empty_row || vis.needs_large_logits || vis.needs_mask || vis.needs_16bit)
+  // Nor without QK-norm or cross-attention (QkNormCrossCatalogTest shows those).
+  if (vis.needs_tq_ne_tk || vis.needs_empty_row || vis.needs_large_logits || vis.needs_mask || vis.needs_16bit ||
+      vis.needs_qk_norm || vis.needs_cross)
     EXPECT_LT(distance_from_correct, 1e-12) << info.name << " shows at " << at;
   else
     EXPECT_GT(distance_from_correct, 1e-3) << info.name << " is invisible at " << at;
@@ -123,6 +125,65 @@ TEST_P(CatalogTest, HypothesisReproducesMutantAndDiffersFromCorrect) {
 // The precision-only bugs in float16 at a shape with long sums (d = 64, T = 32):
 // the hypothesis still reproduces the mutant bit for bit, and now both differ
 // from the correct attention by far more than float16's own rounding does.
+// The QK-norm and cross-attention bugs where they show: H 6, Hkv 2, per-dim
+// gains, RoPE (half pairs) for the norm's order, Tq 5 and Tk 9 for cross. The
+// hypothesis reproduces the mutant on out and every gradient (dx_kv, dq_norm,
+// dk_norm included) and differs from the correct attention (qk_norm_eps by
+// about 4.5e-6 / mean(q^2) relative, so above 1e-7 here, not 1e-3).
+TEST_F(CatalogTest, QkNormCrossCatalogTestShowsThem) {
+  for (const auto& info : bug_catalog()) {
+    const auto& vis = info.visibility;
+    if (!vis.needs_qk_norm && !vis.needs_cross) continue;
+    const LoadedPlugin* mutant = registry_->find("mutant_" + std::string(info.name));
+    ASSERT_NE(mutant, nullptr) << info.name;
+    Generator gen(11);
+    const std::int64_t B = 2, Tq = 5, Tk = vis.needs_cross ? 9 : 5, D = 24, H = 6, Hkv = 2, d = 4;
+    const bool model = info.bug == Bug::qk_norm_axis_swapped;
+    std::vector<double> gq = randn({model ? H * d : d}, DType::float64, gen, 0.5).to_vector();
+    std::vector<double> gk = randn({model ? Hkv * d : d}, DType::float64, gen, 0.5).to_vector();
+    for (double& g : gq) g += 1;
+    for (double& g : gk) g += 1;
+    const std::vector<Tensor> in = {
+        randn({B, Tq, D}, DType::float64, gen), randn({H * d, D}, DType::float64, gen, 0.35),
+        randn({Hkv * d, D}, DType::float64, gen, 0.35), randn({Hkv * d, D}, DType::float64, gen, 0.35),
+        randn({D, H * d}, DType::float64, gen, 0.35), Tensor::from_values(gq, {static_cast<std::int64_t>(gq.size())}, DType::float64),
+        Tensor::from_values(gk, {static_cast<std::int64_t>(gk.size())}, DType::float64),
+        randn({B, Tk, D}, DType::float64, gen)};
+    const Tensor r = randn({B, Tq, D}, DType::float64, gen);
+    AttentionSpec spec = test::causal_mha_spec(D, H, Hkv, d);
+    spec.causal = vis.needs_qk_norm;  // cross cases are not causal
+    if (vis.needs_qk_norm) {
+      spec.qk_norm.enabled = true;
+      spec.qk_norm.axis = model ? QkNormAxis::model : QkNormAxis::head;
+      spec.qk_norm.gain = QkNormGain::w;
+      spec.rope.enabled = info.bug == Bug::qk_norm_after_rope;
+      spec.rope.style = RopeStyle::half;
+    }
+    auto run = [&](auto&& forward) {
+      std::vector<Variable> v;
+      for (const Tensor& t : in) v.emplace_back(t, true);
+      AttentionSpec s = spec;
+      MhaWeights w{v[1], v[2], v[3], v[4]};
+      if (vis.needs_qk_norm) w.q_norm = v[5], w.k_norm = v[6];
+      if (vis.needs_cross) s.x_kv = v[7];
+      const Variable out = forward(v[0], w, s);
+      sum(mul(out, Variable(r))).backward();
+      std::vector<Tensor> got = {out.data()};
+      for (const Variable& x : v) got.push_back(x.grad().defined() ? x.grad() : Tensor::zeros(x.shape(), x.dtype()));
+      return got;
+    };
+    const auto plugin = run([&](auto& x, auto& w, auto& s) { return mutant->attention->mha_forward(x, w, s); });
+    const auto hypothesis = run([&](auto& x, auto& w, auto& s) { return hypothesis_mha(x, w, s, info.bug); });
+    const auto correct = run([&](auto& x, auto& w, auto& s) { return hypothesis_mha(x, w, s, std::nullopt); });
+    double distance = 0;
+    for (std::size_t i = 0; i < plugin.size(); ++i) {
+      EXPECT_LT(max_abs_diff(plugin[i], hypothesis[i]), 1e-12) << info.name << " tensor " << i;
+      distance = std::max(distance, max_abs_diff(hypothesis[i], correct[i]));
+    }
+    EXPECT_GT(distance, info.bug == Bug::qk_norm_eps ? 1e-7 : 1e-3) << info.name;
+  }
+}
+
 TEST_F(CatalogTest, LowPrecisionCatalogTestShowsThe16BitBugs) {
   for (const auto& info : bug_catalog()) {
     if (!info.visibility.needs_16bit) continue;

@@ -70,7 +70,8 @@ static_assert(field_count<Dims>() == 8);
 // not: key_source, expect_diagnosis_at, baseline_k_at (suite locations), reference
 // (reference_text, resolved), baseline_k (each tensor's k is in its baseline),
 // check_strict, dtype_on_case (parsing rules), files (the inputs)
-static_assert(field_count<CaseSpec>() == 33);
+static_assert(field_count<CaseSpec>() == 35);
+static_assert(field_count<headgrad::QkNormSpec>() == 4);
 static_assert(field_count<CaseResult>() == 16);       // not: lhs, rhs (tensors)
 static_assert(field_count<ShardSpec>() == 2);
 static_assert(field_count<SuiteIdentity>() == 5);
@@ -126,6 +127,8 @@ CaseResult full_case(int n) {
   c.taps = {"q_rot", "k_rot"};
   c.layout = InputLayout::sliced;
   c.bias = true;
+  c.qk_norm = {.enabled = true, .axis = headgrad::QkNormAxis::model, .eps = 1e-5 * (n + 1), .gain = headgrad::QkNormGain::one_plus_w};
+  c.cross = true;
   c.seed = (std::uint64_t{1} << 63) + 5 + n;
   c.tolerance = {1e-3, 2e-3};
   c.tensor_tolerance = {{"dx", {3e-3, 4e-3}}};
@@ -275,6 +278,11 @@ void expect_same_spec(const CaseSpec& a, const CaseSpec& b) {
   EXPECT_EQ(a.taps, b.taps);
   EXPECT_EQ(a.layout, b.layout);
   EXPECT_EQ(a.bias, b.bias);
+  EXPECT_EQ(a.qk_norm.enabled, b.qk_norm.enabled);
+  EXPECT_EQ(a.qk_norm.axis, b.qk_norm.axis);
+  EXPECT_EQ(a.qk_norm.eps, b.qk_norm.eps);
+  EXPECT_EQ(a.qk_norm.gain, b.qk_norm.gain);
+  EXPECT_EQ(a.cross, b.cross);
   EXPECT_EQ(a.seed, b.seed);
   EXPECT_EQ(a.tolerance.atol, b.tolerance.atol);
   EXPECT_EQ(a.tolerance.rtol, b.tolerance.rtol);

@@ -289,7 +289,12 @@ TEST(SuiteErrors, UnknownOrMisplacedDims) {
   EXPECT_EQ(error_of(std::string("cases:\n  - name: a\n    ") + kPair + "\n    shape: {B: 1, Tt: 2, D: 4, H: 1}\n"),
             "t.yaml:4:19: case 'a': unknown dim 'Tt' in 'shape' (did you mean 'T'?)");
   EXPECT_EQ(error_of(std::string("cases:\n  - name: a\n    ") + kPair + "\n    shape: {B: 1, Tq: 2}\n"),
-            "t.yaml:4:19: case 'a': 'Tq' is a core-level dim; this case is level mha, whose dims are B, T, D, H, Hkv, d");
+            "t.yaml:4:19: case 'a': 'Tq' at the mha level is for 'cross: true' (queries from x [B, Tq, D], keys and "
+            "values from x_kv [B, Tk, D]); self-attention gives T");
+  // a rope-level case still names another level's dim as such
+  EXPECT_EQ(error_of(std::string("cases:\n  - name: a\n    ") + kPair +
+                     "\n    level: rope\n    rope: {theta: 10000}\n    shape: {B: 1, Tq: 2}\n"),
+            "t.yaml:6:19: case 'a': 'Tq' is a core-level dim; this case is level rope, whose dims are B, H, T, d");
 }
 
 TEST(SuiteErrors, WrongTypedValues) {

@@ -16,7 +16,12 @@ H query heads, Hkv key/value heads, d head width, Tq/Tk query/key tokens):
         q_rot, k_rot for RoPE). With bias=True (--bias) fn also gets the biases
         as keyword arguments bq [H*d], bk and bv [Hkv*d], bo [D] (y = x W^T + b,
         F.linear(x, w, b)), drawn after r, and bq, bk, bv, bo, dbq, dbk, dbv,
-        dbo are written too.
+        dbo are written too. With qk_norm={"axis": "head"|"model", "eps": 1e-6,
+        "gain": "w"|"one_plus_w"} (--qk-norm) fn also gets the QK-norm gains q_norm,
+        k_norm ([d], or [H*d] and [Hkv*d] for axis model; per dim, never uniform) and
+        the settings as qk_norm; with cross=True (--cross, shape Tq and Tk instead
+        of T) it gets x_kv [B, Tk, D], k and v come from it, and x_kv, dx_kv are
+        written (q_norm, k_norm, dq_norm, dk_norm with qk_norm).
   core  fn(q, k, v) -> out                    q [B, H, Tq, d], k and v [B, Hkv, Tk, d]
         (or [B, Tq, d] and [B, Tk, d] when shape has no H); out like q.
         writes q, k, v, r, out, dq, dk, dv (+ mask when causal or a mask is given;
@@ -77,8 +82,11 @@ FILE_STEMS = ("x", "wq", "wk", "wv", "wo", "q", "k", "v", "mask", "r", "position
               "dwk", "dwv", "dwo", "dq", "dk", "dv", "q_rot", "k_rot")
 BIAS_STEMS = ("bq", "bk", "bv", "bo", "dbq", "dbk", "dbv", "dbo")  # mha level, bias=True
 FILE_STEMS += BIAS_STEMS
+# QK-norm and cross-attention (mha level): the gains, x_kv and their gradients.
+QK_NORM_CROSS_STEMS = ("q_norm", "k_norm", "dq_norm", "dk_norm", "x_kv", "dx_kv")
+FILE_STEMS += QK_NORM_CROSS_STEMS
 SHAPE_KEYS = {
-    "mha": ("B", "T", "D", "H", "Hkv", "d"),
+    "mha": ("B", "T", "Tq", "Tk", "D", "H", "Hkv", "d"),
     "core": ("B", "H", "Hkv", "T", "Tq", "Tk", "d"),
     "rope": ("B", "H", "T", "d"),
 }
@@ -143,6 +151,11 @@ def resolve_shape(level, shape):
                 _fail(f"shape needs '{key}' at the {level} level (got {', '.join(s) or 'nothing'})")
 
     if level == "mha":
+        if "Tq" in s or "Tk" in s:  # cross-attention: x [B, Tq, D], x_kv [B, Tk, D]
+            if "T" in s:
+                _fail("shape gives T and Tq/Tk; cross-attention gives Tq and Tk, self-attention T")
+            need("Tq", "Tk")
+            s["T"] = s["Tq"]
         need("B", "T", "H")
         if "D" not in s and "d" not in s:
             _fail("shape needs 'D' or 'd' at the mha level")
@@ -323,7 +336,8 @@ def _yaml_str(text):
     return json.dumps(str(text))
 
 
-def _case_yaml(out, level, shape_keys, causal, rope, taps, dtype, suite_dir, bias=False):
+def _case_yaml(out, level, shape_keys, causal, rope, taps, dtype, suite_dir, bias=False, qk_norm=None,
+               cross=False):
     """The suite case that checks this directory, to paste into a suite in suite_dir."""
     where = pathlib.Path(os.path.relpath(out, suite_dir)) if suite_dir is not None else out
     lines = [f"# A suite case that checks this directory ({dtype}); "
@@ -340,6 +354,10 @@ def _case_yaml(out, level, shape_keys, causal, rope, taps, dtype, suite_dir, bia
         lines.append(f"  causal: {'true' if causal and level == 'mha' else 'false'}")
     if bias:
         lines.append("  bias: true")
+    if qk_norm:  # the files cannot say the norm's settings
+        lines.append("  qk_norm: " + _flow_map(qk_norm))
+    if cross:
+        lines.append("  cross: true")
     if rope:
         lines.append("  rope: " + _flow_map(rope))
     if taps:
@@ -383,9 +401,45 @@ def _dtype_of(dtype):
     return dtype, DTYPES[dtype]
 
 
+def _check_qk_norm(qk_norm):
+    """The qk_norm settings, complete: {axis, eps, gain} with the defaults head, 1e-6, w."""
+    if qk_norm is None:
+        return None
+    if not isinstance(qk_norm, dict):
+        _fail(f"qk_norm must be a dict {{axis, eps, gain}}, got {type(qk_norm).__name__}")
+    unknown = set(qk_norm) - {"axis", "eps", "gain"}
+    if unknown:
+        _fail(f"qk_norm has unknown keys {sorted(unknown)} (known: axis, eps, gain)")
+    n = {"axis": qk_norm.get("axis", "head"), "eps": qk_norm.get("eps", 1e-6), "gain": qk_norm.get("gain", "w")}
+    if n["axis"] not in ("head", "model"):
+        _fail(f"qk_norm axis must be head or model, got {n['axis']!r}")
+    if n["gain"] not in ("w", "one_plus_w"):
+        _fail(f"qk_norm gain must be w or one_plus_w, got {n['gain']!r}")
+    if isinstance(n["eps"], bool) or not isinstance(n["eps"], (int, float)) or not 0 < n["eps"] <= 1:
+        _fail(f"qk_norm eps must be a number in (0, 1], got {n['eps']!r}")
+    n["eps"] = float(n["eps"])
+    return n
+
+
+def parse_qk_norm(text):
+    """'axis=model,eps=1e-6,gain=one_plus_w' -> dict."""
+    n = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or key not in ("axis", "eps", "gain"):
+            _fail(f"--qk-norm item '{item}' is not axis=.., eps=.. or gain=..")
+        if key == "eps":
+            try:
+                value = float(value)
+            except ValueError:
+                _fail(f"--qk-norm eps={value!r}: expected a number in (0, 1]")
+        n[key] = value
+    return _check_qk_norm(n)
+
+
 def write_reference(fn, out_dir, shape, *, level="mha", seed=0, causal=True, dtype="float64",
                     positions=None, q_offset=0, rope=None, mask=None, suite_dir=None, overwrite=False,
-                    bias=False):
+                    bias=False, qk_norm=None, cross=False):
     """Run fn on random inputs and write a reference directory; returns its path.
 
     fn:        your PyTorch function (signatures in the module docstring).
@@ -411,6 +465,11 @@ def write_reference(fn, out_dir, shape, *, level="mha", seed=0, causal=True, dty
                'reference' is then relative to it (default: out_dir as given).
     bias:      mha only: fn takes bq, bk, bv, bo as keyword arguments (drawn after r)
                and the directory holds them and their gradients.
+    qk_norm:   mha only: {"axis": "head"|"model", "eps": 1e-6, "gain": "w"|"one_plus_w"};
+               fn takes q_norm, k_norm (drawn after the biases: g = 1 + 0.5 N(0, 1) per
+               dim, w = g - 1 under one_plus_w) and may take the settings as qk_norm.
+    cross:     mha only: shape gives Tq and Tk; fn takes x_kv [B, Tk, D] (drawn last).
+               Not causal unless causal=True (then top-left: key j <= query i).
     """
     if level == "rope":
         return write_rope_reference(fn, out_dir, shape, positions=positions, seed=seed, dtype=dtype,
@@ -421,10 +480,19 @@ def write_reference(fn, out_dir, shape, *, level="mha", seed=0, causal=True, dty
         _fail("q_offset is a core-level setting (queries at positions + q_offset, keys at positions)")
     if bias and level != "mha":
         _fail("bias is an mha-level setting (bq, bk, bv, bo on the projections)")
+    qk_norm = _check_qk_norm(qk_norm)
+    if (qk_norm or cross) and level != "mha":
+        _fail("qk_norm and cross are mha-level settings (around the projections)")
+    if cross and "Tq" not in s:
+        _fail("cross=True needs the shape's Tq and Tk (x [B, Tq, D], x_kv [B, Tk, D])")
+    if level == "mha" and not cross and "Tq" in s:
+        _fail("an mha shape with Tq and Tk is cross-attention: pass cross=True (--cross)")
+    if cross and (positions is not None or rope):
+        _fail("RoPE is not defined for cross-attention (the query and key streams' positions are unrelated)")
 
     def run(draw):
         if level == "mha":
-            return _run_mha(fn, s, draw, causal, positions, bias)
+            return _run_mha(fn, s, draw, causal, positions, bias, qk_norm, cross)
         return _run_core(fn, s, draw, causal, mask, positions, q_offset)
 
     draw = _Draw(seed, dt)
@@ -435,11 +503,28 @@ def write_reference(fn, out_dir, shape, *, level="mha", seed=0, causal=True, dty
     if golden is not None:
         _save(out / "golden", golden)
     _case_yaml(out, level, case_shape, causal, dict(rope or {}, **rope_extra) or None, taps, dtype_name,
-               suite_dir, bias)
+               suite_dir, bias, qk_norm, cross)
     return out
 
 
-def _run_mha(fn, s, draw, causal, positions, bias=False):
+def _draw_qk_norm_cross(draw, s, qk_norm, cross):
+    """The QK-norm gains (per dim: g = 1 + 0.5 N(0, 1); w = g, or g - 1 under
+    one_plus_w), then x_kv: after every other draw, as headgrad draws them."""
+    extra = {}
+    if qk_norm:
+        model = qk_norm["axis"] == "model"
+        for name, n in (("q_norm", s["H"] * s["d"] if model else s["d"]),
+                        ("k_norm", s["Hkv"] * s["d"] if model else s["d"])):
+            w = draw(n, std=0.5, grad=False)
+            if qk_norm["gain"] == "w":
+                w = w + 1
+            extra[name] = w.detach().requires_grad_()
+    if cross:
+        extra["x_kv"] = draw(s["B"], s["Tk"], s["D"])
+    return extra
+
+
+def _run_mha(fn, s, draw, causal, positions, bias=False, qk_norm=None, cross=False):
     B, T, D, H, Hkv, d = (s[k] for k in ("B", "T", "D", "H", "Hkv", "d"))
     x = draw(B, T, D)
     wq = draw(H * d, D, std=D ** -0.5)
@@ -452,6 +537,10 @@ def _run_mha(fn, s, draw, causal, positions, bias=False):
         biases = {"bq": draw(H * d, std=D ** -0.5), "bk": draw(Hkv * d, std=D ** -0.5),
                   "bv": draw(Hkv * d, std=D ** -0.5), "bo": draw(D, std=(H * d) ** -0.5)}
         offered.update(biases)
+    extra = _draw_qk_norm_cross(draw, s, qk_norm, cross)
+    offered.update(extra)
+    if qk_norm:
+        offered["qk_norm"] = dict(qk_norm)
     pos = None
     if positions is not None:
         pos = _check_positions(positions, B, T)
@@ -462,17 +551,26 @@ def _run_mha(fn, s, draw, causal, positions, bias=False):
     if bias and set(biases) - set(used):
         _fail("bias=True but the function takes no " + ", ".join(sorted(set(biases) - set(used))) +
               " argument (biases are passed as keyword arguments bq, bk, bv, bo)")
+    if set(extra) - set(used):
+        _fail("the function takes no " + ", ".join(sorted(set(extra) - set(used))) + " argument (with qk_norm: "
+              "keyword arguments q_norm, k_norm; with cross: x_kv)")
     out, taps = _split_taps(result, "mha")
     _check_tensor("out", out, (B, T, D), draw.dtype)
     # What the function does against what it claims (told causal or not, it is checked)
     def run(xx):
         return _split_taps(_call(fn, (xx, wq, wk, wv, wo), offered)[0], "mha")[0]
-    keep = torch.ones(T, T, dtype=torch.bool).tril() if causal else None
-    seen = _check_dependence(run, x, 1, keep, f"causal={causal}", "token of x")
+    if cross:  # query row i against the keys' tokens j of x_kv (top-left when causal)
+        def run_kv(kv):
+            return _split_taps(_call(fn, (x, wq, wk, wv, wo), dict(offered, x_kv=kv))[0], "mha")[0]
+        keep = torch.ones(T, s["Tk"], dtype=torch.bool).tril() if causal else None
+        seen = _check_dependence(run_kv, extra["x_kv"], 1, keep, f"causal={causal} (cross-attention)", "token of x_kv")
+    else:
+        keep = torch.ones(T, T, dtype=torch.bool).tril() if causal else None
+        seen = _check_dependence(run, x, 1, keep, f"causal={causal}", "token of x")
     if seen:
         _finding(fn, seen)
     (out * r).sum().backward()
-    leaves = (("wq", wq), ("wk", wk), ("wv", wv), ("wo", wo), ("x", x), *biases.items())
+    leaves = (("wq", wq), ("wk", wk), ("wv", wv), ("wo", wo), ("x", x), *biases.items(), *extra.items())
     unused = [name for name, w in leaves if w.grad is None]
     if unused:  # its gradient is zero: what the function computes
         _finding(fn, f"the output does not depend on {', '.join(unused)} (no gradient reached it): "
@@ -480,9 +578,10 @@ def _run_mha(fn, s, draw, causal, positions, bias=False):
     grad = {n: (w.grad if w.grad is not None else torch.zeros_like(w)) for n, w in leaves}
     tensors = {"x": x, "wq": wq, "wk": wk, "wv": wv, "wo": wo, "r": r, "out": out, "dx": grad["x"],
                "dwq": grad["wq"], "dwk": grad["wk"], "dwv": grad["wv"], "dwo": grad["wo"]}
-    for name, b in biases.items():
+    for name, b in (*biases.items(), *extra.items()):
         tensors[name], tensors["d" + name] = b, grad[name]
-    bad = _non_finite({k: tensors[k] for k in ("out", "dx", "dwq", "dwk", "dwv", "dwo", *("d" + n for n in biases))})
+    bad = _non_finite({k: tensors[k] for k in ("out", "dx", "dwq", "dwk", "dwv", "dwo",
+                                               *("d" + n for n in (*biases, *extra)))})
     if bad:
         _finding(fn, bad)
     want = {"q_rot": (B, H, T, d), "k_rot": (B, Hkv, T, d)}
@@ -712,6 +811,11 @@ def main(argv=None):
     parser.add_argument("--force", action="store_true", help="replace an existing reference in --out")
     parser.add_argument("--bias", action="store_true",
                         help="mha: the function takes bq, bk, bv, bo keyword arguments; write them and dbq..dbo")
+    parser.add_argument("--qk-norm",
+                        help="mha: QK-norm settings axis=head|model,eps=..,gain=w|one_plus_w; the function takes "
+                             "q_norm, k_norm keyword arguments")
+    parser.add_argument("--cross", action="store_true",
+                        help="mha: cross-attention (shape Tq, Tk); the function takes x_kv")
     args = parser.parse_args(argv)
     try:
         try:
@@ -725,7 +829,8 @@ def main(argv=None):
                               positions=parse_positions(args.positions) if args.positions else None,
                               q_offset=args.q_offset,
                               rope=parse_rope(args.rope) if args.rope else None, suite_dir=args.suite_dir,
-                              overwrite=args.force, bias=args.bias)
+                              overwrite=args.force, bias=args.bias,
+                              qk_norm=parse_qk_norm(args.qk_norm) if args.qk_norm else None, cross=args.cross)
     except (ValueError, ImportError) as e:
         print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2

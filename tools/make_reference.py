@@ -7,7 +7,9 @@ Each directory holds plain .npy files, the format of docs/references.md
   core level: inputs q, k, v, mask, r;       expected out, dq, dk, dv
   rope level: inputs x, positions, r;        expected out, dx
 plus positions.npy and the taps q_rot.npy, k_rot.npy in MHA-level RoPE cases,
-and the biases bq, bk, bv, bo with dbq, dbk, dbv, dbo in the MHA-level bias cases.
+and the biases bq, bk, bv, bo with dbq, dbk, dbv, dbo in the MHA-level bias cases,
+the QK-norm gains q_norm, k_norm with dq_norm, dk_norm and the cross-attention
+input x_kv with dx_kv in the QK-norm and cross cases (--cases qk-norm-cross).
 The loss is sum(out * r), so the gradients are those of that scalar.
 The grouped-KV and RoPE cases are written through the user entry point
 (tools/headgrad_ref.py) from the plain PyTorch functions below.
@@ -327,6 +329,99 @@ LOWP_CASES = [
 ]
 
 
+# ---- QK-norm and cross-attention ----
+
+def rms_norm(t, g, eps):
+    """RMSNorm over the last dim, as HF's Qwen3RMSNorm / Olmo2RMSNorm write it:
+    t * rsqrt(mean(t^2) + eps) * g, the statistics in float32 at least (as HF
+    upcasts), the result in t's dtype."""
+    wide = t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
+    normed = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)
+    return (normed * g.to(wide.dtype)).to(t.dtype)
+
+
+def modern_attention(x, wq, wk, wv, wo, *, num_heads, num_kv_heads, head_dim, causal, q_norm=None, k_norm=None,
+                     qk_norm=None, x_kv=None, positions=None, rope_settings=None):
+    """MHA with QK-norm and cross-attention, written from the models' code:
+    q = x Wq^T, k = x_kv Wk^T, v = x_kv Wv^T (x_kv = x unless cross) -> QK-norm over
+    the whole projection (axis model, OLMo 2: before the head reshape) -> split heads ->
+    QK-norm over d (axis head, Qwen3 / Gemma 3) -> RoPE -> attention (causal top-left,
+    key j <= query i) -> merge -> Wo. Gain g = w, or 1 + w (one_plus_w, Gemma)."""
+    B, Tq, _ = x.shape
+    src = x if x_kv is None else x_kv
+    Tk = src.shape[1]
+    H, Hkv, d = num_heads, num_kv_heads, head_dim
+    q, k, v = mm(x, wq.T), mm(src, wk.T), mm(src, wv.T)
+    if qk_norm is not None:
+        gq, gk = (q_norm + 1, k_norm + 1) if qk_norm["gain"] == "one_plus_w" else (q_norm, k_norm)
+    if qk_norm is not None and qk_norm["axis"] == "model":
+        q, k = rms_norm(q, gq, qk_norm["eps"]), rms_norm(k, gk, qk_norm["eps"])
+    q = q.view(B, Tq, H, d).transpose(1, 2)
+    k, v = k.view(B, Tk, Hkv, d).transpose(1, 2), v.view(B, Tk, Hkv, d).transpose(1, 2)
+    if qk_norm is not None and qk_norm["axis"] == "head":
+        q, k = rms_norm(q, gq, qk_norm["eps"]), rms_norm(k, gk, qk_norm["eps"])
+    if rope_settings is not None:
+        q, k = rope(q, positions, **rope_settings), rope(k, positions, **rope_settings)
+    keep = torch.ones(Tq, Tk, dtype=torch.bool).tril() if causal else None
+    o = core(q, k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1), keep)
+    out = mm(o.transpose(1, 2).reshape(B, Tq, H * d), wo.T)
+    return out if rope_settings is None else (out, {"q_rot": q, "k_rot": k})
+
+
+# (name, shape, dtype, causal, qk_norm settings or None, cross, rope settings or None)
+QK_NORM_CROSS_CASES = [
+    ("mha_B2_T7_D24_H6_Hkv2_causal_qknorm_head_rope_float64", dict(B=2, T=7, D=24, H=6, Hkv=2), "float64", True,
+     dict(axis="head", eps=1e-6, gain="w"), False, dict(theta=10000.0, style="half", rotary_dim=4)),
+    ("mha_B2_T6_D24_H6_Hkv3_causal_qknorm_model_1pw_rope_float32", dict(B=2, T=6, D=24, H=6, Hkv=3), "float32",
+     True, dict(axis="model", eps=1e-6, gain="one_plus_w"), False, dict(theta=10000.0, style="interleaved",
+                                                                          rotary_dim=4)),
+    ("mha_B2_Tq5_Tk9_D24_H6_Hkv2_cross_qknorm_head_float64", dict(B=2, Tq=5, Tk=9, D=24, H=6, Hkv=2), "float64",
+     False, dict(axis="head", eps=1e-6, gain="w"), True, None),
+    ("mha_B2_Tq5_Tk9_D24_H6_Hkv3_cross_float32", dict(B=2, Tq=5, Tk=9, D=24, H=6, Hkv=3), "float32", False, None,
+     True, None),
+]
+
+
+def write_qk_norm_cross_cases(out):
+    """QK-norm and cross-attention references (float32 with golden/), through headgrad_ref,
+    and one small-activation QK-norm case written here (x scaled by 0.05: mean(q^2) about
+    2.5e-3, where an eps off by 1e-5 moves out by 1e-2)."""
+    for seed, (name, shape, dtype, causal, qk_norm, cross, settings) in enumerate(QK_NORM_CROSS_CASES, start=700):
+        fn = modern_attention if settings is None else functools.partial(modern_attention, rope_settings=settings)
+        positions = gapped_positions(shape["B"], shape["T"], [0, 1000], seed) if settings else None
+        headgrad_ref.write_reference(fn, out / name, shape, seed=seed, dtype=dtype, causal=causal, qk_norm=qk_norm,
+                                     cross=cross, positions=positions, rope=settings, suite_dir=out.parent,
+                                     overwrite=True)
+        print("wrote", out / name)
+    # small activations: drawn in headgrad's order (x, wq, wk, wv, wo, r, q_norm, k_norm)
+    B, T, D, H, Hkv = 2, 6, 24, 6, 2
+    d = D // H
+    settings = dict(axis="head", eps=1e-6, gain="w")
+    gen = torch.Generator().manual_seed(720)
+
+    def draw(*shape, std=1.0):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64) * std
+
+    x = (draw(B, T, D) * 0.05).requires_grad_()
+    ws = [draw(H * d, D, std=D ** -0.5), draw(Hkv * d, D, std=D ** -0.5), draw(Hkv * d, D, std=D ** -0.5),
+          draw(D, H * d, std=(H * d) ** -0.5)]
+    ws = [w.requires_grad_() for w in ws]
+    r = draw(B, T, D)
+    gains = [(draw(d, std=0.5) + 1).requires_grad_() for _ in range(2)]
+    out_t = modern_attention(x, *ws, num_heads=H, num_kv_heads=Hkv, head_dim=d, causal=True, q_norm=gains[0],
+                             k_norm=gains[1], qk_norm=settings)
+    (out_t * r).sum().backward()
+    name = "mha_B2_T6_D24_H6_Hkv2_causal_qknorm_head_small_float64"
+    save(out / name, x=x, wq=ws[0], wk=ws[1], wv=ws[2], wo=ws[3], r=r, q_norm=gains[0], k_norm=gains[1],
+         out=out_t, dx=x.grad, dwq=ws[0].grad, dwk=ws[1].grad, dwv=ws[2].grad, dwo=ws[3].grad,
+         dq_norm=gains[0].grad, dk_norm=gains[1].grad)
+    (out / name / "case.yaml").write_text(
+        "# A suite case that checks this directory (float64; x scaled by 0.05: small activations).\n"
+        f"- name: {name}\n  compare: [per_head]\n  reference: \"refs/{name}\"\n  shape: {{H: {H}, Hkv: {Hkv}}}\n"
+        "  causal: true\n  qk_norm: {axis: head, eps: 1.0e-06, gain: w}\n")
+    print("wrote", out / name)
+
+
 def write_lowp_cases(out):
     """bfloat16 and float16 MHA references (with golden/), through headgrad_ref."""
     for seed, (name, shape, dtype) in enumerate(LOWP_CASES, start=500):
@@ -374,7 +469,8 @@ def write_gqa_rope_cases(out):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=pathlib.Path, help="folder to write the directories into")
-    parser.add_argument("--cases", choices=["all", "first", "gqa-rope", "lowp", "bias"], default="gqa-rope",
+    parser.add_argument("--cases", choices=["all", "first", "gqa-rope", "lowp", "bias", "qk-norm-cross"],
+                        default="gqa-rope",
                         help="which directories to write (default: the grouped-KV and RoPE ones)")
     args = parser.parse_args()
     # The first cases are committed as written once; another torch build may round
@@ -388,6 +484,8 @@ def main():
         write_lowp_cases(args.out)
     if args.cases in ("all", "bias"):
         write_bias_cases(args.out)
+    if args.cases in ("all", "qk-norm-cross"):
+        write_qk_norm_cross_cases(args.out)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,7 @@ class Batched final : public Attention {
     auto& c = i.capabilities;
     c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = c.grouped_kv = c.rope = c.rope_level = true;
     c.bias = true;  // batched_mha adds MhaWeights' biases to the projections
+    c.qk_norm = c.cross_attention = true;  // batched_mha: the gains and x_kv around the core
     c.extra = {"bfloat16", "float16"};  // through the engine's ops: float32 math, 16-bit results
     return i;
   }

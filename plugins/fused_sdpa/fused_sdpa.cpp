@@ -37,6 +37,7 @@ class FusedSdpa final : public Attention {
     c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = true;
     c.float32 = c.float64 = c.dropout = c.grouped_kv = c.rope = c.rope_level = true;
     c.bias = true;  // batched_mha adds MhaWeights' biases to the projections
+    c.qk_norm = c.cross_attention = true;  // batched_mha: the gains and x_kv around the core
     c.extra = {"bfloat16", "float16"};  // 16-bit q, k, v with float32 accumulation
     return i;
   }

@@ -93,6 +93,8 @@ MhaWeights split_packed_wrongly(const MhaWeights& w, std::int64_t h, std::int64_
     split(w.bq, w.bk, w.bv, out.bq, out.bk, out.bv);
     out.bo = w.bo;
   }
+  out.q_norm = w.q_norm;  // the QK-norm gains are not packed
+  out.k_norm = w.k_norm;
   return out;
 }
 
@@ -286,6 +288,64 @@ Variable mutant_rope(const Variable& x, const AttentionSpec& spec, bool queries)
   return rotate(x, s);
 }
 
+// ---- QK-norm and cross-attention as this mutant does them ----
+
+bool qk_norm_bug() { return kBug.rfind("qk_norm_", 0) == 0; }
+
+// RMSNorm over the last dim of x with gain g (already w or 1 + w, the mutant's choice).
+Variable rms(const Variable& x, const Variable& g, double eps) {
+  return mul(rms_norm(x, Variable(Tensor::ones({x.size(-1)}, x.dtype())), eps), g);
+}
+
+// The gain the mutant multiplies by: w, or 1 + w, as it reads the convention.
+Variable mutant_gain(const Variable& w, const QkNormSpec& n) {
+  bool one_plus_w = n.gain == QkNormGain::one_plus_w;
+  if (kBug == "qk_norm_gain_convention") one_plus_w = !one_plus_w;  // BUG: w read as 1 + w and back
+  return one_plus_w ? add(w, Variable(Tensor::scalar(1.0, w.dtype()))) : w;
+}
+
+double mutant_eps(const QkNormSpec& n) {
+  return kBug == "qk_norm_eps" ? 1e-5 : n.eps;  // BUG: a library default hard-coded
+}
+
+// q [B, T, H*d] (or k [B, T, Hkv*d]) -> [B, H, T, d], QK-norm done at the
+// right place for the mutant's axis (the RoPE comes after, in mha_forward).
+Variable mutant_qk_norm(const Variable& p, const Variable& w, const AttentionSpec& spec, std::int64_t heads,
+                        bool keys) {
+  const QkNormSpec& n = spec.qk_norm;
+  const bool norm = n.enabled && kBug != "qk_norm_ignored" && !(keys && kBug == "qk_norm_missing_on_k")  // BUG: both
+                    && kBug != "qk_norm_after_rope";  // BUG (after_rope): normalized later, see mutant_norm_after_rope
+  if (!norm) return keys ? split_kv(p, heads) : split(p, heads);
+  const std::int64_t b = p.size(0), t = p.size(1), d = p.size(2) / heads;
+  const Variable g = mutant_gain(w, n);
+  bool model = n.axis == QkNormAxis::model;
+  if (kBug == "qk_norm_axis_swapped") {  // BUG: the statistics of the other axis, the gain as given
+    if (model)  // per head over d, then the [H*d] gain over the whole row
+      return keys ? split_kv(mul(reshape(rms(reshape(p, {b, t, heads, d}), Variable(Tensor::ones({d}, p.dtype())),
+                                                 mutant_eps(n)), {b, t, heads * d}), g), heads)
+                  : split(mul(reshape(rms(reshape(p, {b, t, heads, d}), Variable(Tensor::ones({d}, p.dtype())),
+                                          mutant_eps(n)), {b, t, heads * d}), g), heads);
+    std::vector<Variable> tiled(static_cast<std::size_t>(heads), g);  // over H*d, the [d] gain for each head
+    const Variable normed = rms(p, cat(tiled, 0), mutant_eps(n));
+    return keys ? split_kv(normed, heads) : split(normed, heads);
+  }
+  if (model) {
+    const Variable normed = rms(p, g, mutant_eps(n));
+    return keys ? split_kv(normed, heads) : split(normed, heads);
+  }
+  return rms(keys ? split_kv(p, heads) : split(p, heads), g, mutant_eps(n));
+}
+
+// BUG qk_norm_after_rope: the norm of the right axis, applied to the rotated
+// q or k [B, H, T, d] instead of before the rotation.
+Variable mutant_norm_after_rope(const Variable& x, const Variable& w, const AttentionSpec& spec) {
+  const QkNormSpec& n = spec.qk_norm;
+  if (kBug != "qk_norm_after_rope" || !n.enabled) return x;
+  const Variable g = mutant_gain(w, n);
+  if (n.axis == QkNormAxis::head) return rms(x, g, n.eps);
+  return split_heads(rms(merge_heads(x), g, n.eps), x.size(1));
+}
+
 // [B, H, T, d] -> [B, T, D]
 Variable merge(const Variable& o) {
   const std::int64_t b = o.size(0), h = o.size(1), t = o.size(2), d = o.size(3);
@@ -348,6 +408,7 @@ class Mutant final : public Attention {
     c.bias = true;  // biases on every projection; no catalog bug lives in them
     c.rope = true;  // the RoPE bugs rotate wrongly, the others rotate the one right way
     c.rope_level = rope_bug();
+    c.qk_norm = c.cross_attention = true;  // every mutant; the QK-norm and cross bugs do them wrongly
     c.extra = {"bfloat16", "float16"};  // the engine's ops: float32 math, 16-bit results
     return i;
   }
@@ -359,7 +420,9 @@ class Mutant final : public Attention {
     const MhaWeights w = packing ? split_packed_wrongly(w_in, h, hkv, kBug == "qkv_packing_mismatch_reverse") : w_in;
     const AttentionSpec s = fold_rope_positions(spec, x.shape());
     const Variable x3 = reshape(x, {-1, t, dm});
-    Variable pq = project(x3, w.wq, w.bq), pk = project(x3, w.wk, w.bk);
+    // BUG cross_kv_from_queries: k and v projected from x, x_kv never read
+    const Variable kv3 = kBug == "cross_kv_from_queries" ? x3 : kv_source(x3, s);
+    Variable pq = project(x3, w.wq, w.bq), pk = project(kv3, w.wk, w.bk);
     const bool rope_on = s.rope.enabled;
     if (rope_on && kBug == "rope_before_head_split") {  // BUG: rotated over the whole H*d width
       AttentionSpec wide = s;
@@ -370,13 +433,18 @@ class Mutant final : public Attention {
       pk = rope_keys(pk, wide);
     }
     const bool per_head = rope_on && kBug != "rope_before_head_split";
-    Variable q = split(pq, h), k = split_kv(pk, hkv), v = split_kv(project(x3, w.wv, w.bv), hkv);
+    Variable q = mutant_qk_norm(pq, w.q_norm, s, h, false), k = mutant_qk_norm(pk, w.k_norm, s, hkv, true);
+    Variable v = split_kv(project(kv3, w.wv, w.bv), hkv);
     if (per_head) {
       q = mutant_rope(q, s, true);
       k = mutant_rope(k, s, false);
       if (kBug == "rope_on_v") v = rope(v, s.rope);  // BUG: v rotated like k
     }
-    const Variable o = merge(core(q, widen_kv(k, h), widen_kv(v, h), without_rope(s), dm));
+    q = mutant_norm_after_rope(q, w.q_norm, s);
+    k = mutant_norm_after_rope(k, w.k_norm, s);
+    AttentionSpec cs = without_rope(s);
+    if (kBug == "cross_causal" && s.x_kv.defined()) cs.causal = true;  // BUG: the decoder's causal mask kept
+    const Variable o = merge(core(q, widen_kv(k, h), widen_kv(v, h), cs, dm));
     if (kBug == "missing_output_projection") return reshape(o, x.shape());  // BUG: no wo (nor bo)
     return reshape(project(o, w.wo, w.bo), x.shape());
   }

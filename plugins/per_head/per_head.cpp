@@ -10,6 +10,12 @@
 // is the sum over its G query heads by plain accumulation. RoPE (when on)
 // rotates each query head and each kv head once, with the engine's rope op.
 //
+// QK-norm (when on): RMSNorm written out from the engine's elementary ops, so
+// that its backward comes from autodiff and not from the rms_norm op the
+// batched plugins use. Axis head: each head's [B, T, d] over its own d; axis
+// model: the sums of squares of a token's every head added up first, over H*d
+// (Hkv*d for k). Cross-attention: k and v from x_kv, q from x.
+//
 // Shape legend: B batch, T sequence, D model width, H query heads, Hkv
 // key/value heads, G = H / Hkv, d head width (D / H unless given).
 #include <headgrad/plugin.hpp>
@@ -72,6 +78,44 @@ Shape core_lead(const Variable& q, const Variable& k, const Variable& v, const T
   return lead;
 }
 
+// ---- QK-norm: RMSNorm from elementary ops ----
+// parts: the slices of one normalized row (one head's [B, T, d] for axis head,
+// every head's for axis model); gains: their slices of the gain. y = x / rms * g,
+// rms = sqrt(sum of squares / width + eps), g = w or 1 + w.
+std::vector<Variable> rms_normed(const std::vector<Variable>& parts, const std::vector<Variable>& gains,
+                                 const QkNormSpec& n) {
+  const DType dt = parts.front().dtype();
+  Variable squares;
+  std::int64_t width = 0;
+  for (const Variable& p : parts) {
+    const Variable s = sum(mul(p, p), -1, true);  // [B, T, 1]
+    squares = squares.defined() ? add(squares, s) : s;
+    width += p.size(-1);
+  }
+  const Variable ms = add(scale(squares, 1.0 / static_cast<double>(width)), Variable(Tensor::scalar(n.eps, dt)));
+  const Variable inv_rms = exp(scale(log(ms), -0.5));
+  std::vector<Variable> out;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    const Variable g = n.gain == QkNormGain::one_plus_w ? add(gains[i], Variable(Tensor::scalar(1.0, dt))) : gains[i];
+    out.push_back(mul(mul(parts[i], inv_rms), g));
+  }
+  return out;
+}
+
+// The projections of every head ([B, T, d] each) after QK-norm.
+std::vector<Variable> qk_normed(std::vector<Variable> heads, const Variable& gain, const AttentionSpec& spec) {
+  const QkNormSpec& n = spec.qk_norm;
+  if (!n.enabled) return heads;
+  const std::int64_t d = heads.front().size(-1);
+  if (n.axis == QkNormAxis::head) {
+    for (Variable& h : heads) h = rms_normed({h}, {gain}, n).front();
+    return heads;
+  }
+  std::vector<Variable> gains;
+  for (std::size_t h = 0; h < heads.size(); ++h) gains.push_back(narrow(gain, 0, static_cast<std::int64_t>(h) * d, d));
+  return rms_normed(heads, gains, n);
+}
+
 class PerHead final : public Attention {
  public:
   PluginInfo info() const override {
@@ -82,6 +126,7 @@ class PerHead final : public Attention {
     auto& c = i.capabilities;
     c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = c.grouped_kv = c.rope = c.rope_level = true;
     c.bias = true;
+    c.qk_norm = c.cross_attention = true;
     c.extra = {"bfloat16", "float16"};  // through the engine's ops: float32 math, 16-bit results
     return i;
   }
@@ -93,17 +138,24 @@ class PerHead final : public Attention {
     const AttentionSpec s = fold_rope_positions(spec, x.shape());
     const std::int64_t t = x.size(-2), d = m.head_dim;
     const Variable x3 = reshape(x, {-1, t, m.d_model});  // leading dims folded into one batch
-    const Tensor attend = attention_mask(spec, t, t);
+    const Variable kv3 = kv_source(x3, s);               // x_kv [B, Tk, D] in cross-attention
+    const Tensor attend = attention_mask(spec, t, kv3.size(-2));
     std::vector<Variable> ks, vs;  // kv head j: rows [j*d, (j+1)*d) of wk and wv
     for (std::int64_t j = 0; j < m.kv_heads; ++j) {
-      ks.push_back(rope_keys(linear_bias(x3, narrow(w.wk, 0, j * d, d), slice(w.bk, j * d, d)), s));  // [B, T, d]
-      vs.push_back(linear_bias(x3, narrow(w.wv, 0, j * d, d), slice(w.bv, j * d, d)));
+      ks.push_back(linear_bias(kv3, narrow(w.wk, 0, j * d, d), slice(w.bk, j * d, d)));  // [B, Tk, d]
+      vs.push_back(linear_bias(kv3, narrow(w.wv, 0, j * d, d), slice(w.bv, j * d, d)));
     }
+    ks = qk_normed(ks, w.k_norm, s);
+    for (Variable& k : ks) k = rope_keys(k, s);  // norm first, then rotate
+    std::vector<Variable> qs;
+    for (std::int64_t h = 0; h < m.heads; ++h)
+      qs.push_back(linear_bias(x3, narrow(w.wq, 0, h * d, d), slice(w.bq, h * d, d)));  // [B, T, d]
+    qs = qk_normed(qs, w.q_norm, s);
     std::vector<Variable> heads;
     for (std::int64_t h = 0; h < m.heads; ++h) {
       const std::int64_t j = h / m.group;  // the kv head this query head reads
-      const Variable q = rope_queries(linear_bias(x3, narrow(w.wq, 0, h * d, d), slice(w.bq, h * d, d)), s);  // [B, T, d]
-      heads.push_back(one_head(q, ks[j], vs[j], head_mask(attend, h), spec.scale_for(d)));
+      heads.push_back(one_head(rope_queries(qs[static_cast<std::size_t>(h)], s), ks[j], vs[j], head_mask(attend, h),
+                               spec.scale_for(d)));
     }
     const Variable concat = cat(heads, -1);  // [B, T, H*d]: head h in columns [h*d, (h+1)*d)
     Shape out_shape = x.shape();

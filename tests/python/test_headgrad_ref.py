@@ -215,8 +215,11 @@ class EntryPointThroughHeadgrad(unittest.TestCase):
     def test_bad_shapes_name_the_key(self):
         with self.assertRaisesRegex(ValueError, "H=4 is not a multiple of Hkv=3"):
             headgrad_ref.resolve_shape("mha", dict(B=1, T=2, D=8, H=4, Hkv=3))
-        with self.assertRaisesRegex(ValueError, "'Tq' is not known at the mha level"):
+        # Tq and Tk at the mha level are cross-attention's, instead of T
+        with self.assertRaisesRegex(ValueError, "shape gives T and Tq/Tk; cross-attention gives Tq and Tk"):
             headgrad_ref.resolve_shape("mha", dict(B=1, T=2, D=8, H=2, Tq=3))
+        with self.assertRaisesRegex(ValueError, "shape needs 'Tk' at the mha level"):
+            headgrad_ref.resolve_shape("mha", dict(B=1, D=8, H=2, Tq=3))
         self.assertEqual(headgrad_ref.resolve_shape("mha", dict(B=1, T=2, H=12, Hkv=3, d=10))["D"], 120)
 
 

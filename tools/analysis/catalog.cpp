@@ -211,6 +211,49 @@ constexpr std::array<BugInfo, static_cast<std::size_t>(Bug::count_)> kEntries{{
      "split the packed weight in the layout it was packed in (per head: view as [Hkv, G + 2, d, D]; blocked: "
      "q, k, v = W.split(D)), or repack it",
      {.needs_heads = true, .mha_only = true, .needs_kv_heads = true}},
+    // QK-norm (OLMo 2, Qwen3, Gemma 3): RMSNorm of q and k after the projections,
+    // before RoPE; axis head (over d, a [d] gain) or model (over H*d / Hkv*d).
+    {Bug::qk_norm_ignored, {},
+     "QK-norm is skipped: q and k reach the scores unnormalized and the gains q_norm, k_norm get no gradient",
+     "normalize q and k (x / sqrt(mean(x^2) + eps) * g) after the projections, before RoPE",
+     {.mha_only = true, .needs_qk_norm = true}},
+    {Bug::qk_norm_missing_on_k, {},
+     "only q is normalized: k reaches the scores unnormalized and k_norm gets no gradient (dk_norm 0)",
+     "apply k_norm to k as q_norm is applied to q",
+     {.mha_only = true, .needs_qk_norm = true}},
+    {Bug::qk_norm_axis_swapped, {},
+     "QK-norm takes its statistics over the other axis: a whole token's projection (H*d) where the norm is per "
+     "head (d), or per head where it is over the whole projection",
+     "axis head: mean(x^2) over each head's d; axis model: over the token's H*d for q (Hkv*d for k), before the "
+     "head split",
+     {.needs_heads = true, .mha_only = true, .needs_kv_heads = true, .needs_qk_norm = true}},
+    {Bug::qk_norm_after_rope, {},
+     "QK-norm is applied after RoPE instead of before: with gains that differ within a rotated pair every tensor "
+     "moves; with pairwise-equal gains only dq_norm and dk_norm do",
+     "normalize q and k first, then rotate them",
+     {.needs_seq = true, .mha_only = true, .needs_rope = true, .needs_qkv = true, .needs_qk_norm = true,
+      .needs_per_dim_gains = true}},
+    {Bug::qk_norm_gain_convention, {},
+     "the gain convention is swapped: g = 1 + w where the norm multiplies by w (Qwen3, OLMo 2), or w where it "
+     "multiplies by 1 + w (Gemma's unit offset)",
+     "g = w for qk_norm gain: w, g = 1 + w for gain: one_plus_w (the gradient dw is the same either way)",
+     {.mha_only = true, .needs_qk_norm = true}},
+    {Bug::qk_norm_eps, {},
+     "QK-norm uses eps 1e-5 (a library default) instead of the configured one: out moves by about "
+     "4.5e-6 / mean(q^2) relative",
+     "use the model's eps under the root: sqrt(mean(x^2) + eps)",
+     {.mha_only = true, .needs_qk_norm = true, .needs_small_activations = true}},
+    // Cross-attention (encoder-decoder): q from x [B, Tq, D], k and v from x_kv [B, Tk, D].
+    {Bug::cross_causal, {},
+     "cross-attention is masked causally (the decoder's mask kept): query i sees keys j <= i of the other stream "
+     "only",
+     "no causal mask in cross-attention: every query attends every key (key padding is a mask of its own)",
+     {.needs_seq = true, .mha_only = true, .needs_cross = true, .needs_non_causal = true}},
+    {Bug::cross_kv_from_queries, {},
+     "k and v are projected from the queries' input x instead of x_kv: x_kv gets no gradient and the keys are "
+     "the queries' tokens",
+     "k = x_kv Wk^T, v = x_kv Wv^T; only q comes from x",
+     {.mha_only = true, .needs_cross = true}},
 }};
 
 constexpr auto kCatalog = [] {

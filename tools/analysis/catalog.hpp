@@ -49,6 +49,12 @@ struct Visibility {
   // invisible unless rows of positions [B, T] differ and B is apart from H and Hkv
   // (rows read by the head axis fit by chance where B = H; rows only shifted need Hkv < H)
   bool needs_position_rows = false;
+  // QK-norm and cross-attention (mha level):
+  bool needs_qk_norm = false;         // a QK-norm bug: invisible without a case's qk_norm
+  bool needs_per_dim_gains = false;   // out and every dW exact when the gains are equal within each rotated pair
+  bool needs_small_activations = false;  // moves out by ~4.5e-6 / mean(q^2): lost below float64 at mean(q^2) ~ 1
+  bool needs_cross = false;           // a cross-attention bug: invisible without cross: true
+  bool needs_non_causal = false;      // invisible in a case that is causal anyway (or at Tk = 1)
 };
 
 struct BugInfo {

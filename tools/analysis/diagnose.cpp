@@ -211,9 +211,13 @@ void rerun_under_tile_permutation(Diagnosis& dx, const CaseResult& failed, const
   tiled.wq = diagnosis::reorder_blocks(in.wq, 0, d, order);  // [H*d, D]: head h' gets head order[h']'s rows
   tiled.wo = diagnosis::reorder_blocks(in.wo, 1, d, order);  // [D, H*d]: and its columns
   if (in.bq.defined()) tiled.bq = diagnosis::reorder_blocks(in.bq, 0, d, order);  // [H*d]: and its entries
+  // a QK-norm gain per query head (axis model, [H*d]) moves with its head; a shared [d] one does not
+  const bool q_norm_per_head = in.q_norm.defined() && in.q_norm.numel() == in.wq.size(0) && heads > 1;
+  if (q_norm_per_head) tiled.q_norm = diagnosis::reorder_blocks(in.q_norm, 0, d, order);
   TensorSet correct = hypothesis_tensors(c, in, diagnosis::BugSet{});
   for (auto& [name, t] : correct) {
-    if (name == "dwq" || name == "dbq") t = diagnosis::reorder_blocks(t, 0, d, order);
+    if (name == "dwq" || name == "dbq" || (name == "dq_norm" && q_norm_per_head))
+      t = diagnosis::reorder_blocks(t, 0, d, order);
     if (name == "dwo") t = diagnosis::reorder_blocks(t, 1, d, order);
   }
   ExecOptions exec;

@@ -21,12 +21,14 @@ TensorSet hypothesis_tensors(const CaseSpec& c, const CaseInputs& in, const diag
   if (c.level == Level::mha) {
     Variable x(in.x, true);
     const MhaWeights w = leaf_weights(in);  // with the biases when the case has them
+    make_x_kv_leaf(spec, in);
     Variable y = diagnosis::hypothesis_mha(x, w, spec, bugs);
     sum(mul(y, Variable(in.r))).backward();
     out = {{"out", y.data()},    {"dx", x.grad()},    {"dwq", w.wq.grad()},
            {"dwk", w.wk.grad()}, {"dwv", w.wv.grad()}, {"dwo", w.wo.grad()}};
     if (w.has_bias())
       out.insert(out.end(), {{"dbq", w.bq.grad()}, {"dbk", w.bk.grad()}, {"dbv", w.bv.grad()}, {"dbo", w.bo.grad()}});
+    add_qk_norm_cross_grads(c, w, spec, out);
   } else {
     Variable q(in.q, true), k(in.k, true), v(in.v, true);
     Variable y = diagnosis::hypothesis_core(q, k, v, spec, bugs);

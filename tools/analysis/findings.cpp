@@ -130,6 +130,7 @@ Variable grad_times(const Variable& x, double f) {
 
 std::optional<TensorSet> instrumented(const CaseSpec& c, const CaseInputs& in, const Scaling& s) {
   if (c.rope || !c.taps.empty() || c.level == Level::rope) return std::nullopt;
+  if (c.qk_norm.enabled || c.cross) return std::nullopt;  // the instrumented layer has neither
   const AttentionSpec spec = attention_spec(c, in);
   if (c.level == Level::core) {
     Variable q(in.q, true), k(in.k, true), v(in.v, true);

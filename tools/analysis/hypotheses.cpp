@@ -130,6 +130,55 @@ Variable widen_kv_per_head(const Variable& kv, std::int64_t heads, BugSet bug) {
 }
 
 
+// ---- QK-norm and cross-attention, as the hypothesis does them ----
+
+// Where in the pipeline a QK-norm runs: before RoPE (right) or after it (the bug).
+enum class NormStage { before_rope, after_rope };
+
+// The heads' slices of q (or k), [B, T, d] each, after QK-norm as the
+// definition has it: x / sqrt(mean(x^2) + eps) * g, mean over each head's d
+// (axis head) or over every head of the token together (axis model); g = w or
+// 1 + w, read per dim: one [d] gain for every head (axis head) or head h's
+// d entries of [H*d] (axis model). The bugs change one piece each: skipped,
+// k left out, the statistics of the other axis, the convention, the eps, the stage.
+std::vector<Variable> qk_normed_as(std::vector<Variable> heads, const Variable& gain, const AttentionSpec& spec,
+                                   BugSet bug, bool keys, NormStage stage) {
+  const QkNormSpec& n = spec.qk_norm;
+  if (!n.enabled || is(bug, Bug::qk_norm_ignored) || (keys && is(bug, Bug::qk_norm_missing_on_k))) return heads;
+  if ((stage == NormStage::after_rope) != is(bug, Bug::qk_norm_after_rope)) return heads;
+  const DType dt = heads.front().dtype();
+  const std::int64_t d = heads.front().size(-1);
+  const bool gain_per_head = n.axis == QkNormAxis::model;  // the gain's layout follows the axis asked for
+  const bool model_stats = (n.axis == QkNormAxis::model) != is(bug, Bug::qk_norm_axis_swapped);
+  const bool one_plus_w = (n.gain == QkNormGain::one_plus_w) != is(bug, Bug::qk_norm_gain_convention);
+  const double eps = is(bug, Bug::qk_norm_eps) ? 1e-5 : n.eps;
+  const Variable eps_t(Tensor::scalar(eps, dt));
+  // 1 / rms of a list of slices taken together
+  auto inv_rms = [&](const std::vector<Variable>& parts) {
+    Variable squares;
+    for (const Variable& p : parts) {
+      const Variable sq = sum(mul(p, p), -1, true);
+      squares = squares.defined() ? add(squares, sq) : sq;
+    }
+    const double width = static_cast<double>(d * static_cast<std::int64_t>(parts.size()));
+    return exp(scale(log(add(scale(squares, 1.0 / width), eps_t)), -0.5));
+  };
+  const Variable model_inv = model_stats ? inv_rms(heads) : Variable();
+  for (std::size_t h = 0; h < heads.size(); ++h) {
+    Variable g = gain_per_head ? narrow(gain, 0, static_cast<std::int64_t>(h) * d, d) : gain;
+    if (one_plus_w) g = add(g, Variable(Tensor::scalar(1.0, dt)));
+    heads[h] = mul(mul(heads[h], model_stats ? model_inv : inv_rms({heads[h]})), g);
+  }
+  return heads;
+}
+
+// The input k and v are projected from: x_kv [B, Tk, D] in cross-attention,
+// unless the bug projects them from the queries' x.
+Variable kv_input(const Variable& x3, const AttentionSpec& spec, BugSet bug) {
+  if (!spec.x_kv.defined() || is(bug, Bug::cross_kv_from_queries)) return x3;
+  return reshape(spec.x_kv, {-1, spec.x_kv.size(-2), spec.x_kv.size(-1)});
+}
+
 // ---- RoPE, as the hypothesis rotates (spec.rope on) ----
 
 // r, the rotary width (0 in the spec means d).
@@ -408,8 +457,10 @@ Variable hypothesis_mha(const Variable& x, const MhaWeights& w_in, const Attenti
   BugSet kv_layout = bug;
   if (is(bug, Bug::kv_interleaved_head_slices)) kv_layout.add(Bug::interleaved_head_slices);
   const Variable x3 = reshape(x, {-1, t, dm});
-  Variable q = project(x3, w.wq, w.bq, bug), k = project(x3, w.wk, w.bk, bug);
-  const Variable v = project(x3, w.wv, w.bv, bug);
+  const Variable kv3 = kv_input(x3, spec, bug);  // x3 unless cross-attention
+  const std::int64_t tk = kv3.size(-2);
+  Variable q = project(x3, w.wq, w.bq, bug), k = project(kv3, w.wk, w.bk, bug);
+  const Variable v = project(kv3, w.wv, w.bv, bug);
   // RoPE per head after the split, unless the bug rotates the whole width first
   const bool whole = spec.rope.enabled && is(bug, Bug::rope_before_head_split);
   const bool per_head = spec.rope.enabled && !whole;
@@ -417,13 +468,24 @@ Variable hypothesis_mha(const Variable& x, const MhaWeights& w_in, const Attenti
     q = rope_whole_width(q, spec, true, heads);
     k = rope_whole_width(k, spec, false, kv_heads);
   }
-  std::vector<Variable> ks, vs;  // kv head j, rotated once
+  std::vector<Variable> ks, vs;  // kv head j, normalized and rotated once
+  for (std::int64_t j = 0; j < kv_heads; ++j) ks.push_back(head_slice(k, j, kv_heads, kv_layout));
+  ks = qk_normed_as(ks, w.k_norm, spec, bug, true, NormStage::before_rope);
   for (std::int64_t j = 0; j < kv_heads; ++j) {
-    const Variable kj = head_slice(k, j, kv_heads, kv_layout), vj = head_slice(v, j, kv_heads, kv_layout);
-    ks.push_back(per_head ? rope_as(kj, positions_of_head(spec, j, bug), false, bug) : kj);
+    const Variable kj = ks[static_cast<std::size_t>(j)], vj = head_slice(v, j, kv_heads, kv_layout);
+    ks[static_cast<std::size_t>(j)] = per_head ? rope_as(kj, positions_of_head(spec, j, bug), false, bug) : kj;
     vs.push_back(per_head && is(bug, Bug::rope_on_v) ? rope_as(vj, without_rope_taps(spec), false, BugSet()) : vj);
   }
-  const Tensor mask = hypothesis_mask(spec, t, t, bug);
+  ks = qk_normed_as(ks, w.k_norm, spec, bug, true, NormStage::after_rope);
+  std::vector<Variable> qs;  // query head h, normalized and rotated
+  for (std::int64_t h = 0; h < heads; ++h) qs.push_back(head_slice(q, h, heads, bug));
+  qs = qk_normed_as(qs, w.q_norm, spec, bug, false, NormStage::before_rope);
+  for (std::int64_t h = 0; h < heads; ++h)
+    if (per_head) qs[static_cast<std::size_t>(h)] = rope_as(qs[static_cast<std::size_t>(h)], positions_of_head(spec, h, bug), true, bug);
+  qs = qk_normed_as(qs, w.q_norm, spec, bug, false, NormStage::after_rope);
+  AttentionSpec mask_spec = spec;
+  if (spec.x_kv.defined() && is(bug, Bug::cross_causal)) mask_spec.causal = true;  // the decoder's mask kept
+  const Tensor mask = hypothesis_mask(mask_spec, t, tk, bug);
   const double factor = hypothesis_scale(spec, d, bug);
   std::vector<Variable> outs;
   for (std::int64_t h = 0; h < heads; ++h) {
@@ -437,8 +499,7 @@ Variable hypothesis_mha(const Variable& x, const MhaWeights& w_in, const Attenti
                                   std::to_string(kv_heads));
     const Variable kh = kv_for_query_head(ks[static_cast<std::size_t>(j)], h % group, group, bug);
     const Variable vh = kv_for_query_head(vs[static_cast<std::size_t>(j)], h % group, group, bug);
-    const Variable qh = head_slice(q, h, heads, bug);
-    outs.push_back(attend(per_head ? rope_as(qh, positions_of_head(spec, h, bug), true, bug) : qh, kh, vh, m, factor, bug));
+    outs.push_back(attend(qs[static_cast<std::size_t>(h)], kh, vh, m, factor, bug));
   }
   const Variable merged = merge(outs, bug);
   if (is(bug, Bug::missing_output_projection)) return reshape(merged, x.shape());

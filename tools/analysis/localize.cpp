@@ -73,6 +73,7 @@ constexpr ProbeInfo kProbes[] = {
     {Probe::r, "r", "the rotary width", "more than one rotating pair (rotary_dim > 2)"},
     {Probe::positions, "positions", "the token positions", "tokens at different positions"},
     {Probe::bias, "bias", "the biases", "the biases (it shows only with biases on)"},
+    {Probe::qk_norm, "qk_norm", "QK-norm", "QK-norm (it shows only with the norm on)"},
 };
 
 }  // namespace
@@ -84,6 +85,29 @@ const ProbeInfo& probe_info(Probe p) {
 }
 
 namespace {
+
+// ---- QK-norm and cross-attention ----
+// The norm off (the gains and their gradients out of the checks); a cross
+// case at Tq = Tk (x_kv as long as x); and in a cross case the T variants
+// move Tq with T (x's length is Tq there).
+template <class Add>
+void add_qk_norm_cross_variants(const CaseSpec& c, std::vector<Variant>& out, Add& add) {
+  if (c.level != Level::mha) return;
+  if (c.cross)
+    for (Variant& v : out)
+      if (v.spec.dims.T != c.dims.T) v.spec.dims.Tq = v.spec.dims.T;
+  if (c.qk_norm.enabled)
+    add(Probe::qk_norm, "qk_norm off", true, [](CaseSpec& v) {
+      v.qk_norm.enabled = false;
+      const auto& g = qk_norm_tensor_names();
+      v.check.erase(std::remove_if(v.check.begin(), v.check.end(),
+                                   [&](const std::string& t) { return std::find(g.begin(), g.end(), t) != g.end(); }),
+                    v.check.end());
+    });
+  if (c.cross && c.dims.Tq != c.dims.Tk)
+    add(Probe::Tq_ne_Tk, "Tq = Tk = " + std::to_string(c.dims.Tk), true,
+        [](CaseSpec& v) { v.dims.Tq = v.dims.T = v.dims.Tk; });
+}
 
 std::vector<Variant> variants_of(const CaseSpec& c) {
   std::vector<Variant> out;
@@ -173,6 +197,7 @@ std::vector<Variant> variants_of(const CaseSpec& c) {
         v.rope->offset = 0;
       });
   }
+  add_qk_norm_cross_variants(c, out, add);
   return out;
 }
 

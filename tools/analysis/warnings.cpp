@@ -134,6 +134,67 @@ void add_rope_warnings(const std::vector<const CaseSpec*>& cases, Add& add) {
         rope_bugs_where([](const auto& v) { return v.needs_partial_rotary; }));
 }
 
+// ---- QK-norm and cross-attention ----
+
+// The gains g (w, or 1 + w) of a case are equal within each pair RoPE rotates
+// (or all equal: the ones-init, w = 0 under one_plus_w). Seeded gains never
+// are (1 + 0.5 N(0, 1) per dim); a reference's are read from its files.
+bool gains_pairwise_equal(const CaseSpec& c) {
+  if (!c.files) return false;
+  const std::int64_t d = c.dims.head_dim();
+  for (const char* name : {"q_norm", "k_norm"}) {
+    const Tensor* t = find_tensor(c.files->inputs, name);
+    if (!t || !t->defined() || d <= 0) return false;
+    const std::vector<double> g = t->to_vector();
+    const bool uniform = std::all_of(g.begin(), g.end(), [&](double v) { return v == g.front(); });
+    if (uniform) continue;
+    if (!c.rope) return false;
+    const std::int64_t r = c.rope->rotary_dim > 0 ? c.rope->rotary_dim : d;
+    for (std::size_t start = 0; start + static_cast<std::size_t>(d) <= g.size(); start += static_cast<std::size_t>(d))
+      for (std::int64_t k = 0; k < r / 2; ++k) {
+        const std::int64_t a = c.rope->style == RopeStyle::half ? k : 2 * k, b = c.rope->style == RopeStyle::half ? k + r / 2 : 2 * k + 1;
+        if (g[start + static_cast<std::size_t>(a)] != g[start + static_cast<std::size_t>(b)]) return false;
+      }
+  }
+  return true;
+}
+
+// The blind spots of the cases with QK-norm, and of those with cross-attention
+// (none of either: no warning of theirs).
+template <class Add>
+void add_qk_norm_cross_warnings(const std::vector<const CaseSpec*>& cases, Add& add) {
+  std::vector<const CaseSpec*> norm, cross;
+  for (const CaseSpec* c : cases) {
+    if (c->level == Level::mha && c->qk_norm.enabled) norm.push_back(c);
+    if (c->level == Level::mha && c->cross) cross.push_back(c);
+  }
+  auto all_of = [](const std::vector<const CaseSpec*>& v, auto pred) {
+    return !v.empty() && std::all_of(v.begin(), v.end(), [&](const CaseSpec* c) { return pred(*c); });
+  };
+  auto bugs_where = [](auto pred) {
+    std::vector<std::string> names;
+    for (const auto& b : bug_catalog())
+      if (pred(b.visibility)) names.emplace_back(b.name);
+    return names;
+  };
+  if (all_of(norm, [](const CaseSpec& c) { return !c.rope || gains_pairwise_equal(c); }))
+    add("no QK-norm case has RoPE with per-dim gains (with uniform gains, or gains equal within each rotated "
+        "pair, the order of norm and RoPE changes only dq_norm and dk_norm)",
+        bugs_where([](const auto& v) { return v.needs_per_dim_gains; }));
+  if (all_of(norm, [](const CaseSpec& c) { return c.dims.H <= 1 || c.dims.kv_heads() <= 1; }))
+    add("every QK-norm case has H = 1 or Hkv = 1 (one head's statistics are the whole projection's)",
+        {std::string(bug_info(Bug::qk_norm_axis_swapped).name)});
+  if (all_of(norm, [](const CaseSpec& c) { return c.dtype != DType::float64; }))
+    add("no QK-norm case is float64 (an eps off by 1e-5 moves out by about 4.5e-6 / mean(q^2), under 16-bit and "
+        "float32 tolerances at unit activations)",
+        bugs_where([](const auto& v) { return v.needs_small_activations; }));
+  if (all_of(cross, [](const CaseSpec& c) { return c.dims.Tq == c.dims.Tk; }))
+    add("every cross-attention case has Tq = Tk (keys projected from x then have the right shape)",
+        {std::string(bug_info(Bug::cross_kv_from_queries).name)});
+  if (all_of(cross, [](const CaseSpec& c) { return c.causal || c.dims.Tk <= 1; }))
+    add("every cross-attention case is causal (or has Tk = 1)", bugs_where([](const auto& v) { return v.needs_non_causal; }));
+}
+
 }  // namespace
 
 std::vector<WeakSuiteWarning> weak_suite_warnings(const std::vector<const CaseSpec*>& cases) {
@@ -200,6 +261,7 @@ std::vector<WeakSuiteWarning> weak_suite_warnings(const std::vector<const CaseSp
     add("no case checks a gradient",
         {"backward bugs (a wrong hand-written backward, a weight its gradient never reaches)"});
   add_rope_warnings(cases, add);
+  add_qk_norm_cross_warnings(cases, add);
   return out;
 }
 

@@ -29,6 +29,24 @@ std::vector<Axis> token_axes(std::size_t n, std::string position_key) {
   return dims;
 }
 
+// ---- QK-norm and cross-attention ----
+// dx_kv [B, Tk, D]: b, k (x_kv's tokens), D packing heads like dx. dq_norm,
+// dk_norm: [d] under axis head (heads 0: one gain shared by every head, ch),
+// [H*d] / [Hkv*d] under axis model (head blocks of d). False: not one of them.
+bool qk_norm_cross_axes(std::string_view tensor, const Shape& shape, std::int64_t heads, TensorAxes& a) {
+  const std::size_t n = shape.size();
+  if (tensor == "dx_kv" && n == 3) {
+    a.dims = {{AxisRole::batch, "b"}, {AxisRole::position, "k"}, {AxisRole::heads, "ch", block_of(shape[2], heads)}};
+    return true;
+  }
+  if ((tensor == "dq_norm" || tensor == "dk_norm") && n == 1) {
+    if (heads > 0) a.dims = {{AxisRole::heads, "ch", block_of(shape[0], heads)}};
+    else a.dims = {{AxisRole::channel, "ch"}};
+    return true;
+  }
+  return false;
+}
+
 std::string kv(std::string_view key, std::int64_t value) { return std::string(key) + "=" + std::to_string(value); }
 
 }  // namespace
@@ -59,6 +77,8 @@ TensorAxes axes_of(Level level, std::string_view tensor, const Shape& shape, std
       a.dims = {{AxisRole::heads, "row", block_of(shape[0], heads)}};
     else if (tensor == "dbo" && n == 1)  // output features: no head owns one
       a.dims = {{AxisRole::features, "out"}};
+    else
+      qk_norm_cross_axes(tensor, shape, heads, a);
     return a;
   }
   a.dims = token_axes(n, level == Level::core ? (reads_keys(tensor) ? "k" : "q") : "t");
@@ -66,6 +86,10 @@ TensorAxes axes_of(Level level, std::string_view tensor, const Shape& shape, std
 }
 
 std::int64_t head_blocks(const CaseSpec& c, std::string_view tensor) {
+  if (tensor == "dq_norm" || tensor == "dk_norm") {  // per head under axis model; one shared [d] gain under axis head
+    if (c.qk_norm.axis != QkNormAxis::model) return 0;
+    return tensor == "dk_norm" ? c.dims.kv_heads() : c.dims.H;
+  }
   const bool kv_blocks = tensor == "dwk" || tensor == "dwv" || tensor == "dbk" || tensor == "dbv" || tensor == "k_rot";
   return kv_blocks ? c.dims.kv_heads() : c.dims.H;
 }

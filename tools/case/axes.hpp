@@ -9,6 +9,9 @@
 //         dwo [D, H*d]            out, columns packing heads (head, col)
 //         dbq [H*d], dbk, dbv [Hkv*d]   packing heads as their weights' rows (head, row)
 //         dbo [D]                 out (output features: no head owns one)
+//         dx_kv [B, Tk, D]        b, k (x_kv's tokens), D packing H heads of d (head, ch)
+//         dq_norm, dk_norm        [d] under qk_norm axis head: ch (one gain for every head);
+//                                 [H*d], [Hkv*d] under axis model: packing heads (head, ch)
 //         q_rot [B, H, T, d], k_rot [B, Hkv, T, d]   b, h, t, ch
 //   core  out, dq [B, H, Tq, d]   b, h, q, ch;  dk, dv, k_rot [B, Hkv, Tk, d]: b, h, k, ch
 //         (3-D and other ranks: leading dims i0, i1, .. then the position and ch)
@@ -55,7 +58,8 @@ struct TensorAxes {
 // `heads` is the number of head blocks this tensor holds (H; Hkv for dwk, dwv,
 // dbk, dbv and k_rot: head_blocks gives it from a case); unused at the core and rope levels.
 TensorAxes axes_of(Level level, std::string_view tensor, const Shape& shape, std::int64_t heads);
-// H, or Hkv for the tensors with one block per kv head.
+// H, or Hkv for the tensors with one block per kv head (dk_norm under axis
+// model too); 0 for dq_norm, dk_norm under axis head (one [d] gain, no head).
 std::int64_t head_blocks(const CaseSpec& c, std::string_view tensor);
 
 // An index in the tensor's terms: "b=1, t=2, head=1, ch=2"; the plain index

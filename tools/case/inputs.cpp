@@ -374,8 +374,10 @@ class ReferenceReader {
     std::set<std::string> known = {"r", "positions", "q_rot", "k_rot"};
     for (const auto& n : tensor_names(c_.level)) known.insert(n);
     if (c_.level == Level::mha) known.insert({"x", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "bo"});
-    if (c_.level == Level::mha)
+    if (c_.level == Level::mha) {
       for (const auto& n : bias_tensor_names()) known.insert(n);
+      known.insert({"q_norm", "k_norm", "x_kv", "dq_norm", "dk_norm", "dx_kv"});  // QK-norm, cross-attention
+    }
     else if (c_.level == Level::core) known.insert({"q", "k", "v", "mask"});
     else known.insert("x");
     std::vector<std::string> stems;
@@ -429,6 +431,7 @@ class ReferenceReader {
     expect_shape("wo", wo, wo_shape, wo_why);
     ref.inputs.push_back({"wo", wo});
     const bool bias = read_biases(ref, hd, hkv * d, dm, h, hkv, d);
+    const std::int64_t tk = read_qk_norm_cross(ref, x, hd, hkv * d, d);
     const Shape act = {b, t, dm};
     const std::string act_why = part("x") + " is " + shape_str(x.shape());
     Tensor r = load_input("r", false, "", &act, act_why);
@@ -451,8 +454,53 @@ class ReferenceReader {
     }
     // d and Hkv kept only where they differ from the defaults (D / H, H)
     ref.dims = Dims{.B = b, .T = t, .D = dm, .H = h, .d = hd == dm ? 0 : d, .Hkv = hkv == h ? 0 : hkv};
+    if (c_.cross) {  // x [B, Tq, D], x_kv [B, Tk, D]
+      ref.dims.Tq = t;
+      ref.dims.Tk = tk;
+    }
     ref.dtype = dtype_;
     return ref;
+  }
+
+  // ---- QK-norm and cross-attention ----
+  // q_norm, k_norm (with `qk_norm`) and x_kv (with `cross: true`), their
+  // expected gradients dq_norm, dk_norm, dx_kv; the files cannot say the
+  // norm's axis, eps and gain, so a gain or x_kv without the case's key is
+  // refused. Returns x_kv's length (x's without cross).
+  std::int64_t read_qk_norm_cross(ReferenceData& ref, const Tensor& x, std::int64_t hd, std::int64_t kvd,
+                                  std::int64_t d) {
+    for (const char* stem : {"q_norm", "k_norm"})
+      if (!c_.qk_norm.enabled && has(stem))
+        fail(file(stem) + " is a QK-norm gain, but the case has no 'qk_norm' ({axis: head|model, eps, gain: "
+             "w|one_plus_w}: the files cannot say them); add it or drop the gain files");
+    if (!c_.cross && has("x_kv"))
+      fail(file("x_kv") + " is cross-attention's key/value input, but the case has no 'cross: true'; add it or "
+           "drop x_kv");
+    if (c_.qk_norm.enabled) {
+      const bool model = c_.qk_norm.axis == QkNormAxis::model;
+      const std::string needs = std::string("the case has 'qk_norm' (axis ") +
+                                std::string(qk_norm_axis_name(c_.qk_norm.axis)) + ")";
+      const std::pair<const char*, Shape> gains[] = {{"q_norm", {model ? hd : d}}, {"k_norm", {model ? kvd : d}}};
+      for (const auto& [stem, want] : gains) {
+        const std::string why = model ? std::string(stem) + " is [" + (stem[0] == 'q' ? "H" : "Hkv") +
+                                            "*d] under axis model, from the weights"
+                                      : "axis head: one [d] gain shared by every head, d from wq";
+        ref.inputs.push_back({stem, load_input(stem, true, needs, &want, why)});
+        Tensor e = load_expected(std::string("d") + stem, want, "the gradient of " + part(stem));
+        if (e.defined()) ref.expected.push_back({std::string("d") + stem, e});
+      }
+    }
+    if (!c_.cross) return x.size(1);
+    Tensor kv = load_input("x_kv", true, "the case has 'cross: true'");
+    if (kv.dim() != 3 || kv.size(0) != x.size(0) || kv.size(2) != x.size(2))
+      fail(file("x_kv") + " has shape " + shape_str(kv.shape()) + ", expected [B, Tk, D] with B=" +
+           std::to_string(x.size(0)) + " and D=" + std::to_string(x.size(2)) + " from " + part("x"));
+    expect_dim("Tq", x.size(1), part("x"));
+    expect_dim("Tk", kv.size(1), part("x_kv"));
+    ref.inputs.push_back({"x_kv", kv});
+    Tensor e = load_expected("dx_kv", kv.shape(), part("x_kv") + " is " + shape_str(kv.shape()));
+    if (e.defined()) ref.expected.push_back({"dx_kv", e});
+    return kv.size(1);
   }
 
   // bq [H*d], bk and bv [Hkv*d], bo [D]: all four or none (a bias file
@@ -719,7 +767,8 @@ Suite load_suite(const fs::path& file) {
   return suite;
 }
 
-CaseInputs seeded_inputs(Level level, const Dims& d, DType dt, std::uint64_t seed, bool bias) {
+CaseInputs seeded_inputs(Level level, const Dims& d, DType dt, std::uint64_t seed, bool bias,
+                         const QkNormSpec& qk_norm, std::int64_t kv_length) {
   Generator gen(seed);
   CaseInputs in;
   in.level = level;
@@ -739,6 +788,20 @@ CaseInputs seeded_inputs(Level level, const Dims& d, DType dt, std::uint64_t see
       in.bv = randn({kv_hd}, dt, gen, w_std);
       in.bo = randn({d.D}, dt, gen, 1.0 / std::sqrt(static_cast<double>(hd)));
     }
+    // ---- QK-norm and cross-attention: after every earlier draw, so other cases keep their values ----
+    if (qk_norm.enabled) {
+      const bool model = qk_norm.axis == QkNormAxis::model;
+      // g = 1 + 0.5 N(0, 1) per dim: gains equal within a rotated pair would hide a norm after RoPE
+      auto gain = [&](std::int64_t n) {
+        std::vector<double> w = randn({n}, DType::float64, gen, 0.5).to_vector();
+        if (qk_norm.gain == QkNormGain::w)
+          for (double& v : w) v += 1.0;
+        return Tensor::from_values(w, {n}, DType::float64).to(dt);
+      };
+      in.q_norm = gain(model ? hd : d.head_dim());
+      in.k_norm = gain(model ? kv_hd : d.head_dim());
+    }
+    if (kv_length > 0) in.x_kv = randn({d.B, kv_length, d.D}, dt, gen);
   } else if (level == Level::rope) {
     const Shape x_shape = d.H > 0 ? Shape{d.B, d.H, d.T, d.d} : Shape{d.B, d.T, d.d};
     in.x = randn(x_shape, dt, gen);
@@ -778,6 +841,9 @@ CaseInputs make_inputs(const CaseSpec& spec) {
       in.bk = get("bk");
       in.bv = get("bv");
       in.bo = get("bo");
+      in.q_norm = get("q_norm");
+      in.k_norm = get("k_norm");
+      in.x_kv = get("x_kv");
     } else {
       in.q = get("q");
       in.k = get("k");
@@ -792,7 +858,9 @@ CaseInputs make_inputs(const CaseSpec& spec) {
     in.expected = files->expected;
     in.positions = files->positions;
   } else {
-    in = seeded_inputs(spec.level, spec.dims, spec.dtype, spec.seed, spec.bias);
+    in = seeded_inputs(spec.level, spec.dims, spec.dtype, spec.seed, spec.bias,
+                       spec.level == Level::mha ? spec.qk_norm : QkNormSpec{},
+                       spec.level == Level::mha && spec.cross ? spec.dims.Tk : 0);
   }
   if (spec.rope && !in.positions.defined()) {
     Shape shape;
@@ -807,6 +875,7 @@ CaseInputs make_inputs(const CaseSpec& spec) {
   }
   if (spec.level != Level::core) {
     in.x = with_layout(in.x, spec.layout);
+    if (in.x_kv.defined()) in.x_kv = with_layout(in.x_kv, spec.layout);
   } else {
     in.q = with_layout(in.q, spec.layout);
     in.k = with_layout(in.k, spec.layout);
@@ -843,6 +912,11 @@ AttentionSpec attention_spec(const CaseSpec& c, const CaseInputs& in) {
   s.scale = c.scale;
   s.dropout_p = 0.0;
   s.mask = in.mask;
+  if (c.level == Level::mha) {
+    s.qk_norm = c.qk_norm;
+    // x_kv without a gradient; a side that compares dx_kv makes it a leaf (exec/execute.hpp)
+    if (in.x_kv.defined()) s.x_kv = Variable(in.x_kv);
+  }
   if (c.rope) {
     s.rope.enabled = true;
     s.rope.theta = c.rope->theta;

@@ -10,7 +10,10 @@
 // drawn in this order: mha level x ~ N(0, 1); wq, wk, wv, wo ~ N(0, 1/D) so
 // the softmax is not saturated; r ~ N(0, 1); then, with `bias: true` only
 // (so a case without biases keeps its values), bq, bk, bv ~ N(0, 1/D) and
-// bo ~ N(0, 1/(H*d)). Core level q, k, v, r ~ N(0, 1).
+// bo ~ N(0, 1/(H*d)); then, with `qk_norm` only, the gains q_norm and k_norm:
+// g = 1 + 0.5 N(0, 1) per dim (w = g, or w = g - 1 under one_plus_w), never
+// uniform, since uniform gains hide a norm applied after RoPE; then, with
+// `cross: true` only, x_kv ~ N(0, 1). Core level q, k, v, r ~ N(0, 1).
 //
 // A reference is a directory of plain .npy files, or one .npz file holding the
 // same members (numpy.savez(path, x=..., wq=...)):
@@ -18,7 +21,10 @@
 //   mha level:  x [B, T, D], wq wk wv wo [D, D], optional r [B, T, D] (ones if
 //               absent); expected any of out, dx [B, T, D], dwq dwk dwv dwo [D, D];
 //               optional biases bq [H*d], bk bv [Hkv*d], bo [D] (all four, or none;
-//               present, the case has biases) and expected dbq, dbk, dbv, dbo
+//               present, the case has biases) and expected dbq, dbk, dbv, dbo;
+//               with `qk_norm`: q_norm, k_norm ([d], or [H*d] and [Hkv*d]) and
+//               expected dq_norm, dk_norm; with `cross: true`: x_kv [B, Tk, D]
+//               and expected dx_kv (x, r, out, dx are [B, Tq, D])
 //   core level: q [B, H, Tq, d], k [B, H, Tk, d], v [B, H, Tk, dv], optional
 //               mask (bool, broadcastable to [B, H, Tq, Tk], True = attend),
 //               optional r [B, H, Tq, dv]; expected any of out, dq, dk, dv
@@ -87,6 +93,8 @@ struct CaseInputs {
   Tensor x;               // [B, T, D] as handed to the plugins (layout applied)
   Tensor wq, wk, wv, wo;  // [D, D], PyTorch's [out, in]: y = x W^T
   Tensor bq, bk, bv, bo;  // [H*d], [Hkv*d], [Hkv*d], [D]: y = x W^T + b; undefined: no bias
+  Tensor q_norm, k_norm;  // QK-norm gains: [d] (axis head) or [H*d], [Hkv*d] (axis model); undefined: no QK-norm
+  Tensor x_kv;            // cross-attention: [B, Tk, D], k and v projected from it (layout applied); undefined: self
   // core level
   Tensor q;               // [B, H, Tq, d] (layout applied, like x)
   Tensor k;               // [B, H, Tk, d]
@@ -124,6 +132,9 @@ inline constexpr InputField kInputFields[] = {
     {&CaseInputs::bk, "bk", InputRole::weight, Level::mha},
     {&CaseInputs::bv, "bv", InputRole::weight, Level::mha},
     {&CaseInputs::bo, "bo", InputRole::weight, Level::mha},
+    {&CaseInputs::q_norm, "q_norm", InputRole::weight, Level::mha},  // with `qk_norm` only
+    {&CaseInputs::k_norm, "k_norm", InputRole::weight, Level::mha},
+    {&CaseInputs::x_kv, "x_kv", InputRole::activation, Level::mha},  // with `cross: true` only
     {&CaseInputs::q, "q", InputRole::activation, Level::core},
     {&CaseInputs::k, "k", InputRole::activation, Level::core},
     {&CaseInputs::v, "v", InputRole::activation, Level::core},
@@ -147,7 +158,10 @@ CaseInputs map_inputs(const CaseInputs& in, F&& f) {
 
 // The seeded recipe above, contiguous, for dims d (mha: B, T, D; core: B, H,
 // Tq, Tk, d). Also what `headgrad bench` times plugins on.
-CaseInputs seeded_inputs(Level level, const Dims& d, DType dtype, std::uint64_t seed, bool bias = false);
+// qk_norm on: the gains q_norm, k_norm drawn after the biases; kv_length > 0
+// (cross-attention): x_kv [B, kv_length, D] drawn after them.
+CaseInputs seeded_inputs(Level level, const Dims& d, DType dtype, std::uint64_t seed, bool bias = false,
+                         const QkNormSpec& qk_norm = {}, std::int64_t kv_length = 0);
 
 // From c.files (loaded first if they are not) or from the seed; reads no file
 // that load_case_files has read. ConfigError when a mask does not fit c.dims.

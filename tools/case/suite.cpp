@@ -72,7 +72,7 @@ const std::vector<std::string>& dim_names(Level level) {
 }
 
 const std::vector<std::string>& optional_dim_names(Level level) {
-  static const std::vector<std::string> mha = {"Hkv", "d"};
+  static const std::vector<std::string> mha = {"Hkv", "d", "Tq", "Tk"};  // Tq, Tk: cross-attention only
   static const std::vector<std::string> core = {"Hkv"};
   static const std::vector<std::string> rope = {};  // H is among its dims (optional there)
   return level == Level::mha ? mha : level == Level::core ? core : rope;
@@ -90,13 +90,46 @@ const std::vector<std::string>& bias_tensor_names() {
   return names;
 }
 
+const std::vector<std::string>& qk_norm_tensor_names() {
+  static const std::vector<std::string> names = {"dq_norm", "dk_norm"};
+  return names;
+}
+
+const std::vector<std::string>& cross_tensor_names() {
+  static const std::vector<std::string> names = {"dx_kv"};
+  return names;
+}
+
 const std::vector<std::string>& tensor_names(const CaseSpec& c) {
-  static const std::vector<std::string> mha_bias = [] {
-    std::vector<std::string> n = tensor_names(Level::mha);
-    n.insert(n.end(), bias_tensor_names().begin(), bias_tensor_names().end());
-    return n;
+  // one list per combination of biases, QK-norm and cross (bit 0, 1, 2)
+  static const std::vector<std::vector<std::string>> mha = [] {
+    std::vector<std::vector<std::string>> all;
+    for (int bits = 0; bits < 8; ++bits) {
+      std::vector<std::string> n = tensor_names(Level::mha);
+      if (bits & 1) n.insert(n.end(), bias_tensor_names().begin(), bias_tensor_names().end());
+      if (bits & 2) n.insert(n.end(), qk_norm_tensor_names().begin(), qk_norm_tensor_names().end());
+      if (bits & 4) n.insert(n.end(), cross_tensor_names().begin(), cross_tensor_names().end());
+      all.push_back(std::move(n));
+    }
+    return all;
   }();
-  return c.level == Level::mha && c.bias ? mha_bias : tensor_names(c.level);
+  if (c.level != Level::mha) return tensor_names(c.level);
+  return mha[static_cast<std::size_t>((c.bias ? 1 : 0) | (c.qk_norm.enabled ? 2 : 0) | (c.cross ? 4 : 0))];
+}
+
+std::vector<std::string> with_qk_norm_cross_gradients(const std::vector<std::string>& check, const CaseSpec& c) {
+  std::vector<std::string> out = check;
+  auto gain = [&](const char* from, const char* to) {
+    if (std::find(check.begin(), check.end(), from) != check.end() &&
+        std::find(out.begin(), out.end(), to) == out.end())
+      out.push_back(to);
+  };
+  if (c.qk_norm.enabled) {
+    gain("dwq", "dq_norm");
+    gain("dwk", "dk_norm");
+  }
+  if (c.cross) gain("dx", "dx_kv");
+  return out;
 }
 
 // A check list from the defaults, on a case with biases: each weight gradient
@@ -114,6 +147,8 @@ std::vector<std::string> with_bias_gradients(const std::vector<std::string>& che
 std::vector<std::string> all_tensor_names() {
   std::vector<std::string> names = tensor_names(Level::mha);
   names.insert(names.end(), bias_tensor_names().begin(), bias_tensor_names().end());
+  names.insert(names.end(), qk_norm_tensor_names().begin(), qk_norm_tensor_names().end());
+  names.insert(names.end(), cross_tensor_names().begin(), cross_tensor_names().end());
   for (const auto& n : tensor_names(Level::core))
     if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
   return names;
@@ -261,6 +296,11 @@ std::string describe_case(const CaseSpec& c) {
   };
   for (const auto& dim : dim_names(c.level)) {
     const std::int64_t v = c.dims.get(dim);
+    if (c.cross && dim == "T") {  // cross-attention: the query and key lengths
+      if (c.dims.Tq > 0) add("Tq=" + std::to_string(c.dims.Tq));
+      if (c.dims.Tk > 0) add("Tk=" + std::to_string(c.dims.Tk));
+      continue;
+    }
     if (v > 0) add(dim + "=" + std::to_string(v));
     // grouped kv heads right after H, an mha head width apart from D / H after D's dims
     if (dim == "H" && c.dims.Hkv > 0 && c.dims.Hkv != c.dims.H) add("Hkv=" + std::to_string(c.dims.Hkv));
@@ -276,6 +316,13 @@ std::string describe_case(const CaseSpec& c) {
     add(os.str());
   }
   if (c.bias) add("bias");
+  if (c.qk_norm.enabled) {  // "qk_norm=head/w", the eps only when it is not 1e-6
+    std::ostringstream eps;
+    if (c.qk_norm.eps != QkNormSpec{}.eps) eps << "/eps=" << c.qk_norm.eps;
+    add("qk_norm=" + std::string(qk_norm_axis_name(c.qk_norm.axis)) + "/" + std::string(qk_norm_gain_name(c.qk_norm.gain)) +
+        eps.str());
+  }
+  if (c.cross) add("cross");
   if (c.layout != InputLayout::contiguous) add(std::string(layout_name(c.layout)));
   if (c.dtype != DType::float64) add(std::string(dtype_name(c.dtype)));
   if (c.rope) add(c.rope->describe());
@@ -301,7 +348,9 @@ const std::vector<std::string> kTopKeys = {"suite", "description", "defaults", "
 const std::vector<std::string> kCaseKeys = {
     "name",  "description", "compare", "reference", "level",     "shape",     "sweep",
     "dtype", "causal",      "scale",   "dropout_p", "mask",      "input_layout", "seed",
-    "atol",  "rtol",        "tolerance", "check",   "expect",    "timeout", "rope", "taps", "bias"};
+    "atol",  "rtol",        "tolerance", "check",   "expect",    "timeout", "rope", "taps", "bias",
+    "qk_norm", "cross"};
+const std::vector<std::string> kQkNormKeys = {"axis", "eps", "gain"};
 const std::vector<std::string> kRopeKeys = {"theta", "style", "rotary_dim", "positions", "q_offset"};
 const std::vector<std::string> kExpectKeys = {"fail", "diagnosis"};
 const std::vector<std::string> kToleranceKeys = {"atol", "rtol"};
@@ -382,6 +431,12 @@ class Parser {
   RopeCase read_rope(const YAML::Node& map, Level level) const;
   void read_rope_positions(const YAML::Node& v, RopeCase& r) const;
   void check_rope(const CaseSpec& c) const;
+  // `qk_norm:` and `cross:` (mha level), read after `rope` and `bias`.
+  void read_qk_norm_and_cross(std::map<std::string, Entry>& keys, CaseSpec& c) const;
+  // cross: Tq and Tk given (T becomes Tq); without cross, the defaults' Tq, Tk dropped.
+  void finish_cross_dims(CaseSpec& c, const SourceLoc& at) const;
+  // A self-attention mha case's own shape or sweep naming Tq or Tk: refused at the key.
+  void check_cross_dims(std::map<std::string, Entry>& keys, const CaseSpec& c) const;
   std::vector<pyplug::PythonPluginDecl> read_python_plugins(const YAML::Node& map) const;
 
   std::vector<CaseSpec> parse_case(const YAML::Node& node, std::size_t index,
@@ -505,6 +560,7 @@ void Parser::read_dims(const YAML::Node& map, Level level, const std::string& ke
       for (Level l : {Level::mha, Level::core, Level::rope}) {
         std::vector<std::string> dims = dim_names(l);
         dims.insert(dims.end(), optional_dim_names(l).begin(), optional_dim_names(l).end());
+        if (l == Level::mha) std::erase_if(dims, [](const std::string& n) { return n == "Tq" || n == "Tk"; });  // cross only
         if (l != level && std::find(dims.begin(), dims.end(), name) != dims.end()) {
           other_level = l;
           break;
@@ -966,6 +1022,7 @@ void Parser::read_check_and_taps(std::map<std::string, Entry>& keys, CaseSpec& c
     if (wanted.empty()) fail(e.value, "'check' is empty; list the tensors to compare");
     const std::vector<std::string> all = all_tensor_names();
     if (c.bias && !e.from_case) wanted = with_bias_gradients(wanted);
+    if (!e.from_case) wanted = with_qk_norm_cross_gradients(wanted, c);
     std::set<std::string> chosen;
     for (const auto& t : wanted) {
       const bool here = std::find(level_tensors.begin(), level_tensors.end(), t) != level_tensors.end();
@@ -1129,6 +1186,7 @@ std::vector<CaseSpec> Parser::parse_case(const YAML::Node& node, std::size_t ind
       fail(c.rope->positions_at, "a reference case takes its positions from the reference's positions.npy; "
                                  "its 'rope' block gives theta, style and rotary_dim (an offset at most)");
   }
+  read_qk_norm_and_cross(keys, c);
   if (c.level == Level::rope && !c.rope)
     fail(has("level") ? val("level") : node, "'level: rope' needs a 'rope:' block (theta, style, rotary_dim, positions)");
   if (c.level == Level::rope && (c.causal && has("causal") && keys["causal"].from_case))
@@ -1151,6 +1209,7 @@ std::vector<CaseSpec> Parser::parse_case(const YAML::Node& node, std::size_t ind
 
   if (has("tolerance") && keys["tolerance"].from_case) check_tolerance_keys(val("tolerance"), c);
 
+  check_cross_dims(keys, c);
   std::vector<DimValues> shape, sweep;
   for (const char* key : {"shape", "sweep"}) {
     if (!has(key)) continue;
@@ -1209,6 +1268,7 @@ std::vector<CaseSpec> Parser::expand(const CaseSpec& base, const std::vector<Dim
     const std::string saved = context_;
     context_ = "case '" + p.name + "': ";
     check_head_dims(p, at, dim_at);
+    finish_cross_dims(p, at);
     finish_point(p, at);
     context_ = saved;
     out.push_back(std::move(p));
@@ -1240,6 +1300,83 @@ void Parser::finish_point(CaseSpec& c, const SourceLoc& at) const {
                  " (each head takes d = D / H channels; give the head width d in 'shape' for "
                  "Wq [H*d, D])");
   check_rope(c);
+}
+
+// ---- QK-norm and cross-attention ----
+
+void Parser::read_qk_norm_and_cross(std::map<std::string, Entry>& keys, CaseSpec& c) const {
+  auto has = [&](const char* key) { return keys.count(key) > 0; };
+  auto val = [&](const char* key) -> const YAML::Node& { return keys.at(key).value; };
+  if (has("qk_norm") && !val("qk_norm").IsNull()) {
+    const YAML::Node& v = val("qk_norm");
+    bool off = true;
+    if (v.IsScalar() && YAML::convert<bool>::decode(v, off) && !off) {
+      c.qk_norm.enabled = false;  // `qk_norm: false` turns a default off
+    } else {
+      if (c.level != Level::mha) {
+        if (keys["qk_norm"].from_case)
+          fail(v, "'qk_norm' belongs to the mha level (RMSNorm of the projected q and k); a " +
+                      std::string(level_name(c.level)) + "-level case has no projection");
+      } else {
+        if (!v.IsMap())
+          fail(v, "'qk_norm' must be a map {axis: head|model, eps: 1.0e-6, gain: w|one_plus_w} (or false), got " +
+                      kind_of(v));
+        c.qk_norm.enabled = true;
+        for (const auto& [k, kv] : entries(v, kQkNormKeys, "'qk_norm'")) {
+          const std::string key = k.Scalar();
+          if (kv.IsNull()) fail(k, "'qk_norm: " + key + "' has no value");
+          if (key == "axis") {
+            c.qk_norm.axis = choice(kv, "qk_norm: axis", {"head", "model"}) == "head" ? QkNormAxis::head : QkNormAxis::model;
+          } else if (key == "gain") {
+            c.qk_norm.gain = choice(kv, "qk_norm: gain", {"w", "one_plus_w"}) == "w" ? QkNormGain::w : QkNormGain::one_plus_w;
+          } else {
+            c.qk_norm.eps = number_value(kv, "qk_norm: eps");
+            if (!(c.qk_norm.eps > 0) || c.qk_norm.eps > 1)
+              fail(kv, "'qk_norm: eps' must be in (0, 1] (added to mean(x^2) under the root, e.g. 1.0e-6), got " +
+                           kv.Scalar());
+          }
+        }
+      }
+    }
+  }
+  if (has("cross")) {
+    const bool b = bool_value(val("cross"), "cross");
+    if (b && c.level != Level::mha && keys["cross"].from_case)
+      fail(val("cross"), "'cross: true' belongs to the mha level (k and v projected from x_kv); at the core level "
+                         "give Tq and Tk");
+    c.cross = b && c.level == Level::mha;
+    // cross-attention has no causal mask unless the case itself asks for one (a default's causal: true stays out)
+    if (c.cross && !(keys.count("causal") && keys["causal"].from_case) &&
+        !(keys.count("mask") && keys["mask"].from_case))
+      c.causal = false;
+  }
+  if (c.cross && c.rope)
+    fail(has("rope") && keys["rope"].from_case ? val("rope") : val("cross"),
+         "'rope' with 'cross: true': RoPE is not defined for cross-attention (the query and key streams' "
+         "positions are unrelated); drop one of them");
+}
+
+void Parser::check_cross_dims(std::map<std::string, Entry>& keys, const CaseSpec& c) const {
+  if (c.level != Level::mha || c.cross) return;
+  for (const char* key : {"shape", "sweep"}) {
+    if (!keys.count(key) || !keys[key].from_case || !keys[key].value.IsMap()) continue;
+    for (auto it = keys[key].value.begin(); it != keys[key].value.end(); ++it)
+      if (it->first.IsScalar() && (it->first.Scalar() == "Tq" || it->first.Scalar() == "Tk"))
+        fail(it->first, "'" + it->first.Scalar() + "' at the mha level is for 'cross: true' (queries from x [B, Tq, D], "
+                        "keys and values from x_kv [B, Tk, D]); self-attention gives T");
+  }
+}
+
+void Parser::finish_cross_dims(CaseSpec& c, const SourceLoc& at) const {
+  if (c.level != Level::mha) return;
+  if (!c.cross) {  // a case's own Tq, Tk were refused by check_cross_dims; the defaults' serve core cases
+    c.dims.Tq = c.dims.Tk = 0;
+    return;
+  }
+  if (c.is_reference()) return;  // the files give Tq (x) and Tk (x_kv)
+  if (c.dims.Tq == 0 || c.dims.Tk == 0)
+    fail(at, "'cross: true' needs the query and key lengths: shape: {Tq: .., Tk: ..} (x [B, Tq, D], x_kv [B, Tk, D])");
+  c.dims.T = c.dims.Tq;  // x's length, as every mha-level step reads it
 }
 
 void Parser::check_head_dims(const CaseSpec& c, const SourceLoc& at,
@@ -1293,7 +1430,7 @@ double case_memory_bytes(const CaseSpec& c) {
   a.d = static_cast<double>(d.head_dim());
   a.D = static_cast<double>(d.D);
   a.Tq = static_cast<double>(a.mha ? d.T : d.Tq);
-  a.Tk = static_cast<double>(a.mha ? d.T : d.Tk);
+  a.Tk = static_cast<double>(a.mha ? c.kv_length() : d.Tk);
   return attention_bytes(a, static_cast<double>(dtype_size(c.dtype)));
 }
 
@@ -1335,6 +1472,10 @@ std::vector<std::pair<std::string, std::string>> missing_capabilities(const Case
   if (c.rope && c.level != Level::rope && !caps.rope) out.emplace_back(capability_name(&Capabilities::rope), "the case has a 'rope:' block");
   if (c.bias && !caps.bias)
     out.emplace_back(capability_name(&Capabilities::bias), "the case has 'bias: true' (bq, bk, bv, bo on the projections)");
+  if (c.level == Level::mha && c.qk_norm.enabled && !caps.qk_norm)
+    out.emplace_back(capability_name(&Capabilities::qk_norm), "the case has 'qk_norm' (RMSNorm of q and k, gains q_norm and k_norm)");
+  if (c.level == Level::mha && c.cross && !caps.cross_attention)
+    out.emplace_back(capability_name(&Capabilities::cross_attention), "the case has 'cross: true' (k and v from x_kv)");
   return out;
 }
 

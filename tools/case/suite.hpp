@@ -152,6 +152,13 @@ struct CaseSpec {
   std::filesystem::path mask_file;     // core level bool mask (.npy); empty: none
   std::optional<RopeCase> rope;        // the `rope:` block; none: no rotation
   bool bias = false;                   // mha level: bq, bk, bv, bo too, and their gradients (`bias: true`)
+  // ---- QK-norm and cross-attention (mha level) ----
+  // `qk_norm: {axis: head|model, eps, gain: w|one_plus_w}`: inputs q_norm, k_norm,
+  // gradients dq_norm, dk_norm. `cross: true`: shape Tq and Tk (dims.T is set to
+  // Tq, x's length), input x_kv [B, Tk, D], gradient dx_kv.
+  QkNormSpec qk_norm;
+  bool cross = false;
+  std::int64_t kv_length() const { return cross ? dims.Tk : dims.T; }  // mha level: x_kv's (or x's) T
   std::vector<std::string> taps;       // q_rot, k_rot: compared too (also listed in `check`)
   InputLayout layout = InputLayout::contiguous;
   std::uint64_t seed = 0;
@@ -192,11 +199,19 @@ struct Suite {
 const std::vector<std::string>& tensor_names(Level level);
 // The biases' gradients, after dwo in a case with `bias: true`: dbq, dbk, dbv, dbo.
 const std::vector<std::string>& bias_tensor_names();
-// A case's tensors: its level's, then the biases' gradients when c.bias.
+// A case's tensors: its level's, then the biases' gradients when c.bias, then
+// dq_norm, dk_norm with QK-norm, then dx_kv with cross.
 const std::vector<std::string>& tensor_names(const CaseSpec& c);
 // A check list from the defaults, on a case with biases: each weight gradient
 // brings its bias's (dwq -> dbq, ...), so one defaults list serves both kinds.
 std::vector<std::string> with_bias_gradients(const std::vector<std::string>& check);
+// The gradients of the QK-norm gains and of x_kv, after the biases' in a case
+// with `qk_norm` (dq_norm, dk_norm) or `cross: true` (dx_kv).
+const std::vector<std::string>& qk_norm_tensor_names();
+const std::vector<std::string>& cross_tensor_names();
+// A check list from the defaults, on a case with QK-norm or cross: dwq brings
+// dq_norm, dwk dk_norm, dx dx_kv (as with_bias_gradients does for the biases).
+std::vector<std::string> with_qk_norm_cross_gradients(const std::vector<std::string>& check, const CaseSpec& c);
 // Every tensor name a suite may write in `check` or `tolerance` (both levels, biases too).
 std::vector<std::string> all_tensor_names();
 

@@ -313,8 +313,24 @@ void add_taps(const CaseSpec& c, const AttentionSpec& spec, TensorSet& res) {
 
 MhaWeights leaf_weights(const CaseInputs& in) {
   auto leaf = [](const Tensor& t) { return t.defined() ? Variable(t, true) : Variable(); };
-  return MhaWeights{leaf(in.wq), leaf(in.wk), leaf(in.wv), leaf(in.wo),
-                    leaf(in.bq), leaf(in.bk), leaf(in.bv), leaf(in.bo)};
+  MhaWeights w{leaf(in.wq), leaf(in.wk), leaf(in.wv), leaf(in.wo),
+               leaf(in.bq), leaf(in.bk), leaf(in.bv), leaf(in.bo)};
+  w.q_norm = leaf(in.q_norm);
+  w.k_norm = leaf(in.k_norm);
+  return w;
+}
+
+void make_x_kv_leaf(AttentionSpec& spec, const CaseInputs& in) {
+  if (in.x_kv.defined()) spec.x_kv = Variable(in.x_kv, true);
+}
+
+void add_qk_norm_cross_grads(const CaseSpec& c, const MhaWeights& w, const AttentionSpec& spec, TensorSet& out) {
+  auto grad = [](const Variable& v) { return v.defined() ? v.grad() : Tensor(); };
+  if (c.qk_norm.enabled) {
+    out.push_back({"dq_norm", grad(w.q_norm)});
+    out.push_back({"dk_norm", grad(w.k_norm)});
+  }
+  if (c.cross) out.push_back({"dx_kv", grad(spec.x_kv)});
 }
 
 TensorSet compute_side(const CaseSpec& c, const CaseInputs& shared, const Attention& plugin) {
@@ -337,6 +353,7 @@ TensorSet compute_side(const CaseSpec& c, const CaseInputs& shared, const Attent
   if (c.level == Level::mha) {
     const Variable x(in.x, true);
     const MhaWeights w = leaf_weights(in);
+    make_x_kv_leaf(spec, in);
     const Variable out = plugin.mha_forward(x, w, spec);  // [B, T, D]
     check_output(out, in.r, in.x.dtype());
     backward(out);
@@ -346,6 +363,7 @@ TensorSet compute_side(const CaseSpec& c, const CaseInputs& shared, const Attent
       for (const auto& [name, b] : {std::pair<const char*, const Variable*>{"dbq", &w.bq}, {"dbk", &w.bk},
                                     {"dbv", &w.bv}, {"dbo", &w.bo}})
         res.push_back({name, b->grad()});
+    add_qk_norm_cross_grads(c, w, spec, res);
     add_taps(c, spec, res);
     return res;
   }

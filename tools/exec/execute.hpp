@@ -63,7 +63,13 @@ Tensor assemble_tap(const std::vector<Tensor>& parts);
 
 // The mha-level leaves of a side: each weight (and bias, when the inputs have
 // them) as a Variable that takes a gradient; an absent bias stays undefined.
-MhaWeights leaf_weights(const CaseInputs& in);
+MhaWeights leaf_weights(const CaseInputs& in);  // the QK-norm gains too, when the inputs have them
+
+// Cross-attention: x_kv made a leaf that takes a gradient (spec.x_kv; nothing
+// without one). After it, add_qk_norm_cross_grads appends dq_norm, dk_norm
+// (a case with qk_norm) and dx_kv (a cross case) in tensor_names() order.
+void make_x_kv_leaf(AttentionSpec& spec, const CaseInputs& in);
+void add_qk_norm_cross_grads(const CaseSpec& c, const MhaWeights& w, const AttentionSpec& spec, TensorSet& out);
 
 // In this process; throws what the plugin throws (BadOutputError for an
 // output of the wrong shape or dtype).

@@ -578,6 +578,10 @@ std::string exported_suite(const CaseSpec& c, const LoadedPlugin& p, const std::
     << "    causal: " << (c.causal ? "true" : "false") << "\n";
   if (c.level == Level::mha) y << "    shape: {H: " << c.dims.H << "}\n";
   if (c.bias) y << "    bias: true\n";
+  if (c.qk_norm.enabled)  // the files cannot say the norm's settings
+    y << "    qk_norm: {axis: " << qk_norm_axis_name(c.qk_norm.axis) << ", eps: " << c.qk_norm.eps
+      << ", gain: " << qk_norm_gain_name(c.qk_norm.gain) << "}\n";
+  if (c.cross) y << "    cross: true\n";
   if (c.scale) y << "    scale: " << *c.scale << "\n";
   if (c.relative_rule()) {  // below float64: judged against per_head's float64 golden, as the case was
     y << "    tolerance: {rule: relative_to_baseline, k: {out: " << c.baseline_k.out << ", grads: " << c.baseline_k.grads;

@@ -49,7 +49,8 @@ void cut(TensorErrorMaps& out, const CaseSpec& spec, const std::string& name, co
     const std::int64_t B = shape[0], T = shape[1], D = shape[2], block = dims[2].block;
     const std::int64_t d = D / block > 1 ? block : 0;  // one head: no head lines
     out.batches = B;
-    out.axes = "rows: positions t; columns: heads × channels (d = " + std::to_string(block) + ")";
+    out.axes = std::string(dims[1].key == "k" ? "rows: x_kv's tokens (keys)" : "rows: positions t") +
+               "; columns: heads × channels (d = " + std::to_string(block) + ")";
     for (std::int64_t b = 0; b < std::min(B, kMaxMapBatch); ++b) {
       const std::vector<double> slice(diff.begin() + b * T * D, diff.begin() + (b + 1) * T * D);
       out.maps.push_back(downsample("b=" + std::to_string(b), T, D, slice, 0, d, true));
@@ -82,6 +83,9 @@ void cut(TensorErrorMaps& out, const CaseSpec& spec, const std::string& name, co
             v[t * H * c + h * c + ch] = diff[((b * H + h) * T + t) * c + ch];
       out.maps.push_back(downsample("b=" + std::to_string(b), T, H * c, v, 0, H > 1 ? c : 0, true));
     }
+  } else if (dims.size() == 1 && role(0) == AxisRole::channel) {  // dq_norm, dk_norm under axis head: one [d] gain
+    out.axes = "one row: the channels of the gain every head shares";
+    out.maps.push_back(downsample("", 1, shape[0], diff, 0, 0, false));
   } else if (!shape.empty()) {  // anything else: all leading dims as rows
     const std::int64_t C = shape.back();
     const std::int64_t R = C > 0 ? static_cast<std::int64_t>(diff.size()) / C : 0;

@@ -508,6 +508,11 @@ Capabilities parse_capabilities(const std::vector<std::string>& names) {
   if (!c.mha && !c.core && !c.rope_level)
     throw std::invalid_argument("the capabilities name no level: give mha, core or rope_level");
   if (c.bias && !c.mha) throw std::invalid_argument("capability 'bias' is an MHA-level one: give mha too");
+  // the worker hands a function neither the QK-norm gains nor x_kv
+  if (c.qk_norm)
+    throw std::invalid_argument("capability 'qk_norm': a Python plugin is not handed the QK-norm gains (q_norm, k_norm) yet");
+  if (c.cross_attention)
+    throw std::invalid_argument("capability 'cross_attention': a Python plugin is not handed x_kv yet");
   return c;
 }
 

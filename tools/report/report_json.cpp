@@ -643,6 +643,31 @@ void spec_fields(Io& io, S& c) {
   io.choice("input_layout", c.layout, {InputLayout::contiguous, InputLayout::transposed, InputLayout::sliced},
             layout_name);
   io.flag("bias", c.bias);
+  // QK-norm: null when off, else {axis, eps, gain}; cross: k and v from x_kv
+  io.custom(
+      "qk_norm",
+      [&] {
+        if (!c.qk_norm.enabled) return json(nullptr);
+        return json{{"axis", qk_norm_axis_name(c.qk_norm.axis)}, {"eps", c.qk_norm.eps},
+                    {"gain", qk_norm_gain_name(c.qk_norm.gain)}};
+      },
+      [&](const json& v, const std::string& p) {
+        if constexpr (Io::reading) {
+          c.qk_norm = QkNormSpec{};
+          if (v.is_null()) return;
+          if (!v.is_object()) io.fail(p, "expected null or an object {axis, eps, gain}, got " + kind(v));
+          for (const char* k : {"axis", "eps", "gain"})
+            if (!v.contains(k)) io.fail(p + "." + k, "missing");
+          const std::string axis = io.string_of(v["axis"], p + ".axis"), gain = io.string_of(v["gain"], p + ".gain");
+          if (axis != "head" && axis != "model") io.fail(p + ".axis", "expected head or model, got " + shown(v["axis"]));
+          if (gain != "w" && gain != "one_plus_w") io.fail(p + ".gain", "expected w or one_plus_w, got " + shown(v["gain"]));
+          c.qk_norm.enabled = true;
+          c.qk_norm.axis = axis == "head" ? QkNormAxis::head : QkNormAxis::model;
+          c.qk_norm.gain = gain == "w" ? QkNormGain::w : QkNormGain::one_plus_w;
+          c.qk_norm.eps = io.number_of(v["eps"], p + ".eps");
+        }
+      });
+  io.flag("cross", c.cross);
   io.integer("seed", c.seed);
   io.texts("compare", c.compare);
   io.custom(

@@ -178,6 +178,22 @@ struct MhaDims {
 MhaDims mha_dims(const Variable& x, const MhaWeights& w, const AttentionSpec& spec,
                  std::string_view who);
 
+// QK-norm and cross-attention around the projections (spec.qk_norm, spec.x_kv).
+// mha_dims also checks them: with qk_norm on, q_norm and k_norm are [d] (axis
+// head) or [H*d] and [Hkv*d] (axis model); x_kv is [..., Tk, D] with x's
+// leading dims; RoPE with x_kv is refused (the two streams' positions are
+// unrelated). The pipeline: q = x Wq^T, k = x_kv Wk^T, v = x_kv Wv^T (x_kv = x
+// unless cross) -> QK-norm axis model -> split heads -> QK-norm axis head -> RoPE.
+//
+// The input k and v are projected from: spec.x_kv folded like x ([N, Tk, D]), else x3.
+Variable kv_source(const Variable& x3, const AttentionSpec& spec);
+// Axis model: q [B, T, H*d] or k [B, T, Hkv*d] normalized over its last dim
+// with gain [H*d] / [Hkv*d]; returned unchanged unless spec.qk_norm is on with axis model.
+Variable qk_norm_projection(const Variable& p, const Variable& gain, const AttentionSpec& spec);
+// Axis head: q [B, H, T, d], k [B, Hkv, T, d] (or one head's [B, T, d])
+// normalized over d with the shared gain [d]; unchanged unless axis head is on.
+Variable qk_norm_heads(const Variable& h, const Variable& gain, const AttentionSpec& spec);
+
 // Grouped kv heads at the core level: q [..., H, Tq, d], k [..., Hkv, Tk, d],
 // v [..., Hkv, Tk, dv] with Hkv dividing H; returns G = H / Hkv (1 when k and v
 // have q's heads, or q has no head dim). Dims before the head dim are not

@@ -84,6 +84,13 @@ Tensor logical_not(const Tensor& mask);
 // where both allow it.
 Tensor logical_and(const Tensor& a, const Tensor& b);
 
+// ---- normalization ----
+// RMSNorm over the last dim (QK-norm): x [..., n], w [n] ->
+// x / sqrt(mean(x^2) + eps) * g with g = w, or g = 1 + w when one_plus_w
+// (Gemma's unit offset; dw is the same either way). Statistics in float64,
+// one rounding to x's dtype; a hand-written backward (core/src/ops/rms_norm.cpp).
+Variable rms_norm(const Variable& x, const Variable& w, double eps, bool one_plus_w = false);
+
 // ---- rotary position embeddings (RoPE) ----
 struct RopeSpec;  // style, theta, rotary width, positions: headgrad/attention.hpp
 // x [..., T, d] -> [..., T, d]: pair k of the first r dims rotates by

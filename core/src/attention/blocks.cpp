@@ -1,6 +1,7 @@
 // Shape legend: B batch, T sequence, D model width, H query heads, Hkv
 // key/value heads, G = H / Hkv, d head width.
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -43,6 +44,41 @@ Tensor attention_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t t
   Tensor causal = causal_mask(tq, tk, spec.causal_shift(tq, tk));
   return has_mask ? logical_and(spec.mask, causal) : causal;
 }
+
+namespace {
+
+// ---- QK-norm and cross-attention: the shapes mha_dims checks ----
+void check_qk_norm_and_cross(const Variable& x, const MhaWeights& w, const AttentionSpec& spec, const MhaDims& m,
+                             const std::string& at) {
+  if (spec.qk_norm.enabled) {
+    const bool model = spec.qk_norm.axis == QkNormAxis::model;
+    const Shape want_q = {model ? m.heads * m.head_dim : m.head_dim};
+    const Shape want_k = {model ? m.kv_heads * m.head_dim : m.head_dim};
+    const std::string why = model ? " (qk_norm axis model: q_norm [H*d], k_norm [Hkv*d])"
+                                  : " (qk_norm axis head: q_norm and k_norm [d], shared by every head)";
+    const std::pair<const Variable*, Shape> gains[] = {{&w.q_norm, want_q}, {&w.k_norm, want_k}};
+    const char* names[] = {"q_norm", "k_norm"};
+    for (std::size_t i = 0; i < 2; ++i)
+      if (!gains[i].first->defined() || gains[i].first->shape() != gains[i].second)
+        throw std::invalid_argument(at + names[i] + " is " +
+                                    (gains[i].first->defined() ? shape_str(gains[i].first->shape()) : "undefined") +
+                                    ", expected " + shape_str(gains[i].second) + why);
+    if (!(spec.qk_norm.eps >= 0.0) || !std::isfinite(spec.qk_norm.eps))
+      throw std::invalid_argument(at + "qk_norm eps must be finite and >= 0, got " + std::to_string(spec.qk_norm.eps));
+  }
+  if (!spec.x_kv.defined()) return;
+  const Shape& xs = x.shape();
+  const Shape& ks = spec.x_kv.shape();
+  const bool lead_ok = ks.size() == xs.size() && std::equal(xs.begin(), xs.end() - 2, ks.begin());
+  if (!lead_ok || ks.back() != m.d_model || ks[ks.size() - 2] < 1)
+    throw std::invalid_argument(at + "x_kv is " + shape_str(ks) + ", expected [..., Tk, " + std::to_string(m.d_model) +
+                                "] with the leading dims of x " + shape_str(xs) + " (cross-attention)");
+  if (spec.rope.enabled)
+    throw std::invalid_argument(at + "RoPE with cross-attention (x_kv) is not defined: the query and key "
+                                "streams' positions are unrelated; turn one of them off");
+}
+
+}  // namespace
 
 MhaDims mha_dims(const Variable& x, const MhaWeights& w, const AttentionSpec& spec,
                  std::string_view who) {
@@ -90,6 +126,7 @@ MhaDims mha_dims(const Variable& x, const MhaWeights& w, const AttentionSpec& sp
             (biases[i].first->defined() ? shape_str(biases[i].first->shape()) : "undefined") + ", expected " +
             shape_str(biases[i].second) + " (biases come as all four of bq [H*d], bk and bv [Hkv*d], bo [D], or none)");
   }
+  check_qk_norm_and_cross(x, w, spec, m, at);
   return m;
 }
 
@@ -193,14 +230,35 @@ Variable merge_heads(const Variable& x) {
   return reshape(transpose(x, 1, 2), {b, t, h * d});  // [B, T, H, d] first, then [B, T, D]
 }
 
+// ---- QK-norm and cross-attention ----
+Variable kv_source(const Variable& x3, const AttentionSpec& spec) {
+  if (!spec.x_kv.defined()) return x3;
+  return reshape(spec.x_kv, {-1, spec.x_kv.size(-2), spec.x_kv.size(-1)});
+}
+
+Variable qk_norm_projection(const Variable& p, const Variable& gain, const AttentionSpec& spec) {
+  const QkNormSpec& n = spec.qk_norm;
+  if (!n.enabled || n.axis != QkNormAxis::model) return p;
+  return rms_norm(p, gain, n.eps, n.gain == QkNormGain::one_plus_w);
+}
+
+Variable qk_norm_heads(const Variable& h, const Variable& gain, const AttentionSpec& spec) {
+  const QkNormSpec& n = spec.qk_norm;
+  if (!n.enabled || n.axis != QkNormAxis::head) return h;
+  return rms_norm(h, gain, n.eps, n.gain == QkNormGain::one_plus_w);
+}
+
 Variable batched_mha(const Variable& x, const MhaWeights& w, const AttentionSpec& spec,
                      const AttentionCore& core, KvHeads kv_heads) {
   const MhaDims m = mha_dims(x, w, spec, "batched_mha");
   const AttentionSpec s = fold_rope_positions(spec, x.shape());
-  const Variable x3 = reshape(x, {-1, x.size(-2), m.d_model});                 // [B, T, D]
-  const Variable q = rope_queries(split_heads(linear_bias(x3, w.wq, w.bq), m.heads), s);  // [B, H, T, d]
-  Variable k = rope_keys(split_heads(linear_bias(x3, w.wk, w.bk), m.kv_heads), s);        // [B, Hkv, T, d]
-  Variable v = split_heads(linear_bias(x3, w.wv, w.bv), m.kv_heads);                      // never rotated
+  const Variable x3 = reshape(x, {-1, x.size(-2), m.d_model});                 // [B, Tq, D]
+  const Variable kv3 = kv_source(x3, s);                                       // [B, Tk, D]: x3 unless cross
+  const Variable pq = qk_norm_projection(linear_bias(x3, w.wq, w.bq), w.q_norm, s);
+  const Variable pk = qk_norm_projection(linear_bias(kv3, w.wk, w.bk), w.k_norm, s);
+  const Variable q = rope_queries(qk_norm_heads(split_heads(pq, m.heads), w.q_norm, s), s);  // [B, H, Tq, d]
+  Variable k = rope_keys(qk_norm_heads(split_heads(pk, m.kv_heads), w.k_norm, s), s);        // [B, Hkv, Tk, d]
+  Variable v = split_heads(linear_bias(kv3, w.wv, w.bv), m.kv_heads);                         // never rotated
   if (kv_heads == KvHeads::repeat) {  // widened to H: query head h reads kv head h / G
     k = expand_kv_heads(k, m.group);
     v = expand_kv_heads(v, m.group);
