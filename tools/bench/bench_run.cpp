@@ -93,6 +93,8 @@ Variable run_forward(const Attention& a, const BenchInputs& in, const AttentionS
   return a.core_forward(l[0], l[1], l[2], spec);
 }
 
+}  // namespace
+
 // ---------------------------------------------------------------- GEMM
 
 // Median GFLOP/s of C = A B, all [n, n], through the same BLAS the engine uses.
@@ -128,6 +130,8 @@ json time_gemm(DType storage, std::int64_t n, int threads) {
               {"cpu_ms", cpu_med},  // process CPU time: with one thread, the rate an idle core gives
               {"gflops_cpu", flops / (cpu_med * 1e6)}};
 }
+
+namespace {
 
 // ---------------------------------------------------------------- one case
 
@@ -242,8 +246,11 @@ json time_case(const LoadedPlugin& plugin, const BenchShape& s, DType dtype, int
   return row;
 }
 
+}  // namespace
+
 // ---------------------------------------------------------------- environment
 
+namespace {
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
   for (std::string line; std::getline(in, line);)
@@ -253,6 +260,8 @@ std::string cpu_model() {
     }
   return "unknown";
 }
+
+}  // namespace
 
 json environment() {
   auto env_or_null = [](const char* name) -> json {
@@ -278,8 +287,6 @@ json environment() {
               {"MALLOC_TRIM_THRESHOLD_", env_or_null("MALLOC_TRIM_THRESHOLD_")},
               {"MALLOC_TOP_PAD_", env_or_null("MALLOC_TOP_PAD_")}};
 }
-
-}  // namespace
 
 Flops count_flops(const BenchShape& s, const std::string& level) {
   const double B = static_cast<double>(s.B), T = static_cast<double>(s.T),
