@@ -22,6 +22,9 @@
 //                         its signalling bit (the hardware would quiet it)
 // HEADGRAD_HALF_CONVERT=scalar (read at that first call) keeps every
 // conversion on the scalar loops, for comparison.
+//
+// Not installed with the SDK (plugins convert through Tensor::to, which uses
+// these loops); core and its tests include it.
 #pragma once
 
 #include <cstddef>
