@@ -109,6 +109,12 @@ nlohmann::json run_bench(const BenchConfig& config, std::ostream* log);
 // The aligned table of a run_bench result.
 void print_table(std::ostream& out, const nlohmann::json& result);
 std::string printf_figure(const char* format, double v);  // printf_figure("%.3f", 1.5) == "1.500"
+// head and rows as aligned columns, two spaces apart: the first left_columns
+// left-aligned, the others right-aligned; widths from the full rows only, a
+// shorter row (an error) padded in its first padded_in_short_rows cells.
+void print_aligned(std::ostream& out, const std::vector<std::string>& head,
+                   const std::vector<std::vector<std::string>>& rows, std::size_t left_columns,
+                   std::size_t padded_in_short_rows = 0);
 
 
 // ---- --check: one suite case, pass by pass (bench_check.cpp)

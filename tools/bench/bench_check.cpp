@@ -314,23 +314,7 @@ void print_check_table(std::ostream& out, const json& r) {
                    fig(t["gemm_bound_seconds"].get<double>()),
                    t.contains("ratio") ? printf_figure("%.2f", t["ratio"].get<double>()) : "-",
                    mib(r["peak_rss_bytes"]), ""});
-  std::vector<std::size_t> width(head.size());
-  for (std::size_t i = 0; i < head.size(); ++i) width[i] = head[i].size();
-  for (const auto& line : cells)
-    for (std::size_t i = 0; i < line.size(); ++i) width[i] = std::max(width[i], line[i].size());
-  auto emit = [&](const std::vector<std::string>& line) {
-    std::string text;
-    for (std::size_t i = 0; i < line.size(); ++i) {
-      std::string cell = line[i];
-      const std::string pad(width[i] - cell.size(), ' ');
-      cell = i < 2 ? cell + pad : pad + cell;
-      text += (i ? "  " : "") + cell;
-    }
-    while (!text.empty() && text.back() == ' ') text.pop_back();
-    out << text << "\n";
-  };
-  emit(head);
-  for (const auto& line : cells) emit(line);
+  print_aligned(out, head, cells, 2);
   out << "\n";
   const auto& g = r["gemm"];
   for (const char* routine : {"sgemm", "dgemm"}) {
