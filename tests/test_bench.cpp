@@ -75,6 +75,7 @@ TEST_F(BenchTiny, RunCarriesGemmFigure) {
   EXPECT_TRUE(result_["environment"].contains("blas_library"));
   EXPECT_TRUE(result_["environment"].contains("blas_kernel"));
   EXPECT_TRUE(result_["environment"].contains("allocator"));
+  EXPECT_NE(result_["environment"]["half_convert"].get<std::string>().find("float32->bfloat16 "), std::string::npos);
 }
 
 TEST_F(BenchTiny, OneRowPerPluginAndShapeWithEveryField) {

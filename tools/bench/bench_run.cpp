@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include <headgrad/blas.hpp>
+#include <headgrad/half_convert.hpp>
 #include <headgrad/loader.hpp>
 #include <headgrad/parallel.hpp>
 
@@ -285,7 +286,9 @@ json environment() {
               {"HEADGRAD_ALLOCATOR", env_or_null("HEADGRAD_ALLOCATOR")},
               {"MALLOC_MMAP_THRESHOLD_", env_or_null("MALLOC_MMAP_THRESHOLD_")},
               {"MALLOC_TRIM_THRESHOLD_", env_or_null("MALLOC_TRIM_THRESHOLD_")},
-              {"MALLOC_TOP_PAD_", env_or_null("MALLOC_TOP_PAD_")}};
+              {"MALLOC_TOP_PAD_", env_or_null("MALLOC_TOP_PAD_")},
+              {"half_convert", half_convert_paths()},  // the 16-bit conversion loops in use
+              {"HEADGRAD_HALF_CONVERT", env_or_null("HEADGRAD_HALF_CONVERT")}};
 }
 
 Flops count_flops(const BenchShape& s, const std::string& level) {
