@@ -120,17 +120,9 @@ json run_check_bench(const CheckConfig& cfg, std::ostream* log) {
   } catch (const std::invalid_argument& e) {
     throw BenchConfigError(std::string("--check: ") + e.what());
   }
-  const CaseSpec* found = nullptr;
-  std::vector<std::string> names;
-  for (const auto& c : suite.cases) {
-    names.push_back(c.name);
-    if (c.name == cfg.case_name) found = &c;
-  }
-  if (!found) {
-    const std::string near = runner::closest_match(cfg.case_name, names);
-    throw BenchConfigError("--case: no case named '" + cfg.case_name + "' in " + cfg.suite.string() +
-                           (near.empty() ? " (cases: " + runner::join(names) + ")" : " (did you mean '" + near + "'?)"));
-  }
+  std::string problem;
+  const CaseSpec* found = runner::find_case(suite, cfg.case_name, cfg.suite.string(), &problem);
+  if (!found) throw BenchConfigError("--case: " + problem);
   const CaseSpec& c = *found;
   {
     const runner::MemoryBudget budget = runner::memory_budget(std::nullopt);
