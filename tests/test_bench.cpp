@@ -352,6 +352,9 @@ TEST(BenchCheckCli, UsageErrorsNameTheFlag) {
   EXPECT_EQ(run_bench_cli({"--check", suite.string(), "--case", "tiny", "--shape", "1,2,4,2"}), 2);
   EXPECT_EQ(run_bench_cli({"--check", suite.string(), "--case", "tiny", "--threads", "1", "--threads", "2"}), 2);
   EXPECT_EQ(run_bench_cli({"--case", "tiny"}), 2);                                      // --case without --check
+  EXPECT_EQ(run_bench_cli({"--max-memory", "1G"}), 2);                                  // likewise --max-memory
+  EXPECT_EQ(run_bench_cli({"--check", suite.string(), "--case", "tiny", "--max-memory", "1K"}), 2);  // over budget
+  EXPECT_EQ(run_bench_cli({"--check", suite.string(), "--case", "tiny", "--max-memory", "lots"}), 2);
   EXPECT_EQ(run_bench_cli({"--check", (suite.string() + ".missing"), "--case", "tiny"}), 2);
   fs::remove(suite);
 }

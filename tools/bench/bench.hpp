@@ -126,6 +126,7 @@ struct CheckConfig {
   std::int64_t gemm_size = 2048;
   std::optional<double> timeout_s;   // overrides the case's `timeout`
   bool isolate = true;
+  std::optional<double> max_memory;  // bytes; default: physical memory (as `run --max-memory`)
   std::vector<std::filesystem::path> plugin_paths;
 };
 

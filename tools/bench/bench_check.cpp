@@ -125,7 +125,7 @@ json run_check_bench(const CheckConfig& cfg, std::ostream* log) {
   if (!found) throw BenchConfigError("--case: " + problem);
   const CaseSpec& c = *found;
   {
-    const runner::MemoryBudget budget = runner::memory_budget(std::nullopt);
+    const runner::MemoryBudget budget = runner::memory_budget(cfg.max_memory);
     try {
       runner::check_memory({found}, budget.bytes, budget.source);
     } catch (const std::invalid_argument& e) {

@@ -9,6 +9,7 @@
 #include <headgrad/child_process.hpp>
 
 #include "bench.hpp"
+#include "case/budget.hpp"
 
 namespace headgrad::bench {
 
@@ -26,6 +27,7 @@ struct BenchArgs {
   bool no_causal = false;
   std::string check, case_name;  // --check SUITE.yaml --case NAME
   std::optional<double> timeout;
+  std::optional<std::string> max_memory;
   bool no_isolation = false;
 };
 
@@ -55,6 +57,13 @@ json check_mode(const BenchArgs& args) {
   if (args.gemm_size) c.gemm_size = *args.gemm_size;
   c.timeout_s = args.timeout;
   c.isolate = !args.no_isolation;
+  if (args.max_memory) {
+    try {
+      c.max_memory = runner::parse_size(*args.max_memory);
+    } catch (const std::invalid_argument& e) {
+      throw BenchConfigError(std::string("--max-memory: ") + e.what());
+    }
+  }
   for (const auto& p : args.plugin_paths) c.plugin_paths.emplace_back(p);
   return run_check_bench(c, &std::cerr);
 }
@@ -62,9 +71,12 @@ json check_mode(const BenchArgs& args) {
 int run_command(const BenchArgs& args) {
   constexpr int kOk = 0, kUsage = 2, kPlugin = 3;
   try {
-    if (!args.check.empty() || !args.case_name.empty() || args.timeout || args.no_isolation) {
+    if (!args.check.empty() || !args.case_name.empty() || args.timeout || args.no_isolation || args.max_memory) {
       if (args.check.empty())
-        throw BenchConfigError(std::string(!args.case_name.empty() ? "--case" : args.timeout ? "--timeout" : "--no-isolation") +
+        throw BenchConfigError(std::string(!args.case_name.empty() ? "--case"
+                                           : args.timeout          ? "--timeout"
+                                           : args.max_memory       ? "--max-memory"
+                                                                   : "--no-isolation") +
                                " belongs to --check SUITE.yaml");
       const json result = check_mode(args);
       print_check_table(std::cout, result);
@@ -169,6 +181,9 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--timeout", args->timeout, "with --check: seconds per run, instead of the case's timeout")
       ->type_name("SEC");
   cmd->add_flag("--no-isolation", args->no_isolation, "with --check: every run in this process, not in a child");
+  cmd->add_option("--max-memory", args->max_memory,
+                  "with --check: the memory budget the case's estimate must fit (4G, 512M; default: physical memory)")
+      ->type_name("SIZE");
   cmd->add_option("--plugin-path", args->plugin_paths,
                   "a folder (searched recursively) or a plugin file; repeatable. Searched before "
                   "HEADGRAD_PLUGIN_PATH and the built or installed plugin folder")
