@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench.hpp"
+#include "case/suite.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -74,6 +75,7 @@ TEST_F(BenchTiny, RunCarriesGemmFigure) {
   EXPECT_TRUE(result_["environment"].contains("blas_library"));
   EXPECT_TRUE(result_["environment"].contains("blas_kernel"));
   EXPECT_TRUE(result_["environment"].contains("allocator"));
+  EXPECT_NE(result_["environment"]["half_convert"].get<std::string>().find("float32->bfloat16 "), std::string::npos);
 }
 
 TEST_F(BenchTiny, OneRowPerPluginAndShapeWithEveryField) {
@@ -218,6 +220,143 @@ TEST(BenchGroupedKv, ShapeFlopsAndValidation) {
   } catch (const headgrad::bench::BenchConfigError& e) {
     EXPECT_STREQ(e.what(), "shape (1,2,8,4,3): Hkv must divide H (query head h reads kv head h / (H / Hkv))");
   }
+}
+
+// ---- --check: one suite case, pass by pass
+
+headgrad::runner::CaseSpec parse_one_case(const std::string& yaml) {
+  const auto suite = headgrad::runner::parse_suite(yaml, "inline.yaml");
+  EXPECT_EQ(suite.cases.size(), 1u);
+  return suite.cases.at(0);
+}
+
+// FLOPs worked out by hand (a multiply-add is 2 FLOPs).
+TEST(BenchCheckFlops, ByHand) {
+  // MHA (B,T,D,H,Hkv) = (2,5,8,2,1), d 4, causal: q 2*2*5*8*8 = 1280, k and v
+  // 2*2*5*8*4 = 640 each, out 1280: 3840; attended pairs 1+2+3+4+5 = 15 per
+  // (batch, head), x 4 slices = 60 (of 100); (4 + 4) + (4 + 4) FLOPs per pair
+  // (q . k, p v): 960. Forward 4800, forward + backward 14400.
+  const auto mha = headgrad::bench::count_check_flops(parse_one_case(
+      "suite: s\ncases:\n  - {name: a, compare: [fused_sdpa, batched], dtype: bfloat16, causal: true,"
+      " shape: {B: 2, T: 5, D: 8, H: 2, Hkv: 1}}\n"));
+  EXPECT_DOUBLE_EQ(mha.projections, 3840);
+  EXPECT_DOUBLE_EQ(mha.pairs, 60);
+  EXPECT_DOUBLE_EQ(mha.dense_pairs, 100);
+  EXPECT_DOUBLE_EQ(mha.core, 960);
+  EXPECT_DOUBLE_EQ(mha.fwd, 4800);
+  EXPECT_DOUBLE_EQ(mha.fwdbwd, 14400);
+  EXPECT_TRUE(mha.causal_useful);
+  // Not causal: 100 pairs x 16 = 1600, forward 5440.
+  const auto full = headgrad::bench::count_check_flops(parse_one_case(
+      "suite: s\ncases:\n  - {name: a, compare: [fused_sdpa, batched], causal: false,"
+      " shape: {B: 2, T: 5, D: 8, H: 2, Hkv: 1}}\n"));
+  EXPECT_DOUBLE_EQ(full.fwd, 3840 + 1600);
+  EXPECT_FALSE(full.causal_useful);
+  // Core (B,H,Tq,Tk,d) = (1,3,3,5,2), no projections. Top-left causal: query i
+  // sees keys 0..i: 1 + 2 + 3 = 6 pairs; bottom-right: i + 2 and below, 3 + 4 + 5
+  // = 12. Per pair 2*2 + 2*2 = 8 FLOPs, 3 heads: 144 and 288.
+  const auto tl = headgrad::bench::count_check_flops(parse_one_case(
+      "suite: s\ncases:\n  - {name: a, level: core, compare: [fused_sdpa, batched], causal: true,"
+      " shape: {B: 1, H: 3, Tq: 3, Tk: 5, d: 2}}\n"));
+  EXPECT_DOUBLE_EQ(tl.projections, 0);
+  EXPECT_DOUBLE_EQ(tl.fwd, 144);
+  const auto br = headgrad::bench::count_check_flops(parse_one_case(
+      "suite: s\ncases:\n  - {name: a, level: core, compare: [fused_sdpa, batched], causal: bottom_right,"
+      " shape: {B: 1, H: 3, Tq: 3, Tk: 5, d: 2}}\n"));
+  EXPECT_DOUBLE_EQ(br.fwd, 288);
+}
+
+class BenchCheckTiny : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    suite_ = scratch("check.yaml");
+    out_ = scratch("check.json");
+    {
+      std::ofstream f(suite_);
+      f << "suite: tiny-check\ncases:\n"
+           "  - {name: other, compare: [per_head, batched], shape: {B: 1, T: 2, D: 4, H: 2}}\n"
+           "  - name: tiny\n    compare: [fused_sdpa, batched]\n    dtype: bfloat16\n    causal: true\n"
+           "    shape: {B: 2, T: 5, D: 8, H: 2, Hkv: 1}\n";
+    }
+    code_ = run_bench_cli({"--check", suite_.string(), "--case", "tiny", "--threads", "1", "--gemm-size", "64",
+                           "--json", out_.string()});
+    if (fs::exists(out_)) result_ = read_json(out_);
+  }
+  static void TearDownTestSuite() {
+    fs::remove(out_);
+    fs::remove(suite_);
+  }
+  static inline fs::path suite_, out_;
+  static inline int code_ = -1;
+  static inline json result_;
+};
+
+TEST_F(BenchCheckTiny, RunsTheCaseAndItsPasses) {
+  ASSERT_EQ(code_, 0);
+  EXPECT_EQ(result_["case"], "tiny");
+  EXPECT_EQ(result_["status"], "pass");
+  EXPECT_EQ(result_["dtype"], "bfloat16");
+  EXPECT_EQ(result_["threads"], 1);
+  std::vector<std::string> passes, runs;
+  for (const auto& p : result_["passes"]) {
+    passes.push_back(p["pass"]);
+    runs.push_back(p["runs"]);
+    EXPECT_GE(p["seconds"].get<double>(), 0.0) << p.dump();
+  }
+  EXPECT_EQ(passes, (std::vector<std::string>{"inputs", "side 1", "side 2", "golden", "baseline", "oracle inputs",
+                                              "comparison", "analysis", "reports", "other"}));
+  EXPECT_EQ(runs[1], "fused_sdpa in bfloat16");
+  EXPECT_EQ(runs[2], "batched in bfloat16");
+  EXPECT_EQ(runs[3], "per_head in float64");
+  EXPECT_EQ(runs[4], "per_head in bfloat16");
+}
+
+TEST_F(BenchCheckTiny, ArithmeticOfEachRun) {
+  ASSERT_EQ(code_, 0);
+  EXPECT_DOUBLE_EQ(result_["flops"]["fwdbwd"].get<double>(), 14400);  // BenchCheckFlops.ByHand
+  EXPECT_EQ(result_["flops"]["count"], "causal-useful");
+  const double sgemm = result_["gemm"]["sgemm_gflops"], dgemm = result_["gemm"]["dgemm_gflops"];
+  EXPECT_DOUBLE_EQ(sgemm, 0.5 * (result_["gemm"]["before"][0]["gflops"].get<double>() +
+                                 result_["gemm"]["after"][0]["gflops"].get<double>()));
+  EXPECT_EQ(result_["gemm"]["before"][1]["routine"], "dgemm");
+  double bound_sum = 0, seconds_sum = 0;
+  for (const auto& p : result_["passes"]) {
+    SCOPED_TRACE(p.dump());
+    seconds_sum += p["seconds"].get<double>();
+    if (!p.contains("flops")) continue;
+    EXPECT_DOUBLE_EQ(p["flops"].get<double>(), 14400);
+    const bool golden = p["pass"] == "golden";
+    EXPECT_EQ(p["gemm_routine"], golden ? "dgemm" : "sgemm");
+    const double rate = golden ? dgemm : sgemm;
+    EXPECT_NEAR(p["gemm_bound_seconds"].get<double>(), 14400 / (rate * 1e9), 1e-12 * 14400 / (rate * 1e9));
+    EXPECT_NEAR(p["ratio"].get<double>(), p["seconds"].get<double>() / p["gemm_bound_seconds"].get<double>(),
+                1e-9 * p["ratio"].get<double>());
+    EXPECT_GT(p["peak_rss_bytes"].get<double>(), 0.0);
+    EXPECT_GT(p["peak_tensor_bytes"].get<double>(), 0.0);
+    EXPECT_LE(p["compute_seconds"].get<double>(), p["seconds"].get<double>());
+    bound_sum += p["gemm_bound_seconds"].get<double>();
+  }
+  EXPECT_NEAR(result_["total"]["gemm_bound_seconds"].get<double>(), bound_sum, 1e-12 * bound_sum);
+  EXPECT_NEAR(result_["total"]["seconds"].get<double>(), seconds_sum, 1e-9 * seconds_sum);
+  EXPECT_NEAR(result_["total"]["ratio"].get<double>(), seconds_sum / bound_sum, 1e-6 * seconds_sum / bound_sum);
+}
+
+TEST(BenchCheckCli, UsageErrorsNameTheFlag) {
+  const fs::path suite = scratch("check_usage.yaml");
+  {
+    std::ofstream f(suite);
+    f << "suite: s\ncases:\n  - {name: tiny, compare: [per_head, batched], shape: {B: 1, T: 2, D: 4, H: 2}}\n";
+  }
+  EXPECT_EQ(run_bench_cli({"--check", suite.string()}), 2);                            // no --case
+  EXPECT_EQ(run_bench_cli({"--check", suite.string(), "--case", "tinny"}), 2);         // no such case
+  EXPECT_EQ(run_bench_cli({"--check", suite.string(), "--case", "tiny", "--shape", "1,2,4,2"}), 2);
+  EXPECT_EQ(run_bench_cli({"--check", suite.string(), "--case", "tiny", "--threads", "1", "--threads", "2"}), 2);
+  EXPECT_EQ(run_bench_cli({"--case", "tiny"}), 2);                                      // --case without --check
+  EXPECT_EQ(run_bench_cli({"--max-memory", "1G"}), 2);                                  // likewise --max-memory
+  EXPECT_EQ(run_bench_cli({"--check", suite.string(), "--case", "tiny", "--max-memory", "1K"}), 2);  // over budget
+  EXPECT_EQ(run_bench_cli({"--check", suite.string(), "--case", "tiny", "--max-memory", "lots"}), 2);
+  EXPECT_EQ(run_bench_cli({"--check", (suite.string() + ".missing"), "--case", "tiny"}), 2);
+  fs::remove(suite);
 }
 
 }  // namespace

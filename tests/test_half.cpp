@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "headgrad/attention.hpp"
+#include "headgrad/half_convert.hpp"
 #include "headgrad/kernels.hpp"
 #include "headgrad/npy.hpp"
 #include "headgrad/ops.hpp"
@@ -160,6 +161,163 @@ TEST(HalfConvert, FromFloat64RoundsOnce) {
     const double x = std::ldexp(static_cast<double>(s >> 11) * 0x1p-53 + 0.5, static_cast<int>(s % 60) - 30);
     EXPECT_EQ(static_cast<double>(hg::to_float(hg::float16_from_double(x))), ref_f16(x)) << x;
     EXPECT_EQ(static_cast<double>(hg::to_float(hg::bfloat16_from_double(x))), ref_bf16(x)) << x;
+  }
+}
+
+// ---------------------------------------------------------------- bulk conversions (half_convert.hpp)
+
+namespace {
+
+// The vector paths this CPU runs (each one its own loops; best included).
+std::vector<hg::HalfPath> vector_paths() {
+  std::vector<hg::HalfPath> out{hg::HalfPath::best};
+  for (auto p : {hg::HalfPath::avx2, hg::HalfPath::avx512, hg::HalfPath::avx512bf16})
+    if (hg::half_path_available(p)) out.push_back(p);
+  return out;
+}
+
+// float32 patterns for narrowing: rounding_sample() (every exponent, ties
+// both ways for both formats), every bfloat16 pattern and every float16
+// value widened with its dropped bits at, below and above the tie, float32
+// subnormals, zeros, infinities, and NaNs of both signs, quiet and
+// signalling, with payloads in the kept bits, the dropped bits, or both.
+std::vector<float> narrowing_sample() {
+  std::vector<float> out = rounding_sample();
+  for (std::uint32_t h = 0; h < 65536; ++h) {
+    for (std::uint32_t low : {0u, 1u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu}) out.push_back(from_bits((h << 16) | low));
+    const std::uint32_t f = std::bit_cast<std::uint32_t>(hg::to_float(hg::Float16{static_cast<std::uint16_t>(h)}));
+    for (std::int32_t delta : {0, 1, -1, 0xfff, 0x1000, 0x1001, -0x1000})
+      out.push_back(from_bits(f + static_cast<std::uint32_t>(delta)));
+  }
+  for (std::uint32_t sign : {0u, 0x80000000u}) {
+    for (std::uint32_t m : {1u, 2u, 0x7fffu, 0x8000u, 0x8001u, 0x18000u, 0x400000u, 0x7fffffu})
+      out.push_back(from_bits(sign | m));  // subnormal float32
+    for (std::uint32_t m : {1u, 0x1fffu, 0x2000u, 0xffffu, 0x10000u, 0x3fffffu, 0x400000u, 0x400001u, 0x7fffffu})
+      out.push_back(from_bits(sign | 0x7f800000u | m));  // NaNs (below 0x400000: signalling)
+    out.push_back(from_bits(sign | 0x7f800000u));         // inf
+    out.push_back(from_bits(sign));                       // zero
+  }
+  return out;
+}
+
+template <class H>
+void expect_same_bits(const std::vector<H>& want, const std::vector<H>& got, const std::vector<float>& in,
+                      const char* what) {
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < in.size(); ++i)
+    if (want[i].bits != got[i].bits && ++bad <= 5)
+      ADD_FAILURE() << what << ": float32 bits 0x" << std::hex << std::bit_cast<std::uint32_t>(in[i]) << " scalar 0x"
+                    << want[i].bits << " vector 0x" << got[i].bits;
+  EXPECT_EQ(bad, 0u) << what;
+}
+
+}  // namespace
+
+TEST(HalfBulk, ScalarPathIsTheElementFunctions) {
+  const std::vector<float> in = narrowing_sample();
+  std::vector<hg::BFloat16> b(in.size());
+  std::vector<hg::Float16> h(in.size());
+  hg::convert(in.data(), b.data(), in.size(), hg::HalfPath::scalar);
+  hg::convert(in.data(), h.data(), in.size(), hg::HalfPath::scalar);
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    ASSERT_EQ(b[i].bits, hg::bfloat16_from_float(in[i]).bits) << i;
+    ASSERT_EQ(h[i].bits, hg::float16_from_float(in[i]).bits) << i;
+  }
+}
+
+// Every 16-bit pattern widened, NaNs included (a float16 signalling NaN keeps
+// its bits: the scalar rule, which vcvtph2ps alone would not follow).
+TEST(HalfBulk, EveryPatternWidensAsTheScalarPath) {
+  std::vector<hg::BFloat16> b(65536);
+  std::vector<hg::Float16> h(65536);
+  for (std::uint32_t i = 0; i < 65536; ++i) b[i].bits = h[i].bits = static_cast<std::uint16_t>(i);
+  std::vector<float> want_b(65536), want_h(65536), got(65536);
+  hg::convert(b.data(), want_b.data(), 65536, hg::HalfPath::scalar);
+  hg::convert(h.data(), want_h.data(), 65536, hg::HalfPath::scalar);
+  for (std::uint32_t i = 0; i < 65536; ++i) {
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(want_b[i]), std::bit_cast<std::uint32_t>(hg::to_float(b[i])));
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(want_h[i]), std::bit_cast<std::uint32_t>(hg::to_float(h[i])));
+  }
+  for (hg::HalfPath p : vector_paths()) {
+    SCOPED_TRACE(hg::half_path_name(p));
+    hg::convert(b.data(), got.data(), 65536, p);
+    for (std::uint32_t i = 0; i < 65536; ++i)
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(got[i]), std::bit_cast<std::uint32_t>(want_b[i])) << "bfloat16 0x" << std::hex << i;
+    hg::convert(h.data(), got.data(), 65536, p);
+    for (std::uint32_t i = 0; i < 65536; ++i)
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(got[i]), std::bit_cast<std::uint32_t>(want_h[i])) << "float16 0x" << std::hex << i;
+  }
+}
+
+TEST(HalfBulk, Float32PatternsNarrowAsTheScalarPath) {
+  const std::vector<float> in = narrowing_sample();
+  ASSERT_GT(in.size(), 1000000u);
+  std::vector<hg::BFloat16> want_b(in.size()), got_b(in.size());
+  std::vector<hg::Float16> want_h(in.size()), got_h(in.size());
+  hg::convert(in.data(), want_b.data(), in.size(), hg::HalfPath::scalar);
+  hg::convert(in.data(), want_h.data(), in.size(), hg::HalfPath::scalar);
+  for (hg::HalfPath p : vector_paths()) {
+    SCOPED_TRACE(hg::half_path_name(p));
+    hg::convert(in.data(), got_b.data(), in.size(), p);
+    expect_same_bits(want_b, got_b, in, "to bfloat16");
+    hg::convert(in.data(), got_h.data(), in.size(), p);
+    expect_same_bits(want_h, got_h, in, "to float16");
+  }
+}
+
+// Lengths that leave a tail after the 8 or 16 lanes, and unaligned starts.
+TEST(HalfBulk, TailsAndOffsets) {
+  const std::vector<float> in = narrowing_sample();
+  for (hg::HalfPath p : vector_paths())
+    for (std::size_t start : {0u, 1u, 3u})
+      for (std::size_t n : {0u, 1u, 7u, 8u, 15u, 17u, 33u, 100u}) {
+        std::vector<hg::BFloat16> want(n + 1), got(n + 1);
+        got[n].bits = 0xabcd;  // past the end: untouched
+        hg::convert(in.data() + start, want.data(), n, hg::HalfPath::scalar);
+        hg::convert(in.data() + start, got.data(), n, p);
+        for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(got[i].bits, want[i].bits) << hg::half_path_name(p) << " " << n;
+        EXPECT_EQ(got[n].bits, 0xabcd);
+        std::vector<float> back(n + 1, 7.0f);
+        hg::convert(got.data(), back.data(), n, p);
+        for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(back[i], hg::to_float(want[i]));
+        EXPECT_EQ(back[n], 7.0f);
+      }
+}
+
+// Tensor::to takes the bulk loops for contiguous tensors and for views whose
+// rows are contiguous, element by element otherwise: every way gives the scalar rule.
+TEST(HalfBulk, TensorConversionsFollowTheScalarRule) {
+  hg::Generator gen(7);
+  const Tensor x = hg::randn({3, 5, 40}, DType::float32, gen, 100.0);
+  for (DType dt : {DType::bfloat16, DType::float16}) {
+    for (const Tensor& view : {x, x.narrow(2, 3, 33), x.transpose(0, 1), x.transpose(1, 2)}) {
+      const Tensor h = view.to(dt);
+      const Tensor back = h.to(DType::float32);
+      for (std::int64_t i = 0; i < view.numel(); ++i) {
+        const float f = static_cast<float>(view.flat(i));
+        const float want = dt == DType::bfloat16 ? hg::to_float(hg::bfloat16_from_float(f))
+                                                 : hg::to_float(hg::float16_from_float(f));
+        ASSERT_EQ(static_cast<float>(h.flat(i)), want) << i;
+        ASSERT_EQ(static_cast<float>(back.flat(i)), want) << i;
+      }
+      // a 16-bit view widened (rows contiguous, then not)
+      const Tensor hv = h.transpose(0, 1).to(DType::float32);
+      for (std::int64_t i = 0; i < hv.numel(); ++i) ASSERT_EQ(hv.flat(i), h.transpose(0, 1).flat(i)) << i;
+    }
+  }
+}
+
+// to_vector's contiguous fast path (offset views included) against element reads.
+TEST(HalfBulk, ToVectorReadsEveryElement) {
+  hg::Generator gen(11);
+  const Tensor x = hg::randn({5, 4099}, DType::float64, gen, 10.0);
+  for (DType dt : {DType::float64, DType::float32, DType::bfloat16, DType::float16}) {
+    const Tensor t = x.to(dt);
+    for (const Tensor& view : {t, t.narrow(0, 1, 3), t.narrow(1, 2, 4000)}) {
+      const std::vector<double> v = view.to_vector();
+      ASSERT_EQ(v.size(), static_cast<std::size_t>(view.numel()));
+      for (std::int64_t i = 0; i < view.numel(); ++i) ASSERT_EQ(v[static_cast<std::size_t>(i)], view.flat(i)) << i;
+    }
   }
 }
 

@@ -475,6 +475,11 @@ TEST(SuiteMemory, EstimateAndBudget) {
   //   total 352 + 880 + 3 * 352 (two sides' results and the wire copy) = 2288 elements, 8 bytes each
   EXPECT_DOUBLE_EQ(case_memory_bytes(c), 2288.0 * 8);
   c.dtype = DType::float32;
+  // Below float64 judged relative_to_baseline (the default), the oracle's
+  // float64 golden runs too: its 8-byte working set is the estimate.
+  EXPECT_TRUE(c.relative_rule());
+  EXPECT_DOUBLE_EQ(case_memory_bytes(c), 2288.0 * 8);
+  c.tolerance_rule = ToleranceRule::allclose;  // no golden: the case's own dtype
   EXPECT_DOUBLE_EQ(case_memory_bytes(c), 2288.0 * 4);
   EXPECT_NO_THROW(check_memory({&c}, 2288.0 * 4, "test"));
   try {

@@ -22,13 +22,26 @@
 //
 // Files: bench_config.cpp (the YAML file, shapes, validation), bench_run.cpp
 // (inputs, GEMM, timing, environment), bench_report.cpp (the table),
+// bench_check.cpp (--check: one suite case timed pass by pass),
 // bench_command.cpp (the subcommand's flags).
+//
+// --check SUITE.yaml --case NAME runs one case of a suite as `headgrad run`
+// does (analysis::check_case: inputs, each side in its own child, the golden
+// and baseline of relative_to_baseline, the comparison, the analysis of a
+// failure) and then makes its reports (terminal, JSON, JUnit, HTML, in
+// memory), timing each pass. Each run of the attention (a side, the golden,
+// the baseline) is credited the FLOPs of one forward + backward of the case
+// (count_check_flops: causal-useful for a causal case), and its GEMM-bound
+// time is those FLOPs at the sgemm rate (float32, bfloat16, float16 compute in
+// float32) or the dgemm rate (float64), each the mean of a gemm_size^3 GEMM
+// timed at the run's thread count right before and right after the check.
 //
 // Shape legend: B batch, T sequence, D model width, H heads, d = D / H.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +50,9 @@
 
 namespace CLI {
 class App;
+}
+namespace headgrad::runner {
+struct CaseSpec;
 }
 
 namespace headgrad::bench {
@@ -93,7 +109,50 @@ nlohmann::json run_bench(const BenchConfig& config, std::ostream* log);
 // The aligned table of a run_bench result.
 void print_table(std::ostream& out, const nlohmann::json& result);
 std::string printf_figure(const char* format, double v);  // printf_figure("%.3f", 1.5) == "1.500"
+// head and rows as aligned columns, two spaces apart: the first left_columns
+// left-aligned, the others right-aligned; widths from the full rows only, a
+// shorter row (an error) padded in its first padded_in_short_rows cells.
+void print_aligned(std::ostream& out, const std::vector<std::string>& head,
+                   const std::vector<std::vector<std::string>>& rows, std::size_t left_columns,
+                   std::size_t padded_in_short_rows = 0);
 
+
+// ---- --check: one suite case, pass by pass (bench_check.cpp)
+
+struct CheckConfig {
+  std::filesystem::path suite;
+  std::string case_name;
+  std::optional<int> threads;        // HEADGRAD_NUM_THREADS for every run; default: as `run` (one case: all cores)
+  std::int64_t gemm_size = 2048;
+  std::optional<double> timeout_s;   // overrides the case's `timeout`
+  bool isolate = true;
+  std::optional<double> max_memory;  // bytes; default: physical memory (as `run --max-memory`)
+  std::vector<std::filesystem::path> plugin_paths;
+};
+
+// FLOPs of one forward of a case (a multiply-add is 2 FLOPs), the way a
+// perfect implementation would spend them; forward + backward = 3 x forward.
+//   mha projections: 2*B*T*D*(H*d) (q) + 2 x 2*B*T*D*(Hkv*d) (k, v) + 2*B*T*(H*d)*D (out)
+//   core: (2d + 2d) per attended (query, key) pair (q . k and p v), over B*H slices;
+//   pairs per slice: Tq*Tk, or causal sum_i min(i + 1 + shift, Tk) (shift Tk - Tq
+//   bottom-right, 0 top-left), T(T+1)/2 at Tq = Tk; a mask file counts dense.
+//   rope level: 0 (no product).
+struct CheckFlops {
+  double projections = 0, core = 0, fwd = 0, fwdbwd = 0;
+  double pairs = 0, dense_pairs = 0;  // attended and all (query, key) pairs over B*H slices
+  bool causal_useful = false;
+};
+CheckFlops count_check_flops(const runner::CaseSpec& c);
+
+// Throws BenchConfigError (no such case, bad value, a case the budget refuses)
+// and PluginMissing.
+nlohmann::json run_check_bench(const CheckConfig& config, std::ostream* log);
+void print_check_table(std::ostream& out, const nlohmann::json& result);
+
+// Shared with --check (bench_run.cpp): the n^3 GEMM yardstick of a dtype's
+// compute type at `threads` (the caller has set them), and the machine.
+nlohmann::json time_gemm(DType storage, std::int64_t n, int threads);
+nlohmann::json environment();
 
 // Registers `bench` on app; when it runs, exit_code is set (0 ok, 2 bad usage
 // or config, 3 a plugin missing or failing).

@@ -1,4 +1,5 @@
 // headgrad bench, the report: the aligned table of a run (bench.hpp).
+#include <algorithm>
 #include <cstdio>
 
 #include "bench.hpp"
@@ -11,6 +12,30 @@ std::string printf_figure(const char* format, double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, format, v);
   return buf;
+}
+
+void print_aligned(std::ostream& out, const std::vector<std::string>& head,
+                   const std::vector<std::vector<std::string>>& rows, std::size_t left_columns,
+                   std::size_t padded_in_short_rows) {
+  std::vector<std::size_t> width(head.size());
+  for (std::size_t i = 0; i < head.size(); ++i) width[i] = head[i].size();
+  for (const auto& line : rows)
+    if (line.size() == head.size())
+      for (std::size_t i = 0; i < line.size(); ++i) width[i] = std::max(width[i], line[i].size());
+  auto emit = [&](const std::vector<std::string>& line) {
+    std::string text;
+    for (std::size_t i = 0; i < line.size(); ++i) {
+      const std::size_t w = line.size() == head.size() || i < padded_in_short_rows ? width[i] : 0;
+      std::string cell = line[i];
+      if (cell.size() < w) cell = i < left_columns ? cell + std::string(w - cell.size(), ' ')
+                                                   : std::string(w - cell.size(), ' ') + cell;
+      text += (i ? "  " : "") + cell;
+    }
+    while (!text.empty() && text.back() == ' ') text.pop_back();
+    out << text << "\n";
+  };
+  emit(head);
+  for (const auto& line : rows) emit(line);
 }
 
 void print_table(std::ostream& out, const json& result) {
@@ -43,26 +68,7 @@ void print_table(std::ostream& out, const json& result) {
     }
     cells.push_back(line);
   }
-  std::vector<std::size_t> width(head.size());
-  for (std::size_t i = 0; i < head.size(); ++i) width[i] = head[i].size();
-  for (const auto& line : cells)
-    for (std::size_t i = 0; i < line.size() && i < head.size(); ++i)
-      if (line.size() == head.size()) width[i] = std::max(width[i], line[i].size());
-  auto emit = [&](const std::vector<std::string>& line) {
-    std::string text;
-    for (std::size_t i = 0; i < line.size(); ++i) {
-      const bool left = i < 3;
-      const std::size_t w = line.size() == head.size() || i < 4 ? width[i] : 0;
-      std::string cell = line[i];
-      if (cell.size() < w) cell = left ? cell + std::string(w - cell.size(), ' ')
-                                       : std::string(w - cell.size(), ' ') + cell;
-      text += (i ? "  " : "") + cell;
-    }
-    while (!text.empty() && text.back() == ' ') text.pop_back();
-    out << text << "\n";
-  };
-  emit(head);
-  for (const auto& line : cells) emit(line);
+  print_aligned(out, head, cells, 3, 4);
   out << "\n";
   for (const auto& g : result["gemm"])
     out << g["routine"].get<std::string>() << " " << g["size"].get<std::int64_t>() << "^3, "

@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include <headgrad/blas.hpp>
+#include <headgrad/half_convert.hpp>
 #include <headgrad/loader.hpp>
 #include <headgrad/parallel.hpp>
 
@@ -93,6 +94,8 @@ Variable run_forward(const Attention& a, const BenchInputs& in, const AttentionS
   return a.core_forward(l[0], l[1], l[2], spec);
 }
 
+}  // namespace
+
 // ---------------------------------------------------------------- GEMM
 
 // Median GFLOP/s of C = A B, all [n, n], through the same BLAS the engine uses.
@@ -128,6 +131,8 @@ json time_gemm(DType storage, std::int64_t n, int threads) {
               {"cpu_ms", cpu_med},  // process CPU time: with one thread, the rate an idle core gives
               {"gflops_cpu", flops / (cpu_med * 1e6)}};
 }
+
+namespace {
 
 // ---------------------------------------------------------------- one case
 
@@ -242,8 +247,11 @@ json time_case(const LoadedPlugin& plugin, const BenchShape& s, DType dtype, int
   return row;
 }
 
+}  // namespace
+
 // ---------------------------------------------------------------- environment
 
+namespace {
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
   for (std::string line; std::getline(in, line);)
@@ -253,6 +261,8 @@ std::string cpu_model() {
     }
   return "unknown";
 }
+
+}  // namespace
 
 json environment() {
   auto env_or_null = [](const char* name) -> json {
@@ -276,10 +286,10 @@ json environment() {
               {"HEADGRAD_ALLOCATOR", env_or_null("HEADGRAD_ALLOCATOR")},
               {"MALLOC_MMAP_THRESHOLD_", env_or_null("MALLOC_MMAP_THRESHOLD_")},
               {"MALLOC_TRIM_THRESHOLD_", env_or_null("MALLOC_TRIM_THRESHOLD_")},
-              {"MALLOC_TOP_PAD_", env_or_null("MALLOC_TOP_PAD_")}};
+              {"MALLOC_TOP_PAD_", env_or_null("MALLOC_TOP_PAD_")},
+              {"half_convert", half_convert_paths()},  // the 16-bit conversion loops in use
+              {"HEADGRAD_HALF_CONVERT", env_or_null("HEADGRAD_HALF_CONVERT")}};
 }
-
-}  // namespace
 
 Flops count_flops(const BenchShape& s, const std::string& level) {
   const double B = static_cast<double>(s.B), T = static_cast<double>(s.T),

@@ -110,4 +110,18 @@ SuiteIdentity suite_identity(const Suite& suite, const std::vector<const CaseSpe
   return id;
 }
 
+const CaseSpec* find_case(const Suite& suite, const std::string& name, const std::string& suite_label,
+                          std::string* problem) {
+  std::vector<std::string> names;
+  for (const auto& c : suite.cases) {
+    if (c.name == name) return &c;
+    names.push_back(c.name);
+  }
+  const std::string near = closest_match(name, names);
+  if (problem)
+    *problem = "no case named '" + name + "' in " + suite_label +
+               (near.empty() ? " (cases: " + join(names) + ")" : " (did you mean '" + near + "'?)");
+  return nullptr;
+}
+
 }  // namespace headgrad::runner

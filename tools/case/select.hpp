@@ -44,6 +44,13 @@ std::string case_hash(const CaseSpec& c);
 bool glob_match(std::string_view pattern, std::string_view text);
 std::vector<const CaseSpec*> select_cases(const Suite& suite, const std::string& filter);
 
+// The case named exactly `name` (a sweep point's full name included), or
+// nullptr with *problem set to "no case named 'X' in SUITE (did you mean
+// 'Y'?)" or "... (cases: a, b)"; `suite_label` names the suite there
+// (`headgrad export --case`, `headgrad bench --check --case`).
+const CaseSpec* find_case(const Suite& suite, const std::string& name, const std::string& suite_label,
+                          std::string* problem);
+
 // "K/N" with 1 <= K <= N (1-based); std::invalid_argument saying what was expected.
 ShardSpec parse_shard(std::string_view text);
 // GTEST_SHARD_INDEX (0-based, as GoogleTest reads it) and GTEST_TOTAL_SHARDS:

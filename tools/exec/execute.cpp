@@ -1,6 +1,7 @@
 #include "exec/execute.hpp"
 
 #include <cxxabi.h>
+#include <sys/resource.h>
 
 #include <cerrno>
 #include <chrono>
@@ -66,7 +67,7 @@ std::string current_exception_type() {
 }
 
 // ---- the child's message: one kind byte, then
-//   'R' (result): f64 compute seconds, u32 count, then per tensor:
+//   'R' (result): f64 compute seconds, u64 peak RSS bytes, u64 peak tensor bytes, u32 count, then per tensor:
 //        u32 name length, name, u8 defined, [u8 dtype, u32 ndim, i64 dims, raw row-major data]
 //   'E' (threw) / 'B' (bad output): u64 length, UTF-8 text
 class WireWriter {
@@ -111,10 +112,26 @@ class WireReader {
   std::size_t pos_ = 0;
 };
 
-std::string encode_result(const TensorSet& tensors, double compute_seconds) {
+// A side's memory figures (SideResult): this process's peak RSS, and the
+// tensors' peak since reset_peak_memory() above what was live before.
+struct SideMemory {
+  std::uint64_t peak_rss_bytes = 0, peak_tensor_bytes = 0;
+};
+SideMemory side_memory(std::size_t live_before) {
+  SideMemory m;
+  rusage ru{};
+  if (::getrusage(RUSAGE_SELF, &ru) == 0) m.peak_rss_bytes = static_cast<std::uint64_t>(ru.ru_maxrss) * 1024;  // KiB
+  const MemoryStats s = memory_stats();
+  m.peak_tensor_bytes = s.peak_bytes > live_before ? s.peak_bytes - live_before : 0;
+  return m;
+}
+
+std::string encode_result(const TensorSet& tensors, double compute_seconds, const SideMemory& memory) {
   WireWriter w;
   w.put('R');
   w.put(compute_seconds);
+  w.put(memory.peak_rss_bytes);
+  w.put(memory.peak_tensor_bytes);
   w.put(static_cast<std::uint32_t>(tensors.size()));
   for (const auto& [name, t] : tensors) {
     w.put(static_cast<std::uint32_t>(name.size()));
@@ -139,8 +156,10 @@ std::string encode_text(char kind, const std::string& text) {
   return std::move(w.str());
 }
 
-TensorSet decode_result(WireReader& r, double& compute_seconds) {
+TensorSet decode_result(WireReader& r, double& compute_seconds, SideMemory& memory) {
   compute_seconds = r.get<double>();
+  memory.peak_rss_bytes = r.get<std::uint64_t>();
+  memory.peak_tensor_bytes = r.get<std::uint64_t>();
   const auto count = r.get<std::uint32_t>();
   TensorSet out;
   for (std::uint32_t i = 0; i < count; ++i) {
@@ -183,8 +202,11 @@ int child_main(int fd, const CaseSpec& c, const CaseInputs& in, const Attention&
   std::string message;
   try {
     const auto t0 = Clock::now();
+    const std::size_t live_before = memory_stats().current_bytes;
+    reset_peak_memory();
     const TensorSet out = compute_side(c, in, plugin);
-    message = encode_result(out, seconds_since(t0));
+    const double seconds = seconds_since(t0);
+    message = encode_result(out, seconds, side_memory(live_before));
   } catch (const BadOutputError& e) {
     message = encode_text('B', e.what());
   } catch (const std::exception& e) {
@@ -244,7 +266,10 @@ SideResult run_isolated(const CaseSpec& c, const CaseInputs& in, const LoadedPlu
     WireReader r(message);
     const char kind = r.get<char>();
     if (kind == 'R') {
-      res.tensors = decode_result(r, res.compute_seconds);
+      SideMemory memory;
+      res.tensors = decode_result(r, res.compute_seconds, memory);
+      res.peak_rss_bytes = memory.peak_rss_bytes;
+      res.peak_tensor_bytes = memory.peak_tensor_bytes;
     } else if (kind == 'E') {
       res.status = SideStatus::threw;
       res.cause = who + " threw " + r.text();
@@ -267,6 +292,8 @@ SideResult run_in_process(const CaseSpec& c, const CaseInputs& in, const LoadedP
   res.plugin = plugin.info.name;
   const std::string who = "plugin " + plugin.info.name;
   const auto t0 = Clock::now();
+  const std::size_t live_before = memory_stats().current_bytes;
+  reset_peak_memory();
   try {
     res.tensors = compute_side(c, in, *plugin.attention);
   } catch (const BadOutputError& e) {
@@ -280,6 +307,9 @@ SideResult run_in_process(const CaseSpec& c, const CaseInputs& in, const LoadedP
     res.cause = who + " threw " + current_exception_type() + " (not a std::exception)";
   }
   res.seconds = res.compute_seconds = seconds_since(t0);
+  const SideMemory memory = side_memory(live_before);
+  res.peak_rss_bytes = memory.peak_rss_bytes;
+  res.peak_tensor_bytes = memory.peak_tensor_bytes;
   return res;
 }
 

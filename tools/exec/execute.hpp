@@ -17,6 +17,7 @@
 // exceptions are still caught, crashes and hangs are not.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -48,6 +49,13 @@ struct SideResult {
   TensorSet tensors;          // out, then the gradients, in tensor_names() order
   double seconds = 0;         // wall time, child start to result
   double compute_seconds = 0; // forward + backward, measured where they ran
+  // Memory where the side ran, at the end of its forward + backward (0 when
+  // unknown): the process's peak resident set (getrusage ru_maxrss; a forked
+  // child's counts the pages it shares with the parent, the inputs among them),
+  // and the most bytes live tensors held during the side, above what they held
+  // before it (memory_stats(): leaves' copies, the graph, the gradients).
+  std::uint64_t peak_rss_bytes = 0;
+  std::uint64_t peak_tensor_bytes = 0;
 };
 
 struct ExecOptions {

@@ -596,18 +596,10 @@ std::string exported_suite(const CaseSpec& c, const LoadedPlugin& p, const std::
 int cmd_export(const ExportArgs& a) {
   apply_verbosity(a);
   const Suite suite = load_suite(a.suite);
-  const CaseSpec* found = nullptr;
-  std::vector<std::string> names;
-  for (const auto& c : suite.cases) {
-    names.push_back(c.name);
-    if (c.name == a.case_name) found = &c;
-  }
+  std::string problem;
+  const CaseSpec* found = find_case(suite, a.case_name, a.suite, &problem);
   if (!found) {
-    const std::string near = closest_match(a.case_name, names);
-    std::string all;
-    for (const auto& n : names) all += (all.empty() ? "" : ", ") + n;
-    error("no case named '" + a.case_name + "' in " + a.suite +
-          (near.empty() ? " (cases: " + all + ")" : " (did you mean '" + near + "'?)"));
+    error(problem);
     return kExitUsage;
   }
   check_memory_budget({found}, a.max_memory);

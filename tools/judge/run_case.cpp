@@ -13,6 +13,7 @@ namespace headgrad::runner {
 
 namespace {
 using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 }  // namespace
 
 std::string_view case_status_name(CaseStatus s) {
@@ -114,7 +115,8 @@ CaseResult run_case(const CaseSpec& spec, const PluginRegistry& registry, const 
       res.lhs.clear();
       res.rhs.clear();
     }
-    res.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    res.seconds = seconds_since(t0);
+    if (options.passes) options.passes->run_case_s = res.seconds;
     logging::runner()->debug("case '{}': {} in {:.3f} s", res.spec.name, case_status_name(res.status), res.seconds);
     return std::move(res);  // each caller returns right away
   };
@@ -134,6 +136,7 @@ CaseResult run_case(const CaseSpec& spec, const PluginRegistry& registry, const 
     if (registry.get(name).info.mutant) res.mutant = name;
 
   CaseInputs inputs;
+  const auto t_inputs = Clock::now();
   try {
     load_case_files(res.spec);  // a no-op when load_suite read them (dims filled in)
     inputs = make_inputs(res.spec);
@@ -141,6 +144,7 @@ CaseResult run_case(const CaseSpec& spec, const PluginRegistry& registry, const 
     res.cause = e.what();
     return finish(CaseStatus::error);
   }
+  if (options.passes) options.passes->inputs_s = seconds_since(t_inputs);
 
   ExecOptions exec;
   exec.isolate = options.isolate;
@@ -148,7 +152,19 @@ CaseResult run_case(const CaseSpec& spec, const PluginRegistry& registry, const 
   exec.on_wait = options.on_wait;
   for (const auto& name : spec.compare) res.sides.push_back(run_side(res.spec, inputs, registry.get(name), exec));
   std::optional<GoldenRun> golden;
+  const auto t_oracle = Clock::now();
   if (res.spec.relative_rule()) golden = run_golden(res.spec, inputs, registry, exec);
+  if (options.passes) {
+    for (const auto& s : res.sides) {
+      options.passes->sides.push_back(s);
+      options.passes->sides.back().tensors.clear();
+    }
+    if (golden) {
+      options.passes->oracle = golden->runs;
+      options.passes->oracle_s = seconds_since(t_oracle);
+    }
+  }
+  const auto t_compare = Clock::now();
 
   bool plugin_error = false, wrong_output = false;
   for (const auto& s : res.sides) {
@@ -175,6 +191,7 @@ CaseResult run_case(const CaseSpec& spec, const PluginRegistry& registry, const 
     if (golden->plugin_error) plugin_error = true;
     else wrong_output = true;
   }
+  if (options.passes) options.passes->comparison_s = seconds_since(t_compare);
   for (auto& s : res.sides) s.tensors.clear();
   if (inputs_out) *inputs_out = std::move(inputs);
   if (plugin_error) return finish(CaseStatus::error);

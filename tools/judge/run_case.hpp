@@ -64,6 +64,17 @@ struct CaseResult {
   std::size_t differing_tensors() const; // tensors that are not allclose
 };
 
+// Where one case's time went, pass by pass (`headgrad bench --check`): filled
+// by run_case when RunOptions::passes points here. Seconds are wall time.
+struct CasePasses {
+  double inputs_s = 0;             // the case's files read and its inputs made (make_inputs)
+  std::vector<SideResult> sides;   // each compared side as run_side returned it (tensors dropped)
+  std::vector<SideResult> oracle;  // relative_to_baseline: the golden's, then the baseline's run
+  double oracle_s = 0;             // run_golden as a whole: those runs and the inputs converted for them
+  double comparison_s = 0;         // compare_sets and judge_sides
+  double run_case_s = 0;           // run_case from start to verdict
+};
+
 struct RunOptions {
   bool isolate = true;
   // Cases run at once, in as many forked workers (each case's sides are
@@ -77,6 +88,7 @@ struct RunOptions {
   std::function<void(std::size_t index, std::size_t total, const CaseSpec&)> on_case_start;
   std::function<void(const CaseResult&)> on_case_done;
   std::function<void()> on_wait;  // while a plugin runs in its child, about every 200 ms
+  CasePasses* passes = nullptr;   // when set, run_case records its passes' times there (one case at a time)
 };
 
 // Mutants caught (their case failed) and named (the diagnosis named the

@@ -42,6 +42,16 @@ void require_same_dtype(const Tensor& a, const Tensor& b, const char* op) {
 // upcasts, its result rounded once to the storage type (PyTorch's CPU rule),
 // so a kernel's float32 body never sees bfloat16 or float16.
 Tensor f32(const Tensor& t) { return is_16bit(t.dtype()) ? t.to(DType::float32) : t; }
+// matmul's operands: a view whose last two dims are swapped (K^T, W^T) is
+// upcast in its storage's row order and handed back as the same transposed
+// view, so the bulk conversion runs along contiguous rows (not element by
+// element across them) and matmul reads the transposition as a BLAS flag.
+Tensor f32_operand(const Tensor& t) {
+  const std::int64_t n = t.dim();
+  if (is_16bit(t.dtype()) && n >= 2 && t.stride(-1) != 1 && t.size(-1) > 1 && t.stride(-2) == 1 && t.size(-2) > 1)
+    return t.transpose(n - 2, n - 1).to(DType::float32).transpose(n - 2, n - 1);
+  return f32(t);
+}
 
 template <class T>
 const T* base_ptr(const Tensor& t) {
@@ -270,7 +280,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
     throw std::invalid_argument("matmul: operands need at least 2 dims, got " +
                                 shape_str(a_in.shape()) + " and " + shape_str(b_in.shape()));
   require_same_dtype(a_in, b_in, "matmul");
-  if (is_16bit(a_in.dtype())) return matmul(f32(a_in), f32(b_in)).to(a_in.dtype());  // float32 tiles
+  if (is_16bit(a_in.dtype())) return matmul(f32_operand(a_in), f32_operand(b_in)).to(a_in.dtype());  // float32 tiles
   const std::int64_t m = a_in.size(-2), k = a_in.size(-1), n = b_in.size(-1);
   if (b_in.size(-2) != k)
     throw std::invalid_argument("matmul: inner dims differ: " + shape_str(a_in.shape()) + " @ " +
