@@ -62,7 +62,7 @@ static_assert(field_count<ErrorSpread>() == 5);
 static_assert(field_count<Localization>() == 6);
 static_assert(field_count<ErrorMap>() == 11);
 static_assert(field_count<TensorErrorMaps>() == 8);
-static_assert(field_count<SideResult>() == 6);        // not: tensors (dropped before any report)
+static_assert(field_count<SideResult>() == 8);        // not: tensors (dropped before any report)
 static_assert(field_count<RopeCase>() == 12);         // not: positions_at, rotary_dim_at, q_offset_at (suite locations)
 static_assert(field_count<WeakSuiteWarning>() == 3);
 static_assert(field_count<SourceLoc>() == 3);
@@ -142,7 +142,7 @@ CaseResult full_case(int n) {
   r.cause = "cause " + s;
   r.lhs_label = "plugin_a" + s;
   r.rhs_label = "refs/r" + s;
-  r.sides = {{"plugin_a" + s, SideStatus::timed_out, "hung " + s, {}, 1.5, 0.75}};
+  r.sides = {{"plugin_a" + s, SideStatus::timed_out, "hung " + s, {}, 1.5, 0.75, 3u << 30, (1ull << 40) + 7}};
   TensorComparison t;
   t.name = "out";
   t.shape = {2, 5, 12};
@@ -321,6 +321,8 @@ void expect_same_case(const CaseResult& a, const CaseResult& b) {
     EXPECT_EQ(a.sides[i].cause, b.sides[i].cause);
     EXPECT_EQ(a.sides[i].seconds, b.sides[i].seconds);
     EXPECT_EQ(a.sides[i].compute_seconds, b.sides[i].compute_seconds);
+    EXPECT_EQ(a.sides[i].peak_rss_bytes, b.sides[i].peak_rss_bytes);
+    EXPECT_EQ(a.sides[i].peak_tensor_bytes, b.sides[i].peak_tensor_bytes);
   }
   ASSERT_EQ(a.tensors.size(), b.tensors.size());
   for (std::size_t i = 0; i < a.tensors.size(); ++i) {

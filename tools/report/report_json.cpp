@@ -528,6 +528,8 @@ void fields(Io& io, S& s) {
   io.text_or_null("cause", s.cause);
   io.real("seconds", s.seconds, 0.0);
   io.real("compute_seconds", s.compute_seconds, 0.0);
+  io.integer("peak_rss_bytes", s.peak_rss_bytes);
+  io.integer("peak_tensor_bytes", s.peak_tensor_bytes);
 }
 
 template <class Io, Is<RopeCase> S>
