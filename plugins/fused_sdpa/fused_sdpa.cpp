@@ -37,6 +37,7 @@ class FusedSdpa final : public Attention {
     c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = true;
     c.float32 = c.float64 = c.dropout = c.grouped_kv = c.rope = c.rope_level = true;
     c.bias = true;  // batched_mha adds MhaWeights' biases to the projections
+    c.window = c.softcap = c.sinks = true;  // inside the kernel (kernel.cpp)
     c.extra = {"bfloat16", "float16"};  // 16-bit q, k, v with float32 accumulation
     return i;
   }
@@ -69,8 +70,9 @@ class FusedSdpa final : public Attention {
     // product of the backward accumulate in float32; the output and dq, dk, dv
     // are rounded once to the storage type (cast's backward rounds them).
     const DType f32 = DType::float32;
-    return cast(fused_sdpa::sdpa(cast(qr, f32), cast(kr, f32), cast(v, f32), without_rope(spec), tiles),
-                q.dtype());
+    AttentionSpec s32 = without_rope(spec);
+    if (s32.sinks.defined()) s32.sinks = cast(s32.sinks, f32);  // dsinks rounded back by cast's backward
+    return cast(fused_sdpa::sdpa(cast(qr, f32), cast(kr, f32), cast(v, f32), s32, tiles), q.dtype());
   }
 };
 
