@@ -10,6 +10,7 @@
 //         dbq [H*d], dbk, dbv [Hkv*d]   packing heads as their weights' rows (head, row)
 //         dbo [D]                 out (output features: no head owns one)
 //         q_rot [B, H, T, d], k_rot [B, Hkv, T, d]   b, h, t, ch
+//   both  dsinks [H]              head (one sink logit per query head)
 //   core  out, dq [B, H, Tq, d]   b, h, q, ch;  dk, dv, k_rot [B, Hkv, Tk, d]: b, h, k, ch
 //         (3-D and other ranks: leading dims i0, i1, .. then the position and ch)
 //   rope  out, dx [.., T, d]      b, h (4-D), t, ch

@@ -153,6 +153,10 @@ struct CaseSpec {
   std::optional<RopeCase> rope;        // the `rope:` block; none: no rotation
   bool bias = false;                   // mha level: bq, bk, bv, bo too, and their gradients (`bias: true`)
   std::vector<std::string> taps;       // q_rot, k_rot: compared too (also listed in `check`)
+  // Sliding windows, soft-capping, sinks (mha and core levels; AttentionSpec's).
+  WindowSpec window;                   // `window: {left, right}`; neither: every key
+  double softcap = 0;                  // `softcap: C` (C > 0); 0: off
+  bool sinks = false;                  // `sinks: true`: input sinks [H], gradient dsinks
   InputLayout layout = InputLayout::contiguous;
   std::uint64_t seed = 0;
   Tolerance tolerance;
@@ -194,11 +198,16 @@ const std::vector<std::string>& tensor_names(Level level);
 const std::vector<std::string>& bias_tensor_names();
 // A case's tensors: its level's, then the biases' gradients when c.bias.
 const std::vector<std::string>& tensor_names(const CaseSpec& c);
+// dsinks, after every other gradient of a case with `sinks: true`.
+const std::vector<std::string>& sink_tensor_names();
 // A check list from the defaults, on a case with biases: each weight gradient
 // brings its bias's (dwq -> dbq, ...), so one defaults list serves both kinds.
 std::vector<std::string> with_bias_gradients(const std::vector<std::string>& check);
 // Every tensor name a suite may write in `check` or `tolerance` (both levels, biases too).
 std::vector<std::string> all_tensor_names();
+
+// A window bound is at most this (2^40 keys): far past any sequence, far below overflow.
+inline constexpr std::int64_t kMaxWindowBound = std::int64_t{1} << 40;
 
 // Timeouts are seconds in (0, kMaxTimeoutSeconds]: a day, far below where a
 // deadline computed from them could overflow.
