@@ -49,6 +49,11 @@ struct Visibility {
   // invisible unless rows of positions [B, T] differ and B is apart from H and Hkv
   // (rows read by the head axis fit by chance where B = H; rows only shifted need Hkv < H)
   bool needs_position_rows = false;
+  // Sliding windows, soft-capping, sinks (a case's window:, softcap:, sinks:):
+  bool needs_window = false;      // invisible without a window hiding keys (T > W + 1)
+  bool needs_softcap = false;     // invisible without a cap the scores reach (|s| ~ C)
+  bool needs_masked_key = false;  // invisible unless some key is masked (causal, a window or a mask)
+  bool needs_sinks = false;       // invisible without sinks
 };
 
 struct BugInfo {
