@@ -25,6 +25,7 @@
 #include "headgrad/loader.hpp"
 #include "headgrad/ops.hpp"
 #include "headgrad/plugin.hpp"
+#include "attention_run.hpp"
 #include "checks.hpp"
 #include "kernel.hpp"
 #include "real_plugins.hpp"
@@ -401,12 +402,7 @@ TEST_F(ModernAttention, MhaLevelThreePluginsAgreeWithGqaAndRope) {
   const Tensor r = randn({b, t, dm}, DType::float64, gen);
   Tensor sinks = Tensor::empty({h}, DType::float64);
   for (std::int64_t i = 0; i < h; ++i) sinks.set_flat(i, -1.0 + 4.0 * gen.uniform());
-  AttentionSpec spec;
-  spec.d_model = dm;
-  spec.num_heads = h;
-  spec.num_kv_heads = hkv;
-  spec.head_width = d;
-  spec.causal = true;
+  AttentionSpec spec = test::causal_mha_spec(dm, h, hkv, d);
   spec.window.left = 3;
   spec.window.right = 0;
   spec.softcap = 1.0;

@@ -523,6 +523,10 @@ Capabilities parse_capabilities(const std::vector<std::string>& names) {
   // the Python worker hands a function x, wq, wk, wv, wo only (no biases yet)
   if (c.bias)
     throw std::invalid_argument("capability 'bias': a Python plugin is not handed biases (bq, bk, bv, bo) yet");
+  // nor a window, a cap or sinks: a function declaring one would run without it
+  if (c.window) throw std::invalid_argument("capability 'window': a Python plugin is not handed the sliding window yet");
+  if (c.softcap) throw std::invalid_argument("capability 'softcap': a Python plugin is not handed the soft-cap yet");
+  if (c.sinks) throw std::invalid_argument("capability 'sinks': a Python plugin is not handed sinks yet");
   return c;
 }
 
