@@ -70,7 +70,7 @@ static_assert(field_count<Dims>() == 8);
 // not: key_source, expect_diagnosis_at, baseline_k_at (suite locations), reference
 // (reference_text, resolved), baseline_k (each tensor's k is in its baseline),
 // check_strict, dtype_on_case (parsing rules), files (the inputs)
-static_assert(field_count<CaseSpec>() == 33);
+static_assert(field_count<CaseSpec>() == 36);
 static_assert(field_count<CaseResult>() == 16);       // not: lhs, rhs (tensors)
 static_assert(field_count<ShardSpec>() == 2);
 static_assert(field_count<SuiteIdentity>() == 5);
@@ -126,11 +126,14 @@ CaseResult full_case(int n) {
   c.taps = {"q_rot", "k_rot"};
   c.layout = InputLayout::sliced;
   c.bias = true;
+  c.window.left = 3 + n;  // the right bound unbounded: written as null
+  c.softcap = 0.75 + n;
+  c.sinks = true;
   c.seed = (std::uint64_t{1} << 63) + 5 + n;
   c.tolerance = {1e-3, 2e-3};
   c.tensor_tolerance = {{"dx", {3e-3, 4e-3}}};
   c.tolerance_rule = ToleranceRule::relative_to_baseline;
-  c.check = {"out", "dx", "dbq", "dbo", "q_rot", "k_rot"};
+  c.check = {"out", "dx", "dbq", "dbo", "dsinks", "q_rot", "k_rot"};
   c.expect_fail = true;
   c.expect_diagnosis = "scale_one_over_d";
   c.timeout_s = 12.5;
@@ -275,6 +278,10 @@ void expect_same_spec(const CaseSpec& a, const CaseSpec& b) {
   EXPECT_EQ(a.taps, b.taps);
   EXPECT_EQ(a.layout, b.layout);
   EXPECT_EQ(a.bias, b.bias);
+  EXPECT_EQ(a.window.left, b.window.left);
+  EXPECT_EQ(a.window.right, b.window.right);
+  EXPECT_EQ(a.softcap, b.softcap);
+  EXPECT_EQ(a.sinks, b.sinks);
   EXPECT_EQ(a.seed, b.seed);
   EXPECT_EQ(a.tolerance.atol, b.tolerance.atol);
   EXPECT_EQ(a.tolerance.rtol, b.tolerance.rtol);

@@ -658,9 +658,9 @@ void spec_fields(Io& io, S& c) {
         if constexpr (Io::reading) {
           c.window = {};
           if (v.is_null()) return;
-          if (!v.is_object() || v.size() != 2 || !v.contains("left") || !v.contains("right"))
-            io.fail(p, "expected null or an object {left, right}, got " + kind(v));
+          if (!v.is_object()) io.fail(p, "expected null or an object {left, right}, got " + kind(v));
           for (const char* side : {"left", "right"}) {
+            if (!v.contains(side)) io.fail(p + "." + side, "missing");
             if (v[side].is_null()) continue;
             (std::string(side) == "left" ? c.window.left : c.window.right) =
                 io.template integer_of<std::int64_t>(v[side], p + "." + side, 0, kMaxWindowBound);
