@@ -98,7 +98,7 @@ TEST_F(HostilePlugins, EachIsListedAsRejectedWithItsReason) {
 
 TEST_F(HostilePlugins, ThePluginsCommandIsUnharmedAndExitsZero) {
   EXPECT_EQ(plugins_.code, 0) << plugins_.err;
-  EXPECT_TRUE(std::regex_search(plugins_.out, std::regex("\nbatched +1\\.0\\.0 +5 +mha, core")));
+  EXPECT_TRUE(std::regex_search(plugins_.out, std::regex("\nbatched +1\\.0\\.0 +6 +mha, core")));
   EXPECT_TRUE(contains(plugins_.out, "searched: " + kHostile.string() + ", "));
   // The chatter was captured in the probe, not printed: it appears only quoted in its reason.
   EXPECT_EQ(plugins_.out.find("\n  OK     a forged line"), std::string::npos);

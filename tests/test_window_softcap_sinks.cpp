@@ -134,6 +134,18 @@ TEST(WindowMask, NegativeBoundIsRefusedNamingIt) {
   }
 }
 
+// The softcap op: C tanh(x / C) by value, and its backward against finite
+// differences, at inputs far past C (where tanh saturates) and near 0.
+TEST(SoftcapOp, ValueAndGradcheck) {
+  const std::vector<double> values = {-40.0, -3.0, -0.5, 0.0, 0.25, 2.0, 7.5, 60.0};
+  const Tensor x = Tensor::from_values(values, {2, 4}, DType::float64);
+  const Variable y = softcap(Variable(x), 2.5);
+  for (std::int64_t i = 0; i < x.numel(); ++i) EXPECT_DOUBLE_EQ(y.data().flat(i), 2.5 * std::tanh(x.flat(i) / 2.5));
+  const GradcheckResult r = gradcheck([](const std::vector<Variable>& v) { return softcap(v[0], 2.5); }, {x});
+  EXPECT_TRUE(r.ok) << r.message;
+  EXPECT_THROW(softcap(Variable(x), 0.0), std::invalid_argument);
+}
+
 // ---------------------------------------------------------------- the plugins, by hand
 
 class ModernAttention : public ::testing::Test {

@@ -21,6 +21,7 @@ class Shadow final : public Attention {
     i.description = "test plugin: takes per_head's name";
     Capabilities& c = i.capabilities;
     c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = c.grouped_kv = c.rope = c.rope_level = c.bias = true;  // batched_mha takes the biases
+    c.window = c.softcap = c.sinks = true;  // attention_core has them
     c.extra = {"bfloat16", "float16"};  // as the real per_head declares
     return i;
   }
