@@ -281,14 +281,17 @@ TEST(CPlugin, WrongCAbiVersionIsSkipped) {
 // ---------------------------------------------------------------- C ABI 1 and grouped KV heads
 
 TEST(CPluginAbi1, DeclaresGroupedKvOnlyFromVersion2) {
-  const LoadedPlugin& v2 = registry().get("naive_c");
-  EXPECT_EQ(v2.abi_version, 2);
+  const LoadedPlugin& v2 = registry().get("naive_c");  // the current build: C ABI 3
+  EXPECT_EQ(v2.abi_version, HEADGRAD_C_ABI_VERSION);
   EXPECT_TRUE(v2.info.capabilities.grouped_kv);
   EXPECT_TRUE(contains(capabilities_str(v2.info.capabilities), "grouped_kv"));
+  // C ABI 3: the window, the cap and the sinks, which a version-1 build cannot declare
+  EXPECT_TRUE(v2.info.capabilities.window && v2.info.capabilities.softcap && v2.info.capabilities.sinks);
   const LoadedPlugin& v1 = registry().get("naive_c_v1");
   EXPECT_EQ(v1.abi_version, 1);
   EXPECT_FALSE(v1.info.capabilities.grouped_kv);
   EXPECT_FALSE(contains(capabilities_str(v1.info.capabilities), "grouped_kv"));
+  EXPECT_FALSE(v1.info.capabilities.window || v1.info.capabilities.softcap || v1.info.capabilities.sinks);
   EXPECT_TRUE(v1.info.capabilities.core && v1.info.capabilities.causal && v1.info.capabilities.bool_mask);
 }
 

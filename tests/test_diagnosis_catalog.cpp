@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include <cmath>
+#include <functional>
 
 #include <headgrad/loader.hpp>
 
@@ -26,6 +27,10 @@ using headgrad::test::run_mha;
 struct Grads {
   std::vector<Tensor> tensors;  // out, then the gradient of each input
 };
+
+// A bug of a sliding window, the soft-cap or the sinks: it needs the feature on
+// (FeatureCatalogTest); with every feature off it is the correct attention.
+bool feature_bug(const Visibility& v) { return v.needs_window || v.needs_softcap || v.needs_sinks; }
 
 double max_abs_diff(const Tensor& a, const Tensor& b) {
   const auto va = a.to_vector(), vb = b.to_vector();
@@ -114,9 +119,10 @@ TEST_P(CatalogTest, HypothesisReproducesMutantAndDiffersFromCorrect) {
   // Tq = Tk = T, no boolean mask (so no fully masked row), small logits, float64
   // here: such bugs cannot show (CrossLengthCatalogTest, EdgeCatalogTest and
   // LowPrecisionCatalogTest show them).
-  // Nor without QK-norm or cross-attention (QkNormCrossCatalogTest shows those).
+  // Nor without QK-norm, cross-attention, a window, a cap or sinks
+  // (QkNormCrossCatalogTest and FeatureCatalogTest show those).
   if (vis.needs_tq_ne_tk || vis.needs_empty_row || vis.needs_large_logits || vis.needs_mask || vis.needs_16bit ||
-      vis.needs_qk_norm || vis.needs_cross)
+      vis.needs_qk_norm || vis.needs_cross || feature_bug(vis))
     EXPECT_LT(distance_from_correct, 1e-12) << info.name << " shows at " << at;
   else
     EXPECT_GT(distance_from_correct, 1e-3) << info.name << " is invisible at " << at;
@@ -260,7 +266,7 @@ TEST_P(CoreCatalogTest, HypothesisReproducesMutant) {
 std::vector<BugInfo> cross_length_bugs() {
   std::vector<BugInfo> out;
   for (const auto& b : bug_catalog())
-    if (b.visibility.needs_tq_ne_tk) out.push_back(b);
+    if (b.visibility.needs_tq_ne_tk && !feature_bug(b.visibility)) out.push_back(b);
   return out;
 }
 
@@ -351,7 +357,7 @@ TEST_P(EdgeCatalogTest, HypothesisReproducesMutantWhereTheEdgeIs) {
 std::vector<BugInfo> core_grouping_bugs() {
   std::vector<BugInfo> out;
   for (const auto& b : bug_catalog())
-    if (b.visibility.needs_group && !b.visibility.mha_only) out.push_back(b);
+    if (b.visibility.needs_group && !b.visibility.mha_only && !feature_bug(b.visibility)) out.push_back(b);
   return out;
 }
 
@@ -392,7 +398,104 @@ TEST_P(GroupedCoreCatalogTest, HypothesisReproducesMutantAndNoOtherKvBug) {
   }
 }
 
+// The bugs of windows, soft-capping and sinks, each with its feature on at a
+// shape where it shows (B 2, H 6, Hkv 2: G = 3; T 11 > W + 1 with W 4 keys; a
+// cap the scores reach; sinks U(-1, 3); without causal for the right bound; a
+// decode step, Tq 3 of Tk 11 bottom-right, at the core level): the hypothesis
+// reproduces the mutant (out, every gradient, dsinks), differs from the correct
+// attention, and with the feature off all three agree.
+std::vector<BugInfo> feature_bugs() {
+  std::vector<BugInfo> out;
+  for (const auto& b : bug_catalog())
+    if (feature_bug(b.visibility)) out.push_back(b);
+  return out;
+}
+
+class FeatureCatalogTest : public CatalogTest {
+ protected:
+  // The spec that shows `b` (features on), or the same with them off.
+  static AttentionSpec spec_for(const BugInfo& b, AttentionSpec spec, bool on) {
+    spec.causal = b.bug != Bug::window_both_sides;  // the right bound shows without causal only
+    if (!on) return spec;
+    if (b.visibility.needs_window) {
+      spec.window.left = 3;
+      spec.window.right = 0;
+    }
+    if (b.visibility.needs_softcap) spec.softcap = 0.75;
+    return spec;
+  }
+  static Tensor sinks_of(std::int64_t heads) {
+    Generator gen(13);
+    return rand_uniform({heads}, DType::float64, gen, -1.0, 3.0);
+  }
+  // out, every gradient of q, k, v (or x and the weights), then dsinks when on
+  static std::vector<Tensor> with_sinks(const std::function<Variable(const AttentionSpec&)>& forward,
+                                        const std::vector<Variable>& leaves, AttentionSpec spec, const Tensor& sinks,
+                                        const Tensor& r) {
+    if (sinks.defined()) spec.sinks = Variable(sinks, true);
+    const Variable out = forward(spec);
+    sum(mul(out, Variable(r))).backward();
+    std::vector<Tensor> all = {out.data()};
+    for (const Variable& l : leaves) all.push_back(l.grad().defined() ? l.grad() : Tensor::zeros(l.shape(), l.dtype()));
+    if (sinks.defined())
+      all.push_back(spec.sinks.grad().defined() ? spec.sinks.grad() : Tensor::zeros(sinks.shape(), sinks.dtype()));
+    return all;
+  }
+};
+
+TEST_P(FeatureCatalogTest, HypothesisReproducesMutantWithTheFeatureOn) {
+  const BugInfo& info = GetParam();
+  const LoadedPlugin* mutant = registry_->find("mutant_" + std::string(info.name));
+  ASSERT_NE(mutant, nullptr);
+  const bool core_only = info.visibility.needs_tq_ne_tk;
+  for (const bool on : {true, false}) {
+    SCOPED_TRACE(on ? "feature on" : "feature off");
+    const Tensor sinks = info.visibility.needs_sinks && on ? sinks_of(6) : Tensor();
+    std::vector<std::vector<Tensor>> runs;  // mutant, hypothesis, correct
+    Generator gen(17);
+    if (core_only) {  // a decode step: Tq 3 of Tk 11, bottom-right
+      const Tensor q = randn({2, 6, 3, 4}, DType::float64, gen), k = randn({2, 2, 11, 4}, DType::float64, gen),
+                   v = randn({2, 2, 11, 4}, DType::float64, gen), r = randn({2, 6, 3, 4}, DType::float64, gen);
+      AttentionSpec base;
+      base.causal_alignment = CausalAlignment::bottom_right;
+      const AttentionSpec spec = spec_for(info, base, on);
+      for (int which = 0; which < 3; ++which) {
+        const Variable vq(q, true), vk(k, true), vv(v, true);
+        runs.push_back(with_sinks(
+            [&](const AttentionSpec& s) {
+              return which == 0 ? mutant->attention->core_forward(vq, vk, vv, s)
+                                : hypothesis_core(vq, vk, vv, s, which == 1 ? BugSet(info.bug) : BugSet());
+            },
+            {vq, vk, vv}, spec, sinks, r));
+      }
+    } else {
+      s_ = {2, 11, 24, 6, 2, 4};
+      const auto in = inputs();
+      const AttentionSpec spec = spec_for(info, test::causal_mha_spec(24, 6, 2, 4), on);
+      for (int which = 0; which < 3; ++which) {
+        const Variable x(in[0], true);
+        const MhaWeights w{Variable(in[1], true), Variable(in[2], true), Variable(in[3], true), Variable(in[4], true)};
+        runs.push_back(with_sinks(
+            [&](const AttentionSpec& s) {
+              return which == 0 ? mutant->attention->mha_forward(x, w, s)
+                                : hypothesis_mha(x, w, s, which == 1 ? BugSet(info.bug) : BugSet());
+            },
+            {x, w.wq, w.wk, w.wv, w.wo}, spec, sinks, in[5]));
+      }
+    }
+    double from_correct = 0;
+    for (std::size_t i = 0; i < runs[0].size(); ++i) {
+      const double scale = std::max(1.0, max_abs_diff(runs[2][i], Tensor::zeros(runs[2][i].shape(), DType::float64)));
+      EXPECT_LT(max_abs_diff(runs[0][i], runs[1][i]), 1e-12 * scale) << "tensor " << i;
+      from_correct = std::max(from_correct, max_abs_diff(runs[1][i], runs[2][i]));
+    }
+    if (on) EXPECT_GT(from_correct, 1e-3) << info.name << " is invisible with its feature on";
+    else EXPECT_LT(from_correct, 1e-12) << info.name << " shows with its feature off";
+  }
+}
+
 auto bug_name = [](const auto& p) { return std::string(p.param.name); };
+INSTANTIATE_TEST_SUITE_P(Bugs, FeatureCatalogTest, ::testing::ValuesIn(feature_bugs()), bug_name);
 INSTANTIATE_TEST_SUITE_P(Bugs, CatalogTest, ::testing::ValuesIn(non_rope_bugs()), bug_name);
 INSTANTIATE_TEST_SUITE_P(Bugs, CoreCatalogTest, ::testing::ValuesIn(core_level_bugs()), bug_name);
 INSTANTIATE_TEST_SUITE_P(Bugs, EdgeCatalogTest, ::testing::ValuesIn(edge_bugs()), bug_name);

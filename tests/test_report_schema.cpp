@@ -70,7 +70,7 @@ static_assert(field_count<Dims>() == 8);
 // not: key_source, expect_diagnosis_at, baseline_k_at (suite locations), reference
 // (reference_text, resolved), baseline_k (each tensor's k is in its baseline),
 // check_strict, dtype_on_case (parsing rules), files (the inputs)
-static_assert(field_count<CaseSpec>() == 35);
+static_assert(field_count<CaseSpec>() == 38);
 static_assert(field_count<headgrad::QkNormSpec>() == 4);
 static_assert(field_count<CaseResult>() == 16);       // not: lhs, rhs (tensors)
 static_assert(field_count<ShardSpec>() == 2);
@@ -129,11 +129,14 @@ CaseResult full_case(int n) {
   c.bias = true;
   c.qk_norm = {.enabled = true, .axis = headgrad::QkNormAxis::model, .eps = 1e-5 * (n + 1), .gain = headgrad::QkNormGain::one_plus_w};
   c.cross = true;
+  c.window.left = 3 + n;  // the right bound unbounded: written as null
+  c.softcap = 0.75 + n;
+  c.sinks = true;
   c.seed = (std::uint64_t{1} << 63) + 5 + n;
   c.tolerance = {1e-3, 2e-3};
   c.tensor_tolerance = {{"dx", {3e-3, 4e-3}}};
   c.tolerance_rule = ToleranceRule::relative_to_baseline;
-  c.check = {"out", "dx", "dbq", "dbo", "q_rot", "k_rot"};
+  c.check = {"out", "dx", "dbq", "dbo", "dsinks", "q_rot", "k_rot"};
   c.expect_fail = true;
   c.expect_diagnosis = "scale_one_over_d";
   c.timeout_s = 12.5;
@@ -283,6 +286,10 @@ void expect_same_spec(const CaseSpec& a, const CaseSpec& b) {
   EXPECT_EQ(a.qk_norm.eps, b.qk_norm.eps);
   EXPECT_EQ(a.qk_norm.gain, b.qk_norm.gain);
   EXPECT_EQ(a.cross, b.cross);
+  EXPECT_EQ(a.window.left, b.window.left);
+  EXPECT_EQ(a.window.right, b.window.right);
+  EXPECT_EQ(a.softcap, b.softcap);
+  EXPECT_EQ(a.sinks, b.sinks);
   EXPECT_EQ(a.seed, b.seed);
   EXPECT_EQ(a.tolerance.atol, b.tolerance.atol);
   EXPECT_EQ(a.tolerance.rtol, b.tolerance.rtol);

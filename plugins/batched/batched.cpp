@@ -54,6 +54,8 @@ Variable block_causal_core(const Variable& q, const Variable& k, const Variable&
 // Whether block_causal_core applies and pays: causal alone, rows to split.
 bool block_causal_applies(const Variable& q, const Variable& k, const AttentionSpec& spec) {
   if (!spec.causal || spec.mask.defined() || q.dim() < 2) return false;
+  // windows, caps and sinks: the composed attention_core has them
+  if (spec.window.enabled() || spec.softcap > 0.0 || spec.sinks.defined()) return false;
   const std::int64_t tq = q.size(-2), tk = k.size(-2);
   return spec.causal_shift(tq, tk) >= 0 && tq >= 2 * kBlockRows;
 }
@@ -69,6 +71,7 @@ class Batched final : public Attention {
     c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = c.grouped_kv = c.rope = c.rope_level = true;
     c.bias = true;  // batched_mha adds MhaWeights' biases to the projections
     c.qk_norm = c.cross_attention = true;  // batched_mha: the gains and x_kv around the core
+    c.window = c.softcap = c.sinks = true;  // attention_core: window mask, softcap op, sink column
     c.extra = {"bfloat16", "float16"};  // through the engine's ops: float32 math, 16-bit results
     return i;
   }

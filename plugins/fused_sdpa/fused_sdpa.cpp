@@ -18,9 +18,18 @@ using namespace headgrad;
 // larger diagonal tiles costs (process CPU time at (1,2048,512,8) f+b, float32:
 // 279 against 298 ms; at T = 512, 128 x 128 stays ahead, 151-159 against
 // 154-169 ms; docs/performance.md).
-fused_sdpa::Tiles tiles_for(std::int64_t tq, std::int64_t tk) {
+fused_sdpa::Tiles tiles_for(std::int64_t tq, std::int64_t tk, const AttentionSpec& spec) {
   fused_sdpa::Tiles t;
   if (tq >= 2048 && tk >= 2048) t.rows = t.keys = 256;
+  // A window narrow against Tk: the key tiles a query block visits span about
+  // (left + right + Br) / Bc + 1 tiles, so narrower key tiles waste fewer masked
+  // keys (1,4096,256,4 with --window 255, f+b process CPU time: 124 ms at 128 x 64
+  // against 152 ms at 256 x 256 on a loaded machine; docs/performance.md).
+  const std::int64_t span = spec.window.left.value_or(tk) + (spec.causal ? 0 : spec.window.right.value_or(tk)) + 1;
+  if (spec.window.enabled() && span * 8 <= tk) {
+    t.rows = 128;
+    t.keys = 64;
+  }
   return t;
 }
 
@@ -38,6 +47,7 @@ class FusedSdpa final : public Attention {
     c.float32 = c.float64 = c.dropout = c.grouped_kv = c.rope = c.rope_level = true;
     c.bias = true;  // batched_mha adds MhaWeights' biases to the projections
     c.qk_norm = c.cross_attention = true;  // batched_mha: the gains and x_kv around the core
+    c.window = c.softcap = c.sinks = true;  // inside the kernel (kernel.cpp)
     c.extra = {"bfloat16", "float16"};  // 16-bit q, k, v with float32 accumulation
     return i;
   }
@@ -63,15 +73,16 @@ class FusedSdpa final : public Attention {
   Variable core_forward(const Variable& q, const Variable& k, const Variable& v,
                         const AttentionSpec& spec) const override {
     const Variable qr = rope_queries(q, spec), kr = rope_keys(k, spec);
-    const fused_sdpa::Tiles tiles = tiles_for(q.size(-2), k.size(-2));
+    const fused_sdpa::Tiles tiles = tiles_for(q.size(-2), k.size(-2), spec);
     if (!is_16bit(q.dtype())) return fused_sdpa::sdpa(qr, kr, v, without_rope(spec), tiles);
     // 16-bit q, k, v (as the usual kernels take them): the float32 kernel on
     // their exact upcasts, so the scores, the softmax statistics, P V and every
     // product of the backward accumulate in float32; the output and dq, dk, dv
     // are rounded once to the storage type (cast's backward rounds them).
     const DType f32 = DType::float32;
-    return cast(fused_sdpa::sdpa(cast(qr, f32), cast(kr, f32), cast(v, f32), without_rope(spec), tiles),
-                q.dtype());
+    AttentionSpec s32 = without_rope(spec);
+    if (s32.sinks.defined()) s32.sinks = cast(s32.sinks, f32);  // dsinks rounded back by cast's backward
+    return cast(fused_sdpa::sdpa(cast(qr, f32), cast(kr, f32), cast(v, f32), s32, tiles), q.dtype());
   }
 };
 

@@ -28,6 +28,19 @@
 // L = -inf. Its output is zeros and it sends zero (finite) gradients to q, k
 // and v, where a naive softmax gives NaN (the same rule as core's softmax).
 //
+// Sliding window (spec.window): query i sees keys i + o - left <= j <= i + o +
+// right (o = shift under causal, else 0). A query block walks only the key
+// tiles that meet its rows' windows and a key block only the query blocks that
+// see it, so forward and backward cost O(Tq (left + right + Br) d), not
+// O(Tq Tk d); elements are masked only in tiles that straddle an edge.
+// Soft-capping (spec.softcap = C): scores() computes c = C tanh(scale q.k / C)
+// (the scale inside tanh) before any mask, and in the backward also
+// 1 - tanh^2, which multiplies dS: dS = P (dP - D) (1 - t^2).
+// Sinks (spec.sinks [H]): every row of query head h starts its online softmax
+// at m = sigma_h, l = 1 (the sink column, which has no value), so O and L
+// include it and a fully masked row gets O = 0, L = sigma_h. The backward pass
+// that computes D also gives dsigma_h = -sum over rows of exp(sigma_h - L) D.
+//
 // Dropout (dropout_p > 0), on the attention weights as in PyTorch: key j of
 // query i in leading index n is kept when a counter-based SplitMix64 hash of
 // (dropout_seed, n, i, j) is >= p, and kept weights are scaled by 1/(1-p). The
@@ -177,22 +190,54 @@ struct Sdpa {
   Rows<T> q, k, v;  // [N, Tq, d], [Nkv, Tk, d], [Nkv, Tk, dv]
   MaskRows mask;
   Dropout dropout;
+  // The keys row i sees from indices: i + lo_off <= j (when has_lo: a window's
+  // left bound) and j <= i + hi_off (when has_hi: causal and/or a window's right bound).
+  bool has_lo = false, has_hi = false;
+  std::int64_t lo_off = 0, hi_off = 0;
+  T cap = 0;                 // soft-capping C; 0: off
+  std::vector<T> sinks;      // sigma_h [H]; empty: no sinks
+  std::int64_t heads = 1;    // H: slice n is query head n % H
 
-  // Keys a block of query rows [i0, i0 + br) can see: causal blocks stop at the
-  // diagonal, so the tiles above it are never computed (bottom-right with
+  T sink(std::int64_t nn) const { return sinks[static_cast<std::size_t>(nn % heads)]; }
+
+  // Keys a block of query rows [i0, i0 + br) can see: [key_begin, key_end).
+  // Causal blocks stop at the diagonal and windowed blocks start at the window's
+  // left edge, so the tiles outside are never computed (bottom-right with
   // Tq > Tk: the first blocks may see none).
   std::int64_t key_end(std::int64_t i0, std::int64_t br) const {
-    return causal ? std::clamp<std::int64_t>(i0 + br + shift, 0, tk) : tk;
+    return has_hi ? std::clamp<std::int64_t>(i0 + br - 1 + hi_off + 1, 0, tk) : tk;
+  }
+  // Aligned down to a key tile, so that forward and backward cut the same tiles.
+  std::int64_t key_begin(std::int64_t i0) const {
+    return has_lo ? std::clamp<std::int64_t>(i0 + lo_off, 0, tk) / bc * bc : 0;
+  }
+  // Query rows that see some key of [j0, j0 + bc): [query_begin, query_end).
+  std::int64_t query_begin(std::int64_t j0) const {
+    return has_hi ? std::clamp<std::int64_t>(j0 - hi_off, 0, tq) : 0;
+  }
+  std::int64_t query_end(std::int64_t j0, std::int64_t bc) const {
+    return has_lo ? std::clamp<std::int64_t>(j0 + bc - 1 - lo_off + 1, 0, tq) : tq;
   }
 
-  // s [br, bc] = scale * q[i0:i0+br] k[j0:j0+bc]^T, masked entries -inf.
+  // s [br, bc] = scale * q[i0:i0+br] k[j0:j0+bc]^T, capped (s = C tanh(s / C))
+  // when a cap is on, then masked entries -inf. dtanh (null: not wanted)
+  // receives 1 - tanh^2 of each element (before the mask: finite everywhere).
   // Forward and backward both call this, so they see bit-identical scores.
   void scores(std::int64_t nn, std::int64_t i0, std::int64_t br, std::int64_t j0,
-              std::int64_t bc, T* s) const {
+              std::int64_t bc, T* s, T* dtanh = nullptr) const {
     gemm(false, true, br, bc, d, scale, q.slice(nn) + i0 * q.ld, q.ld, k.slice(nn / group) + j0 * k.ld,
             k.ld, T(0), s, bc);
-    const bool diagonal = causal && j0 + bc - 1 > i0 + shift;  // some key j > i + shift here
-    if (!diagonal && !mask.on) return;
+    if (cap > T(0)) {  // after the scale, before every mask
+      const T inv = T(1) / cap;
+      for (std::int64_t e = 0; e < br * bc; ++e) {
+        const T t = std::tanh(s[e] * inv);
+        s[e] = cap * t;
+        if (dtanh) dtanh[e] = T(1) - t * t;
+      }
+    }
+    const bool right = has_hi && j0 + bc - 1 > i0 + hi_off;       // some key j > i + hi_off here
+    const bool left = has_lo && j0 < i0 + br - 1 + lo_off;         // some key j < i + lo_off here
+    if (!right && !left && !mask.on) return;
     constexpr T neg_inf = -std::numeric_limits<T>::infinity();
     const bool* m = mask.on ? mask.slice(nn) : nullptr;
     for (std::int64_t r = 0; r < br; ++r) {
@@ -200,15 +245,16 @@ struct Sdpa {
       T* sr = s + r * bc;
       for (std::int64_t c = 0; c < bc; ++c) {
         const std::int64_t j = j0 + c;
-        if ((diagonal && j > i + shift) || (m && !m[i * mask.si + j * mask.sj])) sr[c] = neg_inf;
+        if ((right && j > i + hi_off) || (left && j < i + lo_off) || (m && !m[i * mask.si + j * mask.sj]))
+          sr[c] = neg_inf;
       }
     }
   }
 };
 
 template <class T>
-Sdpa<T> make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionSpec& spec,
-                     Tiles tiles) {
+Sdpa<T> make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& sinks,
+                     const AttentionSpec& spec, Tiles tiles) {
   const auto shapes = [&] {
     return "q " + shape_str(q.shape()) + ", k " + shape_str(k.shape()) + ", v " +
            shape_str(v.shape());
@@ -257,6 +303,19 @@ Sdpa<T> make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const At
   a.scale = static_cast<T>(spec.scale_for(a.d));
   a.causal = spec.causal;
   a.shift = spec.causal_shift(a.tq, a.tk);
+  // Causal and the window from indices: row i sees i + lo_off <= j <= i + hi_off.
+  check_window(spec.window, "fused_sdpa");
+  const std::int64_t o = window_offset(spec, a.tq, a.tk);
+  constexpr std::int64_t kFar = std::int64_t{1} << 62;  // a bound past every key
+  a.has_hi = a.causal || spec.window.right.has_value();
+  a.hi_off = std::min(a.causal ? a.shift : kFar,
+                      spec.window.right ? o + std::min(*spec.window.right, kFar) : kFar);
+  a.has_lo = spec.window.left.has_value();
+  a.lo_off = a.has_lo ? o - std::min(*spec.window.left, kFar) : 0;
+  if (!(spec.softcap >= 0.0) || !std::isfinite(spec.softcap))
+    throw std::invalid_argument("fused_sdpa: softcap " + std::to_string(spec.softcap) +
+                                " is not a finite number >= 0 (0 is off)");
+  a.cap = static_cast<T>(spec.softcap);
   a.q = as_rows<T>(q, a.lead);
   a.k = as_rows<T>(k, a.kv_lead);
   a.v = as_rows<T>(v, a.kv_lead);
@@ -265,6 +324,7 @@ Sdpa<T> make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const At
   // applied from indices so that it costs no [Tq, Tk] tensor.
   AttentionSpec mask_only = spec;
   mask_only.causal = false;
+  mask_only.window = {};  // from indices too (its offset follows causal, which is off here)
   if (const Tensor m = attention_mask(mask_only, a.tq, a.tk); m.defined()) {
     Shape full = a.lead;
     full.push_back(a.tq);
@@ -283,6 +343,16 @@ Sdpa<T> make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const At
   a.dropout.on = spec.dropout_p > 0.0;
   a.dropout.p = spec.dropout_p;
   a.dropout.seed = spec.dropout_seed;
+  if (sinks.defined()) {  // one logit per query head: q's dim -3 (1 without one)
+    a.heads = q.dim() >= 3 ? a.lead.back() : 1;
+    if (sinks.dim() != 1 || sinks.numel() != a.heads)
+      throw std::invalid_argument("fused_sdpa: sinks " + shape_str(sinks.shape()) + " for " + shapes() +
+                                  ": expected [" + std::to_string(a.heads) + "], one logit per query head");
+    if (sinks.dtype() != q.dtype())
+      throw std::invalid_argument("fused_sdpa: sinks are " + std::string(dtype_name(sinks.dtype())) +
+                                  ", q is " + std::string(dtype_name(q.dtype())));
+    for (std::int64_t h = 0; h < a.heads; ++h) a.sinks.push_back(static_cast<T>(sinks.flat(h)));
+  }
   return a;
 }
 
@@ -303,11 +373,12 @@ void sdpa_forward_block(const Sdpa<T>& a, std::int64_t nn, std::int64_t i0, T* o
   T* on = o + nn * a.tq * a.dv;
   T* ln = lse + nn * a.tq;
   const std::int64_t br = std::min(a.br, a.tq - i0);
-  std::fill(m, m + br, neg_inf);
-  std::fill(l, l + br, T(0));
+  // A sink is the first column of every row: m = sigma, l = exp(sigma - m) = 1, no value.
+  std::fill(m, m + br, a.sinks.empty() ? neg_inf : a.sink(nn));
+  std::fill(l, l + br, a.sinks.empty() ? T(0) : T(1));
   std::fill(acc, acc + br * a.dv, T(0));
   const std::int64_t j_end = a.key_end(i0, br);
-  for (std::int64_t j0 = 0; j0 < j_end; j0 += a.bc) {
+  for (std::int64_t j0 = a.key_begin(i0); j0 < j_end; j0 += a.bc) {
     const std::int64_t bc = std::min(a.bc, j_end - j0);
     a.scores(nn, i0, br, j0, bc, s);
     bool any = false;  // a tile whose weights are all zero adds nothing to acc
@@ -378,7 +449,7 @@ struct SharedDq {
 // dk [Nkv, Tk, d] and dv [Nkv, Tk, dv] (contiguous, owned by the caller's
 // item) and to dQ. Null pointers:
 // not needed. drow [N, Tq] holds D = rowsum(dO * O). scratch: p [Br, Bc],
-// ds [Br, Bc], dq_tile [Br, d].
+// ds [Br, Bc], dq_tile [Br, d], and with a cap dtanh [Br, Bc].
 template <class T>
 void sdpa_backward_block(const Sdpa<T>& a, const Rows<T>& dout, const T* lse, const T* drow,
                          std::int64_t nn, std::int64_t j0, const SharedDq<T>& dq, T* dk, T* dvv,
@@ -388,6 +459,7 @@ void sdpa_backward_block(const Sdpa<T>& a, const Rows<T>& dout, const T* lse, co
   T* p = scratch;
   T* ds = p + a.br * a.bc;
   T* dq_tile = ds + a.br * a.bc;
+  T* dtanh = a.cap > T(0) ? dq_tile + a.br * a.d : nullptr;
   const bool need_ds = dq.data != nullptr || dk != nullptr;
   const T* qn = a.q.slice(nn);
   const std::int64_t nkv = nn / a.group;
@@ -397,11 +469,13 @@ void sdpa_backward_block(const Sdpa<T>& a, const Rows<T>& dout, const T* lse, co
   const T* ln = lse + nn * a.tq;
   const T* dn = drow + nn * a.tq;
   const std::int64_t bc = std::min(a.bc, a.tk - j0);
-  for (std::int64_t i0 = 0; i0 < a.tq; i0 += a.br) {
+  // the query blocks whose rows' windows (and causal diagonal) meet these keys
+  const std::int64_t i_end = a.query_end(j0, bc);
+  for (std::int64_t i0 = a.query_begin(j0) / a.br * a.br; i0 < i_end; i0 += a.br) {
     const std::int64_t br = std::min(a.br, a.tq - i0);
     if (j0 >= a.key_end(i0, br)) continue;  // causal: this query block sees no key here
     // in the forward pass this was: P = softmax(S) over all key tiles
-    a.scores(nn, i0, br, j0, bc, p);
+    a.scores(nn, i0, br, j0, bc, p, need_ds ? dtanh : nullptr);
     bool any = false;
     for (std::int64_t r = 0; r < br; ++r) {
       T* pr = p + r * bc;
@@ -438,6 +512,8 @@ void sdpa_backward_block(const Sdpa<T>& a, const Rows<T>& dout, const T* lse, co
         for (std::int64_t c = 0; c < bc; ++c) dsr[c] = pr[c] * (dsr[c] - dr);
       }
     }
+    if (need_ds && dtanh)  // through the cap: ds *= 1 - tanh^2 (finite, masked ds already 0)
+      for (std::int64_t e = 0; e < br * bc; ++e) ds[e] *= dtanh[e];
     if (dvv)  // dV[j0:j0+bc] += P^T dO
       gemm(true, false, bc, a.dv, br, T(1), p, bc, dob, dout.ld, T(1),
               dvv + (nkv * a.tk + j0) * a.dv, a.dv);
@@ -460,8 +536,9 @@ void sdpa_backward_block(const Sdpa<T>& a, const Rows<T>& dout, const T* lse, co
 template <class T>
 Variable fused_core(const Variable& q, const Variable& k, const Variable& v,
                     const AttentionSpec& spec, Tiles tiles) {
-  const auto a = std::make_shared<const Sdpa<T>>(
-      make_problem<T>(q.data(), k.data(), v.data(), spec, tiles));
+  const Variable& sinks = spec.sinks;  // undefined: no sinks
+  const auto a = std::make_shared<const Sdpa<T>>(make_problem<T>(
+      q.data(), k.data(), v.data(), sinks.defined() ? sinks.data() : Tensor(), spec, tiles));
   const Shape q_shape = q.shape(), k_shape = k.shape(), v_shape = v.shape();
 
   auto forward = [a](CustomOpContext& ctx, const std::vector<Tensor>& in) {
@@ -493,7 +570,9 @@ Variable fused_core(const Variable& q, const Variable& k, const Variable& v,
     const Tensor& o = ctx.saved[0];
     const Tensor& lse = ctx.saved[1];
     const Needs need{ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]};
-    if (!need.q && !need.k && !need.v) return std::vector<Tensor>(3);
+    const bool need_sinks = !a->sinks.empty() && ctx.needs_input_grad[3];
+    std::vector<Tensor> grads(a->sinks.empty() ? 3 : 4);
+    if (!need.q && !need.k && !need.v && !need_sinks) return grads;
     const Rows<T> dout = as_rows<T>(g, a->lead);
     Tensor dq, dk, dv;
     if (need.q) dq = Tensor::zeros(with_last2(a->lead, a->tq, a->d), dtype_of<T>());
@@ -503,7 +582,7 @@ Variable fused_core(const Variable& q, const Variable& k, const Variable& v,
     const std::int64_t k_blocks = (a->tk + a->bc - 1) / a->bc;
     const std::int64_t items = a->n / a->group * k_blocks;
     const std::int64_t workers = std::clamp<std::int64_t>(num_threads(), 1, std::max<std::int64_t>(items, 1));
-    const std::int64_t per = 2 * a->br * a->bc + a->br * a->d;
+    const std::int64_t per = (a->cap > T(0) ? 3 : 2) * a->br * a->bc + a->br * a->d;
     Tensor scratch = Tensor::empty({workers, per}, dtype_of<T>());
     // D = rowsum(dO * O) [N, Tq], once for every key block that needs it.
     Tensor drow = Tensor::empty({a->n, a->tq}, dtype_of<T>());
@@ -519,6 +598,17 @@ Variable fused_core(const Variable& q, const Variable& k, const Variable& v,
         pd[row] = acc;
       }
     }, 64);
+    if (need_sinks) {  // dsigma_h = -sum over the rows of head h of P_sink D, P_sink = exp(sigma_h - L)
+      std::vector<T> dsig(a->sinks.size(), T(0));
+      const T* pl = lse.data<T>();
+      for (std::int64_t row = 0; row < a->n * a->tq; ++row) {
+        const std::int64_t nn = row / a->tq;
+        dsig[static_cast<std::size_t>(nn % a->heads)] -= std::exp(a->sink(nn) - pl[row]) * pd[row];
+      }
+      Tensor ds = Tensor::empty({a->heads}, dtype_of<T>());
+      std::copy(dsig.begin(), dsig.end(), ds.mutable_data<T>());
+      grads[3] = ds;
+    }
     std::vector<std::mutex> dq_locks(need.q && k_blocks > 1 ? static_cast<std::size_t>(a->n * q_blocks) : 0);
     SharedDq<T> shared_dq;
     shared_dq.data = need.q ? dq.mutable_data<T>() : nullptr;
@@ -542,11 +632,14 @@ Variable fused_core(const Variable& q, const Variable& k, const Variable& v,
     }
     // Leading dims that were broadcast are summed back to each input's shape
     // (the kv groups are summed already).
-    return std::vector<Tensor>{need.q ? kernels::sum_to(dq, q_shape) : Tensor(),
-                               need.k ? kernels::sum_to(dk, k_shape) : Tensor(),
-                               need.v ? kernels::sum_to(dv, v_shape) : Tensor()};
+    grads[0] = need.q ? kernels::sum_to(dq, q_shape) : Tensor();
+    grads[1] = need.k ? kernels::sum_to(dk, k_shape) : Tensor();
+    grads[2] = need.v ? kernels::sum_to(dv, v_shape) : Tensor();
+    return grads;
   };
 
+  if (sinks.defined())  // a fourth input: dsinks flows back through the op
+    return custom_op("fused_sdpa", {q, k, v, sinks}, std::move(forward), std::move(backward));
   return custom_op("fused_sdpa", {q, k, v}, std::move(forward), std::move(backward));
 }
 

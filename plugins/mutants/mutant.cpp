@@ -25,8 +25,30 @@ using namespace headgrad;
 
 const std::string_view kBug = headgrad_mutant_bug;
 
+Tensor mutant_mask_without_window(const AttentionSpec& spec, std::int64_t tq, std::int64_t tk);
+
+// The window this mutant applies ([Tq, Tk] bool, or undefined), and the
+// spec with its window taken out (so attention_mask does not add it again).
+Tensor mutant_window(const AttentionSpec& spec, std::int64_t tq, std::int64_t tk) {
+  AttentionSpec w = spec;
+  if (kBug == "window_ignored" || !spec.window.enabled()) return {};  // BUG: spec.window never read
+  if (kBug == "window_off_by_one" && w.window.left) *w.window.left += 1;  // BUG: W + 1 keys (kv_idx >= q_idx - W)
+  if (kBug == "window_both_sides") w.window.right = w.window.left;  // BUG: window_size=(W, W), not (W, 0)
+  if (kBug == "window_anchor_top_left") w.causal_alignment = CausalAlignment::top_left;  // BUG: p_i = i at a decode step
+  return window_mask(w, tq, tk);
+}
+
 // The mask this mutant applies: [Tq, Tk] bool, True = attend, or undefined.
-Tensor mutant_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t tk) {
+Tensor mutant_mask(const AttentionSpec& spec_in, std::int64_t tq, std::int64_t tk) {
+  AttentionSpec spec = spec_in;
+  spec.window = {};  // added by mutant_window
+  const Tensor window = mutant_window(spec_in, tq, tk);
+  const Tensor m = mutant_mask_without_window(spec, tq, tk);
+  if (!window.defined()) return m;
+  return m.defined() ? logical_and(m, window) : window;
+}
+
+Tensor mutant_mask_without_window(const AttentionSpec& spec, std::int64_t tq, std::int64_t tk) {
   AttentionSpec s = spec;
   if (kBug == "missing_causal_mask") s.causal = false;  // BUG: the causal flag is ignored
   if (kBug == "causal_alignment")  // BUG: FlashAttention's convention whatever is asked
@@ -366,8 +388,111 @@ Variable matmul_accumulating(const Variable& a, const Variable& b) {
   return acc;
 }
 
+// ---- sliding windows, soft-capping, sinks as this mutant computes them
+
+// The sink logits [H] as this mutant reads them, shaped [H, 1, 1] against the
+// scores [.., H, Tq, Tk] (undefined: no sink column). group: G = H / Hkv.
+Variable mutant_sigma(const AttentionSpec& spec, std::int64_t heads, std::int64_t group, double factor) {
+  if (!spec.sinks.defined() || kBug == "sink_ignored") return {};  // BUG (sink_ignored): accepted, never read
+  Variable sig = spec.sinks;
+  if (kBug == "sink_grad_missing") sig = Variable(spec.sinks.data());  // BUG: the backward drops dsinks
+  if (kBug == "sink_per_kv_head" && group > 1) {  // BUG: sinks[h / G], indexed like k and v
+    std::vector<Variable> per;
+    for (std::int64_t h = 0; h < heads; ++h) per.push_back(narrow(sig, 0, h / group, 1));
+    sig = cat(per, 0);
+  }
+  if (kBug == "sink_scaled") sig = scale(sig, factor);  // BUG: the sink logit scaled like q.k
+  return reshape(sig, {heads, 1, 1});
+}
+
+// BUG window_ignored_in_backward: attention with a hand-written backward in
+// FlashAttention's form that recomputes P = exp(S - L) under causal and the
+// mask, but not the window (the forward has it). q, k, v [.., T, d] with the
+// same leading dims; the masks [Tq, Tk] or broadcastable to [.., Tq, Tk].
+Variable window_lost_in_backward(const Variable& q, const Variable& k, const Variable& v, const Variable& sinks,
+                                 const Tensor& attend, const Tensor& attend_no_window, double factor, double cap) {
+  const std::int64_t tq = q.size(-2), tk = k.size(-2), d = q.size(-1), dv = v.size(-1);
+  const std::int64_t n = q.numel() / (tq * d), heads = q.dim() >= 3 ? q.size(-3) : 1;
+  Shape full(q.shape().begin(), q.shape().end() - 2);
+  full.push_back(tq);
+  full.push_back(tk);
+  const auto flat_mask = [&](const Tensor& m) {
+    return m.defined() ? m.expand(full).contiguous().to_vector() : std::vector<double>(static_cast<std::size_t>(n * tq * tk), 1.0);
+  };
+  const std::vector<double> fwd = flat_mask(attend), bwd = flat_mask(attend_no_window);
+  std::vector<Variable> inputs = {q, k, v};
+  if (sinks.defined()) inputs.push_back(sinks);
+  const Shape out_shape = [&] { Shape s = q.shape(); s.back() = dv; return s; }();
+  const DType dtype = q.dtype();
+  // the capped score of (slice, i, j) and its 1 - tanh^2
+  struct Score { double c, dt; };
+  auto score = [=](const std::vector<double>& qv, const std::vector<double>& kv, std::int64_t nn, std::int64_t i, std::int64_t j) {
+    double s = 0;
+    for (std::int64_t c = 0; c < d; ++c) s += qv[(nn * tq + i) * d + c] * kv[(nn * tk + j) * d + c];
+    s *= factor;
+    if (cap <= 0) return Score{s, 1.0};
+    const double t = std::tanh(s / cap);
+    return Score{cap * t, 1 - t * t};
+  };
+  auto forward = [=](CustomOpContext& ctx, const std::vector<Tensor>& in) {
+    const auto qv = in[0].contiguous().to_vector(), kv = in[1].contiguous().to_vector(), vv = in[2].contiguous().to_vector();
+    const std::vector<double> sig = in.size() > 3 ? in[3].contiguous().to_vector() : std::vector<double>{};
+    std::vector<double> o(static_cast<std::size_t>(n * tq * dv), 0.0), lse(static_cast<std::size_t>(n * tq));
+    for (std::int64_t nn = 0; nn < n; ++nn)
+      for (std::int64_t i = 0; i < tq; ++i) {
+        double m = sig.empty() ? -INFINITY : sig[static_cast<std::size_t>(nn % heads)];
+        std::vector<double> c(static_cast<std::size_t>(tk), -INFINITY);
+        for (std::int64_t j = 0; j < tk; ++j)
+          if (fwd[(nn * tq + i) * tk + j] != 0) m = std::max(m, c[j] = score(qv, kv, nn, i, j).c);
+        if (m == -INFINITY) { lse[nn * tq + i] = -INFINITY; continue; }  // every key masked: zeros
+        double z = sig.empty() ? 0.0 : std::exp(sig[static_cast<std::size_t>(nn % heads)] - m);
+        for (std::int64_t j = 0; j < tk; ++j) z += std::exp(c[j] - m);
+        for (std::int64_t j = 0; j < tk; ++j)
+          for (std::int64_t e = 0; e < dv; ++e) o[(nn * tq + i) * dv + e] += std::exp(c[j] - m) / z * vv[(nn * tk + j) * dv + e];
+        lse[nn * tq + i] = m + std::log(z);
+      }
+    Tensor out = Tensor::from_values(o, out_shape, dtype);
+    ctx.saved = {out, Tensor::from_values(lse, {n * tq}, DType::float64)};
+    return out;
+  };
+  auto backward = [=](const CustomOpContext& ctx, const Tensor& g) {
+    const auto qv = q.data().contiguous().to_vector(), kv = k.data().contiguous().to_vector(), vv = v.data().contiguous().to_vector();
+    const auto ov = ctx.saved[0].contiguous().to_vector(), lse = ctx.saved[1].to_vector(), gv = g.contiguous().to_vector();
+    const std::vector<double> sig = sinks.defined() ? sinks.data().contiguous().to_vector() : std::vector<double>{};
+    std::vector<double> dq(qv.size(), 0.0), dk(kv.size(), 0.0), dvv(vv.size(), 0.0), dsig(sig.size(), 0.0);
+    for (std::int64_t nn = 0; nn < n; ++nn)
+      for (std::int64_t i = 0; i < tq; ++i) {
+        const double l = lse[nn * tq + i];
+        if (l == -INFINITY) continue;
+        double dd = 0;  // D = dO . O
+        for (std::int64_t e = 0; e < dv; ++e) dd += gv[(nn * tq + i) * dv + e] * ov[(nn * tq + i) * dv + e];
+        if (!sig.empty()) dsig[static_cast<std::size_t>(nn % heads)] -= std::exp(sig[static_cast<std::size_t>(nn % heads)] - l) * dd;
+        for (std::int64_t j = 0; j < tk; ++j) {
+          if (bwd[(nn * tq + i) * tk + j] == 0) continue;  // BUG: the window is not in this mask
+          const Score sc = score(qv, kv, nn, i, j);
+          const double p = std::exp(sc.c - l);
+          double dp = 0;
+          for (std::int64_t e = 0; e < dv; ++e) {
+            dvv[(nn * tk + j) * dv + e] += p * gv[(nn * tq + i) * dv + e];
+            dp += gv[(nn * tq + i) * dv + e] * vv[(nn * tk + j) * dv + e];
+          }
+          const double ds = p * (dp - dd) * sc.dt * factor;
+          for (std::int64_t c = 0; c < d; ++c) {
+            dq[(nn * tq + i) * d + c] += ds * kv[(nn * tk + j) * d + c];
+            dk[(nn * tk + j) * d + c] += ds * qv[(nn * tq + i) * d + c];
+          }
+        }
+      }
+    std::vector<Tensor> grads = {Tensor::from_values(dq, q.shape(), dtype), Tensor::from_values(dk, k.shape(), dtype),
+                                 Tensor::from_values(dvv, v.shape(), dtype)};
+    if (sinks.defined()) grads.push_back(Tensor::from_values(dsig, sinks.shape(), sinks.dtype()));
+    return grads;
+  };
+  return custom_op("mutant_window_ignored_in_backward", inputs, std::move(forward), std::move(backward));
+}
+
 Variable core(const Variable& q, const Variable& k_in, const Variable& v_in,
-              const AttentionSpec& spec, std::int64_t d_model) {
+              const AttentionSpec& spec, std::int64_t d_model, std::int64_t group = 1) {
   const Variable& k = kBug == "kv_swapped" ? v_in : k_in;  // BUG: keys and values swapped
   const Variable& v = kBug == "kv_swapped" ? k_in : v_in;
   const std::int64_t d = q.size(-1);
@@ -376,10 +501,49 @@ Variable core(const Variable& q, const Variable& k_in, const Variable& v_in,
   if (kBug == "scale_model_dim")
     factor = 1.0 / std::sqrt(static_cast<double>(d_model > 0 ? d_model : d));  // BUG
   if (kBug == "no_scale") factor = 1.0;                                   // BUG
-  Variable s = scale(matmul_accumulating(q, transpose(k, -2, -1)), factor);
+  const std::int64_t heads = q.dim() >= 3 ? q.size(-3) : 1;
   const Tensor attend = mutant_mask(spec, q.size(-2), k.size(-2));
+  if (kBug == "window_ignored_in_backward" && spec.window.enabled()) {
+    AttentionSpec no_window = spec;
+    no_window.window = {};
+    return window_lost_in_backward(q, k, v, spec.sinks, attend, mutant_mask(no_window, q.size(-2), k.size(-2)),
+                                   factor, spec.softcap);
+  }
+  const Variable raw = matmul_accumulating(q, transpose(k, -2, -1));
+  const double cap = spec.softcap;
+  const bool cap_here = cap > 0 && kBug != "softcap_ignored" && kBug != "softcap_before_scale" &&
+                        kBug != "softcap_after_mask";  // BUG (softcap_ignored): spec.softcap never read
+  Variable s = cap > 0 && kBug == "softcap_before_scale" ? scale(softcap(raw, cap), factor)  // BUG: C tanh(q.k / C) * scale
+                                                         : scale(raw, factor);
+  if (cap_here && kBug == "softcap_wrong_formula") {  // BUG: u tanh(u), u = s / C
+    const Variable u = scale(s, 1.0 / cap);
+    s = mul(u, softcap(u, 1.0));
+  } else if (cap_here && kBug == "softcap_missing_in_backward") {  // BUG: the backward passes ds = dc
+    s = add(Variable(softcap(s, cap).data()), sub(s, Variable(s.data())));
+  } else if (cap_here) {
+    s = softcap(s, cap);
+  }
   if (attend.defined())  // BUG when mask_fill_finite: a "large negative" instead of -inf
     s = masked_fill(s, logical_not(attend), kBug == "mask_fill_finite" ? -1e4 : -INFINITY);
+  if (cap > 0 && kBug == "softcap_after_mask") s = softcap(s, cap);  // BUG: -inf capped to -C
+  const Variable sigma = mutant_sigma(spec, heads, group, factor);
+  if (sigma.defined() || (spec.sinks.defined() && kBug == "sink_ignored")) {
+    Variable o;
+    if (sigma.defined()) {
+      Shape column = s.shape();
+      column.back() = 1;
+      const std::int64_t tk = s.size(-1);
+      const Variable pc = softmax(cat({s, expand(cast(sigma, s.dtype()), column)}, -1), -1);
+      o = matmul_accumulating(narrow(pc, -1, 0, tk), v);
+      if (kBug == "sink_with_value")  // BUG: the sink column weighs v_0 (a sink token's value)
+        o = add(o, mul(narrow(pc, -1, tk, 1), narrow(v, -2, 0, 1)));
+    } else {
+      o = matmul_accumulating(softmax(s, -1), v);
+    }
+    // a zero dsinks (not a missing one) from the bugs that drop it
+    if (kBug == "sink_ignored" || kBug == "sink_grad_missing") o = add(o, scale(sum(spec.sinks), 0.0));
+    return o;
+  }
   const std::int64_t dim = kBug == "softmax_over_queries" ? -2 : -1;  // BUG: over queries
   Variable p = softmax(s, dim);
   if (kBug == "softmax_no_max_subtraction") {  // BUG: exp without the row max subtracted first
@@ -409,6 +573,7 @@ class Mutant final : public Attention {
     c.rope = true;  // the RoPE bugs rotate wrongly, the others rotate the one right way
     c.rope_level = rope_bug();
     c.qk_norm = c.cross_attention = true;  // every mutant; the QK-norm and cross bugs do them wrongly
+    c.window = c.softcap = c.sinks = true;  // each computed the one right way unless it is the bug's
     c.extra = {"bfloat16", "float16"};  // the engine's ops: float32 math, 16-bit results
     return i;
   }
@@ -444,7 +609,7 @@ class Mutant final : public Attention {
     k = mutant_norm_after_rope(k, w.k_norm, s);
     AttentionSpec cs = without_rope(s);
     if (kBug == "cross_causal" && s.x_kv.defined()) cs.causal = true;  // BUG: the decoder's causal mask kept
-    const Variable o = merge(core(q, widen_kv(k, h), widen_kv(v, h), cs, dm));
+    const Variable o = merge(core(q, widen_kv(k, h), widen_kv(v, h), cs, dm, h / hkv));
     if (kBug == "missing_output_projection") return reshape(o, x.shape());  // BUG: no wo (nor bo)
     return reshape(project(o, w.wo, w.bo), x.shape());
   }
@@ -456,7 +621,7 @@ class Mutant final : public Attention {
     const Variable k = rope_on ? mutant_rope(k_in, spec, false) : k_in;
     const Variable v = rope_on && kBug == "rope_on_v" ? rope(v_in, spec.rope) : v_in;  // BUG: v rotated
     if (q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.size(1) < q.size(1))  // k, v with Hkv heads
-      return core(q, widen_kv(k, q.size(1)), widen_kv(v, q.size(1)), spec, spec.d_model);
+      return core(q, widen_kv(k, q.size(1)), widen_kv(v, q.size(1)), spec, spec.d_model, q.size(1) / k.size(1));
     return core(q, k, v, spec, spec.d_model);
   }
 

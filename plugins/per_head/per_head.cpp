@@ -15,6 +15,9 @@
 // batched plugins use. Axis head: each head's [B, T, d] over its own d; axis
 // model: the sums of squares of a token's every head added up first, over H*d
 // (Hkv*d for k). Cross-attention: k and v from x_kv, q from x.
+// Windows, soft-capping, sinks: the window is part of attention_mask; the
+// cap (softcap op) comes after the scale and before the mask; query head h's
+// sink is one more softmax column, so dsinks is plain autodiff.
 //
 // Shape legend: B batch, T sequence, D model width, H query heads, Hkv
 // key/value heads, G = H / Hkv, d head width (D / H unless given).
@@ -24,13 +27,31 @@ namespace {
 
 using namespace headgrad;
 
-// Scores, mask, softmax, weighted values for one head: q [B, Tq, d],
-// k [B, Tk, d], v [B, Tk, dv] -> [B, Tq, dv]. mask: [.., Tq, Tk] or undefined.
+// Scores, cap, mask, softmax, weighted values for one head: q [B, Tq, d],
+// k [B, Tk, d], v [B, Tk, dv] -> [B, Tq, dv]. mask: [.., Tq, Tk] or undefined
+// (causal, window and bool mask together). cap: C > 0 replaces s by
+// C tanh(s / C) before the mask. sink: this head's logit [1] or undefined.
 Variable one_head(const Variable& q, const Variable& k, const Variable& v, const Tensor& attend,
-                  double scale_factor) {
+                  double scale_factor, double cap, const Variable& sink) {
   Variable s = scale(matmul(q, transpose(k, -2, -1)), scale_factor);  // [B, Tq, Tk]
+  if (cap > 0.0) s = softcap(s, cap);
   if (attend.defined()) s = masked_fill(s, logical_not(attend), -INFINITY);
-  return matmul(softmax(s, -1), v);
+  if (!sink.defined()) return matmul(softmax(s, -1), v);
+  // The sink: one more softmax column holding sigma on every row, with no
+  // value; its weight is dropped after the softmax (gpt-oss).
+  Shape column = s.shape();
+  column.back() = 1;
+  const Variable p = softmax(cat({s, expand(reshape(sink, {1, 1, 1}), column)}, -1), -1);
+  return matmul(narrow(p, -1, 0, k.size(-2)), v);
+}
+
+// Query head h's sink logit [1], or undefined without sinks ([H] expected).
+Variable head_sink(const AttentionSpec& spec, std::int64_t heads, std::int64_t h) {
+  if (!spec.sinks.defined()) return {};
+  if (spec.sinks.dim() != 1 || spec.sinks.numel() != heads)
+    throw std::invalid_argument("per_head: sinks " + shape_str(spec.sinks.shape()) + ", expected [" +
+                                std::to_string(heads) + "]: one logit per query head");
+  return narrow(spec.sinks, 0, h, 1);
 }
 
 // Entries [start, start + n) of a bias; undefined stays undefined (no bias).
@@ -127,6 +148,7 @@ class PerHead final : public Attention {
     c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = c.grouped_kv = c.rope = c.rope_level = true;
     c.bias = true;
     c.qk_norm = c.cross_attention = true;
+    c.window = c.softcap = c.sinks = true;  // window in attention_mask; cap and sink in one_head
     c.extra = {"bfloat16", "float16"};  // through the engine's ops: float32 math, 16-bit results
     return i;
   }
@@ -155,7 +177,7 @@ class PerHead final : public Attention {
     for (std::int64_t h = 0; h < m.heads; ++h) {
       const std::int64_t j = h / m.group;  // the kv head this query head reads
       heads.push_back(one_head(rope_queries(qs[static_cast<std::size_t>(h)], s), ks[j], vs[j], head_mask(attend, h),
-                               spec.scale_for(d)));
+                               spec.scale_for(d), spec.softcap, head_sink(spec, m.heads, h)));
     }
     const Variable concat = cat(heads, -1);  // [B, T, H*d]: head h in columns [h*d, (h+1)*d)
     Shape out_shape = x.shape();
@@ -190,7 +212,7 @@ class PerHead final : public Attention {
       const Tensor m = attend.defined() ? attend.narrow(0, n, 1) : Tensor();
       const std::int64_t kv = (n / heads) * (heads / group) + (n % heads) / group;
       slices.push_back(one_head(narrow(q3, 0, n, 1), narrow(k3, 0, kv, 1), narrow(v3, 0, kv, 1),
-                                m, spec.scale_for(d)));
+                                m, spec.scale_for(d), spec.softcap, head_sink(spec, heads, n % heads)));
     }
     Shape out_shape = q.shape();
     out_shape.back() = dv;

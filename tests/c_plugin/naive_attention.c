@@ -20,6 +20,13 @@
  * leading index n / G (G = hg_kv_group(call)), so query head h reads kv head
  * h / G; dk and dv accumulate (+=) over the G query heads of each kv head.
  *
+ * Windows, soft-capping, sinks (C ABI 3, this build only): a key outside the
+ * window (p_i - left <= j <= p_i + right, p_i = i + window_offset) is not
+ * attended; with a cap C, s_j = C tanh(scale q_i . k_j / C) and the backward
+ * multiplies ds by 1 - (s_j / C)^2; with sinks, sigma_h (h = n mod H) joins
+ * m and l as one more term with no value (an empty row: out 0, lse sigma_h)
+ * and dsinks_h -= exp(sigma_h - lse_i) D_i.
+ *
  * Built with NAIVE_C_TOP_LEFT_ONLY it is "naive_c_top_left", a plugin written
  * before bottom-right alignment existed: it does not declare it and fails the
  * call if it ever sees HG_CAUSAL_BOTTOM_RIGHT.
@@ -74,6 +81,10 @@ static int attends(const hg_core_call* call, int64_t mask_base, int64_t i, int64
   const int64_t tq = call->q.shape[call->q.ndim - 2], tk = call->k.shape[call->k.ndim - 2];
   const int64_t shift = call->causal == HG_CAUSAL_BOTTOM_RIGHT ? tk - tq : 0;
   if (call->causal != HG_CAUSAL_NONE && j > i + shift) return 0;
+#if !defined(NAIVE_C_TOP_LEFT_ONLY) && !defined(NAIVE_C_ABI_V1)
+  if ((call->window_flags & HG_WINDOW_LEFT) && j < i + call->window_offset - call->window_left) return 0;
+  if ((call->window_flags & HG_WINDOW_RIGHT) && j > i + call->window_offset + call->window_right) return 0;
+#endif
   if (m) {
     const int64_t at = mask_base + i * m->strides[m->ndim - 2] + j * m->strides[m->ndim - 1];
     if (!((const uint8_t*)m->data)[at]) return 0;
@@ -86,8 +97,32 @@ static int attends(const hg_core_call* call, int64_t mask_base, int64_t i, int64
 #else
 #define NAIVE_C_CAPS                                                                              \
   (HG_CAP_CAUSAL | HG_CAP_CAUSAL_BOTTOM_RIGHT | HG_CAP_BOOL_MASK | HG_CAP_CROSS_LENGTHS |       \
-   HG_CAP_FLOAT32 | HG_CAP_FLOAT64 | HG_CAP_GROUPED_KV)
+   HG_CAP_FLOAT32 | HG_CAP_FLOAT64 | HG_CAP_GROUPED_KV | HG_CAP_WINDOW | HG_CAP_SOFTCAP | HG_CAP_SINKS)
 #endif
+
+/* Whether this call has sinks, and head h's logit (h = n mod H); C ABI 3 only. */
+static int has_sinks(const hg_core_call* call) {
+#if defined(NAIVE_C_TOP_LEFT_ONLY) || defined(NAIVE_C_ABI_V1)
+  (void)call;
+  return 0;
+#else
+  return call->sinks != NULL;
+#endif
+}
+static double sink_of(const hg_core_call* call, int64_t n) {
+  const hg_tensor* t = call->sinks;
+  const int64_t at = (n % t->shape[0]) * t->strides[0];
+  return t->dtype == HG_FLOAT64 ? ((const double*)t->data)[at] : (double)((const float*)t->data)[at];
+}
+/* The cap C (0: none); C ABI 3 only. */
+static double cap_of(const hg_core_call* call) {
+#if defined(NAIVE_C_TOP_LEFT_ONLY) || defined(NAIVE_C_ABI_V1)
+  (void)call;
+  return 0.0;
+#else
+  return call->softcap;
+#endif
+}
 
 /* G: query heads per kv head (1 for a version-1 plugin, which never gets Hkv < H). */
 static int64_t kv_group_of(const hg_core_call* call) {
@@ -125,6 +160,7 @@ static double score_row(const hg_core_call* call, int64_t qb, int64_t kb, int64_
     }
     for (c = 0; c < d; ++c) dot += load(&call->q, qb, i, c) * load(&call->k, kb, j, c);
     s[j] = dot * call->scale;
+    if (cap_of(call) > 0) s[j] = cap_of(call) * tanh(s[j] / cap_of(call)); /* the scale inside tanh */
     if (s[j] > m) m = s[j];
   }
   return m;
@@ -150,8 +186,12 @@ static int naive_forward(const hg_core_call* call, hg_tensor* out, hg_tensor* st
                   vb = lead_offset(&call->v, n / group), ob = lead_offset(out, n),
                   sb = lead_offset(stats, n), mb = call->mask ? lead_offset(call->mask, n) : 0;
     for (i = 0; i < tq; ++i) {
-      const double m = score_row(call, qb, kb, mb, i, s);
+      double m = score_row(call, qb, kb, mb, i, s);
       double l = 0.0;
+      if (has_sinks(call)) { /* the sink: one more term, no value */
+        if (sink_of(call, n) > m) m = sink_of(call, n);
+        l = exp(sink_of(call, n) - m);
+      }
       if (m == -INFINITY) { /* every key masked: zeros, not NaN */
         for (c = 0; c < dv; ++c) store(out, ob, i, c, 0.0);
         store(stats, sb, i, 0, -INFINITY);
@@ -179,10 +219,17 @@ static int naive_backward(const hg_core_call* call, const hg_tensor* out, const 
   const int64_t tq = call->q.shape[call->q.ndim - 2], tk = call->k.shape[call->k.ndim - 2];
   const int64_t d = call->q.shape[call->q.ndim - 1], dvw = call->v.shape[call->v.ndim - 1];
   const int64_t group = kv_group_of(call);
+  const double cap = cap_of(call);
   double* p;
+  double* dtanh;
   int64_t n, i, j, c;
   p = (double*)malloc((size_t)(tk > 0 ? tk : 1) * sizeof(double));
-  if (!p) return fail(call, 2, "naive_c: out of memory for a row of probabilities");
+  dtanh = (double*)malloc((size_t)(tk > 0 ? tk : 1) * sizeof(double));
+  if (!p || !dtanh) {
+    free(p);
+    free(dtanh);
+    return fail(call, 2, "naive_c: out of memory for a row of probabilities");
+  }
   for (n = 0; n < n_lead; ++n) {
     /* dk, dv of kv leading index n / G: each of its G query heads adds its part */
     const int64_t qb = lead_offset(&call->q, n), kb = lead_offset(&call->k, n / group),
@@ -197,8 +244,21 @@ static int naive_backward(const hg_core_call* call, const hg_tensor* out, const 
       if (lse == -INFINITY) continue; /* a fully masked row sends no gradient */
       /* in the forward pass this was: p_ij = exp(s_ij - m) / l */
       score_row(call, qb, kb, mb, i, p);
-      for (j = 0; j < tk; ++j) p[j] = exp(p[j] - lse);
+      for (j = 0; j < tk; ++j) {
+        dtanh[j] = cap > 0 && p[j] != -INFINITY ? 1.0 - (p[j] / cap) * (p[j] / cap) : 1.0;
+        p[j] = exp(p[j] - lse);
+      }
       for (c = 0; c < dvw; ++c) big_d += load(dout, gb, i, c) * load(out, ob, i, c);
+#if !defined(NAIVE_C_TOP_LEFT_ONLY) && !defined(NAIVE_C_ABI_V1)
+      if (has_sinks(call) && call->dsinks && call->dsinks->data) { /* dsigma_h -= P_sink D */
+        const int64_t at = (n % call->dsinks->shape[0]) * call->dsinks->strides[0];
+        const double g = -exp(sink_of(call, n) - lse) * big_d;
+        if (call->dsinks->dtype == HG_FLOAT64)
+          ((double*)call->dsinks->data)[at] += g;
+        else
+          ((float*)call->dsinks->data)[at] += (float)g;
+      }
+#endif
       for (j = 0; j < tk; ++j) {
         double dp = 0.0, ds;
         if (p[j] == 0.0) continue;
@@ -207,7 +267,7 @@ static int naive_backward(const hg_core_call* call, const hg_tensor* out, const 
           dp += g * load(&call->v, vb, j, c);
           if (dv->data) add_to(dv, dvb, j, c, p[j] * g);
         }
-        ds = p[j] * (dp - big_d) * call->scale;
+        ds = p[j] * (dp - big_d) * dtanh[j] * call->scale;
         for (c = 0; c < d; ++c) {
           if (dq->data) add_to(dq, dqb, i, c, ds * load(&call->k, kb, j, c));
           if (dk->data) add_to(dk, dkb, j, c, ds * load(&call->q, qb, i, c));
@@ -216,6 +276,7 @@ static int naive_backward(const hg_core_call* call, const hg_tensor* out, const 
     }
   }
   free(p);
+  free(dtanh);
   return 0;
 }
 

@@ -254,6 +254,79 @@ constexpr std::array<BugInfo, static_cast<std::size_t>(Bug::count_)> kEntries{{
      "the queries' tokens",
      "k = x_kv Wk^T, v = x_kv Wv^T; only q comes from x",
      {.mha_only = true, .needs_cross = true}},
+    // Sliding windows (`window: {left, right}`): key j is in query i's window
+    // when p_i - left <= j <= p_i + right, p_i = i + (Tk - Tq) under causal
+    // bottom_right, else i (docs/design.md). Conventions differ on what W counts.
+    {Bug::window_off_by_one, {},
+     "the window counts W + 1 keys: its left bound is read as left + 1 (kv_idx >= q_idx - W where q_idx - W + 1 "
+     "was meant); if that is your convention, set 'left: L + 1' in the case to match",
+     "a window of W keys, the query included, is q_idx - W < kv_idx <= q_idx: {left: W - 1, right: 0} with causal "
+     "(FlashAttention's window_size=(W - 1, 0))",
+     {.needs_seq = true, .needs_window = true}},
+    {Bug::window_both_sides, {},
+     "the window's right bound is set to the left one (window_size=(W, W)): without causal, queries see W keys "
+     "ahead too (2W + 1 keys)",
+     "pass the right bound on its own (window_size=(W - 1, 0) for a causal window), or keep causal on",
+     {.needs_seq = true, .needs_window = true}},
+    {Bug::window_anchor_top_left, {},
+     "the window is anchored at p_i = i while causal is bottom_right: at a decode step (Tq < Tk) query i reads keys "
+     "i - L .. i instead of i + Tk - Tq - L .. i + Tk - Tq; if that is your convention, set causal: top_left",
+     "put the window on the causal diagonal: p_i = i + Tk - Tq under causal bottom_right",
+     {.needs_seq = true, .needs_tq_ne_tk = true, .needs_window = true}},
+    {Bug::window_ignored, {},
+     "the sliding window is ignored: every query sees every key causal and the mask allow",
+     "mask keys j < p_i - left and j > p_i + right (-inf) before the softmax",
+     {.needs_seq = true, .needs_window = true}},
+    {Bug::window_ignored_in_backward, {},
+     "the backward recomputes P = exp(S - L) without the window: out is right, dq, dk and dv are wrong "
+     "(MHA: out and dWo exact, dx, dWq, dWk, dWv wrong)",
+     "apply the same window mask where the backward recomputes P (and skip the same tiles)",
+     {.needs_seq = true, .needs_window = true}},
+    // Logit soft-capping (`softcap: C`): s <- C tanh(s / C), after the scale, before the masks.
+    {Bug::softcap_ignored, {},
+     "the soft-cap is ignored: scores are not capped to C tanh(s / C)",
+     "apply s = C * tanh(s / C) to the scaled scores, before the masks",
+     {.needs_softcap = true}},
+    {Bug::softcap_missing_in_backward, {},
+     "the backward through the cap drops its 1 - tanh^2(s / C) factor: out and dv are right, dq and dk wrong "
+     "(MHA: out, dWv, dWo exact; dx, dWq, dWk wrong)",
+     "ds = dc * (1 - tanh^2(s / C)), from the capped score: 1 - (c / C)^2",
+     {.needs_seq = true, .needs_softcap = true}},
+    {Bug::softcap_after_mask, {},
+     "the cap is applied after the mask: a masked -inf becomes -C, a finite logit, so masked keys leak (and a fully "
+     "masked row becomes the mean of its values)",
+     "cap the scaled scores first, then mask them with -inf",
+     {.needs_seq = true, .needs_softcap = true, .needs_masked_key = true}},
+    {Bug::softcap_before_scale, {},
+     "the cap is applied before the scale: C tanh(q.k / C) * scale instead of C tanh(scale q.k / C)",
+     "scale first, then cap (a kernel that folds the scale keeps it inside tanh: tanh(S * scale / C))",
+     {.needs_softcap = true}},
+    {Bug::softcap_wrong_formula, {},
+     "the cap computes u tanh(u) with u = s / C instead of C tanh(u)",
+     "c = C * tanh(s / C)",
+     {.needs_softcap = true}},
+    // Attention sinks (`sinks: true`): one learned logit per query head, one more
+    // softmax column with no value, not scaled, not capped (gpt-oss).
+    {Bug::sink_ignored, {},
+     "the sinks are accepted but never used: no sink column in the softmax, dsinks 0",
+     "append sigma_h as one more softmax column of every row of head h, and drop its weight before P V",
+     {.needs_sinks = true}},
+    {Bug::sink_grad_missing, {},
+     "the gradient of the sinks is missing (0): out and every other gradient are right",
+     "dsigma_h = -sum over b, i of P_sink D (D = dO . O), reduced per query head",
+     {.needs_sinks = true}},
+    {Bug::sink_with_value, {},
+     "the sink column is given a value (v of key 0, a sink token's): o_i gets P_sink v_0 on top",
+     "the sink has no value: o_i = sum over the real keys of p_ij v_j (a fully masked row gives 0)",
+     {.needs_sinks = true}},
+    {Bug::sink_per_kv_head, {},
+     "the sink of query head h is read at its kv head h / G, as k and v are: heads of a group share one sink",
+     "index the sinks by the query head: sinks [H], sigma_h for query head h",
+     {.needs_heads = true, .needs_group = true, .needs_sinks = true}},
+    {Bug::sink_scaled, {},
+     "the sink logit is multiplied by the softmax scale, like q.k",
+     "append sigma_h as it is: the scale multiplies q.k only",
+     {.needs_sinks = true}},
 }};
 
 constexpr auto kCatalog = [] {

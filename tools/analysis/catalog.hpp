@@ -55,6 +55,11 @@ struct Visibility {
   bool needs_small_activations = false;  // moves out by ~4.5e-6 / mean(q^2): lost below float64 at mean(q^2) ~ 1
   bool needs_cross = false;           // a cross-attention bug: invisible without cross: true
   bool needs_non_causal = false;      // invisible in a case that is causal anyway (or at Tk = 1)
+  // Sliding windows, soft-capping, sinks (a case's window:, softcap:, sinks:):
+  bool needs_window = false;      // invisible without a window hiding keys (T > W + 1)
+  bool needs_softcap = false;     // invisible without a cap the scores reach (|s| ~ C)
+  bool needs_masked_key = false;  // invisible unless some key is masked (causal, a window or a mask)
+  bool needs_sinks = false;       // invisible without sinks
 };
 
 struct BugInfo {

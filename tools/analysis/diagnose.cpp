@@ -30,6 +30,17 @@ constexpr double kNearFactor = 10;
 
 }  // namespace
 
+// A bug's explanation, with the setting that matches a window convention in
+// the case's own numbers (a side that counts W + 1 keys follows {left: L + 1}).
+std::string convention_note(const diagnosis::BugInfo& info, const CaseSpec& c) {
+  std::string s(info.explanation);
+  if (info.bug == Bug::window_off_by_one && c.window.left)
+    s += " (here: it counts " + std::to_string(*c.window.left + 2) + " keys where the case's {left: " +
+         std::to_string(*c.window.left) + "} holds " + std::to_string(*c.window.left + 1) + ", the query included: set left: " +
+         std::to_string(*c.window.left + 1) + " to match)";
+  return s;
+}
+
 // The side's name in a sentence: a reference is called one.
 std::string side_words(const Diagnosis& dx, const std::string& side) {
   return side == dx.reference_side && !side.empty() ? "the reference " + side : side;
@@ -60,7 +71,8 @@ void write_verdict(Diagnosis& dx) {
   dx.judged_side = best.side;
   const auto& info = bug_info(*diagnosis::bug_from_name(best.bug));
   dx.sentence = side_words(dx, best.side) + " reproduces " + best.bug + " (every checked tensor within tolerance, max |Δ| " +
-                fmt_g(best.max_abs) + "): " + std::string(info.explanation) + ". Fix: " +
+                fmt_g(best.max_abs) + "): " + (best.explanation.empty() ? std::string(info.explanation) : best.explanation) +
+                ". Fix: " +
                 std::string(info.fix) + ".";
   if (!dx.correct_side.empty())
     dx.sentence += " " + side_words(dx, dx.correct_side) + " matches the correct attention" +
@@ -142,7 +154,7 @@ Diagnosis diagnose(const CaseResult& failed, const CaseInputs& in) {
     for (const auto& s : sides) {
       if (s.label == dx.correct_side) continue;
       const auto [ratio, max_abs] = fit_ratio(*s.tensors, hyp, c);
-      HypothesisFit fit{std::string(info.name), std::string(info.explanation), std::string(info.fix), s.label,
+      HypothesisFit fit{std::string(info.name), convention_note(info, c), std::string(info.fix), s.label,
                         ratio, max_abs};
       if (ratio <= 1.0) dx.fits.push_back(fit);
       else if (visible && s.label == failing && (!closest || ratio < closest->worst_ratio)) closest = fit;

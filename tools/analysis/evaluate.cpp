@@ -11,6 +11,7 @@ using namespace runner;
 TensorSet hypothesis_tensors(const CaseSpec& c, const CaseInputs& in, const diagnosis::BugSet& bugs) {
   AttentionSpec spec = attention_spec(c, in);
   if (!c.taps.empty()) spec.rope_taps = std::make_shared<RopeTaps>();  // q_rot, k_rot as the hypothesis rotates
+  if (spec.sinks.defined()) spec.sinks = Variable(spec.sinks.data(), true);  // a leaf: dsinks
   TensorSet out;
   if (c.level == Level::rope) {
     Variable x(in.x, true);
@@ -35,6 +36,7 @@ TensorSet hypothesis_tensors(const CaseSpec& c, const CaseInputs& in, const diag
     sum(mul(y, Variable(in.r))).backward();
     out = {{"out", y.data()}, {"dq", q.grad()}, {"dk", k.grad()}, {"dv", v.grad()}};
   }
+  if (c.sinks) out.push_back({"dsinks", spec.sinks.defined() ? spec.sinks.grad() : Tensor()});
   for (const auto& tap : c.taps)
     out.push_back({tap, assemble_tap(tap == "q_rot" ? spec.rope_taps->q_rot : spec.rope_taps->k_rot)});
   return out;

@@ -44,17 +44,82 @@ Variable matmul_narrow_accumulator(const Variable& a, const Variable& b) {
   return acc;
 }
 
+// The soft-cap and the sinks as a hypothesis applies them: the cap C (0: none)
+// on the scaled scores before any mask; sigma (undefined: no sinks) the sink
+// logits, broadcastable to the scores' [..., Tq, 1], one softmax column each.
+struct Extras {
+  double cap = 0;
+  Variable sigma;
+  Tensor mask_without_window;  // window_ignored_in_backward: the mask its backward uses
+};
+
+// s's value with the gradient of `grad` (forward one thing, backward another).
+Variable value_with_grad_of(const Variable& value, const Variable& grad) {
+  return add(Variable(value.data()), sub(grad, Variable(grad.data())));
+}
+
+// The capped scores as `bug` caps them: raw = q k^T (unscaled).
+Variable capped_scores(const Variable& raw, double factor, double cap, BugSet bug) {
+  if (cap <= 0 || is(bug, Bug::softcap_ignored)) return scale(raw, factor);
+  if (is(bug, Bug::softcap_before_scale)) return scale(softcap(raw, cap), factor);  // C tanh(q.k / C) * scale
+  const Variable s = scale(raw, factor);
+  if (is(bug, Bug::softcap_after_mask)) return s;  // capped after the mask
+  if (is(bug, Bug::softcap_wrong_formula)) {  // u tanh(u), u = s / C (tanh(u) = 1 * tanh(u / 1))
+    const Variable u = scale(s, 1.0 / cap);
+    return mul(u, softcap(u, 1.0));
+  }
+  if (is(bug, Bug::softcap_missing_in_backward)) return value_with_grad_of(softcap(s, cap), s);  // ds = dc
+  return softcap(s, cap);
+}
+
 // One head: q [N, Tq, d], k [N, Tk, d], v [N, Tk, dv]; mask broadcast to [N, Tq, Tk].
 Variable attend(const Variable& q, const Variable& k_in, const Variable& v_in, const Tensor& mask,
-                double factor, BugSet bug) {
+                double factor, BugSet bug, const Extras& extras = {}) {
   const bool swapped = is(bug, Bug::kv_swapped);
   const Variable& k = swapped ? v_in : k_in;
   const Variable& v = swapped ? k_in : v_in;
   const bool narrow_acc = is(bug, Bug::fp16_accumulator);
   const Variable kt = transpose(k, -2, -1);
-  Variable s = scale(narrow_acc ? matmul_narrow_accumulator(q, kt) : matmul(q, kt), factor);
+  const Variable raw = narrow_acc ? matmul_narrow_accumulator(q, kt) : matmul(q, kt);
+  Variable s = capped_scores(raw, factor, extras.cap, bug);  // C tanh(s / C), before the mask
   const double fill = is(bug, Bug::mask_fill_finite) ? -1e4 : -INFINITY;
+  const Variable unmasked = s;
   if (mask.defined()) s = masked_fill(s, logical_not(mask), fill);
+  if (extras.cap > 0 && is(bug, Bug::softcap_after_mask)) s = softcap(s, extras.cap);  // -inf becomes -C
+  const std::int64_t tk = s.size(-1);
+  Shape column = s.shape();
+  column.back() = 1;
+  // the softmax over the keys, with sigma as one more key with no value
+  const auto weights = [&](const Variable& scores, const Variable& sigma) {
+    return sigma.defined() ? softmax(cat({scores, expand(cast(sigma, scores.dtype()), column)}, -1), -1)
+                           : softmax(scores, -1);
+  };
+  if (extras.mask_without_window.defined()) {
+    // window_ignored_in_backward: out is the windowed attention O; the backward
+    // takes P' = exp(c - L) (L the windowed log-sum-exp, a constant here) over
+    // the keys causal and the mask allow, window or not: dv = P'^T dO and
+    // dc = P' (dP' - D), D = dO . O: the gradient of P' v - O (sum_j P') at the value O.
+    const Variable pw = weights(s, extras.sigma);
+    const Variable o = matmul(narrow(pw, -1, 0, tk), v);
+    Variable lse = log(sum(exp(Variable(s.data())), -1, true));
+    if (extras.sigma.defined())
+      lse = log(add(sum(exp(Variable(s.data())), -1, true), exp(expand(cast(Variable(extras.sigma.data()), s.dtype()), column))));
+    const Variable p_bw = exp(sub(masked_fill(unmasked, logical_not(extras.mask_without_window), -INFINITY), lse));
+    const Variable o_const(o.data());
+    const Variable grads = sub(matmul(p_bw, v), mul(o_const, sum(p_bw, -1, true)));
+    Variable out = value_with_grad_of(o, grads);
+    if (extras.sigma.defined()) {  // dsinks as the correct attention has it (the backward's D pass)
+      const Variable sink_only = matmul(narrow(weights(Variable(s.data()), extras.sigma), -1, 0, tk), Variable(v.data()));
+      out = add(out, sub(sink_only, Variable(sink_only.data())));
+    }
+    return out;
+  }
+  if (extras.sigma.defined()) {  // sigma as one more key with no value: in the softmax, not in P V
+    const Variable p = weights(s, extras.sigma);
+    Variable o = matmul(narrow(p, -1, 0, tk), v);
+    if (is(bug, Bug::sink_with_value)) o = add(o, mul(narrow(p, -1, tk, 1), narrow(v, -2, 0, 1)));  // + P_sink v_0
+    return o;
+  }
   Variable p;
   if (is(bug, Bug::softmax_no_max_subtraction)) {  // exp(s) / sum(exp(s)) over the keys
     const Variable e = exp(s);
@@ -402,7 +467,19 @@ Tensor hypothesis_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t 
   const bool bottom_right =
       is(bug, Bug::causal_alignment) || spec.causal_alignment == CausalAlignment::bottom_right;
   const Tensor given = is(bug, Bug::mask_ignored) ? Tensor() : spec.mask;
-  if (!causal && !given.defined()) return Tensor();
+  // The window: p_i - left <= j <= p_i + right, p_i = i + (Tk - Tq) under causal bottom_right, else i.
+  const bool windowed = spec.window.enabled() && !is(bug, Bug::window_ignored);
+  const bool anchored_bottom_right = bottom_right && !is(bug, Bug::window_anchor_top_left);  // the bug: p_i = i
+  const std::int64_t offset = spec.causal && anchored_bottom_right ? tk - tq : 0;
+  std::optional<std::int64_t> left = spec.window.left, right = spec.window.right;
+  if (is(bug, Bug::window_off_by_one) && left) *left += 1;  // W + 1 keys
+  if (is(bug, Bug::window_both_sides)) right = left;        // (W, W)
+  auto window_allows = [&](std::int64_t i, std::int64_t j) {
+    if (!windowed) return true;
+    const std::int64_t p = i + offset;
+    return (!left || j >= p - *left) && (!right || j <= p + *right);
+  };
+  if (!causal && !given.defined() && !windowed) return Tensor();
   if (given.defined() && given.dtype() != DType::boolean)
     throw std::invalid_argument("hypothesis mask: the mask must be bool (True = attend), got " +
                                 std::string(dtype_name(given.dtype())));
@@ -430,12 +507,52 @@ Tensor hypothesis_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t 
   for (std::int64_t n = 0; n < lead; ++n)
     for (std::int64_t i = 0; i < tq; ++i)
       for (std::int64_t j = 0; j < tk; ++j) {
-        bool attend = causal_allows(i, j);
+        bool attend = causal_allows(i, j) && window_allows(i, j);
         if (!m.empty()) attend = attend && m[static_cast<std::size_t>((n * mq + (mq == 1 ? 0 : i)) * mk + (mk == 1 ? 0 : j))] != 0;
         values[static_cast<std::size_t>((n * tq + i) * tk + j)] = attend ? 1.0 : 0.0;
       }
   return Tensor::from_values(values, out_shape, DType::boolean);
 }
+
+namespace {
+
+// The cap and the sinks as `bug` reads them: query head h's sigma [1, 1, 1]
+// (h < 0: every head's [H]), sigma_h read at h / G by sink_per_kv_head,
+// times the scale by sink_scaled, without a gradient by sink_grad_missing,
+// absent by sink_ignored.
+Extras extras_of(const AttentionSpec& spec, std::int64_t h, std::int64_t group, double factor, BugSet bug) {
+  Extras e;
+  e.cap = spec.softcap;
+  if (!spec.sinks.defined() || is(bug, Bug::sink_ignored)) return e;
+  const Variable sinks = is(bug, Bug::sink_grad_missing) ? Variable(spec.sinks.data()) : spec.sinks;
+  const std::int64_t heads = sinks.numel();
+  const auto index = [&](std::int64_t head) { return is(bug, Bug::sink_per_kv_head) ? head / group : head; };
+  Variable sigma;
+  if (h >= 0) {
+    sigma = reshape(narrow(sinks, 0, index(h), 1), {1, 1, 1});
+  } else {
+    std::vector<Variable> per;
+    for (std::int64_t i = 0; i < heads; ++i) per.push_back(narrow(sinks, 0, index(i), 1));
+    sigma = cat(per, 0);
+  }
+  e.sigma = is(bug, Bug::sink_scaled) ? scale(sigma, factor) : sigma;
+  return e;
+}
+
+// window_ignored_in_backward: the mask its backward uses (causal and the mask
+// without the window); undefined for every other bug or without a window.
+Tensor window_free_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t tk, BugSet bug) {
+  if (!is(bug, Bug::window_ignored_in_backward) || !spec.window.enabled()) return {};
+  AttentionSpec without = spec;
+  without.window = {};
+  BugSet rest;
+  for (Bug b : bug.bugs())
+    if (b != Bug::window_ignored_in_backward) rest.add(b);
+  const Tensor m = hypothesis_mask(without, tq, tk, rest);
+  return m.defined() ? m : Tensor::from_values(std::vector<double>(static_cast<std::size_t>(tq * tk), 1.0), {tq, tk}, DType::boolean);
+}
+
+}  // namespace
 
 Variable hypothesis_mha(const Variable& x, const MhaWeights& w_in, const AttentionSpec& spec_in,
                         BugSet bug) {
@@ -499,7 +616,12 @@ Variable hypothesis_mha(const Variable& x, const MhaWeights& w_in, const Attenti
                                   std::to_string(kv_heads));
     const Variable kh = kv_for_query_head(ks[static_cast<std::size_t>(j)], h % group, group, bug);
     const Variable vh = kv_for_query_head(vs[static_cast<std::size_t>(j)], h % group, group, bug);
-    outs.push_back(attend(qs[static_cast<std::size_t>(h)], kh, vh, m, factor, bug));
+    Extras extras = extras_of(spec, h, group, factor, bug);
+    extras.mask_without_window = window_free_mask(mask_spec, t, tk, bug);
+    if (extras.mask_without_window.defined() && extras.mask_without_window.dim() >= 4)
+      extras.mask_without_window = extras.mask_without_window.narrow(-3, extras.mask_without_window.size(-3) == 1 ? 0 : h, 1)
+                                       .squeeze(extras.mask_without_window.dim() - 3);
+    outs.push_back(attend(qs[static_cast<std::size_t>(h)], kh, vh, m, factor, bug, extras));
   }
   const Variable merged = merge(outs, bug);
   if (is(bug, Bug::missing_output_projection)) return reshape(merged, x.shape());
@@ -526,8 +648,13 @@ Variable hypothesis_core(const Variable& q, const Variable& k, const Variable& v
   const Variable kr = rope ? rope_as(k, spec, false, bug) : k;
   const Variable vr = rope && is(bug, Bug::rope_on_v) ? rope_as(v, without_rope_taps(spec), false, BugSet()) : v;
   const double factor = hypothesis_scale(spec, q.size(-1), bug);
-  if (group > 1) return attend(qr, widen_kv_per_head(kr, hq, bug), widen_kv_per_head(vr, hq, bug), mask, factor, bug);
-  return attend(qr, kr, vr, mask, factor, bug);
+  Extras extras = extras_of(spec, -1, group, factor, bug);
+  if (extras.sigma.defined())  // [H] -> [H, 1, 1] against [..., H, Tq, Tk] ([1, 1] without a head dim)
+    extras.sigma = q.dim() >= 3 ? reshape(extras.sigma, {hq, 1, 1}) : reshape(extras.sigma, {1, 1});
+  extras.mask_without_window = window_free_mask(spec, tq, tk, bug);
+  if (group > 1)
+    return attend(qr, widen_kv_per_head(kr, hq, bug), widen_kv_per_head(vr, hq, bug), mask, factor, bug, extras);
+  return attend(qr, kr, vr, mask, factor, bug, extras);
 }
 
 std::vector<std::int64_t> tile_to_repeat_heads(std::int64_t heads, std::int64_t kv_heads) {

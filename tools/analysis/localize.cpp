@@ -74,6 +74,9 @@ constexpr ProbeInfo kProbes[] = {
     {Probe::positions, "positions", "the token positions", "tokens at different positions"},
     {Probe::bias, "bias", "the biases", "the biases (it shows only with biases on)"},
     {Probe::qk_norm, "qk_norm", "QK-norm", "QK-norm (it shows only with the norm on)"},
+    {Probe::window, "window", "the sliding window", "the sliding window (it shows only with the window on)"},
+    {Probe::softcap, "softcap", "the soft-cap", "the soft-cap (it shows only with the cap on)"},
+    {Probe::sinks, "sinks", "the attention sinks", "the sinks (it shows only with sinks on)"},
 };
 
 }  // namespace
@@ -167,6 +170,14 @@ std::vector<Variant> variants_of(const CaseSpec& c) {
       v.check.erase(std::remove_if(v.check.begin(), v.check.end(),
                                    [&](const std::string& t) { return std::find(b.begin(), b.end(), t) != b.end(); }),
                     v.check.end());
+    });
+  // Sliding windows, soft-capping, sinks: each turned off alone (dsinks out of the checks).
+  if (c.window.enabled()) add(Probe::window, "window off", true, [](CaseSpec& v) { v.window = {}; });
+  if (c.softcap > 0) add(Probe::softcap, "softcap off", true, [](CaseSpec& v) { v.softcap = 0; });
+  if (c.sinks && !c.is_reference())
+    add(Probe::sinks, "sinks off", true, [](CaseSpec& v) {
+      v.sinks = false;
+      v.check.erase(std::remove(v.check.begin(), v.check.end(), std::string("dsinks")), v.check.end());
     });
   // Grouped kv heads: plain multi-head (G = 1) and one shared kv head (MQA).
   if (d0.Hkv > 1 && d0.Hkv < d0.H) {

@@ -195,6 +195,99 @@ void add_qk_norm_cross_warnings(const std::vector<const CaseSpec*>& cases, Add& 
     add("every cross-attention case is causal (or has Tk = 1)", bugs_where([](const auto& v) { return v.needs_non_causal; }));
 }
 
+// ---- sliding windows, soft-capping, sinks (MODERN attention's blind spots)
+
+// Keys the window hides from some row beyond what causal hides: the most over
+// the rows, on each side. A window case that hides at most one key shows a
+// window of W + 1 keys, or none, only in one row, or nowhere.
+std::int64_t window_hidden_keys(const CaseSpec& c) {
+  const std::int64_t tq = c.level == Level::core ? c.dims.Tq : c.dims.T;
+  const std::int64_t tk = c.level == Level::core ? c.dims.Tk : c.dims.T;
+  if (tq <= 0 || tk <= 0) return 0;
+  const std::int64_t o = c.causal && c.causal_alignment == CausalAlignment::bottom_right ? tk - tq : 0;
+  std::int64_t hidden = 0;
+  if (c.window.left)  // the last row's window starts at tq - 1 + o - left
+    hidden = std::max(hidden, std::min(tk, tq - 1 + o - *c.window.left));
+  if (c.window.right && !(c.causal && *c.window.right == 0))  // row 0's ends at o + right
+    hidden = std::max(hidden, std::min(tk, tk - 1 - (o + *c.window.right)));
+  return hidden;
+}
+
+// The largest |score| a seeded case reaches, about: q, k unit normal (and so
+// the MHA projections), scores scale * sqrt(d) * N(0, 1), the largest some 3 sigma.
+// A reference's scores are unknown (nullopt).
+std::optional<double> largest_score(const CaseSpec& c) {
+  if (c.is_reference()) return std::nullopt;
+  const double d = static_cast<double>(std::max<std::int64_t>(c.dims.head_dim(), 1));
+  return 3 * (c.scale ? *c.scale : 1 / std::sqrt(d)) * std::sqrt(d);
+}
+
+// The sink logits of a case are all far below its scores: P_sink ~ exp(sigma - max s)
+// is under 1e-3 everywhere. Seeded sinks are U(-1, 3), never; a reference's are read.
+bool sinks_near_zero(const CaseSpec& c) {
+  if (!c.is_reference() || !c.files) return false;
+  const Tensor* s = find_tensor(c.files->inputs, "sinks");
+  if (!s || !s->defined()) return false;
+  const auto v = s->to_vector();
+  return !v.empty() && *std::max_element(v.begin(), v.end()) < -7;
+}
+
+// The catalog bugs of one feature that `pred` says the blind spot hides.
+template <class Pred>
+std::vector<std::string> feature_bugs(Pred pred) {
+  std::vector<std::string> names;
+  for (const auto& b : bug_catalog())
+    if (pred(b)) names.emplace_back(b.name);
+  return names;
+}
+
+template <class Add>
+void add_window_softcap_sink_warnings(const std::vector<const CaseSpec*>& cases, Add& add) {
+  std::vector<const CaseSpec*> windowed, capped, sinks;
+  for (const CaseSpec* c : cases) {
+    if (c->window.enabled()) windowed.push_back(c);
+    if (c->softcap > 0) capped.push_back(c);
+    if (c->sinks) sinks.push_back(c);
+  }
+  auto all_of = [](const std::vector<const CaseSpec*>& v, auto pred) {
+    return !v.empty() && std::all_of(v.begin(), v.end(), [&](const CaseSpec* c) { return pred(*c); });
+  };
+  if (all_of(windowed, [](const CaseSpec& c) { return window_hidden_keys(c) <= 1; }))
+    add("every window case has T <= W + 1 (the window hides at most one key of one row)",
+        feature_bugs([](const auto& b) {
+          return b.bug == Bug::window_off_by_one || b.bug == Bug::window_ignored || b.bug == Bug::window_ignored_in_backward;
+        }));
+  if (all_of(windowed, [](const CaseSpec& c) { return c.causal; }))
+    add("every window case is causal", feature_bugs([](const auto& b) { return b.bug == Bug::window_both_sides; }));
+  if (all_of(windowed, [](const CaseSpec& c) {
+        return !(c.causal && c.causal_alignment == CausalAlignment::bottom_right &&
+                 (c.level == Level::core ? c.dims.Tq != c.dims.Tk : false));
+      }))
+    add("no window case is a bottom-right causal case with Tq != Tk (a decode step)",
+        feature_bugs([](const auto& b) { return b.visibility.needs_window && b.visibility.needs_tq_ne_tk; }));
+  if (all_of(capped, [](const CaseSpec& c) {
+        const auto s = largest_score(c);
+        return s && *s < c.softcap;
+      }))
+    add("every softcap case has scores far below the cap (the cap moves a score by about s^3 / (3 C^2); "
+        "scale q or use a small C so that |s| reaches 3-5 C)",
+        feature_bugs([](const auto& b) { return b.visibility.needs_softcap; }));
+  if (!capped.empty() && std::none_of(capped.begin(), capped.end(), [](const CaseSpec* c) {
+        return !c->mask_file.empty() || (c->files && c->files->mask.defined()) || c->window.enabled() ||
+               c->causal;
+      }))
+    add("no softcap case masks a key", feature_bugs([](const auto& b) { return b.visibility.needs_masked_key; }));
+  if (all_of(sinks, [](const CaseSpec& c) { return sinks_near_zero(c); }))
+    add("every sinks case has sinks far below its scores (P_sink under 1e-3)",
+        feature_bugs([](const auto& b) { return b.visibility.needs_sinks && b.bug != Bug::sink_grad_missing; }));
+  if (!sinks.empty() && std::none_of(sinks.begin(), sinks.end(), [](const CaseSpec* c) { return has_fully_masked_row(*c); }))
+    add("no sinks case has a query row whose keys are all masked (all mass on the sink)",
+        {"a running max without the sink (NaN on an empty row)"});
+  if (all_of(sinks, [](const CaseSpec& c) { return c.dims.Hkv == 0 || c.dims.Hkv == c.dims.H; }))
+    add("every sinks case has G = 1 (Hkv = H)",
+        feature_bugs([](const auto& b) { return b.visibility.needs_sinks && b.visibility.needs_group; }));
+}
+
 }  // namespace
 
 std::vector<WeakSuiteWarning> weak_suite_warnings(const std::vector<const CaseSpec*>& cases) {
@@ -262,6 +355,7 @@ std::vector<WeakSuiteWarning> weak_suite_warnings(const std::vector<const CaseSp
         {"backward bugs (a wrong hand-written backward, a weight its gradient never reaches)"});
   add_rope_warnings(cases, add);
   add_qk_norm_cross_warnings(cases, add);
+  add_window_softcap_sink_warnings(cases, add);
   return out;
 }
 

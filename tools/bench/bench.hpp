@@ -45,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include <headgrad/attention.hpp>
 #include <headgrad/tensor.hpp>
 #include <nlohmann/json.hpp>
 
@@ -82,7 +83,14 @@ struct BenchConfig {
   std::int64_t gemm_size = 2048;
   std::uint64_t seed = 0;
   std::vector<std::filesystem::path> plugin_paths;
+  // Sliding window, soft-cap, sinks (--window L[,R], --softcap C, --sinks): FLOPs
+  // stay the dense (and causal) counts; a windowed kernel shows as less time.
+  WindowSpec window;
+  double softcap = 0;
+  bool sinks = false;
 };
+// "L" or "L,R" (R omitted: 0, a causal window of L + 1 keys); throws BenchConfigError.
+WindowSpec parse_window(const std::string& text);
 
 // Reads configs/bench.yaml-style files; throws BenchConfigError naming the key.
 BenchConfig load_bench_config(const std::filesystem::path& file);

@@ -1,5 +1,6 @@
 // headgrad bench, the subcommand: flags over a bench YAML file, the run, the
 // table and the JSON file (bench.hpp).
+#include <cmath>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -29,6 +30,9 @@ struct BenchArgs {
   std::optional<double> timeout;
   std::optional<std::string> max_memory;
   bool no_isolation = false;
+  std::string window;                 // --window L[,R]
+  std::optional<double> softcap;      // --softcap C
+  bool sinks = false;                 // --sinks
 };
 
 // --check: one case of a suite, pass by pass. Flags that choose what the
@@ -107,6 +111,13 @@ int run_command(const BenchArgs& args) {
     if (args.gemm_size) c.gemm_size = *args.gemm_size;
     if (args.seed) c.seed = *args.seed;
     if (args.no_causal) c.causal = false;
+    if (!args.window.empty()) c.window = parse_window(args.window);
+    if (args.softcap) {
+      if (!(*args.softcap > 0) || !std::isfinite(*args.softcap))
+        throw BenchConfigError("--softcap must be a number > 0, got " + std::to_string(*args.softcap));
+      c.softcap = *args.softcap;
+    }
+    if (args.sinks) c.sinks = true;
     for (const auto& p : args.plugin_paths) c.plugin_paths.emplace_back(p);
 
     const json result = run_bench(c, &std::cerr);
@@ -184,6 +195,11 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--max-memory", args->max_memory,
                   "with --check: the memory budget the case's estimate must fit (4G, 512M; default: physical memory)")
       ->type_name("SIZE");
+  cmd->add_option("--window", args->window,
+                  "a sliding window: query i sees keys i - L .. i + R (R default 0: with causal, L + 1 keys)")
+      ->type_name("L[,R]");
+  cmd->add_option("--softcap", args->softcap, "logit soft-capping: scores become C tanh(s / C)")->type_name("C");
+  cmd->add_flag("--sinks", args->sinks, "attention sinks: one learned logit per query head (U(-1, 3))");
   cmd->add_option("--plugin-path", args->plugin_paths,
                   "a folder (searched recursively) or a plugin file; repeatable. Searched before "
                   "HEADGRAD_PLUGIN_PATH and the built or installed plugin folder")

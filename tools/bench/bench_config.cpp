@@ -88,6 +88,25 @@ BenchShape parse_shape(const std::string& text) {
   return s;
 }
 
+WindowSpec parse_window(const std::string& text) {
+  const std::size_t comma = text.find(',');
+  const auto bound = [&](const std::string& part, const char* which) {
+    try {
+      std::size_t used = 0;
+      const long long v = std::stoll(part, &used);
+      if (used != part.size() || v < 0) throw std::invalid_argument(part);
+      return static_cast<std::int64_t>(v);
+    } catch (const std::exception&) {
+      throw BenchConfigError("--window '" + text + "': the " + which + " bound '" + part +
+                             "' is not an integer >= 0 (L or L,R: query i sees keys i - L .. i + R)");
+    }
+  };
+  WindowSpec w;
+  w.left = bound(text.substr(0, comma), "left");
+  w.right = comma == std::string::npos ? 0 : bound(text.substr(comma + 1), "right");
+  return w;
+}
+
 BenchConfig load_bench_config(const std::filesystem::path& file) {
   YAML::Node root;
   try {

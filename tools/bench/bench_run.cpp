@@ -62,11 +62,12 @@ double median(std::vector<double> v) {
 // Leaves and the loss weights of one case: the runner's seeded recipe
 // (case/inputs.hpp), made once.
 struct BenchInputs {
-  std::vector<Variable> leaves;  // mha: x, wq, wk, wv, wo; core: q, k, v
+  std::vector<Variable> leaves;  // mha: x, wq, wk, wv, wo; core: q, k, v; then sinks [H] with --sinks
   Tensor r;                      // out's shape
 };
 
-BenchInputs bench_inputs(const BenchShape& s, DType dtype, const std::string& level, std::uint64_t seed) {
+BenchInputs bench_inputs(const BenchShape& s, DType dtype, const std::string& level, std::uint64_t seed,
+                         bool sinks) {
   runner::Dims d;
   d.B = s.B;
   d.H = s.H;
@@ -79,17 +80,22 @@ BenchInputs bench_inputs(const BenchShape& s, DType dtype, const std::string& le
     d.Tq = d.Tk = s.T;
     d.d = s.D / s.H;
   }
-  const runner::CaseInputs in = runner::seeded_inputs(mha ? runner::Level::mha : runner::Level::core, d, dtype, seed);
+  const runner::CaseInputs in =
+      runner::seeded_inputs(mha ? runner::Level::mha : runner::Level::core, d, dtype, seed, false, {}, 0, sinks);
   BenchInputs out;
   for (const Tensor& t : mha ? std::vector<Tensor>{in.x, in.wq, in.wk, in.wv, in.wo} : std::vector<Tensor>{in.q, in.k, in.v})
     out.leaves.emplace_back(t, true);
+  if (sinks) out.leaves.emplace_back(in.sinks, true);
   out.r = in.r;
   return out;
 }
 
-Variable run_forward(const Attention& a, const BenchInputs& in, const AttentionSpec& spec,
+Variable run_forward(const Attention& a, const BenchInputs& in, const AttentionSpec& spec_in,
                      const std::string& level) {
   const auto& l = in.leaves;
+  AttentionSpec spec = spec_in;
+  const std::size_t own = level == "mha" ? 5 : 3;
+  if (l.size() > own) spec.sinks = l[own];  // --sinks: the last leaf
   if (level == "mha") return a.mha_forward(l[0], MhaWeights{l[1], l[2], l[3], l[4]}, spec);
   return a.core_forward(l[0], l[1], l[2], spec);
 }
@@ -137,6 +143,11 @@ namespace {
 // ---------------------------------------------------------------- one case
 
 // {"B", "T", "D", "H"}, and "Hkv" when the kv heads are grouped
+// {"left": L, "right": R}, a bound null when unbounded
+json window_json(const WindowSpec& w) {
+  return {{"left", w.left ? json(*w.left) : json(nullptr)}, {"right", w.right ? json(*w.right) : json(nullptr)}};
+}
+
 json shape_json(const BenchShape& s) {
   json j{{"B", s.B}, {"T", s.T}, {"D", s.D}, {"H", s.H}};
   if (s.Hkv > 0 && s.Hkv != s.H) j["Hkv"] = s.Hkv;
@@ -156,6 +167,14 @@ std::string capability_gap(const Capabilities& caps, DType dtype, const std::str
   return "";
 }
 
+// What a plugin lacks for --window, --softcap, --sinks ("" when nothing).
+std::string feature_gap(const Capabilities& caps, const BenchConfig& c) {
+  if (c.window.enabled() && !caps.window) return "no sliding window";
+  if (c.softcap > 0 && !caps.softcap) return "no soft-capping";
+  if (c.sinks && !caps.sinks) return "no sinks";
+  return "";
+}
+
 json time_case(const LoadedPlugin& plugin, const BenchShape& s, DType dtype, int threads,
               const BenchConfig& c, double gemm_gflops) {
   json row{{"plugin", plugin.info.name},
@@ -166,8 +185,12 @@ json time_case(const LoadedPlugin& plugin, const BenchShape& s, DType dtype, int
            {"causal", c.causal},
            {"repeats", c.repeats},
            {"warmup", c.warmup}};
-  if (const std::string gap = capability_gap(plugin.info.capabilities, dtype, c.level, c.causal, s.H, s.kv_heads());
-      !gap.empty()) {
+  if (c.window.enabled()) row["window"] = window_json(c.window);
+  if (c.softcap > 0) row["softcap"] = c.softcap;
+  if (c.sinks) row["sinks"] = true;
+  std::string gap = capability_gap(plugin.info.capabilities, dtype, c.level, c.causal, s.H, s.kv_heads());
+  if (gap.empty()) gap = feature_gap(plugin.info.capabilities, c);
+  if (!gap.empty()) {
     row["skipped"] = gap;
     return row;
   }
@@ -176,7 +199,9 @@ json time_case(const LoadedPlugin& plugin, const BenchShape& s, DType dtype, int
   spec.num_heads = s.H;
   spec.num_kv_heads = s.kv_heads();
   spec.causal = c.causal;
-  BenchInputs in = bench_inputs(s, dtype, c.level, c.seed);
+  spec.window = c.window;
+  spec.softcap = c.softcap;
+  BenchInputs in = bench_inputs(s, dtype, c.level, c.seed, c.sinks);
   const Attention& a = *plugin.attention;
   const Variable r(in.r);
 
@@ -325,6 +350,9 @@ json run_bench(const BenchConfig& c, std::ostream* log) {
   json cfg{{"level", c.level}, {"causal", c.causal}, {"repeats", c.repeats},
            {"warmup", c.warmup}, {"gemm_size", c.gemm_size}, {"seed", c.seed},
            {"plugins", c.plugins}, {"threads", c.threads}};
+  if (c.window.enabled()) cfg["window"] = window_json(c.window);
+  if (c.softcap > 0) cfg["softcap"] = c.softcap;
+  if (c.sinks) cfg["sinks"] = true;
   for (DType dt : c.dtypes) cfg["dtypes"].push_back(std::string(dtype_name(dt)));
   for (const auto& s : c.shapes) cfg["shapes"].push_back(shape_json(s));
   result["config"] = cfg;

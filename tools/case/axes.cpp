@@ -66,6 +66,10 @@ std::optional<std::pair<std::size_t, std::int64_t>> TensorAxes::head_dim() const
 TensorAxes axes_of(Level level, std::string_view tensor, const Shape& shape, std::int64_t heads) {
   const std::size_t n = shape.size();
   TensorAxes a;
+  if (tensor == "dsinks" && n == 1) {  // [H]: one sink logit per query head, at both levels
+    a.dims = {{AxisRole::head, "head"}};
+    return a;
+  }
   if (level == Level::mha && !is_tap(tensor)) {
     if ((tensor == "out" || tensor == "dx") && n == 3)
       a.dims = {{AxisRole::batch, "b"}, {AxisRole::position, "t"}, {AxisRole::heads, "ch", block_of(shape[2], heads)}};

@@ -13,6 +13,7 @@
 //         dq_norm, dk_norm        [d] under qk_norm axis head: ch (one gain for every head);
 //                                 [H*d], [Hkv*d] under axis model: packing heads (head, ch)
 //         q_rot [B, H, T, d], k_rot [B, Hkv, T, d]   b, h, t, ch
+//   both  dsinks [H]              head (one sink logit per query head)
 //   core  out, dq [B, H, Tq, d]   b, h, q, ch;  dk, dv, k_rot [B, Hkv, Tk, d]: b, h, k, ch
 //         (3-D and other ranks: leading dims i0, i1, .. then the position and ch)
 //   rope  out, dx [.., T, d]      b, h (4-D), t, ch

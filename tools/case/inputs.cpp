@@ -185,6 +185,7 @@ std::optional<std::int64_t> first_non_finite_at(const Tensor& t) {
 
 struct ReferenceData {
   bool bias = false;   // bq, bk, bv, bo are among the inputs
+  bool sinks = false;  // sinks [H] is among the inputs
   Tensor positions;    // positions.npy as float64; undefined: none
   TensorSet inputs;    // x, wq, ... | q, k, v, [mask], [r]
   TensorSet expected;  // every expected file present
@@ -216,6 +217,7 @@ class ReferenceReader {
     }
     warn_unknown_files();
     ReferenceData ref = c_.level == Level::mha ? read_mha() : c_.level == Level::core ? read_core() : read_rope();
+    if (c_.level != Level::rope) read_sinks(ref);
     read_positions(ref);
     read_taps(ref);
     return ref;
@@ -324,6 +326,31 @@ class ReferenceReader {
            name + "=" + std::to_string(from_files));
   }
 
+  // sinks.npy [H] (mha and core levels): present, the case has sinks and its
+  // expected files may add dsinks.npy [H]. `sinks: true` without the file,
+  // or `sinks: false` written on the case with it, is refused.
+  void read_sinks(ReferenceData& data) {
+    const std::int64_t h = data.dims.H > 0 ? data.dims.H : 1;
+    const bool said_no = !c_.sinks && c_.key_source.count("sinks");
+    if (!has("sinks")) {
+      if (c_.sinks)
+        fail(std::string("the case says 'sinks: true' but ") + (npz_ ? "reference file " : "reference directory ") +
+             ref() + " has no sinks" + (npz_ ? " member" : ".npy") + " (sinks [H], one logit per query head); "
+             "drop 'sinks: true' or add it");
+      return;
+    }
+    if (said_no)
+      fail(file("sinks") + " gives sinks, but the case says 'sinks: false'; drop 'sinks: false' or the file");
+    const Shape want = {h};
+    const std::string why = "one sink logit per query head, H=" + std::to_string(h);
+    data.inputs.push_back({"sinks", load_input("sinks", true, "", &want, why)});
+    data.sinks = true;
+    // a check list from the defaults gains dsinks once the files give sinks
+    Tensor e = load_expected("dsinks", want, "the gradient of " + part("sinks") + " " + shape_str(want),
+                             !c_.sinks && !c_.check_strict);
+    if (e.defined()) data.expected.push_back({"dsinks", e});
+  }
+
   // positions.npy: int64 (or integer-valued floats), [T] or [B, T] of the
   // reference's tokens. Read only for a case with a rope block.
   void read_positions(ReferenceData& ref) {
@@ -372,6 +399,7 @@ class ReferenceReader {
 
   void warn_unknown_files() const {
     std::set<std::string> known = {"r", "positions", "q_rot", "k_rot"};
+    if (c_.level != Level::rope) known.insert({"sinks", "dsinks"});
     for (const auto& n : tensor_names(c_.level)) known.insert(n);
     if (c_.level == Level::mha) known.insert({"x", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "bo"});
     if (c_.level == Level::mha) {
@@ -704,6 +732,10 @@ void load_case_files(CaseSpec& c) {
       c.bias = true;
       if (!c.check_strict) c.check = with_bias_gradients(c.check);
     }
+    if (ref.sinks && !c.sinks) {  // the files give sinks: a check list not the case's own compares dsinks too
+      c.sinks = true;
+      if (!c.check_strict) c.check.push_back("dsinks");
+    }
     if (c.baseline_k_at.line > 0 && !c.relative_rule())
       throw ConfigError(c.baseline_k_at, "case '" + c.name + "': 'tolerance: k' is the factor of relative_to_baseline, "
                                          "and this reference's files are " + std::string(dtype_name(c.dtype)) +
@@ -768,7 +800,7 @@ Suite load_suite(const fs::path& file) {
 }
 
 CaseInputs seeded_inputs(Level level, const Dims& d, DType dt, std::uint64_t seed, bool bias,
-                         const QkNormSpec& qk_norm, std::int64_t kv_length) {
+                         const QkNormSpec& qk_norm, std::int64_t kv_length, bool sinks) {
   Generator gen(seed);
   CaseInputs in;
   in.level = level;
@@ -812,6 +844,9 @@ CaseInputs seeded_inputs(Level level, const Dims& d, DType dt, std::uint64_t see
     in.v = randn({d.B, d.kv_heads(), d.Tk, d.d}, dt, gen);
     in.r = randn({d.B, d.H, d.Tq, d.d}, dt, gen);
   }
+  // Sinks after every other input: a case without them keeps every value it had.
+  // U(-1, 3) against N(0, 1) scores: P_sink 0.01 .. 0.97, visible in every dtype.
+  if (sinks && level != Level::rope) in.sinks = rand_uniform({d.H}, dt, gen, -1.0, 3.0);
   return in;
 }
 
@@ -849,6 +884,7 @@ CaseInputs make_inputs(const CaseSpec& spec) {
       in.k = get("k");
       in.v = get("v");
     }
+    in.sinks = get("sinks");
     in.r = get("r");
     if (!in.r.defined()) {
       Shape out_shape = spec.level != Level::core ? in.x.shape() : in.q.shape();
@@ -860,7 +896,7 @@ CaseInputs make_inputs(const CaseSpec& spec) {
   } else {
     in = seeded_inputs(spec.level, spec.dims, spec.dtype, spec.seed, spec.bias,
                        spec.level == Level::mha ? spec.qk_norm : QkNormSpec{},
-                       spec.level == Level::mha && spec.cross ? spec.dims.Tk : 0);
+                       spec.level == Level::mha && spec.cross ? spec.dims.Tk : 0, spec.sinks);
   }
   if (spec.rope && !in.positions.defined()) {
     Shape shape;
@@ -917,6 +953,9 @@ AttentionSpec attention_spec(const CaseSpec& c, const CaseInputs& in) {
     // x_kv without a gradient; a side that compares dx_kv makes it a leaf (exec/execute.hpp)
     if (in.x_kv.defined()) s.x_kv = Variable(in.x_kv);
   }
+  s.window = c.window;
+  s.softcap = c.softcap;
+  if (in.sinks.defined()) s.sinks = Variable(in.sinks);
   if (c.rope) {
     s.rope.enabled = true;
     s.rope.theta = c.rope->theta;

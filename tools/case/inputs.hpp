@@ -13,7 +13,9 @@
 // bo ~ N(0, 1/(H*d)); then, with `qk_norm` only, the gains q_norm and k_norm:
 // g = 1 + 0.5 N(0, 1) per dim (w = g, or w = g - 1 under one_plus_w), never
 // uniform, since uniform gains hide a norm applied after RoPE; then, with
-// `cross: true` only, x_kv ~ N(0, 1). Core level q, k, v, r ~ N(0, 1).
+// `cross: true` only, x_kv ~ N(0, 1). Core level q, k, v, r ~ N(0, 1). Then, with
+// `sinks: true` only (after every other input, so old cases keep their
+// values), sinks ~ U(-1, 3) [H]: against N(0, 1) scores P_sink is 0.01 .. 0.97.
 //
 // A reference is a directory of plain .npy files, or one .npz file holding the
 // same members (numpy.savez(path, x=..., wq=...)):
@@ -28,6 +30,7 @@
 //   core level: q [B, H, Tq, d], k [B, H, Tk, d], v [B, H, Tk, dv], optional
 //               mask (bool, broadcastable to [B, H, Tq, Tk], True = attend),
 //               optional r [B, H, Tq, dv]; expected any of out, dq, dk, dv
+//   mha, core:  optional sinks [H] (present: the case has sinks) and expected dsinks [H]
 // Shapes and dtype come from the files; the case gives H (mha level) and causal.
 // An input with a zero-size dim, NaN or Inf, an expected tensor that is not
 // finite, a mask that is not bool, a name that is a folder, fifo or dangling
@@ -103,6 +106,7 @@ struct CaseInputs {
   // both
   Tensor r;               // out's shape: loss = sum(out * r)
   Tensor positions;       // RoPE token positions [T] or [B, T]; undefined: offset + t
+  Tensor sinks;           // [H], one sink logit per query head (mha, core); undefined: none
   TensorSet expected;     // a reference case: the expected tensors `check` names
 };
 
@@ -141,6 +145,7 @@ inline constexpr InputField kInputFields[] = {
     {&CaseInputs::mask, "mask", InputRole::mask, Level::core},
     {&CaseInputs::r, "r", InputRole::loss, Level::mha, true},
     {&CaseInputs::positions, "positions", InputRole::positions, Level::mha, true},
+    {&CaseInputs::sinks, "sinks", InputRole::weight, Level::mha, true},  // defined only with `sinks: true`
 };
 
 // A copy of `in` with each defined tensor replaced by f(field, tensor);
@@ -159,9 +164,9 @@ CaseInputs map_inputs(const CaseInputs& in, F&& f) {
 // The seeded recipe above, contiguous, for dims d (mha: B, T, D; core: B, H,
 // Tq, Tk, d). Also what `headgrad bench` times plugins on.
 // qk_norm on: the gains q_norm, k_norm drawn after the biases; kv_length > 0
-// (cross-attention): x_kv [B, kv_length, D] drawn after them.
+// (cross-attention): x_kv [B, kv_length, D] drawn after them; sinks [H] last.
 CaseInputs seeded_inputs(Level level, const Dims& d, DType dtype, std::uint64_t seed, bool bias = false,
-                         const QkNormSpec& qk_norm = {}, std::int64_t kv_length = 0);
+                         const QkNormSpec& qk_norm = {}, std::int64_t kv_length = 0, bool sinks = false);
 
 // From c.files (loaded first if they are not) or from the seed; reads no file
 // that load_case_files has read. ConfigError when a mask does not fit c.dims.
@@ -172,7 +177,8 @@ CaseInputs make_inputs(const CaseSpec& c);
 CaseInputs private_copy(const CaseInputs& in, InputLayout layout);
 
 // The settings handed to the plugins: heads, causal, scale, mask, RoPE
-// (c.rope with in.positions); dropout 0.
+// (c.rope with in.positions), window, softcap, sinks (in.sinks, as a constant:
+// a side makes its own leaf to get dsinks); dropout 0.
 AttentionSpec attention_spec(const CaseSpec& c, const CaseInputs& in);
 
 // The inputs as a reference directory names them, contiguous:

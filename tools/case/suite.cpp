@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
 
@@ -100,6 +102,24 @@ const std::vector<std::string>& cross_tensor_names() {
   static const std::vector<std::string> names = {"dx_kv"};
   return names;
 }
+// ---- sinks: dsinks after the level's (and the biases') gradients
+
+const std::vector<std::string>& sink_tensor_names() {
+  static const std::vector<std::string> names = {"dsinks"};
+  return names;
+}
+
+// `names` with dsinks appended: one list per base list, made once.
+namespace {
+const std::vector<std::string>& with_sink_tensor(const std::vector<std::string>& names) {
+  static std::map<const std::vector<std::string>*, std::vector<std::string>> made;
+  static std::mutex lock;
+  const std::lock_guard<std::mutex> hold(lock);
+  auto [it, fresh] = made.try_emplace(&names, names);
+  if (fresh) it->second.insert(it->second.end(), sink_tensor_names().begin(), sink_tensor_names().end());
+  return it->second;
+}
+}  // namespace
 
 const std::vector<std::string>& tensor_names(const CaseSpec& c) {
   // one list per combination of biases, QK-norm and cross (bit 0, 1, 2)
@@ -114,8 +134,11 @@ const std::vector<std::string>& tensor_names(const CaseSpec& c) {
     }
     return all;
   }();
-  if (c.level != Level::mha) return tensor_names(c.level);
-  return mha[static_cast<std::size_t>((c.bias ? 1 : 0) | (c.qk_norm.enabled ? 2 : 0) | (c.cross ? 4 : 0))];
+  const std::vector<std::string>& base =
+      c.level == Level::mha
+          ? mha[static_cast<std::size_t>((c.bias ? 1 : 0) | (c.qk_norm.enabled ? 2 : 0) | (c.cross ? 4 : 0))]
+          : tensor_names(c.level);
+  return c.sinks && c.level != Level::rope ? with_sink_tensor(base) : base;
 }
 
 std::vector<std::string> with_qk_norm_cross_gradients(const std::vector<std::string>& check, const CaseSpec& c) {
@@ -150,6 +173,7 @@ std::vector<std::string> all_tensor_names() {
   names.insert(names.end(), bias_tensor_names().begin(), bias_tensor_names().end());
   names.insert(names.end(), qk_norm_tensor_names().begin(), qk_norm_tensor_names().end());
   names.insert(names.end(), cross_tensor_names().begin(), cross_tensor_names().end());
+  names.insert(names.end(), sink_tensor_names().begin(), sink_tensor_names().end());
   for (const auto& n : tensor_names(Level::core))
     if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
   return names;
@@ -327,6 +351,16 @@ std::string describe_case(const CaseSpec& c) {
   if (c.layout != InputLayout::contiguous) add(std::string(layout_name(c.layout)));
   if (c.dtype != DType::float64) add(std::string(dtype_name(c.dtype)));
   if (c.rope) add(c.rope->describe());
+  // sliding windows, soft-capping, sinks: "window=l3/r0", "softcap=4", "sinks"
+  if (c.window.enabled())
+    add("window=" + (c.window.left ? "l" + std::to_string(*c.window.left) : std::string()) +
+        (c.window.left && c.window.right ? "/" : "") + (c.window.right ? "r" + std::to_string(*c.window.right) : ""));
+  if (c.softcap > 0) {
+    std::ostringstream os;
+    os << "softcap=" << c.softcap;
+    add(os.str());
+  }
+  if (c.sinks) add("sinks");
   return s + ")";
 }
 
@@ -352,6 +386,25 @@ const std::vector<std::string> kCaseKeys = {
     "atol",  "rtol",        "tolerance", "check",   "expect",    "timeout", "rope", "taps", "bias",
     "qk_norm", "cross"};
 const std::vector<std::string> kQkNormKeys = {"axis", "eps", "gain"};
+// Sliding windows, soft-capping, sinks: their own keys (Parser::read_window_features).
+const std::vector<std::string> kWindowFeatureKeys = {"window", "softcap", "sinks"};
+const std::vector<std::string> kWindowKeys = {"left", "right"};
+// Sweepable settings of the window and the cap: `sweep: {window_left: [1, 3], softcap: [1, 50]}`.
+const std::vector<std::string> kFeatureSweepKeys = {"window_left", "window_right", "softcap"};
+void apply_feature_sweep(CaseSpec& c, const std::string& key, std::int64_t value) {
+  if (key == "window_left") c.window.left = value;
+  else if (key == "window_right") c.window.right = value;
+  else c.softcap = static_cast<double>(value);
+}
+// Every case key: the base ones, then each feature block's.
+const std::vector<std::string>& case_keys() {
+  static const std::vector<std::string> all = [] {
+    std::vector<std::string> k = kCaseKeys;
+    k.insert(k.end(), kWindowFeatureKeys.begin(), kWindowFeatureKeys.end());
+    return k;
+  }();
+  return all;
+}
 const std::vector<std::string> kRopeKeys = {"theta", "style", "rotary_dim", "positions", "q_offset"};
 const std::vector<std::string> kExpectKeys = {"fail", "diagnosis"};
 const std::vector<std::string> kToleranceKeys = {"atol", "rtol"};
@@ -444,6 +497,8 @@ class Parser {
                                    const std::map<std::string, Entry>& defaults);
   void read_tolerances(std::map<std::string, Entry>& keys, CaseSpec& c) const;
   void read_check_and_taps(std::map<std::string, Entry>& keys, CaseSpec& c) const;
+  // window, softcap, sinks (before the check list: sinks add dsinks)
+  void read_window_features(std::map<std::string, Entry>& keys, CaseSpec& c) const;
   std::vector<CaseSpec> expand(const CaseSpec& base, const std::vector<DimValues>& shape,
                                const std::vector<DimValues>& sweep);
   void finish_point(CaseSpec& c, const SourceLoc& at) const;
@@ -488,7 +543,6 @@ bool Parser::bool_value(const YAML::Node& v, const std::string& key) const {
     fail(v, "'" + key + "' must be true or false, got " + kind_of(v));
   return b;
 }
-
 
 // causal: true | false | top_left | bottom_right (true is top-left, PyTorch's is_causal).
 void Parser::read_causal(const YAML::Node& v, CaseSpec& c) const {
@@ -549,6 +603,8 @@ void Parser::read_dims(const YAML::Node& map, Level level, const std::string& ke
                        std::vector<DimValues>& out) const {
   std::vector<std::string> valid = dim_names(level);
   valid.insert(valid.end(), optional_dim_names(level).begin(), optional_dim_names(level).end());
+  if (key == "sweep" && level != Level::rope)  // the window's bounds and the cap sweep too
+    valid.insert(valid.end(), kFeatureSweepKeys.begin(), kFeatureSweepKeys.end());
   if (!map.IsMap())
     fail(map, "'" + key + "' must be a map of dims like {" + join(valid, ": .., ") +
                   ": ..}, got " + kind_of(map));
@@ -578,9 +634,16 @@ void Parser::read_dims(const YAML::Node& map, Level level, const std::string& ke
                                 : " (did you mean '" + near + "'?)"));
     }
     const YAML::Node v = it->second;
+    const bool bound = name == "window_left" || name == "window_right";  // may be 0
     auto positive = [&](const YAML::Node& n) {
       const std::int64_t x = int_value(n, name);
-      if (x < 1) fail(n, "'" + name + "' must be a positive integer, got " + std::to_string(x));
+      if (bound && (x < 0 || x > kMaxWindowBound))
+        fail(n, "'" + name + "' must be an integer from 0 to " + std::to_string(kMaxWindowBound) + ", got " +
+                    std::to_string(x));
+      if (!bound && x < 1)
+        fail(n, "'" + name + "' must be a positive integer" +
+                    (name == "softcap" ? std::string(" (a sweep's caps are whole numbers)") : "") + ", got " +
+                    std::to_string(x));
       return x;
     };
     DimValues dv{name, {}, loc(v)};
@@ -947,7 +1010,7 @@ Suite Parser::parse(std::string_view text) {
 
   std::map<std::string, Entry> defaults;
   if (has_defaults && !defaults_node.IsNull()) {
-    std::vector<std::string> valid = kCaseKeys;
+    std::vector<std::string> valid = case_keys();
     valid.erase(std::find(valid.begin(), valid.end(), "name"));
     for (const auto& [k, v] : entries(defaults_node, valid, "'defaults'"))
       defaults.emplace(k.Scalar(), Entry{k, v, v, true, false});
@@ -1044,6 +1107,9 @@ void Parser::read_check_and_taps(std::map<std::string, Entry>& keys, CaseSpec& c
     });
     const bool own_grads = std::any_of(chosen.begin(), chosen.end(), [](const std::string& t) { return t != "out"; });
     if (!e.from_case && other_grads && !own_grads) chosen.insert(level_tensors.begin(), level_tensors.end());
+    // a gradient list from the defaults brings dsinks to a sinks case
+    if (c.sinks && !e.from_case && std::any_of(chosen.begin(), chosen.end(), [](const std::string& t) { return t != "out"; }))
+      chosen.insert(sink_tensor_names().begin(), sink_tensor_names().end());
     for (const auto& t : level_tensors)
       if (chosen.count(t)) c.check.push_back(t);
     c.check_strict = e.from_case;
@@ -1067,6 +1133,49 @@ void Parser::read_check_and_taps(std::map<std::string, Entry>& keys, CaseSpec& c
   }
 }
 
+// ---- sliding windows, soft-capping, sinks
+//   window: {left: L, right: R}   either may be omitted (unbounded), not both; integers >= 0
+//   softcap: C                    a number > 0
+//   sinks: true                   input sinks [H], gradient dsinks
+// A case's own key at the rope level is an error (no attention runs); a default is ignored there.
+void Parser::read_window_features(std::map<std::string, Entry>& keys, CaseSpec& c) const {
+  const auto has = [&](const char* key) { return keys.count(key) > 0; };
+  const auto rope_level = [&](const char* key) {
+    if (c.level != Level::rope) return false;
+    if (keys[key].from_case)
+      fail(keys[key].value, "'" + std::string(key) + "' means nothing at the rope level (no attention runs)");
+    return true;  // from the defaults: not this level's
+  };
+  if (has("window") && !rope_level("window")) {
+    const YAML::Node& v = keys["window"].value;
+    if (!v.IsMap())
+      fail(v, "'window' must be a map {left: L, right: R} (keys p_i - L .. p_i + R; either bound may be omitted), "
+              "got " + kind_of(v));
+    for (const auto& [k, b] : entries(v, kWindowKeys, "'window'")) {
+      const std::int64_t x = int_value(b, "window: " + k.Scalar());
+      if (x < 0)
+        fail(b, "'window: " + k.Scalar() + "' must be >= 0, got " + std::to_string(x) +
+                    " (a Mistral-style window of W keys is {left: W-1, right: 0} with causal)");
+      if (x > kMaxWindowBound)
+        fail(b, "'window: " + k.Scalar() + "' " + std::to_string(x) + " is past " + std::to_string(kMaxWindowBound) +
+                    "; omit the bound for an unbounded side");
+      (k.Scalar() == "left" ? c.window.left : c.window.right) = x;
+    }
+    if (!c.window.enabled())
+      fail(v, "'window' is empty; give left, right or both (a Mistral-style window of W keys is "
+              "{left: W-1, right: 0} with causal)");
+  }
+  if (has("softcap") && !rope_level("softcap")) {
+    const YAML::Node& v = keys["softcap"].value;
+    const double cap = number_value(v, "softcap");
+    if (!(cap > 0))
+      fail(v, "'softcap' must be > 0 (scores become C tanh(s / C); Gemma 2 uses 50), got " + v.Scalar() +
+                  "; drop the key for no cap");
+    c.softcap = cap;
+  }
+  if (has("sinks") && !rope_level("sinks")) c.sinks = bool_value(keys["sinks"].value, "sinks");
+}
+
 std::vector<CaseSpec> Parser::parse_case(const YAML::Node& node, std::size_t index,
                                          const std::map<std::string, Entry>& defaults) {
   context_.clear();
@@ -1075,7 +1184,7 @@ std::vector<CaseSpec> Parser::parse_case(const YAML::Node& node, std::size_t ind
   if (const YAML::Node n = node["name"]; n && n.IsScalar() && !n.Scalar().empty())
     context_ = "case '" + n.Scalar() + "': ";
   std::map<std::string, Entry> keys = defaults;
-  for (const auto& [k, v] : entries(node, kCaseKeys, context_.empty() ? "case #" + std::to_string(index + 1) : "the case")) {
+  for (const auto& [k, v] : entries(node, case_keys(), context_.empty() ? "case #" + std::to_string(index + 1) : "the case")) {
     const auto d = defaults.find(k.Scalar());
     Entry e = d != defaults.end() ? Entry{k, v, d->second.default_value, true, true} : Entry{k, v, {}, false, true};
     keys.erase(k.Scalar());
@@ -1206,6 +1315,7 @@ std::vector<CaseSpec> Parser::parse_case(const YAML::Node& node, std::size_t ind
                           "(a case expected to pass has no diagnosis)");
   }
 
+  read_window_features(keys, c);
   read_check_and_taps(keys, c);
 
   if (has("tolerance") && keys["tolerance"].from_case) check_tolerance_keys(val("tolerance"), c);
@@ -1260,7 +1370,8 @@ std::vector<CaseSpec> Parser::expand(const CaseSpec& base, const std::vector<Dim
     std::string label;
     for (std::size_t i = 0; i < sweep.size(); ++i) {
       const std::int64_t value = sweep[i].values[pos[i]];
-      *p.dims.find(sweep[i].dim) = value;
+      if (std::int64_t* dim = p.dims.find(sweep[i].dim)) *dim = value;
+      else apply_feature_sweep(p, sweep[i].dim, value);
       p.sweep_point.emplace_back(sweep[i].dim, value);
       if (sweep[i].values.size() > 1)
         label += (label.empty() ? "" : ",") + sweep[i].dim + "=" + std::to_string(value);
@@ -1482,6 +1593,13 @@ std::vector<std::pair<std::string, std::string>> missing_capabilities(const Case
     out.emplace_back(capability_name(&Capabilities::qk_norm), "the case has 'qk_norm' (RMSNorm of q and k, gains q_norm and k_norm)");
   if (c.level == Level::mha && c.cross && !caps.cross_attention)
     out.emplace_back(capability_name(&Capabilities::cross_attention), "the case has 'cross: true' (k and v from x_kv)");
+  // sliding windows, soft-capping, sinks
+  if (c.window.enabled() && !caps.window)
+    out.emplace_back(capability_name(&Capabilities::window), "the case has a 'window:' (keys p_i - left .. p_i + right)");
+  if (c.softcap > 0 && !caps.softcap)
+    out.emplace_back(capability_name(&Capabilities::softcap), "the case has 'softcap:' (scores capped to C tanh(s / C))");
+  if (c.sinks && !caps.sinks)
+    out.emplace_back(capability_name(&Capabilities::sinks), "the case has 'sinks: true' (a sink logit per query head, input sinks)");
   return out;
 }
 

@@ -160,6 +160,10 @@ struct CaseSpec {
   bool cross = false;
   std::int64_t kv_length() const { return cross ? dims.Tk : dims.T; }  // mha level: x_kv's (or x's) T
   std::vector<std::string> taps;       // q_rot, k_rot: compared too (also listed in `check`)
+  // Sliding windows, soft-capping, sinks (mha and core levels; AttentionSpec's).
+  WindowSpec window;                   // `window: {left, right}`; neither: every key
+  double softcap = 0;                  // `softcap: C` (C > 0); 0: off
+  bool sinks = false;                  // `sinks: true`: input sinks [H], gradient dsinks
   InputLayout layout = InputLayout::contiguous;
   std::uint64_t seed = 0;
   Tolerance tolerance;
@@ -202,6 +206,8 @@ const std::vector<std::string>& bias_tensor_names();
 // A case's tensors: its level's, then the biases' gradients when c.bias, then
 // dq_norm, dk_norm with QK-norm, then dx_kv with cross.
 const std::vector<std::string>& tensor_names(const CaseSpec& c);
+// dsinks, after every other gradient of a case with `sinks: true`.
+const std::vector<std::string>& sink_tensor_names();
 // A check list from the defaults, on a case with biases: each weight gradient
 // brings its bias's (dwq -> dbq, ...), so one defaults list serves both kinds.
 std::vector<std::string> with_bias_gradients(const std::vector<std::string>& check);
@@ -214,6 +220,9 @@ const std::vector<std::string>& cross_tensor_names();
 std::vector<std::string> with_qk_norm_cross_gradients(const std::vector<std::string>& check, const CaseSpec& c);
 // Every tensor name a suite may write in `check` or `tolerance` (both levels, biases too).
 std::vector<std::string> all_tensor_names();
+
+// A window bound is at most this (2^40 keys): far past any sequence, far below overflow.
+inline constexpr std::int64_t kMaxWindowBound = std::int64_t{1} << 40;
 
 // Timeouts are seconds in (0, kMaxTimeoutSeconds]: a day, far below where a
 // deadline computed from them could overflow.

@@ -224,7 +224,7 @@ int child_main(int fd, const CaseSpec& c, const CaseInputs& in, const Attention&
 // Bytes of the tensors a side sends back: out has r's shape, each gradient its input's.
 std::uint64_t result_bytes(const CaseInputs& in) {
   std::uint64_t n = 0;
-  for (const Tensor* t : {&in.r, &in.x, &in.wq, &in.wk, &in.wv, &in.wo, &in.q, &in.k, &in.v})
+  for (const Tensor* t : {&in.r, &in.x, &in.wq, &in.wk, &in.wv, &in.wo, &in.q, &in.k, &in.v, &in.sinks})
     if (t->defined()) n += static_cast<std::uint64_t>(t->numel()) * dtype_size(t->dtype());
   return n;
 }
@@ -368,6 +368,10 @@ TensorSet compute_side(const CaseSpec& c, const CaseInputs& shared, const Attent
   const CaseInputs in = private_copy(shared, c.layout);
   AttentionSpec spec = attention_spec(c, in);
   if (!c.taps.empty()) spec.rope_taps = std::make_shared<RopeTaps>();
+  if (in.sinks.defined()) spec.sinks = Variable(in.sinks, true);  // a leaf: dsinks flows back to it
+  const auto add_dsinks = [&](TensorSet& res) {
+    if (c.sinks) res.push_back({"dsinks", spec.sinks.defined() ? spec.sinks.grad() : Tensor()});
+  };
   const Variable r(in.r);
   auto backward = [&](const Variable& out) {
     const Variable loss = sum(mul(out, r));
@@ -394,6 +398,7 @@ TensorSet compute_side(const CaseSpec& c, const CaseInputs& shared, const Attent
                                     {"dbv", &w.bv}, {"dbo", &w.bo}})
         res.push_back({name, b->grad()});
     add_qk_norm_cross_grads(c, w, spec, res);
+    add_dsinks(res);
     add_taps(c, spec, res);
     return res;
   }
@@ -402,6 +407,7 @@ TensorSet compute_side(const CaseSpec& c, const CaseInputs& shared, const Attent
   check_output(out, in.r, in.q.dtype());
   backward(out);
   TensorSet res = {{"out", out.data().contiguous()}, {"dq", q.grad()}, {"dk", k.grad()}, {"dv", v.grad()}};
+  add_dsinks(res);
   add_taps(c, spec, res);
   return res;
 }

@@ -582,6 +582,14 @@ std::string exported_suite(const CaseSpec& c, const LoadedPlugin& p, const std::
     y << "    qk_norm: {axis: " << qk_norm_axis_name(c.qk_norm.axis) << ", eps: " << c.qk_norm.eps
       << ", gain: " << qk_norm_gain_name(c.qk_norm.gain) << "}\n";
   if (c.cross) y << "    cross: true\n";
+  // sliding windows and soft-capping live in the case, not in the files; sinks.npy says sinks
+  if (c.window.enabled()) {
+    y << "    window: {";
+    if (c.window.left) y << "left: " << *c.window.left << (c.window.right ? ", " : "");
+    if (c.window.right) y << "right: " << *c.window.right;
+    y << "}\n";
+  }
+  if (c.softcap > 0) y << "    softcap: " << c.softcap << "\n";
   if (c.scale) y << "    scale: " << *c.scale << "\n";
   if (c.relative_rule()) {  // below float64: judged against per_head's float64 golden, as the case was
     y << "    tolerance: {rule: relative_to_baseline, k: {out: " << c.baseline_k.out << ", grads: " << c.baseline_k.grads;

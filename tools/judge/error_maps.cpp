@@ -68,6 +68,9 @@ void cut(TensorErrorMaps& out, const CaseSpec& spec, const std::string& name, co
     const std::int64_t d = heads && n / block > 1 ? block : 0;
     out.axes = heads ? "one row: output features, head h owns entries [h·d, (h+1)·d)" : "one row: output features";
     out.maps.push_back(downsample("", 1, n, diff, 0, d, false));
+  } else if (dims.size() == 1 && role(0) == AxisRole::head) {  // dsinks [H]
+    out.axes = "one row: query heads (one sink logit each)";
+    out.maps.push_back(downsample("", 1, shape[0], diff, 0, 0, false));
   } else if (dims.size() == 4 && role(0) == AxisRole::batch && role(1) == AxisRole::head &&
              role(2) == AxisRole::position) {  // [B, H, T, c]
     const std::int64_t B = shape[0], H = shape[1], T = shape[2], c = shape[3];

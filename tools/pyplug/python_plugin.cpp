@@ -513,6 +513,10 @@ Capabilities parse_capabilities(const std::vector<std::string>& names) {
     throw std::invalid_argument("capability 'qk_norm': a Python plugin is not handed the QK-norm gains (q_norm, k_norm) yet");
   if (c.cross_attention)
     throw std::invalid_argument("capability 'cross_attention': a Python plugin is not handed x_kv yet");
+  // nor a window, a cap or sinks: a function declaring one would run without it
+  if (c.window) throw std::invalid_argument("capability 'window': a Python plugin is not handed the sliding window yet");
+  if (c.softcap) throw std::invalid_argument("capability 'softcap': a Python plugin is not handed the soft-cap yet");
+  if (c.sinks) throw std::invalid_argument("capability 'sinks': a Python plugin is not handed sinks yet");
   return c;
 }
 

@@ -670,6 +670,33 @@ void spec_fields(Io& io, S& c) {
         }
       });
   io.flag("cross", c.cross);
+  // sliding windows, soft-capping, sinks: window {left, right} (a bound null
+  // when unbounded; null without a window), softcap 0 when off, sinks a flag
+  io.custom(
+      "window",
+      [&] {
+        if (!c.window.enabled()) return json(nullptr);
+        json w = json::object();
+        w["left"] = c.window.left ? json(*c.window.left) : json(nullptr);
+        w["right"] = c.window.right ? json(*c.window.right) : json(nullptr);
+        return w;
+      },
+      [&](const json& v, const std::string& p) {
+        if constexpr (Io::reading) {
+          c.window = {};
+          if (v.is_null()) return;
+          if (!v.is_object()) io.fail(p, "expected null or an object {left, right}, got " + kind(v));
+          for (const char* side : {"left", "right"}) {
+            if (!v.contains(side)) io.fail(p + "." + side, "missing");
+            if (v[side].is_null()) continue;
+            (std::string(side) == "left" ? c.window.left : c.window.right) =
+                io.template integer_of<std::int64_t>(v[side], p + "." + side, 0, kMaxWindowBound);
+          }
+          if (!c.window.enabled()) io.fail(p, "expected at least one bound (a case without a window has null)");
+        }
+      });
+  io.real("softcap", c.softcap, 0.0);
+  io.flag("sinks", c.sinks);
   io.integer("seed", c.seed);
   io.texts("compare", c.compare);
   io.custom(

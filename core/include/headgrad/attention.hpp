@@ -205,9 +205,20 @@ std::int64_t kv_group(const Variable& q, const Variable& k, const Variable& v,
 Variable expand_kv_heads(const Variable& kv, std::int64_t group);
 
 // The bool mask [..., Tq, Tk] (True = attend) that a spec asks for: causal
-// (in spec.causal_alignment), spec.mask, both combined, or an undefined
+// (in spec.causal_alignment), spec.window, spec.mask, combined, or an undefined
 // Tensor when every key is attended.
 Tensor attention_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t tk);
+
+// ---- sliding windows and sinks (softcap is the op softcap() of ops.hpp)
+// o of the window rule p_i = i + o: Tk - Tq under causal bottom_right, else 0.
+std::int64_t window_offset(const AttentionSpec& spec, std::int64_t tq, std::int64_t tk);
+// Throws invalid_argument naming `who` for a negative bound.
+void check_window(const WindowSpec& window, std::string_view who);
+// [Tq, Tk] bool, True where p_i - left <= j <= p_i + right; undefined without a window.
+Tensor window_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t tk);
+// scores [..., H, Tq, Tk] and sinks [H] -> [..., H, Tq, Tk + 1]: sigma_h appended
+// to every row of head h (one more softmax column, which has no value).
+Variable with_sink_column(const Variable& scores, const Variable& sinks);
 
 // RoPE inside attention, the one right way for every plugin: per head, after
 // the head split, before the scores, never on v; under GQA k is rotated per kv

@@ -54,6 +54,21 @@
  * - Causal: query i attends key j when j <= i (top-left aligned when Tq != Tk).
  *   With a mask too, a key is attended when both allow it. A query row with no
  *   attended key gives zeros (out and gradients), not NaN.
+ * - Sliding windows, soft-capping, sinks (C ABI 3, each only for a plugin that
+ *   declares HG_CAP_WINDOW, HG_CAP_SOFTCAP, HG_CAP_SINKS; a plugin without one
+ *   never sees it: headgrad refuses the call naming the capability). With
+ *   call->window_flags, key j is in query i's window when p_i - window_left <= j
+ *   (HG_WINDOW_LEFT) and j <= p_i + window_right (HG_WINDOW_RIGHT), p_i = i +
+ *   window_offset (Tk - Tq under bottom-right causal, else 0); a key is
+ *   attended when causal, the window and the mask all allow it. With
+ *   call->softcap = C > 0 every scaled score s becomes C tanh(s / C) before any
+ *   mask (the backward multiplies ds by 1 - tanh^2). With call->sinks (an
+ *   [H] tensor, H = q's dim -3, 1 without one; leading index n of q is query
+ *   head n mod H) each row of head h has one more softmax term exp(sigma_h)
+ *   with no value; a row with no attended key then gives out 0; the backward
+ *   writes dsinks_h = -sum over the rows of head h of P_sink D (P_sink =
+ *   exp(sigma_h - lse), D = dout . out) into call->dsinks (zero-filled, [H];
+ *   data NULL when not needed or in the forward).
  * - Return 0 on success. On failure return a nonzero code and write a one-line
  *   message into call->error (at most call->error_size bytes, NUL included):
  *   headgrad raises it as an error naming the plugin.
@@ -71,11 +86,14 @@
  * version (<headgrad/abi.hpp>), which moves with the C++ types. The loader
  * skips a mismatch with a message. Only C crosses this boundary: a C plugin
  * may be built by any C compiler for the same platform. */
-#define HEADGRAD_C_ABI_VERSION 2
+#define HEADGRAD_C_ABI_VERSION 3
 /* The oldest version headgrad still loads. Version 2 only added
  * HG_CAP_GROUPED_KV and hg_kv_group(), changing no layout: a plugin built
  * against version 1 runs as it did, and is refused grouped KV heads (a
- * capability bit headgrad does not read from a version-1 plugin). */
+ * capability bit headgrad does not read from a version-1 plugin). Version 3
+ * added HG_CAP_WINDOW, HG_CAP_SOFTCAP, HG_CAP_SINKS and fields at the END of
+ * hg_core_call: an older plugin reads the prefix it knows and is refused a
+ * window, a cap or sinks (bits headgrad does not read from it). */
 #define HEADGRAD_C_ABI_MIN_VERSION 1
 
 #if defined(_WIN32)
@@ -103,6 +121,13 @@ typedef enum hg_dtype { HG_FLOAT32 = 0, HG_FLOAT64 = 1, HG_BOOL = 2 } hg_dtype;
 #define HG_CAP_FLOAT64 0x10u
 #define HG_CAP_CAUSAL_BOTTOM_RIGHT 0x20u /* call->causal may be HG_CAUSAL_BOTTOM_RIGHT */
 #define HG_CAP_GROUPED_KV 0x40u /* C ABI 2: k, v may have Hkv < H heads (dim -3); see the contract */
+#define HG_CAP_WINDOW 0x80u   /* C ABI 3: call->window_flags may be nonzero */
+#define HG_CAP_SOFTCAP 0x100u /* C ABI 3: call->softcap may be > 0 */
+#define HG_CAP_SINKS 0x200u   /* C ABI 3: call->sinks may be non-NULL (and call->dsinks wanted) */
+
+/* call->window_flags: which bounds of the window are set */
+#define HG_WINDOW_LEFT 0x1
+#define HG_WINDOW_RIGHT 0x2
 
 /* call->causal. A plugin without HG_CAP_CAUSAL_BOTTOM_RIGHT never sees 2:
  * headgrad passes bottom-right as 1 when Tq == Tk (the same mask) and
@@ -130,6 +155,14 @@ typedef struct hg_core_call {
   double scale;           /* scores = q k^T * scale (headgrad resolves the 1/sqrt(d) default) */
   char* error;            /* message buffer for a failure */
   size_t error_size;
+  /* C ABI 3 (the contract above); zero / NULL for a plugin that does not declare them */
+  int32_t window_flags;    /* HG_WINDOW_LEFT | HG_WINDOW_RIGHT: the bounds that are set */
+  int64_t window_left;     /* p_i - window_left <= j */
+  int64_t window_right;    /* j <= p_i + window_right */
+  int64_t window_offset;   /* p_i = i + window_offset */
+  double softcap;          /* C > 0: s = C tanh(s / C); 0: off */
+  const hg_tensor* sinks;  /* NULL, or [H]: one logit per query head */
+  hg_tensor* dsinks;       /* backward: [H] zero-filled (data NULL: not needed); forward: NULL */
 } hg_core_call;
 
 /* out [..., Tq, dv]; stats [..., Tq, S] (data NULL when S == 0). */

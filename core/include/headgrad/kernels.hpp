@@ -19,6 +19,11 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);  // broadcasting
 Tensor unary(UnaryOp op, const Tensor& x);
 Tensor scale(const Tensor& x, double factor);
 
+// Logit soft-capping: cap * tanh(x / cap) (cap > 0), and its backward
+// g * (1 - (y / cap)^2) from the capped y (what the softcap op saves).
+Tensor softcap(const Tensor& x, double cap);
+Tensor softcap_backward(const Tensor& g, const Tensor& y, double cap);
+
 // Sum g over the dims it was broadcast along, down to `shape`.
 Tensor sum_to(const Tensor& g, const Shape& shape);
 Tensor sum_dim(const Tensor& x, std::int64_t dim, bool keepdim);

@@ -80,6 +80,10 @@ Tensor causal_mask(std::int64_t tq, std::int64_t tk, std::int64_t shift = 0);
 Variable masked_softmax(const Variable& x, double scale, const Tensor& attend, bool causal,
                         std::int64_t causal_shift = 0);
 Tensor logical_not(const Tensor& mask);
+// Logit soft-capping (Gemma 2): cap * tanh(x / cap), cap > 0; backward
+// dx = dy * (1 - tanh^2(x / cap)). Attention caps the scaled scores before
+// any mask (a masked score stays -inf).
+Variable softcap(const Variable& x, double cap);
 // a && b on their broadcast shape (bool): two masks combined, a key attended
 // where both allow it.
 Tensor logical_and(const Tensor& a, const Tensor& b);

@@ -40,9 +40,54 @@ Tensor attention_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t t
   if (has_mask && spec.mask.dtype() != DType::boolean)
     throw std::invalid_argument("attention mask must be bool (True = attend), got " +
                                 std::string(dtype_name(spec.mask.dtype())));
-  if (!spec.causal) return has_mask ? spec.mask : Tensor();
-  Tensor causal = causal_mask(tq, tk, spec.causal_shift(tq, tk));
-  return has_mask ? logical_and(spec.mask, causal) : causal;
+  Tensor m = has_mask ? spec.mask : Tensor();
+  if (spec.causal) {
+    Tensor causal = causal_mask(tq, tk, spec.causal_shift(tq, tk));
+    m = has_mask ? logical_and(spec.mask, causal) : causal;
+  }
+  if (spec.window.enabled()) {
+    Tensor window = window_mask(spec, tq, tk);
+    m = m.defined() ? logical_and(m, window) : window;
+  }
+  return m;
+}
+
+// ---- sliding windows, soft-capping, sinks
+
+std::int64_t window_offset(const AttentionSpec& spec, std::int64_t tq, std::int64_t tk) {
+  // The window sits on the causal diagonal: shifted only under causal bottom_right.
+  return spec.causal ? spec.causal_shift(tq, tk) : 0;
+}
+
+void check_window(const WindowSpec& w, std::string_view who) {
+  for (const auto& [bound, name] : {std::pair{w.left, "left"}, std::pair{w.right, "right"}})
+    if (bound && *bound < 0)
+      throw std::invalid_argument(std::string(who) + ": window " + name + " " + std::to_string(*bound) +
+                                  " is negative (keys p_i - left .. p_i + right, bounds >= 0)");
+}
+
+Tensor window_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t tk) {
+  if (!spec.window.enabled()) return {};
+  check_window(spec.window, "window_mask");
+  const std::int64_t o = window_offset(spec, tq, tk);
+  Tensor m = Tensor::empty({tq, tk}, DType::boolean);
+  bool* p = m.mutable_data<bool>();
+  for (std::int64_t i = 0; i < tq; ++i)
+    for (std::int64_t j = 0; j < tk; ++j)
+      p[i * tk + j] = (!spec.window.left || j >= i + o - *spec.window.left) &&
+                      (!spec.window.right || j <= i + o + *spec.window.right);
+  return m;
+}
+
+Variable with_sink_column(const Variable& scores, const Variable& sinks) {
+  const std::int64_t heads = sinks.numel();
+  if (sinks.dim() != 1 || (scores.dim() < 3 ? heads != 1 : scores.size(-3) != heads))
+    throw std::invalid_argument("sinks " + shape_str(sinks.shape()) + " do not fit scores " +
+                                shape_str(scores.shape()) + ": expected [H], one logit per query head (dim -3)");
+  Shape col = scores.shape();
+  col.back() = 1;
+  const Variable sigma = expand(reshape(sinks, {heads, 1, 1}), col);  // head h's logit on each of its rows
+  return cat({scores, cast(sigma, scores.dtype())}, -1);
 }
 
 namespace {
@@ -275,10 +320,26 @@ Variable attention_core(const Variable& q, const Variable& k, const Variable& v,
                                 shape_str(k.shape()) + ", v " + shape_str(v.shape()) +
                                 " are not [..., Tq, d], [..., Tk, d], [..., Tk, dv]");
   const std::int64_t tq = q.size(-2), tk = k.size(-2);
+  if (spec.softcap > 0.0 || spec.sinks.defined()) {
+    // s = scale q k^T, capped, masked (-inf), the sink column appended, softmax,
+    // the sink's probability dropped: it has no value. Autodiff gives dsinks.
+    Variable s = scale(matmul(q, transpose(k, -2, -1)), spec.scale_for(q.size(-1)));
+    if (spec.softcap > 0.0) s = softcap(s, spec.softcap);
+    if (const Tensor attend = attention_mask(spec, tq, tk); attend.defined())
+      s = masked_fill(s, logical_not(attend), -INFINITY);
+    if (!spec.sinks.defined()) return matmul(softmax(s, -1), v);
+    const Variable p = softmax(with_sink_column(s, spec.sinks), -1);  // [..., Tq, Tk + 1]
+    return matmul(narrow(p, -1, 0, tk), v);
+  }
   // softmax(masked_fill(scale(q k^T), !attend, -inf)) as one fused op: the same
   // values in one pass over [..., Tq, Tk]; causal is taken from the indices.
   AttentionSpec mask_only = spec;
   mask_only.causal = false;
+  mask_only.window = {};  // the window's offset depends on causal: its mask is added whole
+  if (spec.window.enabled()) {
+    const Tensor window = window_mask(spec, tq, tk);
+    mask_only.mask = mask_only.mask.defined() ? logical_and(mask_only.mask, window) : window;
+  }
   const Tensor attend = attention_mask(mask_only, tq, tk);
   const Variable p = masked_softmax(matmul(q, transpose(k, -2, -1)),
                                     spec.scale_for(q.size(-1)), attend, spec.causal,

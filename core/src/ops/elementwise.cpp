@@ -1,4 +1,5 @@
 // Elementwise ops with broadcasting, and their backward.
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -91,6 +92,15 @@ Variable log(const Variable& x) {
                            [](const Tensor& g, const BackwardContext& c) {
                              return std::vector<Tensor>{kernels::binary(BinaryOp::div, g, c.saved[0])};
                            });
+}
+
+Variable softcap(const Variable& x, double cap) {
+  if (!(cap > 0.0) || !std::isfinite(cap))
+    throw std::invalid_argument("softcap: the cap must be a finite number > 0, got " + std::to_string(cap));
+  Tensor out = kernels::softcap(x.data(), cap);
+  return Variable::from_op("softcap", out, {x}, {out}, [cap](const Tensor& g, const BackwardContext& c) {
+    return std::vector<Tensor>{kernels::softcap_backward(g, c.saved[0], cap)};  // d tanh = 1 - tanh^2
+  });
 }
 
 Variable cast(const Variable& x, DType dtype) {

@@ -192,6 +192,31 @@ Tensor scale(const Tensor& x, double factor) {
   return out;
 }
 
+// ---- logit soft-capping (attention: after the scale, before the masks)
+
+Tensor softcap(const Tensor& x, double cap) {
+  if (is_16bit(x.dtype())) return softcap(f32(x), cap).to(x.dtype());
+  Tensor out = Tensor::empty(x.shape(), x.dtype());
+  dispatch_float(x.dtype(), "softcap", [&]<class T>() {
+    const T c = static_cast<T>(cap);
+    map_into<T>(out, x, [c](T v) { return c * std::tanh(v / c); });
+  });
+  return out;
+}
+
+Tensor softcap_backward(const Tensor& g, const Tensor& y, double cap) {
+  if (is_16bit(g.dtype())) return softcap_backward(f32(g), f32(y), cap).to(g.dtype());
+  Tensor out = Tensor::empty(g.shape(), g.dtype());  // g and y: the op output's shape
+  dispatch_float(g.dtype(), "softcap_backward", [&]<class T>() {
+    const T c = static_cast<T>(cap);
+    zip_into<T>(out, g, y, [c](T gv, T yv) {
+      const T t = yv / c;  // tanh(x / cap)
+      return gv * (T(1) - t * t);
+    });
+  });
+  return out;
+}
+
 // Accumulate g into a zero tensor of the reduced shape, expanded (stride 0) over
 // the summed dims: one pass over g, whatever dims are reduced.
 Tensor sum_to(const Tensor& g, const Shape& shape) {

@@ -65,6 +65,10 @@ struct CallSettings {
   Tensor mask;  // bool [..., Tq, Tk] (a broadcast view), or undefined
   std::int32_t causal = HG_CAUSAL_NONE;  // HG_CAUSAL_*
   double scale = 1.0;
+  // C ABI 3: the window (flags HG_WINDOW_*), the cap; sinks ride as the op's 4th input
+  std::int32_t window_flags = 0;
+  std::int64_t window_left = 0, window_right = 0, window_offset = 0;
+  double softcap = 0;
 };
 
 class CAttention final : public Attention {
@@ -86,6 +90,10 @@ class CAttention final : public Attention {
     bottom_right_ = (f & HG_CAP_CAUSAL_BOTTOM_RIGHT) != 0;
     // The bit means nothing to a plugin built against C ABI 1.
     c.grouped_kv = abi_version >= 2 && (f & HG_CAP_GROUPED_KV) != 0;
+    // Nor these to one built against C ABI 1 or 2 (its call struct ends before them).
+    c.window = abi_version >= 3 && (f & HG_CAP_WINDOW) != 0;
+    c.softcap = abi_version >= 3 && (f & HG_CAP_SOFTCAP) != 0;
+    c.sinks = abi_version >= 3 && (f & HG_CAP_SINKS) != 0;
     c.extra = {"c-abi"};
   }
 
@@ -99,8 +107,16 @@ class CAttention final : public Attention {
     const hg_c_plugin* desc = desc_;
     const std::shared_ptr<const void> library = library_;
     const std::string name = info_.name;
+    std::vector<Variable> inputs = {q, k, v};
+    if (spec.sinks.defined()) {  // [H] with q's dtype, a 4th input: dsinks flows back to it
+      const std::int64_t heads = q.dim() >= 3 ? settings.lead.back() : 1;
+      if (spec.sinks.dim() != 1 || spec.sinks.numel() != heads)
+        throw std::invalid_argument("plugin '" + name + "' (C ABI): sinks " + shape_str(spec.sinks.shape()) +
+                                    ", expected [" + std::to_string(heads) + "]: one logit per query head");
+      inputs.push_back(spec.sinks.dtype() == q.dtype() ? spec.sinks : cast(spec.sinks, q.dtype()));
+    }
     return custom_op(
-        name + ".core", {q, k, v},
+        name + ".core", inputs,
         [desc, library, name, settings](CustomOpContext& ctx, const std::vector<Tensor>& in) {
           const Tensor qx = expand_lead(in[0], settings.lead), kx = expand_lead(in[1], settings.kv_lead),
                        vx = expand_lead(in[2], settings.kv_lead);
@@ -110,12 +126,15 @@ class CAttention final : public Attention {
           if (desc->stats_per_row > 0)
             stats = Tensor::empty(with_last2(settings.lead, tq, desc->stats_per_row), qx.dtype());
           const CView cq(qx), ck(kx), cv(vx), cmask(settings.mask);
+          const Tensor sinks = in.size() > 3 ? in[3].contiguous() : Tensor();
+          const CView csinks(sinks);
           CView cout_(out), cstats(stats);
           std::array<char, 1024> error{};
-          const hg_core_call call = make_call(cq, ck, cv, cmask, settings, error);
+          hg_core_call call = make_call(cq, ck, cv, cmask, settings, error);
+          call.sinks = sinks.defined() ? &csinks.t : nullptr;
           const int rc = desc->core_forward(&call, &cout_.t, &cstats.t);
           if (rc != 0) throw_failure(name, "core_forward", rc, error);
-          ctx.saved = {in[0], in[1], in[2], out, stats};
+          ctx.saved = {in[0], in[1], in[2], out, stats, sinks};
           return out;
         },
         [desc, library, name, settings](const CustomOpContext& ctx, const Tensor& dout) {
@@ -129,11 +148,18 @@ class CAttention final : public Attention {
             return ctx.needs_input_grad[i] ? Tensor::zeros(x.shape(), x.dtype()) : Tensor();
           };
           Tensor dq = grad_for(0, qx), dk = grad_for(1, kx), dv = grad_for(2, vx);
-          const CView cq(qx), ck(kx), cv(vx), cmask(settings.mask);
+          const Tensor& sinks = ctx.saved[5];
+          Tensor dsinks = sinks.defined() ? grad_for(3, sinks) : Tensor();
+          const CView cq(qx), ck(kx), cv(vx), cmask(settings.mask), csinks(sinks);
           const CView cout_(ctx.saved[3]), cstats(ctx.saved[4]), cdout(dout);
-          CView cdq(dq), cdk(dk), cdv(dv);
+          CView cdq(dq), cdk(dk), cdv(dv), cdsinks(dsinks);
           std::array<char, 1024> error{};
-          const hg_core_call call = make_call(cq, ck, cv, cmask, settings, error);
+          hg_core_call call = make_call(cq, ck, cv, cmask, settings, error);
+          call.sinks = sinks.defined() ? &csinks.t : nullptr;
+          if (sinks.defined()) {
+            if (!dsinks.defined()) cdsinks.t = csinks.t, cdsinks.t.data = nullptr;  // its shape, no data: not needed
+            call.dsinks = &cdsinks.t;
+          }
           const int rc = desc->core_backward(&call, &cout_.t, &cstats.t, &cdout.t, &cdq.t, &cdk.t, &cdv.t);
           if (rc != 0) throw_failure(name, "core_backward", rc, error);
           // Gradients of broadcast leading dims are summed back to each input's shape
@@ -141,7 +167,9 @@ class CAttention final : public Attention {
           auto reduce = [](const Tensor& g, const Tensor& x) {
             return !g.defined() || g.shape() == x.shape() ? g : kernels::sum_to(g, x.shape());
           };
-          return std::vector<Tensor>{reduce(dq, q0), reduce(dk, k0), reduce(dv, v0)};
+          std::vector<Tensor> grads{reduce(dq, q0), reduce(dk, k0), reduce(dv, v0)};
+          if (sinks.defined()) grads.push_back(dsinks);
+          return grads;
         });
   }
 
@@ -167,6 +195,13 @@ class CAttention final : public Attention {
     if (q.size(-2) != k.size(-2) && !caps.cross_lengths)
       throw UnsupportedError(who + " does not support Tq != Tk");
     if (spec.dropout_p != 0.0) throw UnsupportedError(who + " does not support dropout");
+    // windows, caps, sinks (C ABI 3): refused rather than silently left out
+    if (spec.window.enabled() && !caps.window)
+      throw UnsupportedError(who + " does not support a sliding window (HG_CAP_WINDOW, C ABI 3)");
+    if (spec.softcap > 0 && !caps.softcap)
+      throw UnsupportedError(who + " does not support soft-capping (HG_CAP_SOFTCAP, C ABI 3)");
+    if (spec.sinks.defined() && !caps.sinks)
+      throw UnsupportedError(who + " does not support attention sinks (HG_CAP_SINKS, C ABI 3)");
 
     CallSettings s;
     // Grouped KV heads: k and v agree on Hkv heads at dim -3, fewer than q's H
@@ -221,6 +256,14 @@ class CAttention final : public Attention {
     }
     s.kv_lead = s.lead;
     if (group > 1) s.kv_lead.back() /= group;  // heads are lead's last dim (dim -3 of q)
+    if (spec.window.enabled()) {
+      check_window(spec.window, who);
+      s.window_flags = (spec.window.left ? HG_WINDOW_LEFT : 0) | (spec.window.right ? HG_WINDOW_RIGHT : 0);
+      s.window_left = spec.window.left.value_or(0);
+      s.window_right = spec.window.right.value_or(0);
+      s.window_offset = window_offset(spec, tq, tk);
+    }
+    s.softcap = spec.softcap;
     return s;
   }
 
@@ -240,6 +283,11 @@ class CAttention final : public Attention {
     call.scale = s.scale;
     call.error = error.data();
     call.error_size = error.size();
+    call.window_flags = s.window_flags;
+    call.window_left = s.window_left;
+    call.window_right = s.window_right;
+    call.window_offset = s.window_offset;
+    call.softcap = s.softcap;
     return call;
   }
 

@@ -22,6 +22,7 @@ class Shadow final : public Attention {
     Capabilities& c = i.capabilities;
     c.mha = c.core = c.causal = c.bool_mask = c.cross_lengths = c.grouped_kv = c.rope = c.rope_level = c.bias = true;  // batched_mha takes the biases
     c.qk_norm = c.cross_attention = true;  // batched_mha takes the gains and x_kv
+    c.window = c.softcap = c.sinks = true;  // attention_core has them
     c.extra = {"bfloat16", "float16"};  // as the real per_head declares
     return i;
   }
