@@ -43,13 +43,16 @@ void require_same_dtype(const Tensor& a, const Tensor& b, const char* op) {
 // so a kernel's float32 body never sees bfloat16 or float16.
 Tensor f32(const Tensor& t) { return is_16bit(t.dtype()) ? t.to(DType::float32) : t; }
 // matmul's operands: a view whose last two dims are swapped (K^T, W^T) is
-// upcast in its storage's row order and handed back as the same transposed
-// view, so the bulk conversion runs along contiguous rows (not element by
-// element across them) and matmul reads the transposition as a BLAS flag.
+// upcast in its storage's row order, so the bulk conversion runs along
+// contiguous rows (not element by element across them), then transposed back
+// into a contiguous float32 copy: the BLAS sees the layout it saw before, so
+// the result does not depend on how a 16-bit operand happens to be strided
+// (the small-matrix paths of a BLAS sum in an order that follows the layout,
+// and a mutant must match its hypothesis bit for bit).
 Tensor f32_operand(const Tensor& t) {
   const std::int64_t n = t.dim();
   if (is_16bit(t.dtype()) && n >= 2 && t.stride(-1) != 1 && t.size(-1) > 1 && t.stride(-2) == 1 && t.size(-2) > 1)
-    return t.transpose(n - 2, n - 1).to(DType::float32).transpose(n - 2, n - 1);
+    return t.transpose(n - 2, n - 1).to(DType::float32).transpose(n - 2, n - 1).contiguous();
   return f32(t);
 }
 
