@@ -269,10 +269,13 @@ def run_headgrad(suite):
 
 
 def as_suite(tmp, case_text, plugins):
-    body = [line for line in case_text.splitlines() if not line.startswith("#") and "# " not in line[:4]]
-    text = "\n".join("  " + line for line in body)
-    text = text.replace("compare: [per_head]", f"compare: [{', '.join(plugins)}]")
-    (tmp / "suite.yaml").write_text("suite: user\ncases:\n" + text + "\n")
+    """The writer's case.yaml once per plugin (a reference case compares one plugin)."""
+    body = [line for line in case_text.splitlines() if not line.lstrip().startswith("#")]
+    cases = []
+    for plugin in plugins:
+        text = "\n".join("  " + line for line in body).replace("compare: [per_head]", f"compare: [{plugin}]")
+        cases.append(text.replace('- name: "', f'- name: "{plugin}-', 1))
+    (tmp / "suite.yaml").write_text("suite: user\ncases:\n" + "\n".join(cases) + "\n")
     return tmp / "suite.yaml"
 
 
@@ -290,7 +293,7 @@ class WriterOnUserFunctions(unittest.TestCase):
                 self.assertIn(line, case)
             self.assertEqual(np.load(out / "sinks.npy").shape, (4,))
             check_core_dir(self, out, causal="bottom_right", window=w, softcap=1.5)
-            res = run_headgrad(as_suite(tmp, case, ["per_head", "fused_sdpa"]))
+            res = run_headgrad(as_suite(tmp, case, ["per_head", "batched", "fused_sdpa"]))
             self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
 
     def test_mha_through_writer_and_headgrad(self):
@@ -308,7 +311,7 @@ class WriterOnUserFunctions(unittest.TestCase):
             check_mha_dir(self, out, 6, 3, causal=True, window={"left": 2, "right": 0}, softcap=0.9)
             case = (out / "case.yaml").read_text()
             self.assertIn("window: {left: 2, right: 0}", case)
-            res = run_headgrad(as_suite(tmp, case, ["per_head", "batched"]))
+            res = run_headgrad(as_suite(tmp, case, ["per_head", "batched", "fused_sdpa"]))
             self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
 
     def test_float32_golden_agrees(self):
