@@ -22,6 +22,8 @@ RoPE and their backward (the inverse rotation) are written out as well.
    values), case.yaml carrying window, softcap and sinks, and `headgrad run` passing.
 3. A function whose signature lacks window, softcap or sinks is refused (ValueError, or
    exit 2 on the command line), as for positions and biases, and nothing is written.
+4. headgrad export of a bottom-right decode step with a window writes causal: bottom_right
+   and its directory passes its own suite.yaml.
 """
 import math
 import pathlib
@@ -321,6 +323,29 @@ class WriterOnUserFunctions(unittest.TestCase):
                                                dtype="float32", window={"right": 1}, causal=False, sinks=True)
             self.assertEqual(np.load(out / "golden" / "dsinks.npy").dtype, np.float64)
             check_core_dir(self, out, causal=None, window={"right": 1}, float32=True)
+
+
+class Export(unittest.TestCase):
+    def test_bottom_right_window_round_trips(self):
+        """headgrad export of a decode step with a window writes causal: bottom_right (the
+        window's anchor), and its suite.yaml passes on its own directory."""
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = pathlib.Path(tmp)
+            (tmp / "s.yaml").write_text(
+                "suite: s\ncases:\n  - {name: dec, level: core, causal: bottom_right, compare: [per_head, batched], "
+                "shape: {B: 2, H: 4, Hkv: 2, Tq: 3, Tk: 11, d: 8}, window: {left: 3}, softcap: 0.75, sinks: true}\n")
+            res = subprocess.run([HEADGRAD, "export", str(tmp / "s.yaml"), "--case", "dec", "--plugin", "batched",
+                                  "--out", str(tmp / "e")], capture_output=True, text=True, timeout=120)
+            self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
+            suite = (tmp / "e" / "suite.yaml").read_text()
+            self.assertIn("causal: bottom_right", suite)
+            self.assertTrue((tmp / "e" / "sinks.npy").exists())
+            res = run_headgrad(tmp / "e" / "suite.yaml")
+            self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
+            t = load_dir(tmp / "e", CORE_STEMS)
+            out = loop_core(t["q"], t["k"], t["v"], t["r"], causal="bottom_right", window={"left": 3},
+                            softcap=0.75, sinks=t["sinks"], mask=t.get("mask"))[0]
+            assert_close(self, t["out"], out, "exported out")
 
 
 class Refusals(unittest.TestCase):
