@@ -33,7 +33,19 @@ H query heads, Hkv key/value heads, d head width, Tq/Tk query/key tokens):
 Your function gets, as keyword arguments, those of num_heads, num_kv_heads,
 head_dim, causal, positions, mask that its signature names (or all of them if
 it takes **kwargs), so it need not close over the shape (a core RoPE function
-also gets q_offset). An mha function, or a core one with a head axis, may return
+also gets q_offset).
+
+Sliding windows, soft-capping and sinks (mha and core levels): with window=
+{"left": L, "right": R} (--window left=L,right=R; either bound may be left out)
+fn gets window (both keys, None where unbounded: key j is in query i's window
+iff p_i - L <= j <= p_i + R, p_i = i, or i + Tk - Tq with causal="bottom_right"
+(--bottom-right, core level)); with softcap=C (--softcap C) it gets softcap (the
+scores become C tanh(s / C) after the scale, before the masks); with sinks=True
+(--sinks) it gets sinks [H], one logit per query head drawn after every other
+input (U(-1, 3)), an extra softmax column with no value, and sinks, dsinks are
+written. case.yaml carries window, softcap and sinks: true. A function whose
+signature names none of them (and takes no **kwargs) is refused, as for positions
+and the biases: the setting would be dropped silently. An mha function, or a core one with a head axis, may return
 (out, {"q_rot": q, "k_rot": k}) to add the taps after the rotation.
 
 The writer checks what it can see from outside: a function that breaks its
@@ -76,7 +88,8 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.
 # values), so their case.yaml names the dtype.
 LOW_PRECISION = ("bfloat16", "float16")
 # Keyword arguments a user function may ask for by naming them.
-OFFERED_KWARGS = ("num_heads", "num_kv_heads", "head_dim", "causal", "positions", "q_offset", "mask")
+OFFERED_KWARGS = ("num_heads", "num_kv_heads", "head_dim", "causal", "positions", "q_offset", "mask", "window",
+                  "softcap", "sinks")
 # Every file a writer may produce: an overwrite removes exactly these.
 FILE_STEMS = ("x", "wq", "wk", "wv", "wo", "q", "k", "v", "mask", "r", "positions", "out", "dx", "dwq",
               "dwk", "dwv", "dwo", "dq", "dk", "dv", "q_rot", "k_rot")
@@ -85,6 +98,9 @@ FILE_STEMS += BIAS_STEMS
 # QK-norm and cross-attention (mha level): the gains, x_kv and their gradients.
 QK_NORM_CROSS_STEMS = ("q_norm", "k_norm", "dq_norm", "dk_norm", "x_kv", "dx_kv")
 FILE_STEMS += QK_NORM_CROSS_STEMS
+# Attention sinks (mha and core levels): one logit per query head and its gradient.
+SINK_STEMS = ("sinks", "dsinks")
+FILE_STEMS += SINK_STEMS
 SHAPE_KEYS = {
     "mha": ("B", "T", "Tq", "Tk", "D", "H", "Hkv", "d"),
     "core": ("B", "H", "Hkv", "T", "Tq", "Tk", "d"),
@@ -284,6 +300,12 @@ class _Draw:
         self.drawn.append(t)
         return t.requires_grad_(grad)
 
+    def uniform(self, *shape, low, high, grad=True):
+        """U(low, high) from the same generator (the sinks)."""
+        t = (torch.rand(*shape, generator=self.gen, dtype=torch.float64) * (high - low) + low).to(self.dtype)
+        self.drawn.append(t)
+        return t.requires_grad_(grad)
+
 
 class _Replay:
     """The tensors a _Draw drew, in the same order, cast to float64 (golden/)."""
@@ -297,6 +319,9 @@ class _Replay:
         t = self.queue.pop(0)
         assert tuple(t.shape) == shape, "the replay asks for the draws in another order"
         return t.detach().to(torch.float64).requires_grad_(grad)
+
+    def uniform(self, *shape, low, high, grad=True):
+        return self(*shape, grad=grad)
 
 
 def _prepare_dir(out_dir, overwrite):
@@ -337,7 +362,7 @@ def _yaml_str(text):
 
 
 def _case_yaml(out, level, shape_keys, causal, rope, taps, dtype, suite_dir, bias=False, qk_norm=None,
-               cross=False):
+               cross=False, window=None, softcap=None, sinks=False):
     """The suite case that checks this directory, to paste into a suite in suite_dir."""
     where = pathlib.Path(os.path.relpath(out, suite_dir)) if suite_dir is not None else out
     lines = [f"# A suite case that checks this directory ({dtype}); "
@@ -350,14 +375,24 @@ def _case_yaml(out, level, shape_keys, causal, rope, taps, dtype, suite_dir, bia
     if shape_keys:
         lines.append("  shape: {" + ", ".join(f"{k}: {v}" for k, v in shape_keys.items()) + "}")
     if level != "rope":
-        # a core directory's mask.npy holds the whole mask, so the case is not causal on top
-        lines.append(f"  causal: {'true' if causal and level == 'mha' else 'false'}")
+        # a core directory's mask.npy holds the whole mask, so the case is not causal on top; under
+        # bottom_right it says so as well (the same mask again), since a window sits on that diagonal
+        if causal == "bottom_right":
+            lines.append("  causal: bottom_right")
+        else:
+            lines.append(f"  causal: {'true' if causal and level == 'mha' else 'false'}")
     if bias:
         lines.append("  bias: true")
     if qk_norm:  # the files cannot say the norm's settings
         lines.append("  qk_norm: " + _flow_map(qk_norm))
     if cross:
         lines.append("  cross: true")
+    if window:  # the window and the cap live in the case (the tensors cannot say them); sinks.npy says sinks
+        lines.append("  window: " + _flow_map({k: v for k, v in window.items() if v is not None}))
+    if softcap:
+        lines.append(f"  softcap: {softcap!r}")
+    if sinks:
+        lines.append("  sinks: true")
     if rope:
         lines.append("  rope: " + _flow_map(rope))
     if taps:
@@ -421,6 +456,108 @@ def _check_qk_norm(qk_norm):
     return n
 
 
+def _check_window(window):
+    """{"left": L, "right": R} (either may be absent or None: unbounded; not both), or (L, R)
+    with None for an unbounded side; returns the dict with both keys."""
+    if window is None:
+        return None
+    if isinstance(window, (tuple, list)):
+        if len(window) != 2:
+            _fail(f"window as a pair is (left, right), got {len(window)} values")
+        window = {"left": window[0], "right": window[1]}
+    if not isinstance(window, dict):
+        _fail(f"window must be a dict {{left, right}}, got {type(window).__name__}")
+    unknown = set(window) - {"left", "right"}
+    if unknown:
+        _fail(f"window has unknown keys {sorted(unknown)} (known: left, right)")
+    w = {"left": window.get("left"), "right": window.get("right")}
+    for key, value in w.items():
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            _fail(f"window {key} must be an integer >= 0 (keys before/after the query's diagonal), got {value!r}")
+        w[key] = int(value)
+    if w["left"] is None and w["right"] is None:
+        _fail("window needs left or right (an unbounded window is no window)")
+    return w
+
+
+def _check_softcap(softcap):
+    """C > 0, finite (scores capped as C tanh(s / C)); None or 0: no cap."""
+    if softcap is None:
+        return None
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not (
+            math.isfinite(softcap) and softcap > 0):
+        _fail(f"softcap must be a finite number > 0 (scores become C tanh(s / C)), got {softcap!r}")
+    return float(softcap)
+
+
+def _causal_mode(causal, level):
+    """causal as given -> None, "top_left" or "bottom_right" (True is top-left, PyTorch's is_causal)."""
+    if causal is None or causal is False:
+        return None
+    if causal is True or causal == "top_left":
+        return "top_left"
+    if causal == "bottom_right":
+        if level != "core":
+            _fail("causal='bottom_right' is a core-level setting here (the writer's mha level is top-left)")
+        return "bottom_right"
+    _fail(f"causal must be True, False, 'top_left' or 'bottom_right', got {causal!r}")
+
+
+def allowed_keys(Tq, Tk, causal=None, window=None):
+    """bool [Tq, Tk], True where causal and the window allow key j for query i (None: every key).
+
+    p_i = i + o, o = Tk - Tq under bottom_right, else 0; causal keeps j <= p_i, the window
+    p_i - left <= j <= p_i + right (an absent bound is unbounded)."""
+    if causal is None and window is None:
+        return None
+    o = Tk - Tq if causal == "bottom_right" else 0
+    p = torch.arange(Tq)[:, None] + o
+    j = torch.arange(Tk)[None, :]
+    keep = torch.ones(Tq, Tk, dtype=torch.bool)
+    if causal is not None:
+        keep &= j <= p
+    if window is not None and window.get("left") is not None:
+        keep &= j >= p - window["left"]
+    if window is not None and window.get("right") is not None:
+        keep &= j <= p + window["right"]
+    return keep
+
+
+def _check_taken(used, window, softcap, sinks):
+    """A window, a cap or sinks the function does not take would be silently dropped: refused."""
+    for name, given in (("window", window), ("softcap", softcap), ("sinks", sinks)):
+        if given and name not in used:
+            _fail(f"{name} was given but the function takes no '{name}' argument (it is passed as a keyword "
+                  f"argument {name}=...; name it in the signature or take **kwargs)")
+
+
+def parse_window(text):
+    """'left=3,right=0' or '3,0' or 'left=3' -> dict."""
+    w = {}
+    items = [part.strip() for part in text.split(",")]
+    if all("=" not in item for item in items) and len(items) == 2:
+        items = [f"left={items[0]}", f"right={items[1]}"]
+    for item in filter(None, items):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or key not in ("left", "right"):
+            _fail(f"--window item '{item}' is not left=L or right=R (or give L,R)")
+        if not value.strip().isdigit() or int(value) > MAX_DIM:
+            _fail(f"--window {key}={value!r}: expected an integer >= 0")
+        w[key] = int(value)
+    return _check_window(w)
+
+
+def parse_softcap(text):
+    try:
+        value = float(text)
+    except ValueError:
+        _fail(f"--softcap {text!r}: expected a number > 0")
+    return _check_softcap(value)
+
+
 def parse_qk_norm(text):
     """'axis=model,eps=1e-6,gain=one_plus_w' -> dict."""
     n = {}
@@ -439,7 +576,7 @@ def parse_qk_norm(text):
 
 def write_reference(fn, out_dir, shape, *, level="mha", seed=0, causal=True, dtype="float64",
                     positions=None, q_offset=0, rope=None, mask=None, suite_dir=None, overwrite=False,
-                    bias=False, qk_norm=None, cross=False):
+                    bias=False, qk_norm=None, cross=False, window=None, softcap=None, sinks=False):
     """Run fn on random inputs and write a reference directory; returns its path.
 
     fn:        your PyTorch function (signatures in the module docstring).
@@ -449,7 +586,9 @@ def write_reference(fn, out_dir, shape, *, level="mha", seed=0, causal=True, dty
     seed:      seeds every random tensor (inputs, weights, r).
     causal:    mha: what your function does (checked: a mismatch is written with a
                HeadgradRefWarning naming what was seen, as are an unused weight and NaN).
-               core: writes the top-left causal mask [Tq, Tk] as mask.npy.
+               core: writes the top-left causal mask [Tq, Tk] as mask.npy; "bottom_right"
+               (core) the mask j <= i + Tk - Tq, passed to fn as causal="bottom_right" and
+               written into case.yaml as causal: bottom_right (a window sits on that diagonal).
     dtype:     "float64", "float32", "bfloat16" or "float16". Below float64 the
                directory also gets golden/: fn run in float64 on the same input
                values (bfloat16 files are float32, as .npy has no bfloat16).
@@ -470,6 +609,19 @@ def write_reference(fn, out_dir, shape, *, level="mha", seed=0, causal=True, dty
                dim, w = g - 1 under one_plus_w) and may take the settings as qk_norm.
     cross:     mha only: shape gives Tq and Tk; fn takes x_kv [B, Tk, D] (drawn last).
                Not causal unless causal=True (then top-left: key j <= query i).
+    window:    mha and core: {"left": L, "right": R} (either may be left out: unbounded),
+               or (L, R) with None for an unbounded side. Key j is in query i's window iff
+               p_i - L <= j <= p_i + R, p_i = i + Tk - Tq under causal "bottom_right", else i
+               (Mistral's W keys: {"left": W - 1, "right": 0} with causal). fn must take it as
+               the keyword argument window (the dict, both keys, None where unbounded); the
+               dependence check expects it; case.yaml says window: {...}.
+    softcap:   mha and core: C > 0; fn must take it as softcap (scores C tanh(s / C), after
+               the scale, before the masks). Written into case.yaml as softcap: C.
+    sinks:     mha and core: fn takes sinks [H] (one logit per query head, an extra softmax
+               column with no value; drawn after every other input, U(-1, 3)), and the
+               directory holds sinks.npy and dsinks.npy; case.yaml says sinks: true.
+    A window, a cap or sinks given to a function whose signature does not name it (and that
+    takes no **kwargs) is refused, as positions and the biases are.
     """
     if level == "rope":
         return write_rope_reference(fn, out_dir, shape, positions=positions, seed=seed, dtype=dtype,
@@ -489,11 +641,16 @@ def write_reference(fn, out_dir, shape, *, level="mha", seed=0, causal=True, dty
         _fail("an mha shape with Tq and Tk is cross-attention: pass cross=True (--cross)")
     if cross and (positions is not None or rope):
         _fail("RoPE is not defined for cross-attention (the query and key streams' positions are unrelated)")
+    align = _causal_mode(causal, level)
+    if level == "mha":
+        causal = align is not None  # what the function is told, as before: a bool
+    window, softcap, sinks = _check_window(window), _check_softcap(softcap), bool(sinks)
+    feats = dict(window=window, softcap=softcap, sinks=sinks)
 
     def run(draw):
         if level == "mha":
-            return _run_mha(fn, s, draw, causal, positions, bias, qk_norm, cross)
-        return _run_core(fn, s, draw, causal, mask, positions, q_offset)
+            return _run_mha(fn, s, draw, causal, positions, bias, qk_norm, cross, **feats)
+        return _run_core(fn, s, draw, causal, mask, positions, q_offset, align=align, **feats)
 
     draw = _Draw(seed, dt)
     tensors, case_shape, taps, rope_extra = run(draw)
@@ -502,8 +659,9 @@ def write_reference(fn, out_dir, shape, *, level="mha", seed=0, causal=True, dty
     _save(out, tensors)
     if golden is not None:
         _save(out / "golden", golden)
-    _case_yaml(out, level, case_shape, causal, dict(rope or {}, **rope_extra) or None, taps, dtype_name,
-               suite_dir, bias, qk_norm, cross)
+    _case_yaml(out, level, case_shape, align if align == "bottom_right" else causal,
+               dict(rope or {}, **rope_extra) or None, taps, dtype_name, suite_dir, bias, qk_norm, cross,
+               window, softcap, sinks)
     return out
 
 
@@ -524,7 +682,14 @@ def _draw_qk_norm_cross(draw, s, qk_norm, cross):
     return extra
 
 
-def _run_mha(fn, s, draw, causal, positions, bias=False, qk_norm=None, cross=False):
+def _draw_sinks(draw, H):
+    """sinks [H] ~ U(-1, 3), after every other input (as headgrad draws them): distinct per
+    head, P_sink from about 0.01 to 0.97 against N(0, 1) scores."""
+    return draw.uniform(H, low=-1.0, high=3.0)
+
+
+def _run_mha(fn, s, draw, causal, positions, bias=False, qk_norm=None, cross=False, window=None, softcap=None,
+             sinks=False):
     B, T, D, H, Hkv, d = (s[k] for k in ("B", "T", "D", "H", "Hkv", "d"))
     x = draw(B, T, D)
     wq = draw(H * d, D, std=D ** -0.5)
@@ -538,9 +703,15 @@ def _run_mha(fn, s, draw, causal, positions, bias=False, qk_norm=None, cross=Fal
                   "bv": draw(Hkv * d, std=D ** -0.5), "bo": draw(D, std=(H * d) ** -0.5)}
         offered.update(biases)
     extra = _draw_qk_norm_cross(draw, s, qk_norm, cross)
+    if sinks:
+        extra["sinks"] = _draw_sinks(draw, H)
     offered.update(extra)
     if qk_norm:
         offered["qk_norm"] = dict(qk_norm)
+    if window:
+        offered["window"] = dict(window)
+    if softcap:
+        offered["softcap"] = softcap
     pos = None
     if positions is not None:
         pos = _check_positions(positions, B, T)
@@ -551,6 +722,7 @@ def _run_mha(fn, s, draw, causal, positions, bias=False, qk_norm=None, cross=Fal
     if bias and set(biases) - set(used):
         _fail("bias=True but the function takes no " + ", ".join(sorted(set(biases) - set(used))) +
               " argument (biases are passed as keyword arguments bq, bk, bv, bo)")
+    _check_taken(used, window, softcap, sinks)
     if set(extra) - set(used):
         _fail("the function takes no " + ", ".join(sorted(set(extra) - set(used))) + " argument (with qk_norm: "
               "keyword arguments q_norm, k_norm; with cross: x_kv)")
@@ -562,11 +734,15 @@ def _run_mha(fn, s, draw, causal, positions, bias=False, qk_norm=None, cross=Fal
     if cross:  # query row i against the keys' tokens j of x_kv (top-left when causal)
         def run_kv(kv):
             return _split_taps(_call(fn, (x, wq, wk, wv, wo), dict(offered, x_kv=kv))[0], "mha")[0]
-        keep = torch.ones(T, s["Tk"], dtype=torch.bool).tril() if causal else None
-        seen = _check_dependence(run_kv, extra["x_kv"], 1, keep, f"causal={causal} (cross-attention)", "token of x_kv")
+        keep = allowed_keys(T, s["Tk"], "top_left" if causal else None, window)
+        claim = f"causal={causal}" + (f", window={window}" if window else "")
+        seen = _check_dependence(run_kv, extra["x_kv"], 1, keep, claim + " (cross-attention)", "token of x_kv")
     else:
-        keep = torch.ones(T, T, dtype=torch.bool).tril() if causal else None
-        seen = _check_dependence(run, x, 1, keep, f"causal={causal}", "token of x")
+        keep = allowed_keys(T, T, "top_left" if causal else None, window)
+        if keep is not None:
+            keep |= torch.eye(T, dtype=torch.bool)  # row i reads token i through its query
+        claim = f"causal={causal}" + (f", window={window}" if window else "")
+        seen = _check_dependence(run, x, 1, keep, claim, "token of x")
     if seen:
         _finding(fn, seen)
     (out * r).sum().backward()
@@ -620,13 +796,16 @@ def _core_positions(positions, q_offset, B, Tq, Tk):
     return pos, dict({"positions": {"offset": start}}, **extra), False
 
 
-def _run_core(fn, s, draw, causal, mask, positions, q_offset):
+def _run_core(fn, s, draw, causal, mask, positions, q_offset, align=None, window=None, softcap=None, sinks=False):
     B, Tq, Tk, d = s["B"], s["Tq"], s["Tk"], s["d"]
     heads = (s["H"],) if "H" in s else ()
     kv_heads = (s["Hkv"],) if "H" in s else ()
     pos, rope_extra, pos_file = _core_positions(positions, q_offset, B, Tq, Tk)
     q, k, v = draw(B, *heads, Tq, d), draw(B, *kv_heads, Tk, d), draw(B, *kv_heads, Tk, d)
     r = draw(B, *heads, Tq, d, grad=False)
+    extra = {"sinks": _draw_sinks(draw, s["H"] if heads else 1)} if sinks else {}
+    if sinks and not heads:
+        _fail("sinks are one logit per query head: the shape needs H (q [B, H, Tq, d])")
     if mask is not None:
         keep = torch.as_tensor(np.asarray(mask))
         if keep.dtype != torch.bool:
@@ -634,14 +813,28 @@ def _run_core(fn, s, draw, causal, mask, positions, q_offset):
         if tuple(keep.shape) not in ((Tq, Tk), (B, *heads, Tq, Tk)):
             _fail(f"mask has shape {list(keep.shape)}, expected [Tq, Tk] or "
                   + ("[B, H, Tq, Tk]" if heads else "[B, Tq, Tk] (q, k, v are [B, T, d])"))
-        if not keep.any(-1).all():
+        if not sinks and not keep.any(-1).all():  # with sinks the row's mass goes to the sink: out 0
             _fail("a query row of the mask attends no key (softmax over nothing)")
-    elif causal:
-        keep = torch.ones(Tq, Tk, dtype=torch.bool).tril()
+        if align == "bottom_right":
+            keep = keep & allowed_keys(Tq, Tk, align)
+    elif align is not None:
+        keep = allowed_keys(Tq, Tk, align)
     else:
         keep = None
-    offered = {"num_heads": s.get("H"), "num_kv_heads": s.get("Hkv"), "head_dim": d, "causal": causal,
-               "mask": keep}
+    offered = {"num_heads": s.get("H"), "num_kv_heads": s.get("Hkv"), "head_dim": d,
+               "causal": "bottom_right" if align == "bottom_right" else causal, "mask": keep}
+    offered.update(extra)
+    if window:
+        offered["window"] = dict(window)
+    if softcap:
+        offered["softcap"] = softcap
+    # what the function is expected to attend: the mask (or causal) and the window
+    probe = keep
+    if window:
+        wkeep = allowed_keys(Tq, Tk, align if mask is None else None, window)
+        if align == "bottom_right" and mask is not None:  # the window sits on the bottom-right diagonal
+            wkeep = allowed_keys(Tq, Tk, "bottom_right", window)
+        probe = wkeep if keep is None else keep & wkeep
     if pos is not None:
         offered.update(positions=pos, q_offset=int(q_offset))
     result, used = _call(fn, (q, k, v), offered)
@@ -651,16 +844,20 @@ def _run_core(fn, s, draw, causal, mask, positions, q_offset):
         _fail("positions were given but the function takes no 'positions' argument")
     if q_offset and "q_offset" not in used:
         _fail("q_offset was given but the function takes no 'q_offset' argument")
+    _check_taken(used, window, softcap, sinks)
     out, taps = _split_taps(result, "core")
     if taps and not heads:
         _fail("taps need a head axis (q_rot [B, H, Tq, d]); 3-D q, k, v have none")
     # the function masks as it does (given the mask or not): checked against mask.npy
     # (a [Tq, Tk] mask or none; a per-batch mask is not probed)
-    claim = "the mask" if mask is not None else f"causal={causal} (top-left aligned)"
+    claim = "the mask" if mask is not None else (
+        f"causal={causal} ({'bottom-right' if align == 'bottom_right' else 'top-left'} aligned)")
+    if window:
+        claim += f" and window={window}"
     seen = None
-    if keep is None or keep.dim() == 2:
+    if probe is None or probe.dim() == 2:
         seen = _check_dependence(lambda vv: _split_taps(_call(fn, (q, k, vv), offered)[0], "core")[0], v,
-                                 v.dim() - 2, keep, claim, "key")
+                                 v.dim() - 2, probe, claim, "key")
     if seen:
         _finding(fn, seen)
     _check_tensor("out", out, (B, *heads, Tq, d), draw.dtype)
@@ -669,9 +866,14 @@ def _run_core(fn, s, draw, causal, mask, positions, q_offset):
     if unused:
         _finding(fn, f"the output does not depend on {', '.join(unused)} (no gradient reached it): "
                      f"{', '.join('d' + n for n in unused)} written as zeros")
-    g = {n: (t.grad if t.grad is not None else torch.zeros_like(t)) for n, t in (("q", q), ("k", k), ("v", v))}
+    if sinks and extra["sinks"].grad is None:
+        _finding(fn, "the output does not depend on sinks (no gradient reached it): dsinks written as zeros")
+    g = {n: (t.grad if t.grad is not None else torch.zeros_like(t))
+         for n, t in (("q", q), ("k", k), ("v", v), *extra.items())}
     tensors = {"q": q, "k": k, "v": v, "r": r, "out": out, "dq": g["q"], "dk": g["k"], "dv": g["v"]}
-    bad = _non_finite({n: tensors[n] for n in ("out", "dq", "dk", "dv")})
+    if sinks:
+        tensors["sinks"], tensors["dsinks"] = extra["sinks"], g["sinks"]
+    bad = _non_finite({n: tensors[n] for n in ("out", "dq", "dk", "dv", *(["dsinks"] if sinks else []))})
     if bad:
         _finding(fn, bad)
     if keep is not None:
@@ -816,6 +1018,18 @@ def main(argv=None):
                              "q_norm, k_norm keyword arguments")
     parser.add_argument("--cross", action="store_true",
                         help="mha: cross-attention (shape Tq, Tk); the function takes x_kv")
+    parser.add_argument("--bottom-right", action="store_true",
+                        help="core: causal aligned bottom-right (key j <= i + Tk - Tq, a decode step): the "
+                             "function gets causal='bottom_right', case.yaml says causal: bottom_right")
+    parser.add_argument("--window",
+                        help="sliding window left=L,right=R (either may be left out; or L,R): key j is in "
+                             "query i's window iff p_i - L <= j <= p_i + R, p_i = i (+ Tk - Tq with "
+                             "--bottom-right); the function takes window={'left': L, 'right': R}")
+    parser.add_argument("--softcap", help="logit soft-cap C > 0 (scores C tanh(s / C) after the scale, before "
+                                          "the masks); the function takes softcap=C")
+    parser.add_argument("--sinks", action="store_true",
+                        help="attention sinks: the function takes sinks [H] (one logit per query head, drawn "
+                             "last, U(-1, 3)); sinks.npy and dsinks.npy are written")
     args = parser.parse_args(argv)
     try:
         try:
@@ -824,13 +1038,17 @@ def main(argv=None):
             raise
         except Exception as e:  # the user's module: any error while importing it
             _fail(f"cannot import {args.function}: {type(e).__name__}: {e}")
+        if args.bottom_right and not args.causal:
+            _fail("--bottom-right is a causal alignment; it cannot go with --no-causal")
         out = write_reference(fn, args.out, parse_shape(args.shape), level=args.level, seed=parse_seed(args.seed),
-                              causal=args.causal, dtype=args.dtype,
+                              causal="bottom_right" if args.bottom_right else args.causal, dtype=args.dtype,
                               positions=parse_positions(args.positions) if args.positions else None,
                               q_offset=args.q_offset,
                               rope=parse_rope(args.rope) if args.rope else None, suite_dir=args.suite_dir,
                               overwrite=args.force, bias=args.bias,
-                              qk_norm=parse_qk_norm(args.qk_norm) if args.qk_norm else None, cross=args.cross)
+                              qk_norm=parse_qk_norm(args.qk_norm) if args.qk_norm else None, cross=args.cross,
+                              window=parse_window(args.window) if args.window else None,
+                              softcap=parse_softcap(args.softcap) if args.softcap else None, sinks=args.sinks)
     except (ValueError, ImportError) as e:
         print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2

@@ -9,7 +9,9 @@ Each directory holds plain .npy files, the format of docs/references.md
 plus positions.npy and the taps q_rot.npy, k_rot.npy in MHA-level RoPE cases,
 and the biases bq, bk, bv, bo with dbq, dbk, dbv, dbo in the MHA-level bias cases,
 the QK-norm gains q_norm, k_norm with dq_norm, dk_norm and the cross-attention
-input x_kv with dx_kv in the QK-norm and cross cases (--cases qk-norm-cross).
+input x_kv with dx_kv in the QK-norm and cross cases (--cases qk-norm-cross),
+and the sink logits sinks [H] with dsinks in the window, soft-cap and sink cases
+(--cases window-softcap-sinks; window and softcap live in case.yaml).
 The loss is sum(out * r), so the gradients are those of that scalar.
 The grouped-KV and RoPE cases are written through the user entry point
 (tools/headgrad_ref.py) from the plain PyTorch functions below.
@@ -422,6 +424,121 @@ def write_qk_norm_cross_cases(out):
     print("wrote", out / name)
 
 
+# ---- sliding windows, logit soft-capping, attention sinks ----
+
+def window_keep(Tq, Tk, causal, window):
+    """bool [Tq, Tk] from index arithmetic: p_i = i + (Tk - Tq) under causal bottom_right,
+    else i; causal keeps j <= p_i, the window p_i - left <= j <= p_i + right (an absent bound
+    is unbounded). None when nothing is masked."""
+    if not causal and window is None:
+        return None
+    i = torch.arange(Tq).unsqueeze(1)
+    j = torch.arange(Tk).unsqueeze(0)
+    p = i + (Tk - Tq if causal == "bottom_right" else 0)
+    keep = torch.ones(Tq, Tk, dtype=torch.bool)
+    if causal:
+        keep = keep & (j <= p)
+    if window is not None:
+        if window.get("left") is not None:
+            keep = keep & (p - window["left"] <= j)
+        if window.get("right") is not None:
+            keep = keep & (j <= p + window["right"])
+    return keep
+
+
+def sink_core(q, k, v, keep, softcap=None, sinks=None):
+    """Core attention with a cap and sinks, written as gpt-oss and Gemma 2 write them:
+    s = scale q k^T; s = C tanh(s / C) (after the scale, before the mask); masked keys -inf;
+    with sinks the per-head logit is appended as one more column (not scaled, not capped),
+    softmax over keys and sink, the sink column dropped. k, v may have Hkv heads (expanded
+    with repeat_interleave). A row with no key left gives zeros (all mass on the sink;
+    without sinks, zeros too: headgrad's rule, where softmax would give NaN)."""
+    if k.shape[1] != q.shape[1]:
+        g = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    s = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    if keep is not None:
+        s = s.masked_fill(~keep, float("-inf"))
+    if sinks is not None:
+        col = sinks.view(1, -1, 1, 1).expand(s.shape[0], -1, s.shape[2], 1)
+        w = torch.softmax(torch.cat([s, col], dim=-1), dim=-1)[..., :-1]
+    else:
+        empty = s.isinf().all(-1, keepdim=True) if keep is not None else None
+        w = torch.softmax(s if empty is None else s.masked_fill(empty, 0.0), dim=-1)
+        if empty is not None:
+            w = w.masked_fill(empty, 0.0)
+    return w @ v
+
+
+def sink_attention(x, wq, wk, wv, wo, *, num_heads, num_kv_heads, head_dim, causal, window=None, softcap=None,
+                   sinks=None, positions=None, rope_settings=None):
+    """MHA (y = x W^T, Hkv kv heads, head width d, optional RoPE) around sink_core;
+    causal top-left (self-attention: Tq = Tk)."""
+    B, T, _ = x.shape
+    H, Hkv, d = num_heads, num_kv_heads, head_dim
+
+    def split(t, heads):
+        return t.view(B, T, heads, d).transpose(1, 2)
+
+    q, k, v = split(x @ wq.T, H), split(x @ wk.T, Hkv), split(x @ wv.T, Hkv)
+    if rope_settings is not None:
+        q, k = rope(q, positions, **rope_settings), rope(k, positions, **rope_settings)
+    o = sink_core(q, k, v, window_keep(T, T, causal, window), softcap, sinks)
+    out = o.transpose(1, 2).reshape(B, T, H * d) @ wo.T
+    return out if rope_settings is None else (out, {"q_rot": q, "k_rot": k})
+
+
+def sink_core_fn(q, k, v, *, causal, mask=None, window=None, softcap=None, sinks=None):
+    """Core level: the window built here from index arithmetic (causal=True top-left,
+    'bottom_right' on the last key), ANDed with the mask handed over (mask.npy)."""
+    keep = window_keep(q.shape[-2], k.shape[-2], causal, window)
+    if mask is not None:
+        keep = mask if keep is None else keep & mask
+    return sink_core(q, k, v, keep, softcap, sinks)
+
+
+# (name, level, shape, dtype, causal, window, softcap, rope settings, mask): every one with sinks.
+SINK_CASES = [
+    # gpt-oss-like: W 4 keys at T 11 (> W + 1), a small cap (the scores reach 3-5 C), GQA 6/2, RoPE
+    ("mha_B2_T11_D24_H6_Hkv2_d4_causal_window3_softcap_sinks_rope_float64", "mha",
+     dict(B=2, T=11, D=24, H=6, Hkv=2, d=4), "float64", True, dict(left=3, right=0), 0.75,
+     dict(theta=500000.0, style="half", rotary_dim=4), None),
+    # a decode step: Tq 3 of Tk 11 on the bottom-right diagonal, W 4 (keys i+5 .. i+8)
+    ("core_B2_H6_Hkv2_Tq3_Tk11_d8_decode_window3_sinks_float64", "core", dict(B=2, H=6, Hkv=2, Tq=3, Tk=11, d=8),
+     "float64", "bottom_right", dict(left=3), None, None, None),
+    # float32: a two-sided non-causal window, the cap, sinks and a mask with a fully masked row
+    ("core_B2_H6_Hkv2_Tq10_Tk12_d8_window2_1_softcap_sinks_emptyrow_float32", "core",
+     dict(B=2, H=6, Hkv=2, Tq=10, Tk=12, d=8), "float32", False, dict(left=2, right=1), 0.75, None, "empty_row"),
+]
+
+
+def write_sink_cases(out):
+    """Window, soft-cap and sink references (float32 with golden/), through headgrad_ref,
+    from sink_attention / sink_core_fn above (no SDPA: torch 1.13 has none)."""
+    for seed, (name, level, shape, dtype, causal, window, softcap, settings, mask) in enumerate(SINK_CASES,
+                                                                                                start=800):
+        kw = {}
+        if level == "mha":
+            fn = sink_attention
+            if settings is not None:
+                fn = functools.partial(sink_attention, rope_settings=settings)
+                kw.update(positions=gapped_positions(shape["B"], shape["T"], [0, 1000], seed), rope=settings)
+        else:
+            fn = sink_core_fn
+            if mask == "empty_row":  # random keeps, every row but row 4 keeps key 0; row 4 keeps none
+                rng = np.random.default_rng(seed)
+                keep = rng.random((shape["Tq"], shape["Tk"])) < 0.7
+                keep[:, 0] = True
+                keep[4] = False
+                kw["mask"] = keep
+        headgrad_ref.write_reference(fn, out / name, shape, level=level, seed=seed, dtype=dtype, causal=causal,
+                                     window=window, softcap=softcap, sinks=True, suite_dir=out.parent,
+                                     overwrite=True, **kw)
+        print("wrote", out / name)
+
+
 def write_lowp_cases(out):
     """bfloat16 and float16 MHA references (with golden/), through headgrad_ref."""
     for seed, (name, shape, dtype) in enumerate(LOWP_CASES, start=500):
@@ -469,7 +586,8 @@ def write_gqa_rope_cases(out):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=pathlib.Path, help="folder to write the directories into")
-    parser.add_argument("--cases", choices=["all", "first", "gqa-rope", "lowp", "bias", "qk-norm-cross"],
+    parser.add_argument("--cases", choices=["all", "first", "gqa-rope", "lowp", "bias", "qk-norm-cross",
+                                            "window-softcap-sinks"],
                         default="gqa-rope",
                         help="which directories to write (default: the grouped-KV and RoPE ones)")
     args = parser.parse_args()
@@ -486,6 +604,8 @@ def main():
         write_bias_cases(args.out)
     if args.cases in ("all", "qk-norm-cross"):
         write_qk_norm_cross_cases(args.out)
+    if args.cases in ("all", "window-softcap-sinks"):
+        write_sink_cases(args.out)
 
 
 if __name__ == "__main__":

@@ -575,7 +575,9 @@ std::string exported_suite(const CaseSpec& c, const LoadedPlugin& p, const std::
     << "    compare: [" << p.info.name << "]\n"
     << "    reference: .\n"
     << "    level: " << level_name(c.level) << "\n"
-    << "    causal: " << (c.causal ? "true" : "false") << "\n";
+    << "    causal: "
+    << (!c.causal ? "false" : c.causal_alignment == CausalAlignment::bottom_right ? "bottom_right" : "true")
+    << "\n";  // bottom_right also anchors a window (p_i = i + Tk - Tq)
   if (c.level == Level::mha) y << "    shape: {H: " << c.dims.H << "}\n";
   if (c.bias) y << "    bias: true\n";
   if (c.qk_norm.enabled)  // the files cannot say the norm's settings
