@@ -934,6 +934,10 @@ def load_function(spec):
         path = pathlib.Path(module_name)
         if not path.is_file():
             _fail(f"no file {path}")
+        if str(path.resolve().parent) not in sys.path:
+            # the file's own imports of its siblings, as `python3 FILE.py` and the
+            # Python plugins' worker allow them
+            sys.path.insert(0, str(path.resolve().parent))
         loader_spec = importlib.util.spec_from_file_location(path.stem, path)
         module = importlib.util.module_from_spec(loader_spec)
         loader_spec.loader.exec_module(module)

@@ -27,12 +27,7 @@ import tempfile
 import unittest
 import warnings
 
-try:
-    import torch
-except ImportError as e:
-    print(f"SKIP: PyTorch is not importable by {sys.executable} ({e}); "
-          "install Debian's python3-torch to run this test")
-    sys.exit(77)
+from torch_required import torch  # noqa: E402,F401  (skips the test, exit 77, where torch is absent)
 import numpy as np  # noqa: E402  (a dependency of torch: missing, it is a failure, not a skip)
 
 REPO = pathlib.Path(__file__).resolve().parents[2]

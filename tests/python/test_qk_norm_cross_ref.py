@@ -24,12 +24,7 @@ import sys
 import tempfile
 import unittest
 
-try:
-    import torch
-except ImportError as e:
-    print(f"SKIP: PyTorch is not importable by {sys.executable} ({e}); "
-          "install Debian's python3-torch to run this test")
-    sys.exit(77)
+from torch_required import torch  # noqa: E402,F401  (skips the test, exit 77, where torch is absent)
 import numpy as np  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
