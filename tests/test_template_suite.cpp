@@ -1,7 +1,9 @@
 // What `headgrad new-plugin` writes, judged by the runner: the generated
 // suite's edge cases catch and name the bugs that hide everywhere else (each
 // mutant put in place of the generated plugin), the generated mask files hold
-// the values of headgrad's own, and a project written by the uninstalled
+// the values of headgrad's own, features.yaml's sections each need their one
+// capability, pass for batched and fused_sdpa and catch and name every feature
+// bug of the catalog, and a project written by the uninstalled
 // build/tools/headgrad is pointed at that build. That the generated plugin
 // builds, passes, and fails its suite once each bug is written into its
 // source is test_uninstalled_plugin.sh's part.
