@@ -78,12 +78,12 @@ TEST(TemplateNames, ClassNames) {
   EXPECT_EQ(class_name_for("_x"), "XAttention");
 }
 
-TEST_F(Scratch, WritesTheFourFilesWithTheNameFilledIn) {
+TEST_F(Scratch, WritesTheFilesWithTheNameFilledIn) {
   const Run r = run_cli({"my_attn", (root_ / "proj").string()});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.out, "wrote " + (root_ / "proj").string()));
   EXPECT_TRUE(contains(r.out, "headgrad run suite.yaml --plugin-path build"));
-  for (const char* f : {"meson.build", "my_attn.cpp", "suite.yaml", "README.md", "masks/padding_B2_Tq5_Tk7.npy",
+  for (const char* f : {"meson.build", "my_attn.cpp", "suite.yaml", "features.yaml", "README.md", "masks/padding_B2_Tq5_Tk7.npy",
                         "masks/empty_row_B2_Tq4_Tk6.npy"})
     EXPECT_TRUE(fs::is_regular_file(root_ / "proj" / f)) << f;
 
@@ -116,6 +116,33 @@ TEST_F(Scratch, WritesTheFourFilesWithTheNameFilledIn) {
   EXPECT_TRUE(contains(suite, "mask: masks/empty_row_B2_Tq4_Tk6.npy"));
   EXPECT_EQ(count(suite, "scale: 2000"), 1u);
   EXPECT_EQ(count(suite, "scale: 200 "), 1u);
+  // suite.yaml needs only what the generated plugin declares: no feature key in it
+  for (const char* key : {"window:", "softcap:", "sinks:", "qk_norm:", "cross:"})
+    EXPECT_FALSE(contains(suite, std::string("    ") + key)) << key;
+
+  // features.yaml: one section per feature of current models, each at the shapes where its bugs show
+  const std::string features = headgrad::test::read_text(root_ / "proj" / "features.yaml");
+  EXPECT_TRUE(contains(features, "compare: [my_attn, per_head]"));
+  EXPECT_TRUE(contains(features, "--filter 'window*'"));
+  EXPECT_EQ(count(features, "    window: {left: 3, right: 0}\n"), 2u);   // W = 4 keys, MHA level and a decode step
+  EXPECT_TRUE(contains(features, "causal: bottom_right"));
+  EXPECT_TRUE(contains(features, "window: {left: 2, right: 1}"));
+  EXPECT_TRUE(contains(features, "window: {right: 1}"));
+  EXPECT_EQ(count(features, "    softcap: 0.75\n"), 3u);
+  EXPECT_EQ(count(features, "    sinks: true\n"), 3u);
+  EXPECT_TRUE(contains(features, "shape: {B: 3, H: 6, Hkv: 2, Tq: 9, Tk: 9, d: 8}"));
+  EXPECT_EQ(count(features, "    qk_norm: {axis: head, eps: 1.0e-6, gain: w}\n"), 2u);
+  EXPECT_EQ(count(features, "    qk_norm: {axis: model, eps: 1.0e-6, gain: one_plus_w}\n"), 1u);
+  EXPECT_EQ(count(features, "    cross: true\n"), 2u);
+  EXPECT_TRUE(contains(features, "shape: {B: 2, Tq: 5, Tk: 9, D: 24, H: 6}"));
+  EXPECT_EQ(count(features, "mask: masks/empty_row_B2_Tq4_Tk6.npy"), 2u);
+  EXPECT_EQ(count(features, "@NAME@") + count(features, "@CLASS@"), 0u);
+  // the printed steps run suite.yaml; features.yaml is named after them (a step would fail: the plugin
+  // as generated declares none of the features)
+  EXPECT_TRUE(contains(r.out, "then change my_attn.cpp where it says CHANGE HERE.\nfeatures.yaml checks"));
+  EXPECT_TRUE(contains(r.out, "run features.yaml --plugin-path build --filter 'window*'\n"));
+  EXPECT_TRUE(contains(headgrad::test::read_text(root_ / "proj" / "README.md"), "features.yaml"));
+  EXPECT_TRUE(contains(src, "c.cross_attention (spec.x_kv)"));
 }
 
 TEST_F(Scratch, AnEmptyFolderIsAccepted) {

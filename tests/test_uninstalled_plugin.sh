@@ -9,6 +9,9 @@
 #   softmax_no_max_subtraction  softmax -> exp / sum(exp)
 #   mask_ignored                the spec's mask dropped before attention_mask
 #   causal_alignment            the causal mask aligned bottom-right
+# Between the two: features.yaml is refused (exit 2, naming the capability)
+# while the plugin declares none of its features, and its window section
+# passes once the plugin declares c.window (its core already applies it).
 #
 #   test_uninstalled_plugin.sh HEADGRAD_EXE SOURCE_ROOT   (build/tools/headgrad, the repository)
 set -euo pipefail
@@ -58,6 +61,21 @@ grep -q "^$headgrad run suite.yaml --plugin-path build\$" "$tmp/steps.sh" ||
 grep -q "0 failed" "$tmp/steps.log" || fail "the suite's summary is missing"
 
 cp myattn.cpp "$tmp/myattn.cpp.orig"
+
+echo "--- features.yaml: refused while the plugin declares none of its features, a section run once it declares one"
+code=0
+"$headgrad" run features.yaml --plugin-path build >"$tmp/features_refused.log" 2>&1 || code=$?
+[[ $code == 2 ]] || { cat "$tmp/features_refused.log"; fail "features.yaml exited $code for a plugin without its features, expected 2"; }
+grep -q "plugin 'myattn' lacks the capability 'window'" "$tmp/features_refused.log" ||
+  { cat "$tmp/features_refused.log"; fail "the refusal does not name the missing capability"; }
+# the generated core already applies spec.window (attention_mask): declaring it is enough
+sed -i 's/    c.float32 = c.float64 = true;/&\n    c.window = true;/' myattn.cpp
+grep -qF "c.window = true;" myattn.cpp || fail "the c.window edit did not apply"
+ninja -C build >"$tmp/ninja_window.log" 2>&1 || { cat "$tmp/ninja_window.log"; fail "myattn with c.window does not build"; }
+code=0
+"$headgrad" run features.yaml --plugin-path build --filter 'window*' >"$tmp/features_window.log" 2>&1 || code=$?
+[[ $code == 0 ]] || { cat "$tmp/features_window.log"; fail "features.yaml's window section exited $code, expected 0"; }
+grep -q "0 failed" "$tmp/features_window.log" || { cat "$tmp/features_window.log"; fail "the window section's summary is missing"; }
 # inject BUG SED_EXPRESSION CHECK_LINE
 inject() {
   local bug=$1 expr=$2 check=$3

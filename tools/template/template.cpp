@@ -87,6 +87,11 @@ class @CLASS@ final : public Attention {
     c.bool_mask = true;      // spec.mask (core level)
     c.cross_lengths = true;  // Tq != Tk (core level)
     c.float32 = c.float64 = true;
+    // The features of current models, each checked by its section of
+    // features.yaml once you implement it here and set it: c.window
+    // (spec.window; attention_mask below already applies it), c.softcap
+    // (spec.softcap), c.sinks (spec.sinks), c.qk_norm (spec.qk_norm, w.q_norm,
+    // w.k_norm), c.cross_attention (spec.x_kv).
     return i;
   }
 
@@ -218,6 +223,113 @@ cases:
     shape: {B: 2, H: 2, Tq: 4, Tk: 4, d: 4}
 )tmpl";
 
+constexpr std::string_view kFeatures = R"tmpl(# @NAME@ against per_head on the features of current models, one section per
+# capability: sliding windows (window), logit soft-capping (softcap), attention
+# sinks (sinks), QK-norm (qk_norm) and cross-attention (cross_attention). Each
+# section's cases need its capability in info() (and nothing the generated
+# plugin lacks, except where a case says "also needs"); the runner refuses a
+# run with a case a plugin cannot run, before running anything (exit 2, naming
+# the case and the missing capability). So:
+#   every feature declared:  headgrad run features.yaml --plugin-path build
+#   some of them:            headgrad run features.yaml --plugin-path build --filter 'window*'
+#                            (one --filter per run: the case names start with the section's key)
+#   or delete the sections of the features you do not declare.
+# The shapes are where each feature's bugs cannot hide: a window of W = 4 keys
+# at T = 11 (T <= W + 1 hides an off-by-one), a decode step where the window's
+# anchor shows, a cap of 0.75 so that scores reach 3-5 times the cap, sinks of
+# U(-1, 3) with a fully masked row (all its mass on the sink), per-dim QK-norm
+# gains at H > 1, cross-attention at Tq != Tk, not causal.
+suite: @NAME@-features-vs-per_head
+defaults:
+  compare: [@NAME@, per_head]
+  dtype: float64
+  causal: true
+  dropout_p: 0.0
+  atol: 1.0e-8
+  rtol: 1.0e-6
+  seed: 0
+cases:
+  # ---- window: {left, right} (c.window). Key j is attended when
+  # p_i - left <= j <= p_i + right, p_i = i (+ Tk - Tq under bottom_right);
+  # a Mistral-style window of W keys is {left: W - 1, right: 0} with causal.
+  - name: window, W = 4 keys
+    window: {left: 3, right: 0}
+    shape: {B: 2, T: 11, D: 24, H: 6}
+  - name: window, decode step
+    level: core
+    causal: bottom_right                          # the last query sees the last key: the window's anchor shows
+    window: {left: 3, right: 0}
+    shape: {B: 2, H: 6, Tq: 3, Tk: 11, d: 8}
+  - name: window, two-sided, not causal
+    level: core
+    causal: false
+    window: {left: 2, right: 1}
+    shape: {B: 2, H: 6, Tq: 12, Tk: 12, d: 8}
+  - name: window, right bound only
+    level: core
+    causal: false
+    window: {right: 1}                            # no left bound
+    shape: {B: 2, H: 6, Tq: 10, Tk: 12, d: 8}
+
+  # ---- softcap: C (c.softcap). s <- C tanh(s / C), after the scale and before
+  # every mask (a masked key stays -inf).
+  - name: softcap, scores at 3-5 C
+    softcap: 0.75
+    shape: {B: 2, T: 11, D: 24, H: 6}
+  - name: softcap, not causal
+    level: core
+    causal: false
+    softcap: 0.75
+    shape: {B: 2, H: 6, Tq: 12, Tk: 12, d: 8}
+  - name: softcap, a fully masked row
+    level: core
+    causal: false
+    softcap: 0.75
+    mask: masks/empty_row_B2_Tq4_Tk6.npy          # a cap applied after the mask leaks into this row
+    shape: {B: 2, H: 6, Tq: 4, Tk: 6, d: 8}
+
+  # ---- sinks: true (c.sinks). One logit per query head (input sinks [H], not
+  # scaled, not capped), one more softmax column with no value; dsinks compared.
+  - name: sinks
+    sinks: true
+    shape: {B: 2, T: 11, D: 24, H: 6}
+  - name: sinks, a fully masked row
+    level: core
+    causal: false
+    sinks: true
+    mask: masks/empty_row_B2_Tq4_Tk6.npy          # all of that row's mass on the sink: out 0
+    shape: {B: 2, H: 6, Tq: 4, Tk: 6, d: 8}
+  - name: sinks, grouped kv heads                 # also needs c.grouped_kv: a sink indexed by kv head shows here
+    level: core
+    sinks: true
+    shape: {B: 3, H: 6, Hkv: 2, Tq: 9, Tk: 9, d: 8}  # B apart from H and Hkv
+
+  # ---- qk_norm: {axis, eps, gain} (c.qk_norm, MHA level). RMSNorm of q and k
+  # over d per head (axis: head) or over a token's whole projection (axis:
+  # model), gain w or 1 + w; the gains q_norm, k_norm are compared too.
+  - name: qk_norm, per head
+    qk_norm: {axis: head, eps: 1.0e-6, gain: w}
+    shape: {B: 2, T: 7, D: 24, H: 6}
+  - name: qk_norm, whole projection, gain 1 + w
+    qk_norm: {axis: model, eps: 1.0e-6, gain: one_plus_w}
+    input_layout: transposed
+    shape: {B: 2, T: 6, D: 24, H: 6}
+  - name: qk_norm, with RoPE                      # also needs c.rope: the norm goes before the rotation
+    qk_norm: {axis: head, eps: 1.0e-6, gain: w}
+    rope: {theta: 500000.0, style: half}
+    shape: {B: 2, T: 7, D: 24, H: 6}
+
+  # ---- cross: true (c.cross_attention, MHA level). k and v from x_kv
+  # [B, Tk, D] (dx_kv compared); not causal unless the case says so.
+  - name: cross, Tq != Tk
+    cross: true
+    shape: {B: 2, Tq: 5, Tk: 9, D: 24, H: 6}
+  - name: cross, more queries than keys
+    cross: true
+    input_layout: sliced
+    shape: {B: 2, Tq: 9, Tk: 5, D: 24, H: 6}
+)tmpl";
+
 constexpr std::string_view kReadme = R"tmpl(# @NAME@
 
 An attention plugin for headgrad, started from `headgrad new-plugin`. It
@@ -252,6 +364,22 @@ large enough that a softmax without the row max subtracted overflows. Exit
 code 0: every case agrees; 1: a comparison failed (the report says which
 tensor, batch, head and position, and names the bug when it is a known one).
 `headgrad plugins --plugin-path build` shows what headgrad sees of the plugin.
+
+## The features of current models
+
+`features.yaml` checks sliding windows (`window`), logit soft-capping
+(`softcap`), attention sinks (`sinks`), QK-norm (`qk_norm`) and
+cross-attention (`cross_attention`), one section per capability, at the
+shapes where their bugs show. The plugin as generated declares none of them:
+implement one, set it in `info()`, and run its section (the case names start
+with the section's key):
+
+    headgrad run features.yaml --plugin-path build --filter 'window*'
+
+With every feature declared, run the whole file. A case that needs a
+capability the plugin does not declare is refused before anything runs (exit
+2, naming the case and the capability), so filter, or delete the sections
+you do not implement.
 
 ## Good to know
 
@@ -387,7 +515,8 @@ namespace {
 // will be under `dir` once root is renamed to it.
 std::vector<fs::path> write_project_files(const std::string& name, const fs::path& root, const fs::path& dir) {
   const std::vector<std::pair<std::string, std::string_view>> files = {
-      {"meson.build", kMesonBuild}, {name + ".cpp", kSource}, {"suite.yaml", kSuite}, {"README.md", kReadme}};
+      {"meson.build", kMesonBuild}, {name + ".cpp", kSource}, {"suite.yaml", kSuite}, {"features.yaml", kFeatures},
+      {"README.md", kReadme}};
   std::vector<fs::path> written;
   for (const auto& [file, text] : files) {
     const fs::path path = root / file;
@@ -480,7 +609,10 @@ int run_new_plugin(const std::string& name, const fs::path& dir, std::ostream& o
     out << "  export PKG_CONFIG_PATH=" << sdk.pkgconfig_dir.string() << "${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}\n";
   out << "  meson setup build && ninja -C build\n"
       << "  " << sdk.headgrad << " run suite.yaml --plugin-path build\n"
-      << "then change " << name << ".cpp where it says CHANGE HERE.\n";
+      << "then change " << name << ".cpp where it says CHANGE HERE.\n"
+      << "features.yaml checks window, softcap, sinks, qk_norm and cross_attention, one section each: once "
+      << name << ".cpp implements and declares one, run its section, e.g.\n"
+      << "  " << sdk.headgrad << " run features.yaml --plugin-path build --filter 'window*'\n";
   return kExitOk;
 }
 
@@ -493,7 +625,8 @@ void add_new_plugin_command(CLI::App& app, int& exit_code) {
       "new-plugin",
       "Write a ready-to-build plugin project in DIR: meson.build (dependency('headgrad')), NAME.cpp (a correct "
       "batched attention from core ops, the places to change marked CHANGE HERE), suite.yaml (NAME against "
-      "per_head, with the edge cases where bugs hide), masks/ and README.md; then print the commands that build "
+      "per_head, with the edge cases where bugs hide), features.yaml (one section per feature of current models: "
+      "window, softcap, sinks, qk_norm, cross_attention), masks/ and README.md; then print the commands that build "
       "and run it (against this build of headgrad when it runs uninstalled, from a build tree).");
   cmd->add_option("name", args->name, "the plugin's name: a C identifier (also its library and source name)")
       ->required()

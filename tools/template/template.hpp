@@ -3,7 +3,10 @@
 // correct batched attention built from core ops, the places to change marked),
 // suite.yaml (NAME against per_head across heads, lengths, batch sizes,
 // non-contiguous inputs and the edge cases: Tq = 1, Tq > Tk, a boolean mask, a
-// fully masked row, large logits), masks/*.npy (its mask files) and README.md. The text lives here, not in data files,
+// fully masked row, large logits), features.yaml (NAME against per_head on
+// window, softcap, sinks, qk_norm and cross-attention, one section per
+// capability, run once the plugin declares it), masks/*.npy (its mask files)
+// and README.md. The text lives here, not in data files,
 // so an installed headgrad needs nothing else.
 //
 //   CLI::App app;  int exit_code = 0;
