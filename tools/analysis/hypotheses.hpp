@@ -15,6 +15,7 @@
 // heads, G = H / Hkv, d head width (D / H unless the spec gives it), r rotary width.
 #pragma once
 
+#include <bitset>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -34,11 +35,11 @@ class BugSet {
   BugSet(Bug bug) { add(bug); }                           // NOLINT
   BugSet(std::nullopt_t) {}                               // NOLINT: no bug
   BugSet& add(Bug bug) {
-    bits_ |= std::uint64_t{1} << static_cast<unsigned>(bug);
+    bits_.set(static_cast<std::size_t>(bug));
     return *this;
   }
-  bool has(Bug bug) const { return (bits_ >> static_cast<unsigned>(bug)) & 1U; }
-  bool empty() const { return bits_ == 0; }
+  bool has(Bug bug) const { return bits_.test(static_cast<std::size_t>(bug)); }
+  bool empty() const { return bits_.none(); }
   std::vector<Bug> bugs() const {
     std::vector<Bug> out;
     for (unsigned i = 0; i < static_cast<unsigned>(Bug::count_); ++i)
@@ -47,8 +48,7 @@ class BugSet {
   }
 
  private:
-  static_assert(static_cast<unsigned>(Bug::count_) <= 64, "BugSet holds 64 bugs");
-  std::uint64_t bits_ = 0;
+  std::bitset<static_cast<std::size_t>(Bug::count_)> bits_;  // one bit per catalog bug, however many
 };
 
 // x [..., T, D] -> [..., T, D]; `bug` empty = the correct computation.
