@@ -28,6 +28,7 @@ import unittest
 import warnings
 
 from torch_required import torch  # noqa: E402,F401  (skips the test, exit 77, where torch is absent)
+import headgrad_main  # noqa: E402
 import numpy as np  # noqa: E402  (a dependency of torch: missing, it is a failure, not a skip)
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -578,15 +579,5 @@ class CommittedCoreRope(unittest.TestCase):
         torch.testing.assert_close(out, want, atol=1e-12, rtol=0)
 
 
-def main():
-    global HEADGRAD
-    if len(sys.argv) < 2:
-        print("usage: test_headgrad_ref.py HEADGRAD_EXE [unittest args]", file=sys.stderr)
-        return 2
-    HEADGRAD = sys.argv[1]
-    prog = unittest.main(argv=[sys.argv[0]] + sys.argv[2:], exit=False, verbosity=2)
-    return 0 if prog.result.wasSuccessful() else 1
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(headgrad_main.main(globals()))

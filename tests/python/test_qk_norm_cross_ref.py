@@ -25,6 +25,7 @@ import tempfile
 import unittest
 
 from torch_required import torch  # noqa: E402,F401  (skips the test, exit 77, where torch is absent)
+import headgrad_main  # noqa: E402
 import numpy as np  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -178,15 +179,5 @@ class CommittedReferences(unittest.TestCase):
         self.assertLess(((x @ wq.T) ** 2).mean().item(), 1e-2)
 
 
-def main():
-    global HEADGRAD
-    if len(sys.argv) < 2:
-        print("usage: test_qk_norm_cross_ref.py HEADGRAD_EXE [unittest args]", file=sys.stderr)
-        return 2
-    HEADGRAD = sys.argv[1]
-    prog = unittest.main(argv=[sys.argv[0]] + sys.argv[2:], exit=False, verbosity=2)
-    return 0 if prog.result.wasSuccessful() else 1
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(headgrad_main.main(globals()))

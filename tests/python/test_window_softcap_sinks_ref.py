@@ -35,6 +35,7 @@ import unittest
 import numpy as np
 
 from torch_required import torch  # noqa: E402,F401  (skips the test, exit 77, where torch is absent)
+import headgrad_main  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 REFS = REPO / "configs" / "refs"
@@ -396,15 +397,5 @@ class Refusals(unittest.TestCase):
             check_core_dir(self, tmp / "b", causal="bottom_right", window={"left": 2, "right": 0}, softcap=3.0)
 
 
-def main():
-    global HEADGRAD
-    if len(sys.argv) < 2:
-        print("usage: test_window_softcap_sinks_ref.py HEADGRAD_EXE [unittest args]", file=sys.stderr)
-        return 2
-    HEADGRAD = sys.argv[1]
-    prog = unittest.main(argv=[sys.argv[0]] + sys.argv[2:], exit=False, verbosity=2)
-    return 0 if prog.result.wasSuccessful() else 1
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(headgrad_main.main(globals()))

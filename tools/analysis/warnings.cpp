@@ -161,6 +161,13 @@ bool gains_pairwise_equal(const CaseSpec& c) {
 
 // The blind spots of the cases with QK-norm, and of those with cross-attention
 // (none of either: no warning of theirs).
+// Every case of a feature's group (some case of it at all) satisfies pred: its
+// blind spot holds for the whole suite. An empty group warns of nothing.
+template <class Pred>
+bool all_of(const std::vector<const CaseSpec*>& group, Pred pred) {
+  return !group.empty() && std::all_of(group.begin(), group.end(), [&](const CaseSpec* c) { return pred(*c); });
+}
+
 template <class Add>
 void add_qk_norm_cross_warnings(const std::vector<const CaseSpec*>& cases, Add& add) {
   std::vector<const CaseSpec*> norm, cross;
@@ -168,9 +175,6 @@ void add_qk_norm_cross_warnings(const std::vector<const CaseSpec*>& cases, Add& 
     if (c->level == Level::mha && c->qk_norm.enabled) norm.push_back(c);
     if (c->level == Level::mha && c->cross) cross.push_back(c);
   }
-  auto all_of = [](const std::vector<const CaseSpec*>& v, auto pred) {
-    return !v.empty() && std::all_of(v.begin(), v.end(), [&](const CaseSpec* c) { return pred(*c); });
-  };
   auto bugs_where = [](auto pred) {
     std::vector<std::string> names;
     for (const auto& b : bug_catalog())
@@ -249,9 +253,6 @@ void add_window_softcap_sink_warnings(const std::vector<const CaseSpec*>& cases,
     if (c->softcap > 0) capped.push_back(c);
     if (c->sinks) sinks.push_back(c);
   }
-  auto all_of = [](const std::vector<const CaseSpec*>& v, auto pred) {
-    return !v.empty() && std::all_of(v.begin(), v.end(), [&](const CaseSpec* c) { return pred(*c); });
-  };
   if (all_of(windowed, [](const CaseSpec& c) { return window_hidden_keys(c) <= 1; }))
     add("every window case has T <= W + 1 (the window hides at most one key of one row)",
         feature_bugs([](const auto& b) {
