@@ -44,7 +44,9 @@ std::vector<BugInfo> rope_bugs(bool with_mha_only) {
   for (const auto& b : bug_catalog())
     // a QK-norm bug that needs RoPE too (the norm after the rotation) needs a qk_norm
     // case: tests/test_qk_norm_cross.cpp and test_diagnosis_catalog.cpp show it
-    if (b.visibility.needs_rope && !b.visibility.needs_qk_norm && (with_mha_only || !b.visibility.mha_only))
+    // and a window bug that reads RoPE positions needs a window: FeatureCatalogTest shows it
+    if (b.visibility.needs_rope && !b.visibility.needs_qk_norm && !b.visibility.needs_window &&
+        (with_mha_only || !b.visibility.mha_only))
       out.push_back(b);
   return out;
 }

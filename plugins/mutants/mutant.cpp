@@ -26,6 +26,7 @@ using namespace headgrad;
 const std::string_view kBug = headgrad_mutant_bug;
 
 Tensor mutant_mask_without_window(const AttentionSpec& spec, std::int64_t tq, std::int64_t tk);
+Tensor window_on_rope_positions(const AttentionSpec& spec, std::int64_t tq, std::int64_t tk);
 
 // The window this mutant applies ([Tq, Tk] bool, or undefined), and the
 // spec with its window taken out (so attention_mask does not add it again).
@@ -35,7 +36,32 @@ Tensor mutant_window(const AttentionSpec& spec, std::int64_t tq, std::int64_t tk
   if (kBug == "window_off_by_one" && w.window.left) *w.window.left += 1;  // BUG: W + 1 keys (kv_idx >= q_idx - W)
   if (kBug == "window_both_sides") w.window.right = w.window.left;  // BUG: window_size=(W, W), not (W, 0)
   if (kBug == "window_anchor_top_left") w.causal_alignment = CausalAlignment::top_left;  // BUG: p_i = i at a decode step
+  if (kBug == "window_by_position" && spec.rope.enabled) return window_on_rope_positions(spec, tq, tk);
   return window_mask(w, tq, tk);
+}
+
+// BUG window_by_position: llama.cpp's is_masked_swa, the window on the positions
+// the rotation reads: key at pos_k masked when pos_q - pos_k > left or pos_k -
+// pos_q > right. [Tq, Tk], or [B, 1, Tq, Tk] for per-row positions [B, T].
+Tensor window_on_rope_positions(const AttentionSpec& spec, std::int64_t tq, std::int64_t tk) {
+  const RopeSpec& r = spec.rope;
+  const bool rows = r.positions.defined() && r.positions.dim() == 2;
+  const std::int64_t b = rows ? r.positions.size(0) : 1;
+  Tensor m = Tensor::empty(rows ? Shape{b, 1, tq, tk} : Shape{tq, tk}, DType::boolean);
+  for (std::int64_t n = 0; n < b; ++n)
+    for (std::int64_t i = 0; i < tq; ++i)
+      for (std::int64_t j = 0; j < tk; ++j) {
+        const auto pos = [&](std::int64_t t) {
+          if (!r.positions.defined()) return r.offset + t;
+          return static_cast<std::int64_t>(rows ? r.positions.at({n, t}) : r.positions.at({t}));
+        };
+        const std::int64_t pq = pos(i) + r.q_offset, pk = pos(j);
+        const bool masked = (spec.window.left && pq - pk > *spec.window.left) ||
+                            (spec.window.right && pk - pq > *spec.window.right);
+        if (rows) m.set({n, 0, i, j}, !masked);
+        else m.set({i, j}, !masked);
+      }
+  return m;
 }
 
 // The mask this mutant applies: [Tq, Tk] bool, True = attend, or undefined.
@@ -405,12 +431,22 @@ Variable mutant_sigma(const AttentionSpec& spec, std::int64_t heads, std::int64_
   return reshape(sig, {heads, 1, 1});
 }
 
-// BUG window_ignored_in_backward: attention with a hand-written backward in
-// FlashAttention's form that recomputes P = exp(S - L) under causal and the
-// mask, but not the window (the forward has it). q, k, v [.., T, d] with the
-// same leading dims; the masks [Tq, Tk] or broadcastable to [.., Tq, Tk].
-Variable window_lost_in_backward(const Variable& q, const Variable& k, const Variable& v, const Variable& sinks,
-                                 const Tensor& attend, const Tensor& attend_no_window, double factor, double cap) {
+// The key tile of this mutant's fused form (fused_sdpa's default Bc).
+constexpr std::int64_t kKeyTile = 128;
+
+// Attention as a fused kernel writes it, in FlashAttention's form: the forward
+// walks key tiles of kKeyTile with an online softmax (running max m, sum l),
+// keeping O and L = m + log l; the hand-written backward recomputes
+// P = exp(S - L) over the keys attend_backward allows. Three bugs live here:
+// BUG window_ignored_in_backward: attend_backward is causal and the mask
+// without the window (the forward has it).
+// BUG sink_not_in_max: the running max starts at -inf, not at the sink, and the
+// sink is added after the key loop at the keys' max.
+// BUG sink_per_tile: the sink is added again in every key tile after the first.
+// q, k, v [.., T, d] with the same leading dims; the masks [Tq, Tk] or
+// broadcastable to [.., Tq, Tk].
+Variable fused_form(const Variable& q, const Variable& k, const Variable& v, const Variable& sinks,
+                    const Tensor& attend, const Tensor& attend_backward, double factor, double cap) {
   const std::int64_t tq = q.size(-2), tk = k.size(-2), d = q.size(-1), dv = v.size(-1);
   const std::int64_t n = q.numel() / (tq * d), heads = q.dim() >= 3 ? q.size(-3) : 1;
   Shape full(q.shape().begin(), q.shape().end() - 2);
@@ -419,7 +455,7 @@ Variable window_lost_in_backward(const Variable& q, const Variable& k, const Var
   const auto flat_mask = [&](const Tensor& m) {
     return m.defined() ? m.expand(full).contiguous().to_vector() : std::vector<double>(static_cast<std::size_t>(n * tq * tk), 1.0);
   };
-  const std::vector<double> fwd = flat_mask(attend), bwd = flat_mask(attend_no_window);
+  const std::vector<double> fwd = flat_mask(attend), bwd = flat_mask(attend_backward);
   std::vector<Variable> inputs = {q, k, v};
   if (sinks.defined()) inputs.push_back(sinks);
   const Shape out_shape = [&] { Shape s = q.shape(); s.back() = dv; return s; }();
@@ -438,18 +474,41 @@ Variable window_lost_in_backward(const Variable& q, const Variable& k, const Var
     const auto qv = in[0].contiguous().to_vector(), kv = in[1].contiguous().to_vector(), vv = in[2].contiguous().to_vector();
     const std::vector<double> sig = in.size() > 3 ? in[3].contiguous().to_vector() : std::vector<double>{};
     std::vector<double> o(static_cast<std::size_t>(n * tq * dv), 0.0), lse(static_cast<std::size_t>(n * tq));
+    std::vector<double> acc(static_cast<std::size_t>(dv));
     for (std::int64_t nn = 0; nn < n; ++nn)
       for (std::int64_t i = 0; i < tq; ++i) {
-        double m = sig.empty() ? -INFINITY : sig[static_cast<std::size_t>(nn % heads)];
-        std::vector<double> c(static_cast<std::size_t>(tk), -INFINITY);
-        for (std::int64_t j = 0; j < tk; ++j)
-          if (fwd[(nn * tq + i) * tk + j] != 0) m = std::max(m, c[j] = score(qv, kv, nn, i, j).c);
-        if (m == -INFINITY) { lse[nn * tq + i] = -INFINITY; continue; }  // every key masked: zeros
-        double z = sig.empty() ? 0.0 : std::exp(sig[static_cast<std::size_t>(nn % heads)] - m);
-        for (std::int64_t j = 0; j < tk; ++j) z += std::exp(c[j] - m);
-        for (std::int64_t j = 0; j < tk; ++j)
-          for (std::int64_t e = 0; e < dv; ++e) o[(nn * tq + i) * dv + e] += std::exp(c[j] - m) / z * vv[(nn * tk + j) * dv + e];
-        lse[nn * tq + i] = m + std::log(z);
+        const bool sink = !sig.empty();
+        const double sigma = sink ? sig[static_cast<std::size_t>(nn % heads)] : 0.0;
+        // the sink as the first column: m = sigma, l = exp(sigma - m) = 1
+        const bool sink_first = sink && kBug != "sink_not_in_max";  // BUG (sink_not_in_max): m starts at -inf
+        double m = sink_first ? sigma : -INFINITY, l = sink_first ? 1.0 : 0.0;
+        std::fill(acc.begin(), acc.end(), 0.0);
+        bool first_tile = true;
+        std::vector<double> c(static_cast<std::size_t>(kKeyTile));
+        for (std::int64_t j0 = 0; j0 < tk; j0 += kKeyTile) {
+          const std::int64_t bc = std::min(kKeyTile, tk - j0);
+          double tile_max = -INFINITY;
+          for (std::int64_t j = 0; j < bc; ++j) {
+            c[j] = fwd[(nn * tq + i) * tk + j0 + j] != 0 ? score(qv, kv, nn, i, j0 + j).c : -INFINITY;
+            tile_max = std::max(tile_max, c[j]);
+          }
+          if (tile_max == -INFINITY) continue;  // no key of this row in the tile
+          const double m_new = std::max(m, tile_max), alpha = std::exp(m - m_new);
+          l *= alpha;
+          for (double& a : acc) a *= alpha;
+          for (std::int64_t j = 0; j < bc; ++j) {
+            const double p = std::exp(c[j] - m_new);
+            l += p;
+            for (std::int64_t e = 0; e < dv; ++e) acc[e] += p * vv[(nn * tk + j0 + j) * dv + e];
+          }
+          if (kBug == "sink_per_tile" && sink && !first_tile) l += std::exp(sigma - m_new);  // BUG: once per tile
+          first_tile = false;
+          m = m_new;
+        }
+        if (sink && !sink_first) l += std::exp(sigma - m);  // BUG (sink_not_in_max): inf where m = -inf
+        if (l == 0) { lse[nn * tq + i] = -INFINITY; continue; }  // every key masked: zeros
+        for (std::int64_t e = 0; e < dv; ++e) o[(nn * tq + i) * dv + e] = acc[e] / l;
+        lse[nn * tq + i] = m + std::log(l);
       }
     Tensor out = Tensor::from_values(o, out_shape, dtype);
     ctx.saved = {out, Tensor::from_values(lse, {n * tq}, DType::float64)};
@@ -488,7 +547,7 @@ Variable window_lost_in_backward(const Variable& q, const Variable& k, const Var
     if (sinks.defined()) grads.push_back(Tensor::from_values(dsig, sinks.shape(), sinks.dtype()));
     return grads;
   };
-  return custom_op("mutant_window_ignored_in_backward", inputs, std::move(forward), std::move(backward));
+  return custom_op("mutant_fused_form", inputs, std::move(forward), std::move(backward));
 }
 
 Variable core(const Variable& q, const Variable& k_in, const Variable& v_in,
@@ -506,9 +565,11 @@ Variable core(const Variable& q, const Variable& k_in, const Variable& v_in,
   if (kBug == "window_ignored_in_backward" && spec.window.enabled()) {
     AttentionSpec no_window = spec;
     no_window.window = {};
-    return window_lost_in_backward(q, k, v, spec.sinks, attend, mutant_mask(no_window, q.size(-2), k.size(-2)),
-                                   factor, spec.softcap);
+    return fused_form(q, k, v, spec.sinks, attend, mutant_mask(no_window, q.size(-2), k.size(-2)), factor,
+                      spec.softcap);
   }
+  if ((kBug == "sink_not_in_max" || kBug == "sink_per_tile") && spec.sinks.defined())
+    return fused_form(q, k, v, spec.sinks, attend, attend, factor, spec.softcap);
   const Variable raw = matmul_accumulating(q, transpose(k, -2, -1));
   const double cap = spec.softcap;
   const bool cap_here = cap > 0 && kBug != "softcap_ignored" && kBug != "softcap_before_scale" &&
@@ -608,6 +669,7 @@ class Mutant final : public Attention {
     q = mutant_norm_after_rope(q, w.q_norm, s);
     k = mutant_norm_after_rope(k, w.k_norm, s);
     AttentionSpec cs = without_rope(s);
+    if (kBug == "window_by_position") cs.rope = s.rope;  // its window reads the positions (core() rotates nothing)
     if (kBug == "cross_causal" && s.x_kv.defined()) cs.causal = true;  // BUG: the decoder's causal mask kept
     const Variable o = merge(core(q, widen_kv(k, h), widen_kv(v, h), cs, dm, h / hkv));
     if (kBug == "missing_output_projection") return reshape(o, x.shape());  // BUG: no wo (nor bo)

@@ -265,7 +265,7 @@ constexpr std::array<BugInfo, static_cast<std::size_t>(Bug::count_)> kEntries{{
      {.needs_seq = true, .needs_window = true}},
     {Bug::window_both_sides, {},
      "the window's right bound is set to the left one (window_size=(W, W)): without causal, queries see W keys "
-     "ahead too (2W + 1 keys)",
+     "ahead too (2W + 1 keys); without a left bound that is no window, named window_ignored",
      "pass the right bound on its own (window_size=(W - 1, 0) for a causal window), or keep causal on",
      {.needs_seq = true, .needs_window = true}},
     {Bug::window_anchor_top_left, {},
@@ -327,6 +327,23 @@ constexpr std::array<BugInfo, static_cast<std::size_t>(Bug::count_)> kEntries{{
      "the sink logit is multiplied by the softmax scale, like q.k",
      "append sigma_h as it is: the scale multiplies q.k only",
      {.needs_sinks = true}},
+    {Bug::window_by_position, {},
+     "the window is applied to the RoPE positions, not to the key indices (llama.cpp's is_masked_swa: masked when "
+     "p_q - p_k > left): where positions are gapped or not consecutive the window holds other keys",
+     "count the window in token indices: p_i - left <= j <= p_i + right, whatever the positions the rotation reads",
+     {.needs_seq = true, .needs_rope = true, .needs_gapped_positions = true, .needs_qkv = true, .needs_window = true}},
+    {Bug::sink_not_in_max, {},
+     "the online softmax's running max starts at -inf, not at the sink sigma_h, and the sink is added with the keys' "
+     "max: a row with every key masked gets lse = -inf + inf = NaN, so dsinks is NaN (out, dq, dk, dv exact)",
+     "start each row's running max at m = sigma_h with l = 1 (or take max(sigma_h, max_j s_ij) before the sink's "
+     "exp)",
+     {.needs_empty_row = true, .needs_sinks = true}},
+    {Bug::sink_per_tile, {},
+     "the sink is added once per key tile (of 128 keys) instead of once per row: as if sigma_h were "
+     "sigma_h + ln(tiles), every tensor off where Tk exceeds one tile",
+     "fold the sink into the row once: at the start (m = sigma_h, l = 1) or after the last key tile, never per tile "
+     "or split",
+     {.needs_seq = true, .needs_sinks = true, .needs_long_keys = true}},
 }};
 
 constexpr auto kCatalog = [] {

@@ -3,6 +3,7 @@
 // (its signature, used by localization and the weak-suite warnings).
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -60,7 +61,13 @@ struct Visibility {
   bool needs_softcap = false;     // invisible without a cap the scores reach (|s| ~ C)
   bool needs_masked_key = false;  // invisible unless some key is masked (causal, a window or a mask)
   bool needs_sinks = false;       // invisible without sinks
+  bool needs_long_keys = false;   // invisible unless Tk exceeds a kernel's key tile (kKeyTile keys)
 };
+
+// The key tile of the fused kernels the catalog assumes (sink_per_tile): the
+// usual Bc of FlashAttention and fused_sdpa's default; a per-tile bug shows only
+// where Tk exceeds it.
+inline constexpr std::int64_t kKeyTile = 128;
 
 struct BugInfo {
   Bug bug;

@@ -72,6 +72,49 @@ Variable capped_scores(const Variable& raw, double factor, double cap, BugSet bu
   return softcap(s, cap);
 }
 
+// x [..., Tq, Tk] -> [..., Tq, 1]: each row's largest value (-inf when all are).
+Tensor row_max(const Tensor& x) {
+  const std::int64_t n = x.size(-1), rows = x.numel() / n;
+  const std::vector<double> v = x.contiguous().to_vector();
+  std::vector<double> m(static_cast<std::size_t>(rows), -INFINITY);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < n; ++j) {
+      double& best = m[static_cast<std::size_t>(r)];
+      best = std::max(best, v[static_cast<std::size_t>(r * n + j)]);
+    }
+  Shape shape = x.shape();
+  shape.back() = 1;
+  return Tensor::from_values(m, shape, x.dtype());
+}
+
+// x with each `from` replaced by `to`.
+Tensor replace_value(const Tensor& x, double from, double to) {
+  std::vector<double> v = x.contiguous().to_vector();
+  for (double& e : v) e = e == from ? to : e;
+  return Tensor::from_values(v, x.shape(), x.dtype());
+}
+
+// sink_per_tile: how many key tiles [t kKeyTile, (t + 1) kKeyTile) hold a key
+// row i attends (at least 1: a row with none still has its one sink), per row
+// of the mask ([..., Tq, 1]; undefined mask: every key, ceil(Tk / kKeyTile)).
+Tensor tiles_read(const Tensor& mask, std::int64_t tq, std::int64_t tk) {
+  Shape shape = mask.defined() ? mask.shape() : Shape{tq, tk};
+  shape.back() = 1;
+  const std::int64_t rows = mask.defined() ? mask.numel() / tk : tq;
+  const std::vector<double> m = mask.defined() ? mask.contiguous().to_vector() : std::vector<double>{};
+  std::vector<double> out(static_cast<std::size_t>(rows));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    std::int64_t tiles = 0;
+    for (std::int64_t j0 = 0; j0 < tk; j0 += kKeyTile) {
+      bool reads = m.empty();
+      for (std::int64_t j = j0; j < std::min(tk, j0 + kKeyTile) && !reads; ++j) reads = m[static_cast<std::size_t>(r * tk + j)] != 0;
+      tiles += reads ? 1 : 0;
+    }
+    out[static_cast<std::size_t>(r)] = static_cast<double>(std::max<std::int64_t>(tiles, 1));
+  }
+  return Tensor::from_values(out, shape, DType::float64);
+}
+
 // One head: q [N, Tq, d], k [N, Tk, d], v [N, Tk, dv]; mask broadcast to [N, Tq, Tk].
 Variable attend(const Variable& q, const Variable& k_in, const Variable& v_in, const Tensor& mask,
                 double factor, BugSet bug, const Extras& extras = {}) {
@@ -89,33 +132,53 @@ Variable attend(const Variable& q, const Variable& k_in, const Variable& v_in, c
   const std::int64_t tk = s.size(-1);
   Shape column = s.shape();
   column.back() = 1;
+  if (extras.sigma.defined() && is(bug, Bug::sink_not_in_max)) {
+    // The keys' max m alone, -inf on a row with every key masked (a constant:
+    // the softmax does not depend on it); the keys' exps guarded at m = 0 there,
+    // the sink's exp(sigma - m) not: l = inf, out 0 and d out / d sigma = 0 * inf.
+    const Tensor m = row_max(s.data());
+    const Variable e = exp(sub(s, Variable(replace_value(m, -INFINITY, 0.0))));
+    const Variable sink = exp(sub(expand(cast(extras.sigma, s.dtype()), column), Variable(m)));
+    return div(matmul(e, v), add(sum(e, -1, true), sink));
+  }
+  Extras ex = extras;
+  if (ex.sigma.defined() && is(bug, Bug::sink_per_tile)) {
+    // The forward counts the sink once per key tile the row reads (n of them):
+    // sigma_h + ln n. The backward takes one sink's weight, exp(sigma_h - L) =
+    // P_sink / n, for dsinks: the gradient of sigma_h / n.
+    const Variable n(tiles_read(mask, s.size(-2), tk).to(s.dtype()));
+    const Variable sigma = expand(cast(ex.sigma, s.dtype()), column);
+    ex.sigma = add(value_with_grad_of(sigma, div(sigma, n)), log(n));
+  }
   // the softmax over the keys, with sigma as one more key with no value
   const auto weights = [&](const Variable& scores, const Variable& sigma) {
     return sigma.defined() ? softmax(cat({scores, expand(cast(sigma, scores.dtype()), column)}, -1), -1)
                            : softmax(scores, -1);
   };
-  if (extras.mask_without_window.defined()) {
+  if (ex.mask_without_window.defined()) {
     // window_ignored_in_backward: out is the windowed attention O; the backward
     // takes P' = exp(c - L) (L the windowed log-sum-exp, a constant here) over
     // the keys causal and the mask allow, window or not: dv = P'^T dO and
     // dc = P' (dP' - D), D = dO . O: the gradient of P' v - O (sum_j P') at the value O.
-    const Variable pw = weights(s, extras.sigma);
+    const Variable pw = weights(s, ex.sigma);
     const Variable o = matmul(narrow(pw, -1, 0, tk), v);
     Variable lse = log(sum(exp(Variable(s.data())), -1, true));
-    if (extras.sigma.defined())
-      lse = log(add(sum(exp(Variable(s.data())), -1, true), exp(expand(cast(Variable(extras.sigma.data()), s.dtype()), column))));
-    const Variable p_bw = exp(sub(masked_fill(unmasked, logical_not(extras.mask_without_window), -INFINITY), lse));
+    if (ex.sigma.defined())
+      lse = log(add(sum(exp(Variable(s.data())), -1, true), exp(expand(cast(Variable(ex.sigma.data()), s.dtype()), column))));
+    else  // a row with no key (L = -inf) is skipped by the backward: L = +inf makes its P' 0
+      lse = Variable(replace_value(lse.data(), -INFINITY, INFINITY));
+    const Variable p_bw = exp(sub(masked_fill(unmasked, logical_not(ex.mask_without_window), -INFINITY), lse));
     const Variable o_const(o.data());
     const Variable grads = sub(matmul(p_bw, v), mul(o_const, sum(p_bw, -1, true)));
     Variable out = value_with_grad_of(o, grads);
-    if (extras.sigma.defined()) {  // dsinks as the correct attention has it (the backward's D pass)
-      const Variable sink_only = matmul(narrow(weights(Variable(s.data()), extras.sigma), -1, 0, tk), Variable(v.data()));
+    if (ex.sigma.defined()) {  // dsinks as the correct attention has it (the backward's D pass)
+      const Variable sink_only = matmul(narrow(weights(Variable(s.data()), ex.sigma), -1, 0, tk), Variable(v.data()));
       out = add(out, sub(sink_only, Variable(sink_only.data())));
     }
     return out;
   }
-  if (extras.sigma.defined()) {  // sigma as one more key with no value: in the softmax, not in P V
-    const Variable p = weights(s, extras.sigma);
+  if (ex.sigma.defined()) {  // sigma as one more key with no value: in the softmax, not in P V
+    const Variable p = weights(s, ex.sigma);
     Variable o = matmul(narrow(p, -1, 0, tk), v);
     if (is(bug, Bug::sink_with_value)) o = add(o, mul(narrow(p, -1, tk, 1), narrow(v, -2, 0, 1)));  // + P_sink v_0
     return o;
@@ -454,6 +517,35 @@ MhaWeights repack_qkv(const MhaWeights& w, const AttentionSpec& spec, bool rever
   return out;
 }
 
+// window_by_position: query i at RoPE position P_q(i), key j at P_k(j) (the
+// case's positions, or offset + t; queries plus q_offset), and key j in the
+// window when P_q(i) - left <= P_k(j) <= P_q(i) + right, whatever the indices.
+// Positions [T] give [Tq, Tk]; per-row positions [R, T] give [R, 1, Tq, Tk].
+Tensor window_on_positions(const AttentionSpec& spec, std::int64_t tq, std::int64_t tk,
+                           std::optional<std::int64_t> left, std::optional<std::int64_t> right) {
+  const RopeSpec& r = spec.rope;
+  const bool given = r.positions.defined();
+  if (given && (r.positions.dim() > 2 || r.positions.size(-1) != tq || tq != tk))
+    throw std::invalid_argument("hypothesis window_by_position: positions " + shape_str(r.positions.shape()) +
+                                " for Tq " + std::to_string(tq) + ", Tk " + std::to_string(tk) +
+                                ": expected [T] or [B, T] with Tq = Tk = T");
+  const std::int64_t rows = given && r.positions.dim() == 2 ? r.positions.size(0) : 1;
+  const std::vector<double> p = given ? r.positions.contiguous().to_vector() : std::vector<double>{};
+  const auto position = [&](std::int64_t row, std::int64_t t) {
+    return given ? static_cast<std::int64_t>(p[static_cast<std::size_t>(row * tk + t)]) : r.offset + t;
+  };
+  std::vector<double> values(static_cast<std::size_t>(rows * tq * tk));
+  for (std::int64_t n = 0; n < rows; ++n)
+    for (std::int64_t i = 0; i < tq; ++i)
+      for (std::int64_t j = 0; j < tk; ++j) {
+        const std::int64_t pq = position(n, i) + r.q_offset, pk = position(n, j);
+        const bool in = (!left || pk >= pq - *left) && (!right || pk <= pq + *right);
+        values[static_cast<std::size_t>((n * tq + i) * tk + j)] = in ? 1.0 : 0.0;
+      }
+  const Shape shape = rows > 1 || (given && r.positions.dim() == 2) ? Shape{rows, 1, tq, tk} : Shape{tq, tk};
+  return Tensor::from_values(values, shape, DType::boolean);
+}
+
 }  // namespace
 
 // The mask as the hypothesis applies it, element by element from the
@@ -473,12 +565,20 @@ Tensor hypothesis_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t 
   const std::int64_t offset = spec.causal && anchored_bottom_right ? tk - tq : 0;
   std::optional<std::int64_t> left = spec.window.left, right = spec.window.right;
   if (is(bug, Bug::window_off_by_one) && left) *left += 1;  // W + 1 keys
-  if (is(bug, Bug::window_both_sides)) right = left;        // (W, W)
+  // (W, W); with no left bound the copy is no window at all, which is window_ignored: named as that
+  if (is(bug, Bug::window_both_sides) && left) right = left;
   auto window_allows = [&](std::int64_t i, std::int64_t j) {
     if (!windowed) return true;
     const std::int64_t p = i + offset;
     return (!left || j >= p - *left) && (!right || j <= p + *right);
   };
+  if (windowed && is(bug, Bug::window_by_position) && spec.rope.enabled) {  // the same bounds on RoPE positions
+    AttentionSpec rest = spec;
+    rest.window = {};
+    const Tensor others = hypothesis_mask(rest, tq, tk, bug);
+    const Tensor by_position = window_on_positions(spec, tq, tk, left, right);
+    return others.defined() ? logical_and(others, by_position) : by_position;
+  }
   if (!causal && !given.defined() && !windowed) return Tensor();
   if (given.defined() && given.dtype() != DType::boolean)
     throw std::invalid_argument("hypothesis mask: the mask must be bool (True = attend), got " +

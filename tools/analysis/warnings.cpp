@@ -258,6 +258,15 @@ void add_window_softcap_sink_warnings(const std::vector<const CaseSpec*>& cases,
         feature_bugs([](const auto& b) {
           return b.bug == Bug::window_off_by_one || b.bug == Bug::window_ignored || b.bug == Bug::window_ignored_in_backward;
         }));
+  if (all_of(windowed, [](const CaseSpec& c) {  // positions agree with indices: arange + c, queries on the diagonal
+        const bool core = c.level == Level::core;
+        const std::int64_t diagonal =
+            core && c.causal && c.causal_alignment == CausalAlignment::bottom_right ? c.dims.Tk - c.dims.Tq : 0;
+        return !c.rope || (positions_are_arange(case_positions(c), core ? c.dims.Tk : c.dims.T) &&
+                           c.rope->q_offset == diagonal);
+      }))
+    add("no window case has RoPE at positions other than arange + c (a window on positions agrees)",
+        feature_bugs([](const auto& b) { return b.visibility.needs_window && b.visibility.needs_gapped_positions; }));
   if (all_of(windowed, [](const CaseSpec& c) { return c.causal; }))
     add("every window case is causal", feature_bugs([](const auto& b) { return b.bug == Bug::window_both_sides; }));
   if (all_of(windowed, [](const CaseSpec& c) {
@@ -280,10 +289,15 @@ void add_window_softcap_sink_warnings(const std::vector<const CaseSpec*>& cases,
     add("no softcap case masks a key", feature_bugs([](const auto& b) { return b.visibility.needs_masked_key; }));
   if (all_of(sinks, [](const CaseSpec& c) { return sinks_near_zero(c); }))
     add("every sinks case has sinks far below its scores (P_sink under 1e-3)",
-        feature_bugs([](const auto& b) { return b.visibility.needs_sinks && b.bug != Bug::sink_grad_missing; }));
+        feature_bugs([](const auto& b) {  // a NaN on an empty row shows at any sink size
+          return b.visibility.needs_sinks && b.bug != Bug::sink_grad_missing && !b.visibility.needs_empty_row;
+        }));
   if (!sinks.empty() && std::none_of(sinks.begin(), sinks.end(), [](const CaseSpec* c) { return has_fully_masked_row(*c); }))
     add("no sinks case has a query row whose keys are all masked (all mass on the sink)",
-        {"a running max without the sink (NaN on an empty row)"});
+        feature_bugs([](const auto& b) { return b.visibility.needs_sinks && b.visibility.needs_empty_row; }));
+  if (all_of(sinks, [](const CaseSpec& c) { return (c.level == Level::core ? c.dims.Tk : c.dims.T) <= diagnosis::kKeyTile; }))
+    add("every sinks case has Tk <= " + std::to_string(diagnosis::kKeyTile) + " (one key tile of a fused kernel)",
+        feature_bugs([](const auto& b) { return b.visibility.needs_sinks && b.visibility.needs_long_keys; }));
   if (all_of(sinks, [](const CaseSpec& c) { return c.dims.Hkv == 0 || c.dims.Hkv == c.dims.H; }))
     add("every sinks case has G = 1 (Hkv = H)",
         feature_bugs([](const auto& b) { return b.visibility.needs_sinks && b.visibility.needs_group; }));
