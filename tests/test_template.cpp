@@ -129,8 +129,9 @@ TEST_F(Scratch, WritesTheFilesWithTheNameFilledIn) {
   EXPECT_TRUE(contains(features, "window: {left: 2, right: 1}"));
   EXPECT_TRUE(contains(features, "window: {right: 1}"));
   EXPECT_EQ(count(features, "    softcap: 0.75\n"), 3u);
-  EXPECT_EQ(count(features, "    sinks: true\n"), 3u);
+  EXPECT_EQ(count(features, "    sinks: true\n"), 4u);
   EXPECT_TRUE(contains(features, "shape: {B: 3, H: 6, Hkv: 2, Tq: 9, Tk: 9, d: 8}"));
+  EXPECT_TRUE(contains(features, "shape: {B: 2, H: 6, Tq: 5, Tk: 140, d: 8}"));  // past a key tile of 128
   EXPECT_EQ(count(features, "    qk_norm: {axis: head, eps: 1.0e-6, gain: w}\n"), 2u);
   EXPECT_EQ(count(features, "    qk_norm: {axis: model, eps: 1.0e-6, gain: one_plus_w}\n"), 1u);
   EXPECT_EQ(count(features, "    cross: true\n"), 2u);

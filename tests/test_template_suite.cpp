@@ -130,7 +130,7 @@ TEST_F(TemplateSuite, EachFeatureCaseNeedsItsSectionsCapability) {
     for (const auto& [cap, why] : missing_capabilities(c, template_capabilities())) missing.push_back(cap);
     std::vector<std::string> expected = {sec->second};
     if (c.name == "sinks, grouped kv heads") expected.push_back("grouped_kv");
-    if (c.name == "qk_norm, with RoPE" || c.name == "window, RoPE at gapped positions") expected.push_back("rope");
+    if (c.name == "qk_norm, with RoPE") expected.push_back("rope");
     std::sort(missing.begin(), missing.end());
     std::sort(expected.begin(), expected.end());
     EXPECT_EQ(missing, expected) << c.name;
@@ -156,11 +156,12 @@ TEST_F(TemplateSuite, FeaturesPassWithShippedPluginsThatDeclareThem) {
     EXPECT_EQ(r.exit_code(), 0) << plugin;
     for (const auto& c : r.cases) EXPECT_EQ(c.status, CaseStatus::pass) << plugin << ", " << c.spec.name << ": " << c.cause;
     // and no weak-suite warning about the five features' bugs (the others, RoPE's, 16 bits', are suite.yaml's
-    // and default.yaml's business)
+    // and default.yaml's business), but the window on RoPE positions: a window case under RoPE would need
+    // c.rope too, and the window section runs with c.window alone
     for (const auto& w : r.warnings)
       for (const auto& bug : w.bugs)
         for (const char* prefix : {"window_", "softcap_", "sink", "qk_norm_", "cross_"})
-          EXPECT_NE(bug.rfind(prefix, 0), 0u) << plugin << ": " << w.message;
+          if (bug != "window_by_position") EXPECT_NE(bug.rfind(prefix, 0), 0u) << plugin << ": " << w.message;
   }
 }
 
@@ -174,7 +175,7 @@ TEST_F(TemplateSuite, FeaturesPassWithShippedPluginsThatDeclareThem) {
 TEST_F(TemplateSuite, FeaturesCatchAndNameEachFeaturesBugs) {
   for (const std::string bug :
        {"window_off_by_one", "window_both_sides", "window_anchor_top_left", "window_ignored",
-        "window_ignored_in_backward", "window_by_position", "softcap_ignored", "softcap_missing_in_backward",
+        "window_ignored_in_backward", "softcap_ignored", "softcap_missing_in_backward",
         "softcap_after_mask", "softcap_before_scale", "softcap_wrong_formula", "sink_ignored", "sink_grad_missing",
         "sink_with_value", "sink_per_kv_head", "sink_scaled", "sink_not_in_max", "sink_per_tile", "qk_norm_ignored",
         "qk_norm_missing_on_k", "qk_norm_axis_swapped", "qk_norm_after_rope", "qk_norm_gain_convention",

@@ -238,8 +238,7 @@ constexpr std::string_view kFeatures = R"tmpl(# @NAME@ against per_head on the f
 # at T = 11 (T <= W + 1 hides an off-by-one), a decode step where the window's
 # anchor shows, a cap of 0.75 so that scores reach 3-5 times the cap, sinks of
 # U(-1, 3) with a fully masked row (all its mass on the sink) and with Tk past
-# a fused kernel's key tile of 128, a window under RoPE at gapped positions,
-# per-dim QK-norm
+# a fused kernel's key tile of 128, per-dim QK-norm
 # gains at H > 1, cross-attention at Tq != Tk, not causal.
 suite: @NAME@-features-vs-per_head
 defaults:
@@ -272,10 +271,6 @@ cases:
     causal: false
     window: {right: 1}                            # no left bound
     shape: {B: 2, H: 6, Tq: 10, Tk: 12, d: 8}
-  - name: window, RoPE at gapped positions       # also needs c.rope: the window counts indices, not positions
-    window: {left: 3, right: 0}
-    rope: {style: half, positions: {generator: gapped, start: 1000}}
-    shape: {B: 2, T: 11, D: 24, H: 6}
 
   # ---- softcap: C (c.softcap). s <- C tanh(s / C), after the scale and before
   # every mask (a masked key stays -inf).
