@@ -521,6 +521,42 @@ TEST_P(FeatureCatalogTest, HypothesisReproducesMutantWithTheFeatureOn) {
   }
 }
 
+// Where the three bugs of positions and fused kernels hide (MHA, B 2, T 11,
+// H 6, Hkv 2, causal, sinks U(-1, 3), W 4 keys): a window on RoPE positions
+// at positions 0 .. T-1, a running max without the sink with no fully masked
+// row, a sink per key tile at Tk 11 within one tile of 128. There the mutant
+// and the hypothesis both equal the correct attention, dsinks included.
+TEST_F(FeatureCatalogTest, PositionAndTileBugsHideWithoutTheirInput) {
+  for (const Bug bug : {Bug::window_by_position, Bug::sink_not_in_max, Bug::sink_per_tile}) {
+    const BugInfo& info = bug_info(bug);
+    SCOPED_TRACE(std::string(info.name));
+    const LoadedPlugin* mutant = registry_->find("mutant_" + std::string(info.name));
+    ASSERT_NE(mutant, nullptr);
+    s_ = {2, 11, 24, 6, 2, 4};
+    const auto in = inputs();
+    AttentionSpec spec = test::causal_mha_spec(24, 6, 2, 4);
+    spec.window.left = 3;
+    spec.window.right = 0;
+    spec.rope.enabled = true;  // at positions 0 .. T-1: the indices
+    std::vector<std::vector<Tensor>> runs;  // mutant, hypothesis, correct
+    for (int which = 0; which < 3; ++which) {
+      const Variable x(in[0], true);
+      const MhaWeights w{Variable(in[1], true), Variable(in[2], true), Variable(in[3], true), Variable(in[4], true)};
+      runs.push_back(with_sinks(
+          [&](const AttentionSpec& s) {
+            return which == 0 ? mutant->attention->mha_forward(x, w, s)
+                               : hypothesis_mha(x, w, s, which == 1 ? BugSet(bug) : BugSet());
+          },
+          {x, w.wq, w.wk, w.wv, w.wo}, spec, sinks_of(6), in[5]));
+    }
+    ASSERT_EQ(runs[2].size(), 7u);  // out, dx, dwq, dwk, dwv, dwo, dsinks
+    for (std::size_t i = 0; i < runs[2].size(); ++i) {
+      EXPECT_LT(max_abs_diff(runs[0][i], runs[2][i]), 1e-12) << "mutant, tensor " << i;
+      EXPECT_LT(max_abs_diff(runs[1][i], runs[2][i]), 1e-12) << "hypothesis, tensor " << i;
+    }
+  }
+}
+
 auto bug_name = [](const auto& p) { return std::string(p.param.name); };
 INSTANTIATE_TEST_SUITE_P(Bugs, FeatureCatalogTest, ::testing::ValuesIn(feature_bugs()), bug_name);
 INSTANTIATE_TEST_SUITE_P(Bugs, CatalogTest, ::testing::ValuesIn(non_rope_bugs()), bug_name);
