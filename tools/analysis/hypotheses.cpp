@@ -546,6 +546,23 @@ Tensor window_on_positions(const AttentionSpec& spec, std::int64_t tq, std::int6
   return Tensor::from_values(values, shape, DType::boolean);
 }
 
+// Two boolean masks broadcast against each other (aligned at the last dim),
+// True where both are.
+Tensor both_allow(const Tensor& a, const Tensor& b) {
+  Shape shape(static_cast<std::size_t>(std::max(a.dim(), b.dim())), 1);
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    const auto size_of = [&](const Tensor& t) {
+      const std::int64_t at = t.dim() - static_cast<std::int64_t>(shape.size() - i);
+      return at >= 0 ? t.size(at) : 1;
+    };
+    shape[i] = std::max(size_of(a), size_of(b));
+  }
+  const std::vector<double> av = a.expand(shape).contiguous().to_vector(), bv = b.expand(shape).contiguous().to_vector();
+  std::vector<double> out(av.size());
+  for (std::size_t i = 0; i < av.size(); ++i) out[i] = av[i] != 0 && bv[i] != 0 ? 1.0 : 0.0;
+  return Tensor::from_values(out, shape, DType::boolean);
+}
+
 }  // namespace
 
 // The mask as the hypothesis applies it, element by element from the
@@ -577,7 +594,7 @@ Tensor hypothesis_mask(const AttentionSpec& spec, std::int64_t tq, std::int64_t 
     rest.window = {};
     const Tensor others = hypothesis_mask(rest, tq, tk, bug);
     const Tensor by_position = window_on_positions(spec, tq, tk, left, right);
-    return others.defined() ? logical_and(others, by_position) : by_position;
+    return others.defined() ? both_allow(others, by_position) : by_position;
   }
   if (!causal && !given.defined() && !windowed) return Tensor();
   if (given.defined() && given.dtype() != DType::boolean)
