@@ -27,7 +27,7 @@ if grep -qiE '@import|url\(' "$html"; then fail "the CSS loads something"; fi
 
 # One section per case, each with at least one heatmap.
 cases=$(grep -c '^  - name:' "$suite")
-[ "$cases" -eq 82 ] || fail "expected 82 cases in $suite, found $cases"
+[ "$cases" -eq 87 ] || fail "expected 87 cases in $suite, found $cases"
 sections=$(grep -c '<section id="case-' "$html")
 [ "$sections" -eq "$cases" ] || fail "$sections case sections for $cases cases"
 awk '/<section id="case-/{n++; name=$0} /<svg/{svg[n]++}

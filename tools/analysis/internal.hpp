@@ -24,7 +24,7 @@ using runner::RunOptions;
 // What a localization variant changes. The table (probe_info) holds each
 // one's name in reports ("B", "Tq!=Tk": Localization::depends_on) and words.
 enum class Probe { B, T, H, H_at_D, Tq_ne_Tk, Tq, Tq_gt_Tk, T_both, d, mask, causal, G, Hkv, rope, r, positions, bias,
-                   qk_norm, window, softcap, sinks };
+                   qk_norm, window, softcap, sinks, key_tile };
 struct ProbeInfo {
   Probe probe;
   std::string_view dim;    // the name reports use

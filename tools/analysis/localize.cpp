@@ -77,6 +77,8 @@ constexpr ProbeInfo kProbes[] = {
     {Probe::window, "window", "the sliding window", "the sliding window (it shows only with the window on)"},
     {Probe::softcap, "softcap", "the soft-cap", "the soft-cap (it shows only with the cap on)"},
     {Probe::sinks, "sinks", "the attention sinks", "the sinks (it shows only with sinks on)"},
+    {Probe::key_tile, "key tile", "whether Tk exceeds one key tile of a fused kernel (128 keys)",
+     "more keys than one key tile of a fused kernel (Tk > 128)"},
 };
 
 }  // namespace
@@ -178,6 +180,15 @@ std::vector<Variant> variants_of(const CaseSpec& c) {
     add(Probe::sinks, "sinks off", true, [](CaseSpec& v) {
       v.sinks = false;
       v.check.erase(std::remove(v.check.begin(), v.check.end(), std::string("dsinks")), v.check.end());
+    });
+  // Sinks past one key tile: the keys cut to one tile (a sink added per tile then shows no more).
+  const std::int64_t tile = diagnosis::kKeyTile;
+  const bool kv_length = c.level == Level::core || c.cross;  // else T is both lengths
+  if (c.sinks && !c.is_reference() && c.mask_file.empty() && (kv_length ? d0.Tk : d0.T) > tile)
+    add(Probe::key_tile, "Tk = " + std::to_string(tile) + " (one key tile)", true, [tile, kv_length](CaseSpec& v) {
+      if (!kv_length) v.dims.T = tile;
+      else if (v.dims.Tq == v.dims.Tk) v.dims.Tq = v.dims.Tk = tile;
+      else v.dims.Tk = tile;
     });
   // Grouped kv heads: plain multi-head (G = 1) and one shared kv head (MQA).
   if (d0.Hkv > 1 && d0.Hkv < d0.H) {

@@ -295,7 +295,7 @@ void add_window_softcap_sink_warnings(const std::vector<const CaseSpec*>& cases,
   if (!sinks.empty() && std::none_of(sinks.begin(), sinks.end(), [](const CaseSpec* c) { return has_fully_masked_row(*c); }))
     add("no sinks case has a query row whose keys are all masked (all mass on the sink)",
         feature_bugs([](const auto& b) { return b.visibility.needs_sinks && b.visibility.needs_empty_row; }));
-  if (all_of(sinks, [](const CaseSpec& c) { return (c.level == Level::core ? c.dims.Tk : c.dims.T) <= diagnosis::kKeyTile; }))
+  if (all_of(sinks, [](const CaseSpec& c) { return (c.level == Level::core || c.cross ? c.dims.Tk : c.dims.T) <= diagnosis::kKeyTile; }))
     add("every sinks case has Tk <= " + std::to_string(diagnosis::kKeyTile) + " (one key tile of a fused kernel)",
         feature_bugs([](const auto& b) { return b.visibility.needs_sinks && b.visibility.needs_long_keys; }));
   if (all_of(sinks, [](const CaseSpec& c) { return c.dims.Hkv == 0 || c.dims.Hkv == c.dims.H; }))
