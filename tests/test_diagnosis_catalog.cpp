@@ -458,6 +458,24 @@ class FeatureCatalogTest : public CatalogTest {
       all.push_back(spec.sinks.grad().defined() ? spec.sinks.grad() : Tensor::zeros(sinks.shape(), sinks.dtype()));
     return all;
   }
+  // At the shape s_ (MHA): the mutant's, the hypothesis's and the correct
+  // attention's out, gradients and dsinks (when `sinks` is given).
+  std::vector<std::vector<Tensor>> mha_runs(const LoadedPlugin& mutant, Bug bug, const AttentionSpec& spec,
+                                            const Tensor& sinks) const {
+    const auto in = inputs();
+    std::vector<std::vector<Tensor>> runs;
+    for (int which = 0; which < 3; ++which) {
+      const Variable x(in[0], true);
+      const MhaWeights w{Variable(in[1], true), Variable(in[2], true), Variable(in[3], true), Variable(in[4], true)};
+      runs.push_back(with_sinks(
+          [&](const AttentionSpec& s) {
+            return which == 0 ? mutant.attention->mha_forward(x, w, s)
+                              : hypothesis_mha(x, w, s, which == 1 ? BugSet(bug) : BugSet());
+          },
+          {x, w.wq, w.wk, w.wv, w.wo}, spec, sinks, in[5]));
+    }
+    return runs;
+  }
 };
 
 TEST_P(FeatureCatalogTest, HypothesisReproducesMutantWithTheFeatureOn) {
@@ -488,18 +506,8 @@ TEST_P(FeatureCatalogTest, HypothesisReproducesMutantWithTheFeatureOn) {
     } else {
       const std::int64_t t = info.visibility.needs_long_keys ? 130 : 11;
       s_ = {2, t, 24, 6, 2, 4};
-      const auto in = inputs();
       const AttentionSpec spec = spec_for(info, test::causal_mha_spec(24, 6, 2, 4), on, t);
-      for (int which = 0; which < 3; ++which) {
-        const Variable x(in[0], true);
-        const MhaWeights w{Variable(in[1], true), Variable(in[2], true), Variable(in[3], true), Variable(in[4], true)};
-        runs.push_back(with_sinks(
-            [&](const AttentionSpec& s) {
-              return which == 0 ? mutant->attention->mha_forward(x, w, s)
-                                : hypothesis_mha(x, w, s, which == 1 ? BugSet(info.bug) : BugSet());
-            },
-            {x, w.wq, w.wk, w.wv, w.wo}, spec, sinks, in[5]));
-      }
+      runs = mha_runs(*mutant, info.bug, spec, sinks);
     }
     // NaN against NaN agrees, NaN against a number is as far as can be
     const auto apart = [](const Tensor& a, const Tensor& b) {
@@ -533,22 +541,11 @@ TEST_F(FeatureCatalogTest, PositionAndTileBugsHideWithoutTheirInput) {
     const LoadedPlugin* mutant = registry_->find("mutant_" + std::string(info.name));
     ASSERT_NE(mutant, nullptr);
     s_ = {2, 11, 24, 6, 2, 4};
-    const auto in = inputs();
     AttentionSpec spec = test::causal_mha_spec(24, 6, 2, 4);
     spec.window.left = 3;
     spec.window.right = 0;
     spec.rope.enabled = true;  // at positions 0 .. T-1: the indices
-    std::vector<std::vector<Tensor>> runs;  // mutant, hypothesis, correct
-    for (int which = 0; which < 3; ++which) {
-      const Variable x(in[0], true);
-      const MhaWeights w{Variable(in[1], true), Variable(in[2], true), Variable(in[3], true), Variable(in[4], true)};
-      runs.push_back(with_sinks(
-          [&](const AttentionSpec& s) {
-            return which == 0 ? mutant->attention->mha_forward(x, w, s)
-                               : hypothesis_mha(x, w, s, which == 1 ? BugSet(bug) : BugSet());
-          },
-          {x, w.wq, w.wk, w.wv, w.wo}, spec, sinks_of(6), in[5]));
-    }
+    const std::vector<std::vector<Tensor>> runs = mha_runs(*mutant, bug, spec, sinks_of(6));  // mutant, hypothesis, correct
     ASSERT_EQ(runs[2].size(), 7u);  // out, dx, dwq, dwk, dwv, dwo, dsinks
     for (std::size_t i = 0; i < runs[2].size(); ++i) {
       EXPECT_LT(max_abs_diff(runs[0][i], runs[2][i]), 1e-12) << "mutant, tensor " << i;
