@@ -60,6 +60,38 @@ class Cli : public ::testing::Test {
   fs::path dir_;
 };
 
+// A RoPE case exported checks back: its suite.yaml carries the rope block
+// (theta, style, rotary_dim) and the taps, its positions.npy the generated
+// positions. batched passes it; a base hard-coded at 10000 and a uniform
+// position shift (which shows in the taps alone) fail it, so the settings and
+// the positions are really read back.
+TEST_F(Cli, RopeCaseExportsItsSettingsAndPositions) {
+  std::ofstream(dir_ / "rope.yaml")
+      << "cases:\n  - {name: rp, compare: [per_head, batched], causal: true, shape: {B: 2, T: 6, D: 12, H: 2, d: 10},"
+         " rope: {theta: 500000, style: half, rotary_dim: 6, positions: {generator: gapped, start: 100}},"
+         " taps: [q_rot, k_rot]}\n";
+  const Outcome ex = headgrad({"export", (dir_ / "rope.yaml").string(), "--case", "rp", "--out", (dir_ / "ref").string()});
+  ASSERT_EQ(ex.code, 0) << ex.out << ex.err;
+  EXPECT_TRUE(fs::exists(dir_ / "ref" / "positions.npy"));
+  std::stringstream exported;
+  exported << std::ifstream(dir_ / "ref" / "suite.yaml").rdbuf();
+  EXPECT_NE(exported.str().find("rope: {theta: 500000, style: half, rotary_dim: 6}"), std::string::npos) << exported.str();
+  EXPECT_NE(exported.str().find("taps: [q_rot, k_rot]"), std::string::npos) << exported.str();
+  auto run_against = [&](const std::string& plugin) {
+    std::string text = exported.str();
+    const std::string from = "compare: [per_head]";
+    text.replace(text.find(from), from.size(), "compare: [" + plugin + "]");
+    std::ofstream(dir_ / "ref" / "suite.yaml") << text;
+    return headgrad({"run", (dir_ / "ref" / "suite.yaml").string()});
+  };
+  const Outcome back = run_against("batched");
+  EXPECT_EQ(back.code, 0) << back.out << back.err;
+  for (const std::string mutant : {"mutant_rope_wrong_theta", "mutant_rope_position_shift"}) {
+    const Outcome bad = run_against(mutant);
+    EXPECT_EQ(bad.code, 1) << mutant << ": " << bad.out << bad.err;
+  }
+}
+
 // Grouped kv heads end to end: a GQA case passes, exports a reference with
 // wk [Hkv*d, D] that checks back, and bad Hkv or a plugin without grouped_kv
 // is exit code 2 naming the key or the capability.

@@ -564,7 +564,8 @@ std::string yaml_quoted(const std::string& s) {
 }
 
 // suite.yaml beside the exported files: a suite that checks the plugin against them.
-std::string exported_suite(const CaseSpec& c, const LoadedPlugin& p, const std::string& suite_file) {
+std::string exported_suite(const CaseSpec& c, const LoadedPlugin& p, const std::string& suite_file,
+                           bool has_positions_file) {
   std::ostringstream y;
   y.precision(17);
   y << "# Written by headgrad export: plugin " << p.info.name << " " << p.info.version << ", case '" << c.name
@@ -579,6 +580,19 @@ std::string exported_suite(const CaseSpec& c, const LoadedPlugin& p, const std::
     << (!c.causal ? "false" : c.causal_alignment == CausalAlignment::bottom_right ? "bottom_right" : "true")
     << "\n";  // bottom_right also anchors a window (p_i = i + Tk - Tq)
   if (c.level == Level::mha) y << "    shape: {H: " << c.dims.H << "}\n";
+  if (c.rope) {  // explicit or generated positions are in positions.npy; offset positions are said here
+    const RopeCase& r = *c.rope;
+    y << "    rope: {theta: " << r.theta << ", style: " << rope_style_name(r.style);
+    if (r.rotary_dim > 0) y << ", rotary_dim: " << r.rotary_dim;
+    if (!has_positions_file && r.offset != 0) y << ", positions: {offset: " << r.offset << "}";
+    if (r.q_offset != 0) y << ", q_offset: " << r.q_offset;
+    y << "}\n";
+  }
+  if (!c.taps.empty()) {
+    y << "    taps: [";
+    for (std::size_t i = 0; i < c.taps.size(); ++i) y << (i ? ", " : "") << c.taps[i];
+    y << "]\n";
+  }
   if (c.bias) y << "    bias: true\n";
   if (c.qk_norm.enabled)  // the files cannot say the norm's settings
     y << "    qk_norm: {axis: " << qk_norm_axis_name(c.qk_norm.axis) << ", eps: " << c.qk_norm.eps
@@ -635,6 +649,7 @@ int cmd_export(const ExportArgs& a) {
   if (fs::is_directory(a.out)) {  // a folder made here holds no input
     std::vector<std::pair<std::string, fs::path>> outputs;
     for (const auto& nt : input_tensors(inputs)) outputs.emplace_back("--out", fs::path(a.out) / (nt.name + ".npy"));
+    if (inputs.positions.defined()) outputs.emplace_back("--out", fs::path(a.out) / "positions.npy");
     for (const auto& name : tensor_names(c)) outputs.emplace_back("--out", fs::path(a.out) / (name + ".npy"));
     outputs.emplace_back("--out", fs::path(a.out) / "suite.yaml");
     check_outputs(outputs, reads);
@@ -656,14 +671,16 @@ int cmd_export(const ExportArgs& a) {
   }
   std::vector<std::string> written;
   try {
-    for (const TensorSet& set : {input_tensors(inputs), side.tensors})
+    TensorSet in_files = input_tensors(inputs);
+    if (inputs.positions.defined()) in_files.push_back({"positions", inputs.positions});  // a RoPE case's list or generator
+    for (const TensorSet& set : {in_files, side.tensors})
       for (const NamedTensor& nt : set) {  // (a lambda may not capture a structured binding in C++20)
         if (!nt.tensor.defined()) continue;
         write_file_atomically(fs::path(a.out) / (nt.name + ".npy"),
                               [&](const fs::path& tmp) { write_npy(tmp, nt.tensor); });
         written.push_back(nt.name + ".npy");
       }
-    write_report(fs::path(a.out) / "suite.yaml", exported_suite(c, *plugin, a.suite));
+    write_report(fs::path(a.out) / "suite.yaml", exported_suite(c, *plugin, a.suite, inputs.positions.defined()));
   } catch (const std::exception& e) {
     error(e.what());
     return kExitUsage;
