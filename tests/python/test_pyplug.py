@@ -35,7 +35,9 @@ meson) when torch cannot be imported, and says so.
    sinks Parameter through module_function(sinks=...) too; check -j 2 on its
    window case gives -j 1's verdict, diagnosis and values.
    The features from the signature (window, softcap, sinks, q_norm/k_norm,
-   x_kv): their cases and tensors, --no-features, two seed bugs named.
+   x_kv): their cases and tensors, --no-features, two seed bugs named; at
+   the core level with a mask, the fully masked row and the decode step, and
+   a cap applied after the mask named softcap_after_mask there.
 4. An autograd.Function's own backward is what is checked (a wrong dV fails dv only).
 5. The pytest example in docs/python.md runs and passes.
 """
@@ -186,6 +188,22 @@ class CheckCommand(unittest.TestCase):
             self.assertEqual(bugs_of(cases(report)[case]), [bug], json.dumps(cases(report)[case].get("diagnosis"))[:1500])
             # the cases without the feature pass
             self.assertEqual(cases(report)["closed-book"]["status"], "pass")
+
+    def test_core_features_with_a_mask(self):
+        # at the core level a function that takes `mask` also gets the fully masked row (zeros, or all
+        # of it on the sink) and the bottom-right decode step (its window folded into the mask)
+        code, text, report = self.check("modern_core", "--level", "core", "--kv-heads", "2")
+        self.assertEqual(code, 0, text)
+        by = cases(report)
+        for name in ("window, decode step", "window, right bound only", "softcap, a fully masked row",
+                     "sinks, a fully masked row", "sinks, grouped kv heads"):
+            self.assertEqual(by[name]["status"], "pass", name)
+        self.assertIn("dsinks", checked_tensors(by["sinks, a fully masked row"]))
+        code, text, report = self.check("modern_core_softcap_after_mask", "--level", "core")
+        self.assertEqual(code, 1, text)
+        c = cases(report)["softcap, a fully masked row"]
+        self.assertEqual(bugs_of(c), ["softcap_after_mask"], json.dumps(c.get("diagnosis"))[:1500])
+        self.assertIn("disappears at mask off and softcap off", c["localization"]["sentence"])
 
     def test_bad_function_spec(self):
         code, text = run("check", "nofile.py:fn")
