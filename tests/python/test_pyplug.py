@@ -34,6 +34,9 @@ meson) when torch cannot be imported, and says so.
    sink_grad_missing, sink_scaled, window_off_by_one; as an nn.Module with a
    sinks Parameter through module_function(sinks=...) too; check -j 2 on its
    window case gives -j 1's verdict, diagnosis and values.
+   gemma_pytorch's GemmaAttention (soft-cap, QK-norm 1 + w, the window as
+   its local mask) passes, and with the mask added before the cap, or k left
+   unnormalized, is named softcap_after_mask, qk_norm_missing_on_k.
    The features from the signature (window, softcap, sinks, q_norm/k_norm,
    x_kv): their cases and tensors, --no-features, two seed bugs named; at
    the core level with a mask, the fully masked row and the decode step, and
@@ -618,6 +621,27 @@ class GptOssSinksAndWindow(unittest.TestCase):
                                             "--causal", "--filter", "window*")
         self.assertEqual(results["1"], results["2"])
         self.assertEqual(results["2"][0][:3], ("window, W = 4 keys", "fail", ["window_off_by_one"]))
+
+
+class GemmaSoftcapAndQkNorm(unittest.TestCase):
+    """gemma_pytorch's GemmaAttention (fixtures/gemma_attention.py, verbatim): Gemma 2's soft-cap, Gemma 3's
+    QK-norm (gain 1 + weight), the window as its local mask, GQA."""
+
+    def test_passes_and_seed_bugs_are_named(self):
+        import gemma_glue
+        r = headgrad.check(gemma_glue.gemma, kv_heads=2)
+        by = names_of(r)
+        for name in ("softcap, scores at 3-5 C", "softcap, not causal", "qk_norm, per head", "qk_norm, grouped kv heads",
+                     "window, W = 4 keys", "window, two-sided, not causal"):
+            self.assertEqual(by[name]["status"], "pass", name)
+        self.assertTrue({"dq_norm", "dk_norm"} <= checked_tensors(by["qk_norm, per head"]))
+        for bug, case, gone in (("softcap_after_mask", "softcap, scores at 3-5 C", "causal off and softcap off"),
+                                ("qk_norm_missing_on_k", "qk_norm, per head", "disappears at qk_norm off")):
+            bad = headgrad.check(gemma_glue.attention_with(bug), raise_on_failure=False)
+            c = names_of(bad)[case]
+            self.assertEqual(bugs_of(c)[:1], [bug], json.dumps(c.get("diagnosis"))[:1500])
+            self.assertIn(gone, c["localization"]["sentence"])
+            self.assertEqual(names_of(bad)["closed-book"]["status"], "pass", bug)
 
 
 class DocExample(unittest.TestCase):
