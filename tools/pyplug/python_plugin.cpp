@@ -433,10 +433,10 @@ class PythonAttention final : public Attention {
                              {"gain", std::string(qk_norm_gain_name(spec.qk_norm.gain))}};
   }
 
-  Variable run(const std::string& level, Inputs in, const json& settings, const Named& extra,
+  Variable run(const std::string& level, Inputs op_inputs, const json& settings, const Named& extra,
                const AttentionSpec& spec) const {
-    std::vector<Variable> inputs = std::move(in.vars);
-    const std::vector<std::string> names = std::move(in.names);
+    std::vector<Variable> inputs = std::move(op_inputs.vars);
+    const std::vector<std::string> names = std::move(op_inputs.names);
     const std::string who = "Python function " + decl_.function;
     const std::string fn = decl_.function;
     const json fixed_settings = fixed();
@@ -446,8 +446,10 @@ class PythonAttention final : public Attention {
       Named tensors;
       for (std::size_t i = 0; i < in.size(); ++i) tensors.emplace_back(names[i], in[i]);
       for (const auto& e : extra) tensors.push_back(e);
-      const json header = {{"op", "forward"},        {"fn", fn},       {"level", level},       {"inputs", names},
-                           {"settings", settings}, {"fixed", fixed_settings}, {"grad", grad}};
+      const json header = {{"op", "forward"},       {"fn", fn},
+                           {"level", level},       {"inputs", names},  // the leaves' names, in the order of the gradients
+                           {"settings", settings}, {"fixed", fixed_settings},
+                           {"grad", grad}};
       Reply r = call(header, tensors, who, "out");
       ctx.scalars = {static_cast<double>(r.header.value("id", 0))};
       auto out = r.tensors.find("out");
