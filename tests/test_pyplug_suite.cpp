@@ -67,21 +67,20 @@ TEST(PythonCapabilities, NamesAsPluginsPrintsThem) {
   const Capabilities fields = pyplug::parse_capabilities({"core", "grouped_kv", "bool_mask", "cross_lengths", "rope_level"});
   EXPECT_TRUE(fields.grouped_kv && fields.bool_mask && fields.cross_lengths && fields.rope_level);
   for (const auto& c : kCapabilityNames) {
-    // refused with its reason: the worker hands none of the QK-norm gains, x_kv,
-    // a window, a cap or sinks (a function declaring one would run without it)
-    if (c.flag == &Capabilities::qk_norm || c.flag == &Capabilities::cross_attention ||
-        c.flag == &Capabilities::window || c.flag == &Capabilities::softcap || c.flag == &Capabilities::sinks) {
-      try {
-        pyplug::parse_capabilities({"mha", std::string(c.name)});
-        ADD_FAILURE() << c.name << " was accepted";
-      } catch (const std::invalid_argument& e) {
-        EXPECT_NE(std::string(e.what()).find("capability '" + std::string(c.name) + "': a Python plugin is not handed"),
-                  std::string::npos) << e.what();
-      }
-      continue;
-    }
     const Capabilities one = pyplug::parse_capabilities({"mha", std::string(c.name)});
     EXPECT_TRUE(one.*c.flag) << c.name;
+  }
+  // the window, cap and sinks at either level; QK-norm and x_kv are MHA-level inputs
+  const Capabilities core = pyplug::parse_capabilities({"core", "window", "softcap", "sinks"});
+  EXPECT_TRUE(core.window && core.softcap && core.sinks);
+  for (const char* mha_only : {"qk_norm", "cross_attention"}) {
+    try {
+      pyplug::parse_capabilities({"core", mha_only});
+      ADD_FAILURE() << mha_only << " accepted without mha";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("capability '") + mha_only + "' is an MHA-level one"),
+                std::string::npos) << e.what();
+    }
   }
   // biases are an MHA-level input: a core-only function cannot declare them
   EXPECT_THROW(pyplug::parse_capabilities({"core", "bias"}), std::invalid_argument);
@@ -267,6 +266,73 @@ TEST(CheckSuite, BiasesWhenTheSignatureNamesThem) {
   EXPECT_THROW(pyplug::write_check_suite(o, none, tmp.path / "e"), std::invalid_argument);
   o.level = "core";
   EXPECT_THROW(pyplug::write_check_suite(o, named, tmp.path / "f"), std::invalid_argument);
+}
+
+TEST(CheckSuite, FeaturesWhoseArgumentsTheSignatureNames) {
+  TempDir tmp;
+  pyplug::CheckOptions o;
+  o.function = "@modern";
+  o.kv_heads = 2;
+  const std::vector<std::string> all = {"num_heads", "num_kv_heads", "causal", "window", "softcap", "sinks",
+                                        "q_norm",    "k_norm",       "qk_norm", "x_kv"};
+  const Suite s = load_suite(pyplug::write_check_suite(o, {all, false, "", all}, tmp.path / "a"));
+  const auto& caps = s.python_plugins.at(0).capabilities;
+  EXPECT_TRUE(caps.window && caps.softcap && caps.sinks && caps.qk_norm && caps.cross_attention);
+  // at the shapes where the known bugs show
+  const CaseSpec* w = find_case(s, "window, W = 4 keys");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(*w->window.left, 3);
+  EXPECT_GT(w->dims.T, *w->window.left + 2);  // T > W + 1: an off-by-one shows
+  EXPECT_TRUE(w->causal);
+  const CaseSpec* two = find_case(s, "window, two-sided, not causal");
+  ASSERT_NE(two, nullptr);
+  EXPECT_FALSE(two->causal);  // a causal case hides window_both_sides
+  EXPECT_EQ(*two->window.right, 1);
+  const CaseSpec* cap = find_case(s, "softcap, scores at 3-5 C");
+  ASSERT_NE(cap, nullptr);
+  EXPECT_EQ(cap->softcap, 0.75);
+  const CaseSpec* sinks = find_case(s, "sinks, grouped kv heads");
+  ASSERT_NE(sinks, nullptr);
+  EXPECT_TRUE(sinks->sinks);
+  EXPECT_EQ(sinks->dims.H, 6);  // not Hkv^2: a wrong per-head stride shows
+  EXPECT_EQ(sinks->dims.Hkv, 2);
+  const CaseSpec* model = find_case(s, "qk_norm, whole projection, gain 1 + w");
+  ASSERT_NE(model, nullptr);
+  EXPECT_EQ(model->qk_norm.axis, QkNormAxis::model);
+  EXPECT_EQ(model->qk_norm.gain, QkNormGain::one_plus_w);
+  const CaseSpec* cross = find_case(s, "cross, Tq != Tk");
+  ASSERT_NE(cross, nullptr);
+  EXPECT_TRUE(cross->cross);
+  EXPECT_FALSE(cross->causal);  // causal cross-attention hides cross_causal
+  EXPECT_NE(cross->dims.Tq, cross->dims.Tk);
+  // one named: its cases only; without qk_norm the QK-norm defaults only; **kwargs alone names none
+  const std::vector<std::string> window_only = {"num_heads", "causal", "window"};
+  const Suite one = load_suite(pyplug::write_check_suite(o, {window_only, false, "", window_only}, tmp.path / "b"));
+  EXPECT_TRUE(has_prefix(one, "window"));
+  EXPECT_FALSE(has_prefix(one, "softcap") || has_prefix(one, "sinks") || has_prefix(one, "qk_norm") || has_prefix(one, "cross"));
+  const std::vector<std::string> gains = {"num_heads", "causal", "q_norm", "k_norm"};
+  const Suite norm = load_suite(pyplug::write_check_suite(o, {gains, false, "", gains}, tmp.path / "c"));
+  EXPECT_NE(find_case(norm, "qk_norm, per head"), nullptr);
+  EXPECT_EQ(find_case(norm, "qk_norm, whole projection, gain 1 + w"), nullptr);
+  const Suite kwargs = load_suite(pyplug::write_check_suite(o, {all, true, "", {"num_heads"}}, tmp.path / "d"));
+  EXPECT_FALSE(has_prefix(kwargs, "window") || has_prefix(kwargs, "sinks"));
+  o.features = false;  // --no-features
+  const Suite off = load_suite(pyplug::write_check_suite(o, {all, false, "", all}, tmp.path / "e"));
+  EXPECT_FALSE(has_prefix(off, "window") || has_prefix(off, "sinks") || has_prefix(off, "cross"));
+  // the core level: the fully masked row (with `mask`) and the decode step (with `causal` too)
+  o.features = true;
+  o.level = "core";
+  o.kv_heads = 0;
+  const std::vector<std::string> core = {"causal", "mask", "window", "softcap", "sinks"};
+  const Suite c = load_suite(pyplug::write_check_suite(o, {core, false, "", core}, tmp.path / "f"));
+  const CaseSpec* empty = find_case(c, "sinks, a fully masked row");
+  ASSERT_NE(empty, nullptr);
+  EXPECT_TRUE(fs::is_regular_file(empty->mask_file)) << empty->mask_file;
+  ASSERT_NE(find_case(c, "softcap, a fully masked row"), nullptr);
+  const CaseSpec* decode = find_case(c, "window, decode step");
+  ASSERT_NE(decode, nullptr);
+  EXPECT_EQ(decode->causal_alignment, CausalAlignment::bottom_right);
+  EXPECT_FALSE(has_prefix(c, "qk_norm") || has_prefix(c, "cross"));  // MHA-level features
 }
 
 TEST(CheckSuite, PluginNameFromTheFunction) {

@@ -28,6 +28,19 @@ meson) when torch cannot be imported, and says so.
    large to fetch here) declared blocked is named qkv_packing_mismatch and
    passes declared interleaved, its packed bias included; nanoGPT declared
    interleaved is named qkv_packing_mismatch_reverse.
+   gpt-oss's sdpa (learned sinks, sliding window, GQA) passes with the window
+   and sinks cases check adds for its signature, and its seed bugs (the sink
+   detached, the sink scaled, the window one key wider) are named
+   sink_grad_missing, sink_scaled, window_off_by_one; as an nn.Module with a
+   sinks Parameter through module_function(sinks=...) too; check -j 2 on its
+   window case gives -j 1's verdict, diagnosis and values.
+   gemma_pytorch's GemmaAttention (soft-cap, QK-norm 1 + w, the window as
+   its local mask) passes, and with the mask added before the cap, or k left
+   unnormalized, is named softcap_after_mask, qk_norm_missing_on_k.
+   The features from the signature (window, softcap, sinks, q_norm/k_norm,
+   x_kv): their cases and tensors, --no-features, two seed bugs named; at
+   the core level with a mask, the fully masked row and the decode step, and
+   a cap applied after the mask named softcap_after_mask there.
 4. An autograd.Function's own backward is what is checked (a wrong dV fails dv only).
 5. The pytest example in docs/python.md runs and passes.
 """
@@ -40,7 +53,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import types
 import unittest
 
 from torch_required import torch  # noqa: E402,F401  (skips the test, exit 77, where torch is absent)
@@ -50,6 +62,7 @@ FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures"
 sys.path.insert(0, str(REPO / "tools" / "python"))
 sys.path.insert(0, str(FIXTURES))
 import headgrad  # noqa: E402
+import excerpts  # noqa: E402
 from headgrad.modules import pack_qkv  # noqa: E402
 
 HEADGRAD = None
@@ -145,6 +158,56 @@ class CheckCommand(unittest.TestCase):
         self.assertEqual(code, 2, text)
         self.assertIn("takes no bq, bk, bv, bo", text)
 
+    def test_features_from_the_signature(self):
+        # each feature whose arguments the signature names gets its cases, its tensors compared
+        code, text, report = self.check("modern_mha", "--kv-heads", "2")
+        self.assertEqual(code, 0, text)
+        by = cases(report)
+        for name, tensors in (("window, W = 4 keys", set()), ("window, two-sided, not causal", set()),
+                              ("softcap, scores at 3-5 C", set()), ("sinks", {"dsinks"}),
+                              ("sinks, grouped kv heads", {"dsinks"}), ("window, softcap and sinks", {"dsinks"}),
+                              ("qk_norm, per head", {"dq_norm", "dk_norm"}),
+                              ("qk_norm, whole projection, gain 1 + w", {"dq_norm", "dk_norm"}),
+                              ("qk_norm, grouped kv heads", {"dq_norm", "dk_norm"}),
+                              ("cross, Tq != Tk", {"dx_kv"}), ("cross, more queries than keys", {"dx_kv"}),
+                              ("cross, grouped kv heads", {"dx_kv"})):
+            self.assertEqual(by[name]["status"], "pass", name)
+            self.assertTrue(tensors <= checked_tensors(by[name]), (name, checked_tensors(by[name])))
+        # only the features named: sinks_only gets the sinks cases, no other; --no-features none
+        code, text, report = self.check("sinks_only")
+        self.assertEqual(code, 0, text)
+        feature_cases = [n for n in cases(report) if n.startswith(("window", "softcap", "sinks", "qk_norm", "cross"))]
+        self.assertEqual(feature_cases, ["sinks"])
+        code, text, report = self.check("modern_mha", "--no-features")
+        self.assertEqual(code, 0, text)
+        self.assertFalse([n for n in cases(report) if n.startswith(("window", "softcap", "sinks", "qk_norm", "cross"))])
+
+    def test_feature_bugs_are_named(self):
+        # a cap applied after the causal mask (masked keys leak at -C) and the QK-norm gain read as 1 + w
+        for fn, case, bug in (("modern_mha_softcap_after_mask", "softcap, scores at 3-5 C", "softcap_after_mask"),
+                              ("modern_mha_qk_norm_gain_convention", "qk_norm, per head", "qk_norm_gain_convention")):
+            code, text, report = self.check(fn)
+            self.assertEqual(code, 1, text)
+            self.assertEqual(bugs_of(cases(report)[case]), [bug], json.dumps(cases(report)[case].get("diagnosis"))[:1500])
+            # the cases without the feature pass
+            self.assertEqual(cases(report)["closed-book"]["status"], "pass")
+
+    def test_core_features_with_a_mask(self):
+        # at the core level a function that takes `mask` also gets the fully masked row (zeros, or all
+        # of it on the sink) and the bottom-right decode step (its window folded into the mask)
+        code, text, report = self.check("modern_core", "--level", "core", "--kv-heads", "2")
+        self.assertEqual(code, 0, text)
+        by = cases(report)
+        for name in ("window, decode step", "window, right bound only", "softcap, a fully masked row",
+                     "sinks, a fully masked row", "sinks, grouped kv heads"):
+            self.assertEqual(by[name]["status"], "pass", name)
+        self.assertIn("dsinks", checked_tensors(by["sinks, a fully masked row"]))
+        code, text, report = self.check("modern_core_softcap_after_mask", "--level", "core")
+        self.assertEqual(code, 1, text)
+        c = cases(report)["softcap, a fully masked row"]
+        self.assertEqual(bugs_of(c), ["softcap_after_mask"], json.dumps(c.get("diagnosis"))[:1500])
+        self.assertIn("disappears at mask off and softcap off", c["localization"]["sentence"])
+
     def test_bad_function_spec(self):
         code, text = run("check", "nofile.py:fn")
         self.assertEqual(code, 2, text)
@@ -217,41 +280,57 @@ class SuitePlugins(unittest.TestCase):
     def test_check_in_parallel_jobs(self):
         # headgrad check -j 2 (this process's worker from describing the function is disowned by
         # each job worker, which starts its own): the serial verdicts
-        fixture_file = str(FIXTURES / "functions.py")
-        verdicts = {}
-        with tempfile.TemporaryDirectory() as tmp:
-            for jobs in ("1", "2"):
-                out = pathlib.Path(tmp) / f"j{jobs}.json"
-                code, log = run("check", f"{fixture_file}:merge_without_transpose", "-j", jobs, "--json", out)
-                self.assertEqual(code, 1, log)
-                verdicts[jobs] = [(c["name"], c["status"], bugs_of(c)) for c in json.loads(out.read_text())["cases"]]
+        verdicts = check_serial_and_parallel(self, f"{FIXTURES / 'functions.py'}:merge_without_transpose")
         self.assertEqual(verdicts["1"], verdicts["2"])
-        self.assertIn(("closed-book", "fail", ["merge_without_transpose"]), verdicts["2"])
+        self.assertIn(("closed-book", "fail", ["merge_without_transpose"]), [v[:3] for v in verdicts["2"]])
+
+    def run_refused(self, fns, suite_text):
+        """Runs a suite with a plugin that runs and one that cannot (exit 3): its cases by name."""
+        with tempfile.TemporaryDirectory() as tmp:
+            suite = self.write(tmp, "[mha]", fns)
+            suite.write_text(textwrap.dedent(suite_text))
+            out = pathlib.Path(tmp) / "r.json"
+            code, text = run("run", suite, "--json", out)
+            self.assertEqual(code, 3, text)
+            return cases(json.loads(out.read_text()))
 
     def test_bias_capability_in_a_suite(self):
         # declared `bias`: a function that names bq..bo gets them (and is checked on dbq..dbo); one that
         # does not is told so, naming the arguments, instead of running without them
-        with tempfile.TemporaryDirectory() as tmp:
-            suite = self.write(tmp, "[mha, causal, gqa, bias]", "mha, kv_map_tile")
-            suite.write_text(textwrap.dedent("""\
-                suite: python biases
-                plugins:
-                  mine: {python: glue/mine.py:mha, capabilities: [mha, causal, gqa, bias]}
-                  nobias: {python: glue/mine.py:kv_map_tile, capabilities: [mha, causal, gqa, bias]}
-                defaults: {causal: true, bias: true, shape: {B: 2, T: 5, D: 24, H: 6, Hkv: 2}}
-                cases:
-                  - {name: with biases, compare: [mine, per_head]}
-                  - {name: takes none, compare: [nobias, per_head]}
-                """))
-            out = pathlib.Path(tmp) / "r.json"
-            code, text = run("run", suite, "--json", out)
-            self.assertEqual(code, 3, text)
-            by = cases(json.loads(out.read_text()))
-            self.assertEqual(by["with biases"]["status"], "pass", text)
-            self.assertTrue({"dbq", "dbk", "dbv", "dbo"} <= checked_tensors(by["with biases"]))
-            self.assertEqual(by["takes none"]["status"], "error")
-            self.assertIn("kv_map_tile takes no bq, bk, bv, bo argument: it cannot run a case with biases",
-                          by["takes none"]["cause"])
+        by = self.run_refused("mha, kv_map_tile", """\
+            suite: python biases
+            plugins:
+              mine: {python: glue/mine.py:mha, capabilities: [mha, causal, gqa, bias]}
+              nobias: {python: glue/mine.py:kv_map_tile, capabilities: [mha, causal, gqa, bias]}
+            defaults: {causal: true, bias: true, shape: {B: 2, T: 5, D: 24, H: 6, Hkv: 2}}
+            cases:
+              - {name: with biases, compare: [mine, per_head]}
+              - {name: takes none, compare: [nobias, per_head]}
+            """)
+        self.assertEqual(by["with biases"]["status"], "pass")
+        self.assertTrue({"dbq", "dbk", "dbv", "dbo"} <= checked_tensors(by["with biases"]))
+        self.assertEqual(by["takes none"]["status"], "error")
+        self.assertIn("kv_map_tile takes no bq, bk, bv, bo argument: it cannot run a case with biases",
+                      by["takes none"]["cause"])
+
+    def test_feature_capabilities_in_a_suite(self):
+        # declared window, softcap, sinks: handed to a function that names them; one that does not is
+        # told which argument it lacks instead of running without the feature
+        by = self.run_refused("modern_mha, mha", """\
+            suite: python features
+            plugins:
+              mine: {python: glue/mine.py:modern_mha, capabilities: [mha, causal, gqa, window, softcap, sinks]}
+              plain: {python: glue/mine.py:mha, capabilities: [mha, causal, gqa, window]}
+            defaults: {causal: true, shape: {B: 2, T: 11, D: 24, H: 6, Hkv: 2}}
+            cases:
+              - {name: gpt-oss-like, compare: [mine, per_head], window: {left: 3, right: 0}, softcap: 0.75, sinks: true}
+              - {name: takes no window, compare: [plain, per_head], window: {left: 3, right: 0}}
+            """)
+        self.assertEqual(by["gpt-oss-like"]["status"], "pass")
+        self.assertIn("dsinks", checked_tensors(by["gpt-oss-like"]))
+        self.assertEqual(by["takes no window"]["status"], "error")
+        self.assertIn("mha takes no 'window' argument: it cannot run a case with a sliding window",
+                      by["takes no window"]["cause"])
 
     def test_bug_is_named_in_a_suite(self):
         with tempfile.TemporaryDirectory() as tmp:
@@ -281,20 +360,21 @@ def bugs_of(case):
     return [d["best"]] if d.get("best") else []
 
 
-def fixture(name, *edits):
-    """The fixture module `name` (a verbatim excerpt), with each (old, new, count) edit made in its
-    source first: how a seed bug is put into real code without restating it."""
-    path = FIXTURES / f"{name}.py"
-    text = path.read_text()
-    for old, new, count in edits:
-        assert text.count(old) == count, f"{path.name}: {old!r} occurs {text.count(old)} times, not {count}"
-        text = text.replace(old, new)
-    module_name = f"{name}_{abs(hash(edits))}"
-    module = types.ModuleType(module_name)
-    module.__file__ = str(path)
-    sys.modules[module_name] = module  # dataclasses look their module up
-    exec(compile(text, str(path), "exec"), module.__dict__)
-    return module
+fixture = excerpts.load
+
+
+def check_serial_and_parallel(test, function, *args):
+    """`headgrad check FUNCTION` at -j 1 and -j 2 (a failing one): per case its name, verdict, diagnosis
+    and every tensor's max |difference|, by jobs."""
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for jobs in ("1", "2"):
+            out = pathlib.Path(tmp) / f"j{jobs}.json"
+            code, log = run("check", function, *args, "-j", jobs, "--json", out)
+            test.assertEqual(code, 1, log)
+            results[jobs] = [(c["name"], c["status"], bugs_of(c), [(t["name"], t["max_abs"]) for t in c["tensors"]])
+                             for c in json.loads(out.read_text())["cases"]]
+    return results
 
 
 def checked_tensors(case):
@@ -493,6 +573,75 @@ class ModulesFromPython(unittest.TestCase):
         with self.assertRaises(AssertionError) as e:
             headgrad.check(functions.core_autograd_function_bad_dv, level="core")
         self.assertIn("dv", str(e.exception))
+
+
+class GptOssSinksAndWindow(unittest.TestCase):
+    """gpt-oss's sdpa (fixtures/gpt_oss_sdpa.py, verbatim): learned sinks and a sliding window, GQA."""
+
+    def test_passes_as_it_is(self):
+        import gpt_oss_glue
+        r = headgrad.check(gpt_oss_glue.gpt_oss, causal=True, kv_heads=2)
+        by = names_of(r)
+        self.assertEqual(by["window, W = 4 keys"]["status"], "pass")
+        for name in ("sinks", "sinks, grouped kv heads"):
+            self.assertEqual(by[name]["status"], "pass")
+            self.assertIn("dsinks", checked_tensors(by[name]))
+        self.assertNotIn("softcap, scores at 3-5 C", by)  # sdpa has no cap: its glue takes no softcap
+
+    def test_seed_bugs_named_as_the_mutants(self):
+        import gpt_oss_glue
+        for bug, case, only in (("sink_grad_missing", "sinks", {"dsinks"}), ("sink_scaled", "sinks", None),
+                                ("window_off_by_one", "window, W = 4 keys", None)):
+            r = headgrad.check(gpt_oss_glue.attention_with(bug), causal=True, raise_on_failure=False)
+            c = names_of(r)[case]
+            self.assertEqual(bugs_of(c)[:1], [bug], json.dumps(c.get("diagnosis"))[:1500])
+            differ = {t["name"] for t in c["tensors"] if not t["allclose"]}
+            if only:
+                self.assertEqual(differ, only)
+            # the cases without the feature pass
+            self.assertEqual(names_of(r)["closed-book"]["status"], "pass", bug)
+
+    def test_module_with_a_sinks_parameter(self):
+        # module_function routes headgrad's sinks into the module's Parameter; the window reaches it through call
+        import gpt_oss_glue
+
+        def make(bug=""):
+            def call(m, x, window=None):
+                return m(x, gpt_oss_glue.sliding_window_of(window))
+            return headgrad.module_function(lambda D, H, Hkv, d: gpt_oss_glue.SinkAttention(D, H, Hkv, bug),
+                                            sinks="sinks", call=call)
+        self.assertTrue({"sinks", "window"} <= set(inspect.signature(make()).parameters))
+        r = headgrad.check(make(), causal=True, kv_heads=2)
+        self.assertIn("dsinks", checked_tensors(names_of(r)["sinks, grouped kv heads"]))
+        bad = headgrad.check(make("sink_grad_missing"), causal=True, raise_on_failure=False)
+        self.assertEqual(bugs_of(names_of(bad)["sinks"])[:1], ["sink_grad_missing"])
+
+    def test_parallel_jobs_give_the_serial_results(self):
+        results = check_serial_and_parallel(self, f"{FIXTURES / 'gpt_oss_glue.py'}:gpt_oss_window_off_by_one",
+                                            "--causal", "--filter", "window*")
+        self.assertEqual(results["1"], results["2"])
+        self.assertEqual(results["2"][0][:3], ("window, W = 4 keys", "fail", ["window_off_by_one"]))
+
+
+class GemmaSoftcapAndQkNorm(unittest.TestCase):
+    """gemma_pytorch's GemmaAttention (fixtures/gemma_attention.py, verbatim): Gemma 2's soft-cap, Gemma 3's
+    QK-norm (gain 1 + weight), the window as its local mask, GQA."""
+
+    def test_passes_and_seed_bugs_are_named(self):
+        import gemma_glue
+        r = headgrad.check(gemma_glue.gemma, kv_heads=2)
+        by = names_of(r)
+        for name in ("softcap, scores at 3-5 C", "softcap, not causal", "qk_norm, per head", "qk_norm, grouped kv heads",
+                     "window, W = 4 keys", "window, two-sided, not causal"):
+            self.assertEqual(by[name]["status"], "pass", name)
+        self.assertTrue({"dq_norm", "dk_norm"} <= checked_tensors(by["qk_norm, per head"]))
+        for bug, case, gone in (("softcap_after_mask", "softcap, scores at 3-5 C", "causal off and softcap off"),
+                                ("qk_norm_missing_on_k", "qk_norm, per head", "disappears at qk_norm off")):
+            bad = headgrad.check(gemma_glue.attention_with(bug), raise_on_failure=False)
+            c = names_of(bad)[case]
+            self.assertEqual(bugs_of(c)[:1], [bug], json.dumps(c.get("diagnosis"))[:1500])
+            self.assertIn(gone, c["localization"]["sentence"])
+            self.assertEqual(names_of(bad)["closed-book"]["status"], "pass", bug)
 
 
 class DocExample(unittest.TestCase):

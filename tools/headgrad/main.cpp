@@ -752,7 +752,7 @@ int exit_code_for(const std::exception_ptr& thrown) {
 
 struct CheckArgs : RunArgs {
   std::string function, level = "mha", rope, dtype;
-  bool causal = false, no_causal = false, bias = false, no_bias = false;
+  bool causal = false, no_causal = false, bias = false, no_bias = false, no_features = false;
   std::int64_t kv_heads = 0;
   std::string keep_suite;
 };
@@ -767,6 +767,7 @@ int cmd_check(CheckArgs a) {
   if (a.bias && a.no_bias) throw std::invalid_argument("--bias and --no-bias exclude each other");
   if (a.bias) o.bias = true;
   if (a.no_bias) o.bias = false;
+  o.features = !a.no_features;
   o.kv_heads = a.kv_heads;
   o.rope = a.rope;
   o.dtype = a.dtype;
@@ -832,10 +833,15 @@ void add_check_command(CLI::App& app, int& exit_code) {
                 "every MHA case with biases bq, bk, bv, bo (the default when the signature names all four; "
                 "headgrad.module_function's does for a module whose projections all have biases)");
   cmd->add_flag("--no-bias", args->no_bias, "no biases, even when the function takes them");
+  cmd->add_flag("--no-features", args->no_features,
+                "no cases of the features of current models (added for each one whose arguments the signature names: "
+                "window, softcap, sinks, q_norm and k_norm, x_kv)");
   cmd->add_option("--rope", args->rope, "add RoPE cases: theta=..,style=interleaved|half,rotary_dim=.. (what the function does "
                                         "when it takes no keyword for them)")->type_name("SETTINGS");
   cmd->add_option("--dtype", args->dtype, "one more case in this dtype (float32 is always in)")
       ->check(CLI::IsMember({"float64", "float32", "bfloat16", "float16"}));
+  cmd->add_option("--filter", args->filter, "run only the cases whose name matches this glob (e.g. 'window*')")
+      ->type_name("GLOB");
   cmd->add_option("--json", args->json, "write the JSON report here")->type_name("FILE");
   cmd->add_option("--junit", args->junit, "write a JUnit XML report here")->type_name("FILE");
   cmd->add_option("--html", args->html, "write a self-contained HTML report here")->type_name("FILE");

@@ -1,6 +1,7 @@
 #include "pyplug/check_suite.hpp"
 
 #include <algorithm>
+#include <functional>
 #include <fstream>
 #include <sstream>
 
@@ -14,17 +15,31 @@ namespace {
 
 constexpr const char* kBiasNames[] = {"bq", "bk", "bv", "bo"};
 
-// Batch item b pads its last b + 1 keys away; each query also skips keys j
-// with (i + j) % 4 == 3, never its last valid key (the template's padding mask).
-Tensor padding_mask(std::int64_t bn, std::int64_t tq, std::int64_t tk) {
+Tensor bool_mask(std::int64_t bn, std::int64_t tq, std::int64_t tk,
+                 const std::function<bool(std::int64_t, std::int64_t, std::int64_t)>& attend) {
   std::vector<double> v;
   for (std::int64_t b = 0; b < bn; ++b)
     for (std::int64_t i = 0; i < tq; ++i)
-      for (std::int64_t j = 0; j < tk; ++j) {
-        const std::int64_t valid = tk - (b + 1);
-        v.push_back(j < valid && ((i + j) % 4 != 3 || j == valid - 1));
-      }
+      for (std::int64_t j = 0; j < tk; ++j) v.push_back(attend(b, i, j));
   return Tensor::from_values(v, {bn, 1, tq, tk}, DType::boolean);
+}
+
+// Batch item b pads its last b + 1 keys away; each query also skips keys j
+// with (i + j) % 4 == 3, never its last valid key (the template's padding mask).
+Tensor padding_mask(std::int64_t bn, std::int64_t tq, std::int64_t tk) {
+  return bool_mask(bn, tq, tk, [tk](std::int64_t b, std::int64_t i, std::int64_t j) {
+    const std::int64_t valid = tk - (b + 1);
+    return j < valid && ((i + j) % 4 != 3 || j == valid - 1);
+  });
+}
+
+// Batch item b's query row (2b + 1) % Tq has every key masked (a cap applied
+// after the mask leaks into it; with sinks all its mass is on the sink); the
+// other rows skip the keys j with (i + j) % 3 == 2, never all of them.
+Tensor empty_row_mask(std::int64_t bn, std::int64_t tq, std::int64_t tk) {
+  return bool_mask(bn, tq, tk, [tq](std::int64_t b, std::int64_t i, std::int64_t j) {
+    return i != (2 * b + 1) % tq && ((i + j) % 3 != 2 || j == 0);
+  });
 }
 
 struct Rope {
@@ -50,6 +65,94 @@ Rope parse_rope(const std::string& text) {
     else throw std::invalid_argument("--rope key '" + key + "' is not theta, style or rotary_dim");
   }
   return r;
+}
+
+// The features of current models a function is checked on: those whose
+// arguments its signature names itself (not through **kwargs alone).
+struct Features {
+  bool window = false, softcap = false, sinks = false, qk_norm = false, cross = false;
+};
+
+Features features_of(const CheckOptions& o, const FunctionInfo& f) {
+  auto names = [&](const char* kw) { return std::find(f.declared.begin(), f.declared.end(), kw) != f.declared.end(); };
+  Features x;
+  if (!o.features || o.level == "rope") return x;
+  x.window = names("window");
+  x.softcap = names("softcap");
+  x.sinks = names("sinks");
+  x.qk_norm = o.level == "mha" && names("q_norm") && names("k_norm");
+  x.cross = o.level == "mha" && names("x_kv");
+  return x;
+}
+
+// The cases of each feature, at the shapes where its known bugs show: a
+// window of 4 keys at T 11 (T <= W + 1 hides an off-by-one), a cap of 0.75
+// so that scores reach 3-5 times it, sinks of U(-1, 3) (the case inputs'),
+// a fully masked row (a cap after the mask leaks into it; a sink takes all
+// of it), per-dim QK-norm gains at H 6, cross-attention at Tq != Tk. `noncausal`:
+// the function can run a non-causal case; `r`: the RoPE key of a case.
+void write_feature_cases(std::ostream& y, const CheckOptions& o, const FunctionInfo& f, const Features& x,
+                         bool noncausal, const std::string& r, const fs::path& dir) {
+  const std::int64_t n = o.kv_heads;
+  const bool core = o.level == "core";
+  const std::string lvl = core ? "    level: core\n" : "";
+  // a core case at Tq = Tk = T, an MHA one at T with D = H d
+  auto shape = [&](std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t hkv) {
+    std::ostringstream s;
+    s << "    shape: {B: " << b << (core ? ", Tq: " + std::to_string(t) + ", Tk: " + std::to_string(t) : ", T: " + std::to_string(t))
+      << (core ? ", d: 8" : ", D: " + std::to_string(4 * h)) << ", H: " << h;
+    if (hkv) s << ", Hkv: " << hkv;
+    s << "}\n";
+    return s.str();
+  };
+  const std::string not_causal = "    causal: false\n";
+  const bool empty_row = core && f.takes("mask") && noncausal;
+  if (empty_row) {
+    fs::create_directories(dir / "masks");
+    write_npy(dir / "masks" / "empty_row_B2_Tq4_Tk6.npy", empty_row_mask(2, 4, 6));
+  }
+  const std::string empty_row_case = lvl + not_causal + "    mask: masks/empty_row_B2_Tq4_Tk6.npy\n    shape: {B: 2, H: 6, Tq: 4, Tk: 6, d: 8}\n";
+  if (x.window) {
+    y << "  - name: window, W = 4 keys\n" << lvl << "    window: {left: 3, right: 0}\n" << shape(2, 11, 6, 0) << r;
+    if (noncausal) {
+      y << "  - name: window, two-sided, not causal\n" << lvl << not_causal << "    window: {left: 2, right: 1}\n"
+        << shape(2, 12, 6, 0) << r;
+      y << "  - name: window, right bound only\n" << lvl << not_causal << "    window: {right: 1}\n" << shape(2, 10, 6, 0) << r;
+    }
+    if (core && f.takes("mask") && f.takes("causal"))  // handed as the whole mask, causal off
+      y << "  - name: window, decode step\n" << lvl << "    causal: bottom_right\n    window: {left: 3, right: 0}\n"
+        << "    shape: {B: 2, H: 6, Tq: 3, Tk: 11, d: 8}\n" << r;
+  }
+  if (x.softcap) {
+    y << "  - name: softcap, scores at 3-5 C\n" << lvl << "    softcap: 0.75\n" << shape(2, 11, 6, 0) << r;
+    if (noncausal) y << "  - name: softcap, not causal\n" << lvl << not_causal << "    softcap: 0.75\n" << shape(2, 12, 6, 0) << r;
+    if (empty_row) y << "  - name: softcap, a fully masked row\n    softcap: 0.75\n" << empty_row_case << r;
+  }
+  if (x.sinks) {
+    y << "  - name: sinks\n" << lvl << "    sinks: true\n" << shape(2, 11, 6, 0) << r;
+    if (n)  // B apart from H and Hkv; H 3n, not n^2 (a wrong per-head stride lands right at H = Hkv^2)
+      y << "  - name: sinks, grouped kv heads\n" << lvl << "    sinks: true\n" << shape(3, 9, 3 * n, n) << r;
+    if (empty_row) y << "  - name: sinks, a fully masked row\n    sinks: true\n" << empty_row_case << r;
+  }
+  if (x.window && x.softcap && x.sinks)
+    y << "  - name: window, softcap and sinks\n" << lvl << "    window: {left: 3, right: 0}\n    softcap: 0.75\n"
+      << "    sinks: true\n" << shape(2, 12, 6, n ? 3 : 0) << r;
+  if (x.qk_norm) {
+    y << "  - name: qk_norm, per head\n    qk_norm: {axis: head, eps: 1.0e-6, gain: w}\n" << shape(2, 7, 6, 0) << r;
+    if (f.takes("qk_norm"))  // a function without it normalizes as the defaults only
+      y << "  - name: qk_norm, whole projection, gain 1 + w\n    qk_norm: {axis: model, eps: 1.0e-6, gain: one_plus_w}\n"
+        << "    input_layout: transposed\n" << shape(2, 6, 6, 0) << r;
+    if (n) y << "  - name: qk_norm, grouped kv heads\n    qk_norm: {axis: head, eps: 1.0e-6, gain: w}\n" << shape(3, 7, 3 * n, n) << r;
+  }
+  if (x.cross) {  // no RoPE: the two streams' positions are unrelated; not causal where the function can
+    const std::string c = noncausal ? not_causal : "";
+    y << "  - name: cross, Tq != Tk\n    cross: true\n" << c << "    shape: {B: 2, Tq: 5, Tk: 9, D: 24, H: 6}\n";
+    y << "  - name: cross, more queries than keys\n    cross: true\n" << c << "    input_layout: sliced\n"
+      << "    shape: {B: 2, Tq: 9, Tk: 5, D: 24, H: 6}\n";
+    if (n)
+      y << "  - name: cross, grouped kv heads\n    cross: true\n" << c << "    shape: {B: 2, Tq: 5, Tk: 9, D: " << 24 * n
+        << ", H: " << 3 * n << ", Hkv: " << n << "}\n";
+  }
 }
 
 std::string rope_block(const Rope& r, bool gapped) {
@@ -102,6 +205,12 @@ fs::path write_check_suite(const CheckOptions& o, const FunctionInfo& f, const f
   if (rope_on) caps.push_back("rope");
   if (o.dtype == "bfloat16" || o.dtype == "float16") caps.push_back(o.dtype);
   if (bias) caps.push_back("bias");
+  const Features features = features_of(o, f);
+  for (const auto& [on, cap] : {std::pair{features.window, "window"}, {features.softcap, "softcap"},
+                                {features.sinks, "sinks"}, {features.qk_norm, "qk_norm"},
+                                {features.cross, "cross_attention"}})
+    if (on) caps.push_back(cap);
+  const bool noncausal = both || !causal;
 
   std::ostringstream y;
   y << "# Written by `headgrad check " << o.function << "`: " << name << " against per_head.\n";
@@ -154,6 +263,7 @@ fs::path write_check_suite(const CheckOptions& o, const FunctionInfo& f, const f
     }
     if (!extra_dtype.empty() && extra_dtype != "float32")
       y << "  - name: " << extra_dtype << "\n    dtype: " << extra_dtype << "\n    shape: {B: 2, T: 9, D: 16, H: 4}\n" << r;
+    write_feature_cases(y, o, f, features, noncausal, r, dir);
   } else if (o.level == "core") {
     const std::string r = rope_key(false);
     y << "  - name: closed-book\n    level: core\n    shape: {B: 2, H: 2, Tq: 3, Tk: 3, d: 4}\n" << r;
@@ -180,6 +290,7 @@ fs::path write_check_suite(const CheckOptions& o, const FunctionInfo& f, const f
     if (!extra_dtype.empty() && extra_dtype != "float32")
       y << "  - name: " << extra_dtype << "\n    level: core\n    dtype: " << extra_dtype
         << "\n    shape: {B: 2, H: 3, Tq: 7, Tk: 7, d: 8}\n" << r;
+    write_feature_cases(y, o, f, features, noncausal, r, dir);
   } else {
     const std::string r = rope_key(true);
     y << "  - name: rotation\n    level: rope\n    shape: {B: 2, T: 9, d: 16}\n" << r;

@@ -1,7 +1,9 @@
 // `headgrad check FILE.py:FUNCTION`: the suite it runs, written for the
 // function from what it can do (the template's suite: shapes where no bug
 // hides, edge cases, non-contiguous input, float32; GQA with --kv-heads,
-// RoPE with --rope, every case with biases when the function takes them),
+// RoPE with --rope, every case with biases when the function takes them, the
+// cases of each feature of current models whose arguments its signature names:
+// window, softcap, sinks, q_norm and k_norm, x_kv),
 // the function against per_head.
 #pragma once
 
@@ -22,6 +24,7 @@ struct CheckOptions {
   std::string rope;                // --rope theta=..,style=..,rotary_dim=..; empty: none (rope level: defaults)
   std::string dtype;               // --dtype: one more case in that dtype (bfloat16, float16, float32)
   std::optional<bool> bias;        // --bias / --no-bias; none: biases when the signature names bq, bk, bv and bo
+  bool features = true;            // --no-features: no window, softcap, sinks, qk_norm or cross cases
 };
 
 // The plugin's name in the suite: the function's name ("my_attention").

@@ -356,11 +356,14 @@ class PythonAttention final : public Attention {
       settings["rope"] = rope_settings(spec.rope, dims.head_dim);
       extra.emplace_back("positions", positions_of(spec.rope, x.size(-2)));
     }
+    add_feature_settings(settings, spec, true);
+    Inputs in{{x, w.wq, w.wk, w.wv, w.wo}, {"x", "wq", "wk", "wv", "wo"}};
     // with biases (mha_dims checked all four or none): passed as bq, bk, bv, bo, their gradients back
-    if (w.has_bias())
-      return run("mha", {x, w.wq, w.wk, w.wv, w.wo, w.bq, w.bk, w.bv, w.bo},
-                 {"x", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "bo"}, settings, extra, spec);
-    return run("mha", {x, w.wq, w.wk, w.wv, w.wo}, {"x", "wq", "wk", "wv", "wo"}, settings, extra, spec);
+    if (w.has_bias()) in.add({{"bq", w.bq}, {"bk", w.bk}, {"bv", w.bv}, {"bo", w.bo}});
+    if (spec.sinks.defined()) in.add({{"sinks", spec.sinks}});
+    if (spec.qk_norm.enabled) in.add({{"q_norm", w.q_norm}, {"k_norm", w.k_norm}});
+    if (spec.x_kv.defined()) in.add({{"x_kv", spec.x_kv}});
+    return run("mha", std::move(in), settings, extra, spec);
   }
 
   Variable core_forward(const Variable& q, const Variable& k, const Variable& v,
@@ -372,8 +375,9 @@ class PythonAttention final : public Attention {
                      {"causal", spec.causal}};
     if (spec.scale) settings["scale"] = *spec.scale;
     Named extra;
-    if (spec.causal && spec.causal_alignment == CausalAlignment::bottom_right && tq != tk) {
-      // what a function that takes `mask` can be given: the whole mask, causal off
+    const bool folded = spec.causal && spec.causal_alignment == CausalAlignment::bottom_right && tq != tk;
+    if (folded) {
+      // what a function that takes `mask` can be given: the whole mask (the window's included), causal off
       extra.emplace_back("mask", attention_mask(spec, tq, tk));
       settings["causal"] = false;
     } else if (spec.mask.defined()) {
@@ -383,12 +387,15 @@ class PythonAttention final : public Attention {
       settings["rope"] = rope_settings(spec.rope, q.size(-1));
       extra.emplace_back("positions", positions_of(spec.rope, tk));
     }
-    return run("core", {q, k, v}, {"q", "k", "v"}, settings, extra, spec);
+    add_feature_settings(settings, spec, !folded);
+    Inputs in{{q, k, v}, {"q", "k", "v"}};
+    if (spec.sinks.defined()) in.add({{"sinks", spec.sinks}});
+    return run("core", std::move(in), settings, extra, spec);
   }
 
   Variable rope_forward(const Variable& x, const RopeSpec& spec) const override {
     json settings = {{"rope", rope_settings(spec, x.size(-1))}, {"head_dim", x.size(-1)}};
-    return run("rope", {x}, {"x"}, settings, {{"positions", positions_of(spec, x.size(-2))}}, {});
+    return run("rope", Inputs{{x}, {"x"}}, settings, {{"positions", positions_of(spec, x.size(-2))}}, {});
   }
 
  private:
@@ -403,8 +410,33 @@ class PythonAttention final : public Attention {
     return f;
   }
 
-  Variable run(const std::string& level, std::vector<Variable> inputs, std::vector<std::string> names,
-               const json& settings, const Named& extra, const AttentionSpec& spec) const {
+  // The op's inputs (the leaves whose gradients come back) and the names the worker knows them by.
+  struct Inputs {
+    std::vector<Variable> vars;
+    std::vector<std::string> names;
+    void add(std::initializer_list<std::pair<const char*, Variable>> named) {
+      for (const auto& [name, var] : named) vars.push_back(var), names.emplace_back(name);
+    }
+  };
+
+  // The settings of the features of current models the spec turns on (the
+  // window unless it is folded into the mask); the worker hands them on as
+  // window={left, right}, softcap=C, qk_norm={axis, eps, gain} (tools/headgrad_ref.py's).
+  static void add_feature_settings(json& settings, const AttentionSpec& spec, bool window) {
+    auto bound = [](const std::optional<std::int64_t>& b) { return b ? json(*b) : json(nullptr); };
+    if (window && spec.window.enabled())
+      settings["window"] = {{"left", bound(spec.window.left)}, {"right", bound(spec.window.right)}};
+    if (spec.softcap > 0) settings["softcap"] = spec.softcap;
+    if (spec.qk_norm.enabled)
+      settings["qk_norm"] = {{"axis", std::string(qk_norm_axis_name(spec.qk_norm.axis))},
+                             {"eps", spec.qk_norm.eps},
+                             {"gain", std::string(qk_norm_gain_name(spec.qk_norm.gain))}};
+  }
+
+  Variable run(const std::string& level, Inputs op_inputs, const json& settings, const Named& extra,
+               const AttentionSpec& spec) const {
+    std::vector<Variable> inputs = std::move(op_inputs.vars);
+    const std::vector<std::string> names = std::move(op_inputs.names);
     const std::string who = "Python function " + decl_.function;
     const std::string fn = decl_.function;
     const json fixed_settings = fixed();
@@ -414,8 +446,10 @@ class PythonAttention final : public Attention {
       Named tensors;
       for (std::size_t i = 0; i < in.size(); ++i) tensors.emplace_back(names[i], in[i]);
       for (const auto& e : extra) tensors.push_back(e);
-      const json header = {{"op", "forward"}, {"fn", fn},       {"level", level},
-                           {"settings", settings}, {"fixed", fixed_settings}, {"grad", grad}};
+      const json header = {{"op", "forward"},       {"fn", fn},
+                           {"level", level},       {"inputs", names},  // the leaves' names, in the order of the gradients
+                           {"settings", settings}, {"fixed", fixed_settings},
+                           {"grad", grad}};
       Reply r = call(header, tensors, who, "out");
       ctx.scalars = {static_cast<double>(r.header.value("id", 0))};
       auto out = r.tensors.find("out");
@@ -508,15 +542,9 @@ Capabilities parse_capabilities(const std::vector<std::string>& names) {
   if (!c.mha && !c.core && !c.rope_level)
     throw std::invalid_argument("the capabilities name no level: give mha, core or rope_level");
   if (c.bias && !c.mha) throw std::invalid_argument("capability 'bias' is an MHA-level one: give mha too");
-  // the worker hands a function neither the QK-norm gains nor x_kv
-  if (c.qk_norm)
-    throw std::invalid_argument("capability 'qk_norm': a Python plugin is not handed the QK-norm gains (q_norm, k_norm) yet");
-  if (c.cross_attention)
-    throw std::invalid_argument("capability 'cross_attention': a Python plugin is not handed x_kv yet");
-  // nor a window, a cap or sinks: a function declaring one would run without it
-  if (c.window) throw std::invalid_argument("capability 'window': a Python plugin is not handed the sliding window yet");
-  if (c.softcap) throw std::invalid_argument("capability 'softcap': a Python plugin is not handed the soft-cap yet");
-  if (c.sinks) throw std::invalid_argument("capability 'sinks': a Python plugin is not handed sinks yet");
+  if ((c.qk_norm || c.cross_attention) && !c.mha)
+    throw std::invalid_argument(std::string("capability '") + (c.qk_norm ? "qk_norm" : "cross_attention") +
+                                "' is an MHA-level one: give mha too");
   return c;
 }
 

@@ -47,10 +47,11 @@ struct PythonPluginDecl {
 
 // Capability names as `headgrad plugins` prints them (kCapabilityNames: mha,
 // core, causal, bool_mask, cross_lengths, float32, float64, dropout,
-// grouped_kv, rope, rope_level; and bfloat16, float16), or the short
+// grouped_kv, rope, rope_level, bias, window, softcap, sinks, qk_norm,
+// cross_attention; and bfloat16, float16), or the short
 // spellings mask, Tq!=Tk, gqa, rope-level. float32 and float64 are on unless
 // the list names one of them. Throws std::invalid_argument naming an unknown
-// one (and the closest).
+// one (and the closest), and for bias, qk_norm or cross_attention without mha.
 Capabilities parse_capabilities(const std::vector<std::string>& names);
 const std::vector<std::string>& known_capability_names();
 

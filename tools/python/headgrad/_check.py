@@ -60,7 +60,7 @@ def _program():
 
 
 def check(fn, level="mha", causal=None, kv_heads=None, rope=None, dtype=None, timeout=None, json=None,
-          junit=None, html=None, extra_args=(), raise_on_failure=True, bias=None):
+          junit=None, html=None, extra_args=(), raise_on_failure=True, bias=None, features=True):
     """Runs `headgrad check` on fn (a function, closure, lambda or a module_function adapter).
 
     level:    "mha" fn(x, wq, wk, wv, wo, **kw), "core" fn(q, k, v, **kw), "rope" fn(x, positions, **kw)
@@ -70,6 +70,9 @@ def check(fn, level="mha", causal=None, kv_heads=None, rope=None, dtype=None, ti
     dtype:    one more case in "bfloat16", "float16" or "float32"
     bias:     True/False: every mha case with or without biases bq, bk, bv, bo (None: with them
               when fn's signature names all four, as module_function's does for a module with biases)
+    features: False leaves out the cases of the features of current models, which are otherwise
+              added for each one whose arguments fn's signature names: window=(left, right),
+              softcap=C, sinks [H], q_norm and k_norm (with qk_norm={axis, eps, gain}), x_kv
     Returns a CheckResult; raises AssertionError carrying the report on failure
     (unless raise_on_failure=False).
     """
@@ -93,6 +96,8 @@ def check(fn, level="mha", causal=None, kv_heads=None, rope=None, dtype=None, ti
         args.append("--bias")
     elif bias is False:
         args.append("--no-bias")
+    if not features:
+        args.append("--no-features")
     if timeout:
         args += ["--timeout", str(timeout)]
     for flag, path in (("--junit", junit), ("--html", html)):

@@ -36,7 +36,15 @@ its biases set to zeros (said once per module class on stderr when they are
 never given).
 
 call(module, x, **kw) runs the module (default module(x)); give it for modules
-that take more than x, e.g. lambda m, x, positions: m(x, positions)[0].
+that take more than x, e.g. lambda m, x, positions: m(x, positions)[0]; it is
+handed those of positions, causal, mask, window, softcap and x_kv it names
+(the function's signature then names them too, so `headgrad check` adds the
+window, softcap and cross cases).
+
+Sinks: sinks="NAME" routes headgrad's sinks [H] into the module's parameter of
+that name (gpt-oss's AttentionBlock.sinks); the function names `sinks`, so
+`headgrad check` adds the sinks cases; a case without sinks sets it to -inf (no
+sink column at all).
 """
 import inspect
 import sys
@@ -124,12 +132,17 @@ def _detect_bias(factory, names):
     return not _missing_biases(m, _resolve_names(m, names))
 
 
-def module_function(factory, names=None, qkv=None, in_out=False, call=None, any_head_dim=False, bias=None):
+CALL_KEYWORDS = ("positions", "causal", "mask", "window", "softcap", "x_kv")
+
+
+def module_function(factory, names=None, qkv=None, in_out=False, call=None, any_head_dim=False, bias=None,
+                    sinks=None):
     """An mha-level headgrad function that runs the module `factory(D, H, Hkv, d)` builds.
 
     any_head_dim: the module takes a head width d other than D / H (HF's head_dim):
     headgrad check then adds a case with d != D / H.
-    bias: whether the module's projections take headgrad's biases (None: found out)."""
+    bias: whether the module's projections take headgrad's biases (None: found out).
+    sinks: the name of the module's sinks parameter [H], if it has one."""
     cache = {}
     if bias is None:
         bias = _detect_bias(factory, names)
@@ -178,6 +191,12 @@ def module_function(factory, names=None, qkv=None, in_out=False, call=None, any_
                 for r in ("q", "k", "v"):
                     routed[_bias_of(roles[r])] = given[r]
             routed[_bias_of(roles["o"])] = given["o"]
+        if sinks is not None:
+            if sinks not in params:
+                raise ValueError(f"sinks='{sinks}': {type(m).__name__} has no such parameter "
+                                 f"({', '.join(params)})")
+            given_sinks = kw.get("sinks")
+            routed[sinks] = given_sinks if given_sinks is not None else torch.full_like(params[sinks], float("-inf"))
         # a case without biases (or a module that is not handed them): its own biases zeroed
         biases = [b for b in (_bias_of(n) for n in list(routed)) if b and b in params and b not in routed]
         for b in biases:
@@ -207,8 +226,9 @@ def module_function(factory, names=None, qkv=None, in_out=False, call=None, any_
         [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in ("x", "wq", "wk", "wv", "wo")]
         + [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in ("num_heads", "num_kv_heads") + ("head_dim",) * any_head_dim]
         + [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None) for n in ("bq", "bk", "bv", "bo") if bias]
+        + [inspect.Parameter("sinks", inspect.Parameter.KEYWORD_ONLY, default=None)] * (sinks is not None)
         + ([inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None)
-            for n in inspect.signature(call).parameters if n in ("positions", "causal", "mask")]
+            for n in inspect.signature(call).parameters if n in CALL_KEYWORDS]
            if call is not None else []))
     return run
 

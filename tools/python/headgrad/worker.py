@@ -15,6 +15,19 @@ The contract (also tools/headgrad_ref.py's):
 with the keyword arguments of OFFERED that the signature names (all of them
 with **kwargs). A setting the function does not name is fixed: headgrad runs it
 only at the value its plugin declares and says so for any other.
+
+The features of current models, each None in a case without it:
+  window={"left": L, "right": R}  query i attends key j when i - L <= j <= i + R
+                        (None for an unbounded side); with causal, {left: W - 1,
+                        right: 0} is a window of W keys, the query included (a
+                        bottom-right causal core case comes as the whole mask)
+  softcap=C             s <- C tanh(s / C) after the scale, before the masks
+  sinks                 [H] logits, one per query head, in each row's softmax
+                        denominator (no value, not scaled, not capped)
+  q_norm, k_norm        the QK-norm gains (mha), as qk_norm={"axis": "head" |
+                        "model", "eps": .., "gain": "w" | "one_plus_w"} says
+  x_kv                  [B, Tk, D]: k and v projected from it (mha, cross-attention)
+The tensors among them are leaves like x: their gradients are checked.
 """
 import importlib
 import importlib.util
@@ -29,8 +42,13 @@ import torch
 from headgrad import wire
 
 OFFERED = ("num_heads", "num_kv_heads", "head_dim", "causal", "mask", "scale", "positions", "q_offset",
-           "theta", "style", "rotary_dim", "bq", "bk", "bv", "bo")
+           "theta", "style", "rotary_dim", "bq", "bk", "bv", "bo", "window", "softcap", "sinks", "qk_norm",
+           "q_norm", "k_norm", "x_kv")
 BIASES = ("bq", "bk", "bv", "bo")
+# the inputs that come as keyword arguments (leaves, their gradients checked) and the case key that sends them
+KEYWORD_INPUTS = {"sinks": "sinks: true", "q_norm": "qk_norm", "k_norm": "qk_norm", "x_kv": "cross: true"}
+QK_NORM_DEFAULT = {"axis": "head", "eps": 1e-6, "gain": "w"}
+POSITIONAL = {"mha": ("x", "wq", "wk", "wv", "wo"), "core": ("q", "k", "v"), "rope": ("x",)}
 _PACKAGE_DIR = str(pathlib.Path(__file__).resolve().parent)
 _TORCH_DIR = str(pathlib.Path(torch.__file__).resolve().parent)
 
@@ -170,25 +188,31 @@ class Worker:
         fixed = header.get("fixed", {})
         names, _ = signature_names(fn)
         grad = bool(header.get("grad", True))
-        inputs = {"mha": ("x", "wq", "wk", "wv", "wo"), "core": ("q", "k", "v"), "rope": ("x",)}[level]
-        with_bias = level == "mha" and all(tensors.get(b) is not None for b in BIASES)
-        if with_bias:
+        positional = POSITIONAL[level]
+        inputs = tuple(header.get("inputs") or positional)  # the positional ones, then keyword ones
+        given = inputs[len(positional):]
+        if any(b in given for b in BIASES):
             missing = [b for b in BIASES if b not in names]
             if missing:
                 raise Unsupported(f"{fn_name} takes no {', '.join(missing)} argument: it cannot run a case with "
                                   "biases (bias: true)")
-            inputs += BIASES
+        for n in given:
+            if n not in BIASES and n not in names:
+                raise Unsupported(f"{fn_name} takes no '{n}' argument: it cannot run a case with {KEYWORD_INPUTS[n]}")
         leaves = []
         for n in inputs:
             t = tensors[n].detach()
             if grad:
                 t.requires_grad_(True)
             leaves.append(t)
-        kw = {}
-        if level == "mha":  # biases as keyword arguments: the case's leaves, or None without biases
-            for i, b in enumerate(BIASES):
-                if b in names:
-                    kw[b] = leaves[5 + i] if with_bias else None
+        # keyword inputs: the case's leaves, or None in a case without them (biases at the mha level only)
+        kw = {n: leaf for n, leaf in zip(given, leaves[len(positional):])}
+        absent = (BIASES if level == "mha" else ()) + tuple(KEYWORD_INPUTS) if level != "rope" else ()
+        for n in absent:
+            if n in names and n not in kw:
+                kw[n] = None
+        if level != "rope":
+            self._feature_settings(s, names, fn_name, kw)
         offer = {"num_heads": s.get("num_heads"), "num_kv_heads": s.get("num_kv_heads"),
                  "head_dim": s.get("head_dim")}
         for k, v in offer.items():
@@ -216,7 +240,7 @@ class Worker:
         if level == "rope":
             args = (leaves[0], positions)
         else:
-            args = tuple(leaves[:len(leaves) - 4 * with_bias])
+            args = tuple(leaves[:len(positional)])
             if rope is None:
                 if "positions" in names:
                     kw["positions"] = None
@@ -259,6 +283,23 @@ class Worker:
             self.next_id += 1
             self.graphs[gid] = (leaves, out)
         return {"op": "out", "id": gid, "used": sorted(kw)}, reply
+
+    @staticmethod
+    def _feature_settings(s, names, fn_name, kw):
+        """window={left, right}, softcap=C, qk_norm={axis, eps, gain}: None when the case has none; a case
+        with one is refused to a function that does not take it (QK-norm: runs at its defaults without)."""
+        for key, what in (("window", "a sliding window"), ("softcap", "logit soft-capping")):
+            value = s.get(key)
+            if value is not None and key not in names:
+                raise Unsupported(f"{fn_name} takes no '{key}' argument: it cannot run a case with {what}")
+            if key in names:
+                kw[key] = value
+        qk_norm = s.get("qk_norm")
+        if "qk_norm" in names:
+            kw["qk_norm"] = qk_norm
+        elif qk_norm is not None and qk_norm != QK_NORM_DEFAULT:
+            raise Unsupported(f"{fn_name} takes no 'qk_norm' argument, so it normalizes as {QK_NORM_DEFAULT} "
+                              f"only: it cannot run a case with qk_norm {qk_norm}")
 
     @staticmethod
     def _split(result, level):
