@@ -83,14 +83,19 @@ struct BenchConfig {
   std::int64_t gemm_size = 2048;
   std::uint64_t seed = 0;
   std::vector<std::filesystem::path> plugin_paths;
-  // Sliding window, soft-cap, sinks (--window L[,R], --softcap C, --sinks): FLOPs
-  // stay the dense (and causal) counts; a windowed kernel shows as less time.
-  WindowSpec window;
+  // Sliding windows, soft-cap, sinks (--window L[,R] or none, repeatable;
+  // --softcap C, --sinks): FLOPs stay the dense (and causal) counts; a windowed
+  // kernel shows as less time. Each plugin runs every window back to back, and
+  // a windowed row of a run that also has no window gets its speed-up over it.
+  std::vector<WindowSpec> windows{WindowSpec{}};
   double softcap = 0;
   bool sinks = false;
 };
-// "L" or "L,R" (R omitted: 0, a causal window of L + 1 keys); throws BenchConfigError.
+// "L" or "L,R" (R omitted: 0, a causal window of L + 1 keys), or "none" (no
+// window); throws BenchConfigError.
 WindowSpec parse_window(const std::string& text);
+// "L,R" as parse_window reads it ("-" for an unbounded side), "none" without a window.
+std::string window_str(const WindowSpec& w);
 
 // Reads configs/bench.yaml-style files; throws BenchConfigError naming the key.
 BenchConfig load_bench_config(const std::filesystem::path& file);

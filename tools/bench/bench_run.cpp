@@ -168,15 +168,15 @@ std::string capability_gap(const Capabilities& caps, DType dtype, const std::str
 }
 
 // What a plugin lacks for --window, --softcap, --sinks ("" when nothing).
-std::string feature_gap(const Capabilities& caps, const BenchConfig& c) {
-  if (c.window.enabled() && !caps.window) return "no sliding window";
+std::string feature_gap(const Capabilities& caps, const BenchConfig& c, const WindowSpec& window) {
+  if (window.enabled() && !caps.window) return "no sliding window";
   if (c.softcap > 0 && !caps.softcap) return "no soft-capping";
   if (c.sinks && !caps.sinks) return "no sinks";
   return "";
 }
 
 json time_case(const LoadedPlugin& plugin, const BenchShape& s, DType dtype, int threads,
-              const BenchConfig& c, double gemm_gflops) {
+              const BenchConfig& c, const WindowSpec& window, double gemm_gflops) {
   json row{{"plugin", plugin.info.name},
            {"level", c.level},
            {"shape", shape_json(s)},
@@ -185,11 +185,11 @@ json time_case(const LoadedPlugin& plugin, const BenchShape& s, DType dtype, int
            {"causal", c.causal},
            {"repeats", c.repeats},
            {"warmup", c.warmup}};
-  if (c.window.enabled()) row["window"] = window_json(c.window);
+  if (window.enabled()) row["window"] = window_json(window);
   if (c.softcap > 0) row["softcap"] = c.softcap;
   if (c.sinks) row["sinks"] = true;
   std::string gap = capability_gap(plugin.info.capabilities, dtype, c.level, c.causal, s.H, s.kv_heads());
-  if (gap.empty()) gap = feature_gap(plugin.info.capabilities, c);
+  if (gap.empty()) gap = feature_gap(plugin.info.capabilities, c, window);
   if (!gap.empty()) {
     row["skipped"] = gap;
     return row;
@@ -199,7 +199,7 @@ json time_case(const LoadedPlugin& plugin, const BenchShape& s, DType dtype, int
   spec.num_heads = s.H;
   spec.num_kv_heads = s.kv_heads();
   spec.causal = c.causal;
-  spec.window = c.window;
+  spec.window = window;
   spec.softcap = c.softcap;
   BenchInputs in = bench_inputs(s, dtype, c.level, c.seed, c.sinks);
   const Attention& a = *plugin.attention;
@@ -328,6 +328,30 @@ Flops count_flops(const BenchShape& s, const std::string& level) {
   return f;
 }
 
+namespace {
+
+// rows[first..]: one plugin's rows at one shape, dtype and thread count, one
+// per window. Each windowed row gets the no-window row's time over its own
+// (median wall and process CPU, forward and forward + backward), when the run
+// timed both.
+void add_window_speedups(json& rows, std::size_t first) {
+  const auto timed = [](const json& r) { return r.contains("fwdbwd_ms"); };
+  const json* none = nullptr;
+  for (std::size_t i = first; i < rows.size(); ++i)
+    if (!rows[i].contains("window") && timed(rows[i])) none = &rows[i];
+  if (!none) return;
+  for (std::size_t i = first; i < rows.size(); ++i) {
+    json& r = rows[i];
+    if (!r.contains("window") || !timed(r)) continue;
+    json speedup;
+    for (const char* key : {"fwd_ms", "fwd_cpu_ms", "fwdbwd_ms", "fwdbwd_cpu_ms"})
+      speedup[key] = (*none)[key].get<double>() / r[key].get<double>();
+    r["speedup_vs_no_window"] = speedup;
+  }
+}
+
+}  // namespace
+
 json run_bench(const BenchConfig& c, std::ostream* log) {
   validate(c);
   PluginRegistry registry;
@@ -350,7 +374,8 @@ json run_bench(const BenchConfig& c, std::ostream* log) {
   json cfg{{"level", c.level}, {"causal", c.causal}, {"repeats", c.repeats},
            {"warmup", c.warmup}, {"gemm_size", c.gemm_size}, {"seed", c.seed},
            {"plugins", c.plugins}, {"threads", c.threads}};
-  if (c.window.enabled()) cfg["window"] = window_json(c.window);
+  for (const WindowSpec& w : c.windows) cfg["windows"].push_back(w.enabled() ? window_json(w) : json(nullptr));
+  if (c.windows.size() == 1 && c.windows[0].enabled()) cfg["window"] = window_json(c.windows[0]);
   if (c.softcap > 0) cfg["softcap"] = c.softcap;
   if (c.sinks) cfg["sinks"] = true;
   for (DType dt : c.dtypes) cfg["dtypes"].push_back(std::string(dtype_name(dt)));
@@ -373,40 +398,46 @@ json run_bench(const BenchConfig& c, std::ostream* log) {
       result["gemm"].push_back(gemm);
       for (const auto& shape : c.shapes) {
         for (const LoadedPlugin* p : plugins) {
-          if (log)
-            *log << "  " << p->info.name << " " << shape.str() << " " << dtype_name(dtype) << " x"
-                 << threads << " ..." << std::flush;
-          json row;
-          try {
-            // The machine's load may change during a run: each row is also
-            // compared with a GEMM timed right before and right after it.
-            const json before = time_gemm(dtype, c.gemm_size, threads);
-            row = time_case(*p, shape, dtype, threads, c, gemm_gflops);
-            if (!row.contains("skipped")) {
-              const json after = time_gemm(dtype, c.gemm_size, threads);
-              const double near = 0.5 * (before["gflops"].get<double>() + after["gflops"].get<double>());
-              row["gemm_gflops_adjacent"] = near;
-              row["gemm_gflops_cpu_adjacent"] =
-                  0.5 * (before["gflops_cpu"].get<double>() + after["gflops_cpu"].get<double>());
-              row["gemm_fraction_fwdbwd_adjacent"] = row["gflops_fwdbwd"].get<double>() / near;
+          const std::size_t first_row = result["rows"].size();
+          for (const WindowSpec& window : c.windows) {
+            if (log)
+              *log << "  " << p->info.name << " " << shape.str() << " " << dtype_name(dtype) << " x"
+                   << threads << (window.enabled() ? " window " + window_str(window) : "") << " ..."
+                   << std::flush;
+            json row;
+            try {
+              // The machine's load may change during a run: each row is also
+              // compared with a GEMM timed right before and right after it.
+              const json before = time_gemm(dtype, c.gemm_size, threads);
+              row = time_case(*p, shape, dtype, threads, c, window, gemm_gflops);
+              if (!row.contains("skipped")) {
+                const json after = time_gemm(dtype, c.gemm_size, threads);
+                const double near = 0.5 * (before["gflops"].get<double>() + after["gflops"].get<double>());
+                row["gemm_gflops_adjacent"] = near;
+                row["gemm_gflops_cpu_adjacent"] =
+                    0.5 * (before["gflops_cpu"].get<double>() + after["gflops_cpu"].get<double>());
+                row["gemm_fraction_fwdbwd_adjacent"] = row["gflops_fwdbwd"].get<double>() / near;
+              }
+            } catch (const std::exception& e) {
+              row = json{{"plugin", p->info.name},
+                         {"level", c.level},
+                         {"shape", shape_json(shape)},
+                         {"dtype", std::string(dtype_name(dtype))},
+                         {"threads", threads},
+                         {"error", e.what()}};
+              if (window.enabled()) row["window"] = window_json(window);
             }
-          } catch (const std::exception& e) {
-            row = json{{"plugin", p->info.name},
-                       {"level", c.level},
-                       {"shape", shape_json(shape)},
-                       {"dtype", std::string(dtype_name(dtype))},
-                       {"threads", threads},
-                       {"error", e.what()}};
+            empty_cache();  // the next case starts from the same (empty) cache
+            if (log) {
+              if (row.contains("error")) *log << " error: " << row["error"].get<std::string>() << "\n";
+              else if (row.contains("skipped")) *log << " skipped: " << row["skipped"].get<std::string>() << "\n";
+              else
+                *log << " fwd " << printf_figure("%.3f", row["fwd_ms"].get<double>()) << " ms, fwd+bwd "
+                     << printf_figure("%.3f", row["fwdbwd_ms"].get<double>()) << " ms\n";
+            }
+            result["rows"].push_back(row);
           }
-          empty_cache();  // the next case starts from the same (empty) cache
-          if (log) {
-            if (row.contains("error")) *log << " error: " << row["error"].get<std::string>() << "\n";
-            else if (row.contains("skipped")) *log << " skipped: " << row["skipped"].get<std::string>() << "\n";
-            else
-              *log << " fwd " << printf_figure("%.3f", row["fwd_ms"].get<double>()) << " ms, fwd+bwd "
-                   << printf_figure("%.3f", row["fwdbwd_ms"].get<double>()) << " ms\n";
-          }
-          result["rows"].push_back(row);
+          add_window_speedups(result["rows"], first_row);
         }
       }
     }
