@@ -219,8 +219,9 @@ struct Sdpa {
     return has_hi ? std::clamp<std::int64_t>(i0 + br - 1 + hi_off + 1, 0, tk) : tk;
   }
   // Aligned down to a key tile, so that forward and backward cut the same
-  // tiles; wide tiles start at the window's edge (BLIS computes each score as
-  // the same length-d dot product whatever the tile around it).
+  // tiles. Wide tiles start at the window's edge, so the two passes cut
+  // different tiles and a BLAS may round a score differently in each (in the
+  // last bit): the backward's P = exp(S - L) then sums to 1 within rounding.
   std::int64_t key_begin(std::int64_t i0) const {
     if (!has_lo) return 0;
     const std::int64_t first = std::clamp<std::int64_t>(i0 + lo_off, 0, tk);
@@ -252,7 +253,8 @@ struct Sdpa {
   // s [br, bc] = scale * q[i0:i0+br] k[j0:j0+bc]^T, capped (s = C tanh(s / C))
   // when a cap is on, then masked entries -inf. dtanh (null: not wanted)
   // receives 1 - tanh^2 of each element in the band (0 outside it).
-  // Forward and backward both call this, so they see bit-identical scores.
+  // Forward and backward both call this, so on the same tiles they see
+  // bit-identical scores.
   void scores(std::int64_t nn, std::int64_t i0, std::int64_t br, std::int64_t j0,
               std::int64_t bc, T* s, T* dtanh = nullptr) const {
     gemm(false, true, br, bc, d, scale, q.slice(nn) + i0 * q.ld, q.ld, k.slice(nn / group) + j0 * k.ld,
