@@ -179,7 +179,7 @@ TEST(BenchCli, MissingPluginIsExitThree) {
             3);
 }
 
-// --window repeated, with none: each plugin runs the windows back to back, the
+// --window repeated, with none: a plugin's windows take turns run by run, the
 // rows say their window, and each windowed row's speed-up is the no-window
 // row's median over its own, from the figures the JSON itself holds.
 TEST(BenchCli, WindowsInOneRunWithSpeedUps) {

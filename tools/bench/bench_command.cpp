@@ -200,7 +200,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       ->type_name("SIZE");
   cmd->add_option("--window", args->windows,
                   "a sliding window: query i sees keys i - L .. i + R (R default 0: with causal, L + 1 keys); "
-                  "repeatable, `none` for no window: each plugin runs them back to back, and each windowed row "
+                  "repeatable, `none` for no window: the windows take turns run by run, and each windowed row "
                   "gets its speed-up over the row without (--window none --window 255)")
       ->type_name("L[,R]|none")->allow_extra_args(false);
   cmd->add_option("--softcap", args->softcap, "logit soft-capping: scores become C tanh(s / C)")->type_name("C");

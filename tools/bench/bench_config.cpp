@@ -121,6 +121,17 @@ std::string window_str(const WindowSpec& w) {
   return text.str();
 }
 
+WindowSpec row_window(const nlohmann::json& row) {
+  WindowSpec w;
+  if (!row.contains("window")) return w;
+  const auto bound = [](const nlohmann::json& b) {
+    return b.is_null() ? std::nullopt : std::optional(b.get<std::int64_t>());
+  };
+  w.left = bound(row["window"]["left"]);
+  w.right = bound(row["window"]["right"]);
+  return w;
+}
+
 BenchConfig load_bench_config(const std::filesystem::path& file) {
   YAML::Node root;
   try {

@@ -38,19 +38,6 @@ void print_aligned(std::ostream& out, const std::vector<std::string>& head,
   for (const auto& line : rows) emit(line);
 }
 
-namespace {
-
-WindowSpec row_window(const json& r) {
-  WindowSpec w;
-  if (!r.contains("window")) return w;
-  const auto bound = [](const json& b) { return b.is_null() ? std::nullopt : std::optional(b.get<std::int64_t>()); };
-  w.left = bound(r["window"]["left"]);
-  w.right = bound(r["window"]["right"]);
-  return w;
-}
-
-}  // namespace
-
 void print_table(std::ostream& out, const json& result) {
   const std::vector<std::string> head{"plugin", "shape (B,T,D,H[,Hkv])", "dtype", "thr", "window",
                                       "fwd ms med", "fwd ms min", "fwd+bwd ms med",
