@@ -179,6 +179,37 @@ TEST(BenchCli, MissingPluginIsExitThree) {
             3);
 }
 
+// --window repeated, with none: a plugin's windows take turns run by run, the
+// rows say their window, and each windowed row's speed-up is the no-window
+// row's median over its own, from the figures the JSON itself holds.
+TEST(BenchCli, WindowsInOneRunWithSpeedUps) {
+  const fs::path out = scratch("windows.json");
+  ASSERT_EQ(run_bench_cli({"--plugin", "fused_sdpa", "--plugin", "per_head", "--shape", "1,12,8,2", "--level", "core",
+                           "--no-causal", "--window", "none", "--window", "3", "--window", "2,1", "--repeats", "2",
+                           "--warmup", "0", "--gemm-size", "32", "--json", out.string()}),
+            0);
+  const json r = read_json(out);
+  EXPECT_EQ(r["config"]["windows"], json::parse(R"([null, {"left": 3, "right": 0}, {"left": 2, "right": 1}])"));
+  ASSERT_EQ(r["rows"].size(), 6u);
+  for (std::size_t p = 0; p < 2; ++p) {
+    const json& none = r["rows"][3 * p];
+    EXPECT_EQ(none["plugin"], p == 0 ? "fused_sdpa" : "per_head");
+    EXPECT_FALSE(none.contains("window"));
+    EXPECT_FALSE(none.contains("speedup_vs_no_window"));
+    for (std::size_t w = 1; w < 3; ++w) {
+      const json& row = r["rows"][3 * p + w];
+      EXPECT_EQ(row["plugin"], none["plugin"]);
+      EXPECT_EQ(row["window"], r["config"]["windows"][w]);
+      for (const char* key : {"fwd_ms", "fwd_cpu_ms", "fwdbwd_ms", "fwdbwd_cpu_ms"})
+        EXPECT_DOUBLE_EQ(row["speedup_vs_no_window"][key].get<double>(),
+                         none[key].get<double>() / row[key].get<double>())
+            << key;
+    }
+  }
+  EXPECT_EQ(run_bench_cli({"--shape", "1,12,8,2", "--window", "wide"}), 2);
+  fs::remove(out);
+}
+
 TEST(BenchCli, ReadsSuiteAndFlagsOverrideIt) {
   const fs::path suite = scratch("suite.yaml"), out = scratch("suite.json");
   {

@@ -253,6 +253,7 @@ struct TiledCase {
   bool sinks = false;
   bool masked_row = false;  // a bool mask with one row of no key
   double q_gain = 1.0;      // |s| up to a few C with a cap
+  std::int64_t wide = 0;    // Tiles::wide: window tiles from the window's edge
 };
 
 void PrintTo(const TiledCase& c, std::ostream* os) { *os << c.name; }
@@ -287,6 +288,14 @@ const std::vector<TiledCase> kTiled = {
      std::nullopt, 0, true},
     {"all_gqa_masked_row", 3, 3, 9, 10, 4, 2, true, CausalAlignment::bottom_right, 3, 0, 1.5, true, true, 3.0},
     {"all_two_sided_gqa", 2, 3, 7, 11, 6, 2, false, CausalAlignment::top_left, 2, 3, 2.0, true, true, 3.0},
+    // Wide tiles: a block's 6-7 visible keys (rows) in tiles of 4 that start at
+    // the window's edge, off the 3-row grid of the dQ locks, so that one tile's
+    // dQ rows cross two lock blocks.
+    {"wide_window_causal", 3, 3, 13, 14, 2, 2, true, CausalAlignment::top_left, 3, 0, 0, false, false, 1.0, 4},
+    {"wide_two_sided_all_gqa", 3, 3, 13, 14, 4, 2, false, CausalAlignment::top_left, 2, 1, 1.5, true, true, 3.0,
+     4},
+    {"wide_decode_bottom_right", 2, 3, 7, 12, 2, 2, true, CausalAlignment::bottom_right, 3, 0, 0, true, false,
+     1.0, 4},
 };
 
 class TiledKernel : public ::testing::TestWithParam<TiledCase> {};
@@ -298,7 +307,7 @@ TEST_P(TiledKernel, GradcheckAcrossTiles) {
   ASSERT_GE(tiles_over(c.tq, c.br), 3) << "query tiles";
   ASSERT_GE(tiles_over(c.tk, c.bc), 3) << "key tiles";
   const Problem p = tiled_problem(c, 17);
-  const fused_sdpa::Tiles tiles{c.br, c.bc};
+  const fused_sdpa::Tiles tiles{c.br, c.bc, c.wide};
   std::vector<Tensor> inputs = {p.q, p.k, p.v};
   if (c.sinks) inputs.push_back(p.sinks);
   const GradcheckResult r = gradcheck(
@@ -325,7 +334,7 @@ TEST_P(TiledKernel, AgreesWithTheComposedCoreAndPerHead) {
   const TiledCase& c = GetParam();
   const Problem p = tiled_problem(c, 23);
   const Result fused = run([&](const Variable& q, const Variable& k, const Variable& v, const AttentionSpec& s) {
-    return fused_sdpa::sdpa(q, k, v, s, {c.br, c.bc});
+    return fused_sdpa::sdpa(q, k, v, s, {c.br, c.bc, c.wide});
   }, p, c.sinks);
   PluginRegistry registry;
   ASSERT_EQ(test::load_real_plugins(registry), "");
@@ -353,49 +362,78 @@ TEST_P(TiledKernel, AgreesWithTheComposedCoreAndPerHead) {
 INSTANTIATE_TEST_SUITE_P(Features, TiledKernel, ::testing::ValuesIn(kTiled),
                          [](const auto& info) { return info.param.name; });
 
+// The plugin's own tiling for a window narrow against Tk (span * 8 <= Tk: 64 x
+// 64 blocks with wide tiles, tiles_for in fused_sdpa.cpp), at a length where
+// each pass crosses several blocks and the dQ locks: fused_sdpa's core against
+// batched's, a window each way, with GQA, a cap and sinks.
+TEST(TiledKernelPlugin, NarrowWindowTilingAgreesWithBatched) {
+  PluginRegistry registry;
+  ASSERT_EQ(test::load_real_plugins(registry), "");
+  const Attention& fused = *registry.get("fused_sdpa").attention;
+  const Attention& batched = *registry.get("batched").attention;
+  for (const bool causal : {true, false}) {
+    SCOPED_TRACE(causal ? "causal" : "two-sided");
+    Problem p = problem(1, 4, 2, 300, 300, 8, 41, 3.0);
+    p.spec.causal = causal;
+    p.spec.window.left = 20;
+    p.spec.window.right = causal ? 0 : 5;  // span 21 or 26 keys: 8 spans <= 300
+    p.spec.softcap = 1.5;
+    const auto core = [](const Attention& a) {
+      return [&a](const Variable& q, const Variable& k, const Variable& v, const AttentionSpec& s) {
+        return a.core_forward(q, k, v, s);
+      };
+    };
+    expect_same(run(core(fused), p, true), run(core(batched), p, true), 1e-12, 1e-10);
+  }
+}
+
 // Keys outside every query's window are never read, forward or backward: NaN
 // there leaves out and the gradients finite (a tile that was multiplied would
 // carry 0 * NaN = NaN into P V), and those keys get exactly zero dk and dv.
 // Decode: Tq 2 of Tk 12, bottom_right, left 1: rows see keys 9..10 and 10..11;
-// with 2-key tiles the first read key tile starts at 8.
+// with 2-key tiles the first read key tile starts at 8 (wide tiles: the
+// forward's at 9; the backward's key blocks stay on the 2-key grid).
 TEST(TiledKernelSkips, KeysOutsideEveryWindowAreNeverRead) {
-  Problem p = problem(1, 2, 2, 2, 12, 3, 9);
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  for (std::int64_t h = 0; h < 2; ++h)
-    for (std::int64_t j = 0; j < 8; ++j)
-      for (std::int64_t c = 0; c < 3; ++c) {
-        p.k.set_flat((h * 12 + j) * 3 + c, nan);
-        p.v.set_flat((h * 12 + j) * 3 + c, nan);
+  for (const fused_sdpa::Tiles tiles : {fused_sdpa::Tiles{1, 2}, fused_sdpa::Tiles{1, 2, 3}}) {
+    SCOPED_TRACE("wide " + std::to_string(tiles.wide));
+    Problem p = problem(1, 2, 2, 2, 12, 3, 9);
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    for (std::int64_t h = 0; h < 2; ++h)
+      for (std::int64_t j = 0; j < 8; ++j)
+        for (std::int64_t c = 0; c < 3; ++c) {
+          p.k.set_flat((h * 12 + j) * 3 + c, nan);
+          p.v.set_flat((h * 12 + j) * 3 + c, nan);
+        }
+    p.spec.causal = true;
+    p.spec.causal_alignment = CausalAlignment::bottom_right;
+    p.spec.window.left = 1;
+    const Result res = run([&](const Variable& q, const Variable& k, const Variable& v, const AttentionSpec& s) {
+      return fused_sdpa::sdpa(q, k, v, s, tiles);
+    }, p, true);
+    // the composed core on the same inputs with those keys finite (any value: no window sees them)
+    Problem finite = p;
+    finite.k = p.k.clone();
+    finite.v = p.v.clone();
+    for (std::int64_t e = 0; e < finite.k.numel(); ++e)
+      if (std::isnan(finite.k.flat(e))) {
+        finite.k.set_flat(e, 7.0);
+        finite.v.set_flat(e, -3.0);
       }
-  p.spec.causal = true;
-  p.spec.causal_alignment = CausalAlignment::bottom_right;
-  p.spec.window.left = 1;
-  const Result res = run([](const Variable& q, const Variable& k, const Variable& v, const AttentionSpec& s) {
-    return fused_sdpa::sdpa(q, k, v, s, {1, 2});
-  }, p, true);
-  // the composed core on the same inputs with those keys finite (any value: no window sees them)
-  Problem finite = p;
-  finite.k = p.k.clone();
-  finite.v = p.v.clone();
-  for (std::int64_t e = 0; e < finite.k.numel(); ++e)
-    if (std::isnan(finite.k.flat(e))) {
-      finite.k.set_flat(e, 7.0);
-      finite.v.set_flat(e, -3.0);
-    }
-  const Result composed = run([](const Variable& q, const Variable& k, const Variable& v, const AttentionSpec& s) {
-    return attention_core(q, k, v, s);
-  }, finite, true);
-  EXPECT_TRUE(all_close("out", res.out, composed.out, 1e-12, 1e-10));
-  EXPECT_TRUE(all_close("dq", res.dq, composed.dq, 1e-12, 1e-10));
-  EXPECT_TRUE(all_close("dsinks", res.dsinks, composed.dsinks, 1e-12, 1e-10));
-  EXPECT_TRUE(all_finite("out", res.out));
-  EXPECT_TRUE(all_finite("dq", res.dq));
-  EXPECT_TRUE(all_finite("dsinks", res.dsinks));
-  for (std::int64_t e = 0; e < res.dk.numel(); ++e)
-    if ((e / 3) % 12 < 8) {
-      ASSERT_EQ(res.dk.flat(e), 0.0) << e;
-      ASSERT_EQ(res.dv.flat(e), 0.0) << e;
-    }
+    const Result composed = run([](const Variable& q, const Variable& k, const Variable& v, const AttentionSpec& s) {
+      return attention_core(q, k, v, s);
+    }, finite, true);
+    EXPECT_TRUE(all_close("out", res.out, composed.out, 1e-12, 1e-10));
+    EXPECT_TRUE(all_close("dq", res.dq, composed.dq, 1e-12, 1e-10));
+    EXPECT_TRUE(all_close("dsinks", res.dsinks, composed.dsinks, 1e-12, 1e-10));
+    EXPECT_TRUE(all_finite("out", res.out));
+    EXPECT_TRUE(all_finite("dq", res.dq));
+    EXPECT_TRUE(all_finite("dsinks", res.dsinks));
+    for (std::int64_t e = 0; e < res.dk.numel(); ++e)
+      if ((e / 3) % 12 < 8) {
+        ASSERT_EQ(res.dk.flat(e), 0.0) << e;
+        ASSERT_EQ(res.dv.flat(e), 0.0) << e;
+      }
+  }
 }
 
 // ---------------------------------------------------------------- MHA level

@@ -32,7 +32,12 @@
 // right (o = shift under causal, else 0). A query block walks only the key
 // tiles that meet its rows' windows and a key block only the query blocks that
 // see it, so forward and backward cost O(Tq (left + right + Br) d), not
-// O(Tq Tk d); elements are masked only in tiles that straddle an edge.
+// O(Tq Tk d). Within a tile each row's visible keys are one band [lo, hi)
+// (Sdpa::band): the columns outside it are filled, not tested one by one, and
+// the exponentials run over the band only. Wide tiles (Tiles::wide) take a
+// block's whole band of keys (forward) or query rows (backward) as one tile
+// starting at the window's edge: fewer, larger products, and fewer scores
+// outside the window than tiles aligned to a multiple of Bc.
 // Soft-capping (spec.softcap = C): scores() computes c = C tanh(scale q.k / C)
 // (the scale inside tanh) before any mask, and in the backward also
 // 1 - tanh^2, which multiplies dS: dS = P (dP - D) (1 - t^2).
@@ -184,6 +189,12 @@ struct Sdpa {
   std::int64_t n = 1, tq = 0, tk = 0, d = 0, dv = 0;
   std::int64_t group = 1;  // G: query slice n reads kv slice n / G
   std::int64_t br = 0, bc = 0;  // the tile: query rows x keys
+  // Wide tiles (Tiles::wide > 0, windows only): the forward's key tiles and the
+  // backward's query tiles are up to `wide` long and start at the block's
+  // first visible key (row) instead of a multiple of the tile.
+  bool wide = false;
+  std::int64_t fwd_keys = 0;  // keys per forward tile: bc, or Tiles::wide
+  std::int64_t bwd_rows = 0;  // query rows per backward tile: br, or Tiles::wide
   T scale = 1;
   bool causal = false;
   std::int64_t shift = 0;  // causal: query i attends keys j <= i + shift
@@ -207,9 +218,14 @@ struct Sdpa {
   std::int64_t key_end(std::int64_t i0, std::int64_t br) const {
     return has_hi ? std::clamp<std::int64_t>(i0 + br - 1 + hi_off + 1, 0, tk) : tk;
   }
-  // Aligned down to a key tile, so that forward and backward cut the same tiles.
+  // Aligned down to a key tile, so that forward and backward cut the same
+  // tiles. Wide tiles start at the window's edge, so the two passes cut
+  // different tiles and a BLAS may round a score differently in each (in the
+  // last bit): the backward's P = exp(S - L) then sums to 1 within rounding.
   std::int64_t key_begin(std::int64_t i0) const {
-    return has_lo ? std::clamp<std::int64_t>(i0 + lo_off, 0, tk) / bc * bc : 0;
+    if (!has_lo) return 0;
+    const std::int64_t first = std::clamp<std::int64_t>(i0 + lo_off, 0, tk);
+    return wide ? first : first / bc * bc;
   }
   // Query rows that see some key of [j0, j0 + bc): [query_begin, query_end).
   std::int64_t query_begin(std::int64_t j0) const {
@@ -219,35 +235,57 @@ struct Sdpa {
     return has_lo ? std::clamp<std::int64_t>(j0 + bc - 1 - lo_off + 1, 0, tq) : tq;
   }
 
+  // The columns [lo, hi) of key tile [j0, j0 + bc) that query row i may see by
+  // the causal diagonal and the window (the bool mask aside). They are one
+  // band per row, so the columns outside it are filled and skipped instead of
+  // tested one by one, and the exponentials of a tile that straddles a window
+  // edge run over the band only (a 128-row block with a 256-key window spans
+  // 384 keys: a third of its exponentials would be of masked keys).
+  struct Band {
+    std::int64_t lo, hi;
+  };
+  Band band(std::int64_t i, std::int64_t j0, std::int64_t bc) const {
+    const std::int64_t lo = has_lo ? std::clamp<std::int64_t>(i + lo_off - j0, 0, bc) : 0;
+    const std::int64_t hi = has_hi ? std::clamp<std::int64_t>(i + hi_off - j0 + 1, 0, bc) : bc;
+    return {lo, std::max(lo, hi)};
+  }
+
   // s [br, bc] = scale * q[i0:i0+br] k[j0:j0+bc]^T, capped (s = C tanh(s / C))
   // when a cap is on, then masked entries -inf. dtanh (null: not wanted)
-  // receives 1 - tanh^2 of each element (before the mask: finite everywhere).
-  // Forward and backward both call this, so they see bit-identical scores.
+  // receives 1 - tanh^2 of each element in the band (0 outside it).
+  // Forward and backward both call this, so on the same tiles they see
+  // bit-identical scores.
   void scores(std::int64_t nn, std::int64_t i0, std::int64_t br, std::int64_t j0,
               std::int64_t bc, T* s, T* dtanh = nullptr) const {
     gemm(false, true, br, bc, d, scale, q.slice(nn) + i0 * q.ld, q.ld, k.slice(nn / group) + j0 * k.ld,
             k.ld, T(0), s, bc);
-    if (cap > T(0)) {  // after the scale, before every mask
-      const T inv = T(1) / cap;
-      for (std::int64_t e = 0; e < br * bc; ++e) {
-        const T t = std::tanh(s[e] * inv);
-        s[e] = cap * t;
-        if (dtanh) dtanh[e] = T(1) - t * t;
-      }
-    }
     const bool right = has_hi && j0 + bc - 1 > i0 + hi_off;       // some key j > i + hi_off here
     const bool left = has_lo && j0 < i0 + br - 1 + lo_off;         // some key j < i + lo_off here
-    if (!right && !left && !mask.on) return;
+    if (!right && !left && !mask.on && cap == T(0)) return;
     constexpr T neg_inf = -std::numeric_limits<T>::infinity();
     const bool* m = mask.on ? mask.slice(nn) : nullptr;
+    const T inv_cap = cap > T(0) ? T(1) / cap : T(0);
     for (std::int64_t r = 0; r < br; ++r) {
       const std::int64_t i = i0 + r;
+      const auto [lo, hi] = band(i, j0, bc);
       T* sr = s + r * bc;
-      for (std::int64_t c = 0; c < bc; ++c) {
-        const std::int64_t j = j0 + c;
-        if ((right && j > i + hi_off) || (left && j < i + lo_off) || (m && !m[i * mask.si + j * mask.sj]))
-          sr[c] = neg_inf;
+      std::fill(sr, sr + lo, neg_inf);
+      std::fill(sr + hi, sr + bc, neg_inf);
+      if (cap > T(0)) {  // after the scale, before the bool mask
+        T* dr = dtanh ? dtanh + r * bc : nullptr;
+        for (std::int64_t c = lo; c < hi; ++c) {
+          const T t = std::tanh(sr[c] * inv_cap);
+          sr[c] = cap * t;
+          if (dr) dr[c] = T(1) - t * t;
+        }
+        if (dr) {
+          std::fill(dr, dr + lo, T(0));
+          std::fill(dr + hi, dr + bc, T(0));
+        }
       }
+      if (m)
+        for (std::int64_t c = lo; c < hi; ++c)
+          if (!m[i * mask.si + (j0 + c) * mask.sj]) sr[c] = neg_inf;
     }
   }
 };
@@ -271,12 +309,16 @@ Sdpa<T> make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const Te
   if (!(spec.dropout_p >= 0.0 && spec.dropout_p < 1.0))
     throw std::invalid_argument("fused_sdpa: dropout_p " + std::to_string(spec.dropout_p) +
                                 " is not in [0, 1)");
-  if (tiles.rows < 1 || tiles.keys < 1)
+  if (tiles.rows < 1 || tiles.keys < 1 || tiles.wide < 0)
     throw std::invalid_argument("fused_sdpa: tiles " + std::to_string(tiles.rows) + " x " +
-                                std::to_string(tiles.keys) + " (query rows x keys) must be >= 1");
+                                std::to_string(tiles.keys) + " (query rows x keys), wide " +
+                                std::to_string(tiles.wide) + ": rows and keys must be >= 1, wide >= 0");
   Sdpa<T> a;
   a.br = tiles.rows;
   a.bc = tiles.keys;
+  a.wide = tiles.wide > 0 && spec.window.enabled();
+  a.fwd_keys = a.wide ? tiles.wide : a.bc;
+  a.bwd_rows = a.wide ? tiles.wide : a.br;
   // Grouped KV heads: k and v agree on Hkv heads at dim -3, fewer than q's H
   // (more is plain broadcasting of q). The lead is then broadcast with Hkv read as H.
   Shape lead_k = lead_dims(k.shape()), lead_v = lead_dims(v.shape());
@@ -359,14 +401,14 @@ Sdpa<T> make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const Te
 // ---------------------------------------------------------------- forward
 
 // o [N, Tq, dv] and lse [N, Tq] (contiguous): rows [i0, i0 + br) of slice nn,
-// one block of query rows. scratch: s [Br, Bc], acc [Br, dv], m [Br], l [Br].
+// one block of query rows. scratch: s [Br, fwd_keys], acc [Br, dv], m [Br], l [Br].
 template <class T>
 void sdpa_forward_block(const Sdpa<T>& a, std::int64_t nn, std::int64_t i0, T* o, T* lse,
                         T* scratch) {
   constexpr T neg_inf = -std::numeric_limits<T>::infinity();
   const T keep_scale = static_cast<T>(1.0 / (1.0 - a.dropout.p));
   T* s = scratch;
-  T* acc = s + a.br * a.bc;
+  T* acc = s + a.br * a.fwd_keys;
   T* m = acc + a.br * a.dv;
   T* l = m + a.br;
   const T* vn = a.v.slice(nn / a.group);
@@ -378,20 +420,23 @@ void sdpa_forward_block(const Sdpa<T>& a, std::int64_t nn, std::int64_t i0, T* o
   std::fill(l, l + br, a.sinks.empty() ? T(0) : T(1));
   std::fill(acc, acc + br * a.dv, T(0));
   const std::int64_t j_end = a.key_end(i0, br);
-  for (std::int64_t j0 = a.key_begin(i0); j0 < j_end; j0 += a.bc) {
-    const std::int64_t bc = std::min(a.bc, j_end - j0);
+  for (std::int64_t j0 = a.key_begin(i0); j0 < j_end; j0 += a.fwd_keys) {
+    const std::int64_t bc = std::min(a.fwd_keys, j_end - j0);
     a.scores(nn, i0, br, j0, bc, s);
     bool any = false;  // a tile whose weights are all zero adds nothing to acc
     for (std::int64_t r = 0; r < br; ++r) {
       T* sr = s + r * bc;
-      const T tile_max = row_max(sr, bc);
+      const auto [lo, hi] = a.band(i0 + r, j0, bc);  // outside it the scores are -inf: weights 0
+      const T tile_max = row_max(sr + lo, hi - lo);
       const T m_new = std::max(m[r], tile_max);
       if (m_new == neg_inf) {  // no key attended so far: weights 0, nothing to rescale
         std::fill(sr, sr + bc, T(0));
         continue;
       }
       const T alpha = std::exp(m[r] - m_new);  // 0 when m[r] was -inf
-      const T row_sum = exp_shift_row(sr, bc, m_new);
+      const T row_sum = exp_shift_row(sr + lo, hi - lo, m_new);
+      std::fill(sr, sr + lo, T(0));
+      std::fill(sr + hi, sr + bc, T(0));
       l[r] = l[r] * alpha + row_sum;
       m[r] = m_new;
       if (alpha != T(1))
@@ -435,12 +480,19 @@ struct SharedDq {
   std::int64_t q_blocks = 1;
   std::vector<std::mutex>* locks = nullptr;  // [N * q_blocks]
 
-  // dQ[nn, i0:i0+br] += tile [br, d]
+  // dQ[nn, i0:i0+br] += tile [br, d], each block of block_rows rows under its
+  // lock (a wide tile may start inside one block and cross several).
   void add(std::int64_t nn, std::int64_t i0, std::int64_t br, std::int64_t d, std::int64_t tq,
            std::int64_t block_rows, const T* tile) const {
-    T* dst = data + (nn * tq + i0) * d;
-    const std::lock_guard<std::mutex> hold((*locks)[static_cast<std::size_t>(nn * q_blocks + i0 / block_rows)]);
-    for (std::int64_t e = 0; e < br * d; ++e) dst[e] += tile[e];
+    for (std::int64_t r0 = i0; r0 < i0 + br;) {
+      const std::int64_t block = r0 / block_rows;
+      const std::int64_t r1 = std::min(i0 + br, (block + 1) * block_rows);
+      T* dst = data + (nn * tq + r0) * d;
+      const T* src = tile + (r0 - i0) * d;
+      const std::lock_guard<std::mutex> hold((*locks)[static_cast<std::size_t>(nn * q_blocks + block)]);
+      for (std::int64_t e = 0; e < (r1 - r0) * d; ++e) dst[e] += src[e];
+      r0 = r1;
+    }
   }
 };
 
@@ -448,8 +500,8 @@ struct SharedDq {
 // every query block of query slice nn that sees it: additions to its rows of
 // dk [Nkv, Tk, d] and dv [Nkv, Tk, dv] (contiguous, owned by the caller's
 // item) and to dQ. Null pointers:
-// not needed. drow [N, Tq] holds D = rowsum(dO * O). scratch: p [Br, Bc],
-// ds [Br, Bc], dq_tile [Br, d], and with a cap dtanh [Br, Bc].
+// not needed. drow [N, Tq] holds D = rowsum(dO * O). With R = bwd_rows: scratch
+// p [R, Bc], ds [R, Bc], dq_tile [R, d], and with a cap dtanh [R, Bc].
 template <class T>
 void sdpa_backward_block(const Sdpa<T>& a, const Rows<T>& dout, const T* lse, const T* drow,
                          std::int64_t nn, std::int64_t j0, const SharedDq<T>& dq, T* dk, T* dvv,
@@ -457,9 +509,9 @@ void sdpa_backward_block(const Sdpa<T>& a, const Rows<T>& dout, const T* lse, co
   constexpr T neg_inf = -std::numeric_limits<T>::infinity();
   const T keep_scale = static_cast<T>(1.0 / (1.0 - a.dropout.p));
   T* p = scratch;
-  T* ds = p + a.br * a.bc;
-  T* dq_tile = ds + a.br * a.bc;
-  T* dtanh = a.cap > T(0) ? dq_tile + a.br * a.d : nullptr;
+  T* ds = p + a.bwd_rows * a.bc;
+  T* dq_tile = ds + a.bwd_rows * a.bc;
+  T* dtanh = a.cap > T(0) ? dq_tile + a.bwd_rows * a.d : nullptr;
   const bool need_ds = dq.data != nullptr || dk != nullptr;
   const T* qn = a.q.slice(nn);
   const std::int64_t nkv = nn / a.group;
@@ -469,10 +521,11 @@ void sdpa_backward_block(const Sdpa<T>& a, const Rows<T>& dout, const T* lse, co
   const T* ln = lse + nn * a.tq;
   const T* dn = drow + nn * a.tq;
   const std::int64_t bc = std::min(a.bc, a.tk - j0);
-  // the query blocks whose rows' windows (and causal diagonal) meet these keys
-  const std::int64_t i_end = a.query_end(j0, bc);
-  for (std::int64_t i0 = a.query_begin(j0) / a.br * a.br; i0 < i_end; i0 += a.br) {
-    const std::int64_t br = std::min(a.br, a.tq - i0);
+  // the query blocks whose rows' windows (and causal diagonal) meet these keys:
+  // aligned to Br, or with wide tiles from the first row that sees them
+  const std::int64_t i_begin = a.query_begin(j0), i_end = a.query_end(j0, bc);
+  for (std::int64_t i0 = a.wide ? i_begin : i_begin / a.br * a.br; i0 < i_end; i0 += a.bwd_rows) {
+    const std::int64_t br = std::min(a.bwd_rows, (a.wide ? i_end : a.tq) - i0);
     if (j0 >= a.key_end(i0, br)) continue;  // causal: this query block sees no key here
     // in the forward pass this was: P = softmax(S) over all key tiles
     a.scores(nn, i0, br, j0, bc, p, need_ds ? dtanh : nullptr);
@@ -480,11 +533,14 @@ void sdpa_backward_block(const Sdpa<T>& a, const Rows<T>& dout, const T* lse, co
     for (std::int64_t r = 0; r < br; ++r) {
       T* pr = p + r * bc;
       const T lr = ln[i0 + r];
-      if (lr == neg_inf) {  // fully masked row: no weights, no gradient
+      const auto [lo, hi] = a.band(i0 + r, j0, bc);
+      if (lr == neg_inf || lo == hi) {  // fully masked row, or none of its keys here: no weights
         std::fill(pr, pr + bc, T(0));
         continue;
       }
-      exp_shift_row(pr, bc, lr);
+      exp_shift_row(pr + lo, hi - lo, lr);
+      std::fill(pr, pr + lo, T(0));
+      std::fill(pr + hi, pr + bc, T(0));
       any = true;
     }
     if (!any) continue;
@@ -504,15 +560,18 @@ void sdpa_backward_block(const Sdpa<T>& a, const Rows<T>& dout, const T* lse, co
           pr[c] *= z;
         }
       }
-    } else if (need_ds) {  // ds := P * (dP - D)
+    } else if (need_ds) {  // ds := P * (dP - D) in the band, 0 outside (P is 0 there)
       for (std::int64_t r = 0; r < br; ++r) {
         const T* pr = p + r * bc;
         T* dsr = ds + r * bc;
         const T dr = dn[i0 + r];
-        for (std::int64_t c = 0; c < bc; ++c) dsr[c] = pr[c] * (dsr[c] - dr);
+        const auto [lo, hi] = a.band(i0 + r, j0, bc);
+        std::fill(dsr, dsr + lo, T(0));
+        for (std::int64_t c = lo; c < hi; ++c) dsr[c] = pr[c] * (dsr[c] - dr);
+        std::fill(dsr + hi, dsr + bc, T(0));
       }
     }
-    if (need_ds && dtanh)  // through the cap: ds *= 1 - tanh^2 (finite, masked ds already 0)
+    if (need_ds && dtanh)  // through the cap: ds *= 1 - tanh^2 (finite, 0 outside the band)
       for (std::int64_t e = 0; e < br * bc; ++e) ds[e] *= dtanh[e];
     if (dvv)  // dV[j0:j0+bc] += P^T dO
       gemm(true, false, bc, a.dv, br, T(1), p, bc, dob, dout.ld, T(1),
@@ -549,7 +608,7 @@ Variable fused_core(const Variable& q, const Variable& k, const Variable& v,
     const std::int64_t q_blocks = (a->tq + a->br - 1) / a->br;
     const std::int64_t items = a->n * q_blocks;
     const std::int64_t workers = std::clamp<std::int64_t>(num_threads(), 1, std::max<std::int64_t>(items, 1));
-    const std::int64_t per = a->br * a->bc + a->br * a->dv + 2 * a->br;
+    const std::int64_t per = a->br * a->fwd_keys + a->br * a->dv + 2 * a->br;
     Tensor scratch = Tensor::empty({workers, per}, dtype_of<T>());
     T* po = o.mutable_data<T>();
     T* pl = lse.mutable_data<T>();
@@ -582,7 +641,7 @@ Variable fused_core(const Variable& q, const Variable& k, const Variable& v,
     const std::int64_t k_blocks = (a->tk + a->bc - 1) / a->bc;
     const std::int64_t items = a->n / a->group * k_blocks;
     const std::int64_t workers = std::clamp<std::int64_t>(num_threads(), 1, std::max<std::int64_t>(items, 1));
-    const std::int64_t per = (a->cap > T(0) ? 3 : 2) * a->br * a->bc + a->br * a->d;
+    const std::int64_t per = (a->cap > T(0) ? 3 : 2) * a->bwd_rows * a->bc + a->bwd_rows * a->d;
     Tensor scratch = Tensor::empty({workers, per}, dtype_of<T>());
     // D = rowsum(dO * O) [N, Tq], once for every key block that needs it.
     Tensor drow = Tensor::empty({a->n, a->tq}, dtype_of<T>());

@@ -17,6 +17,11 @@ namespace headgrad::fused_sdpa {
 struct Tiles {
   std::int64_t rows = 128;  // Br: query rows per tile
   std::int64_t keys = 128;  // Bc: keys per tile
+  // With a window only, > 0: the forward takes a query block's visible keys,
+  // and the backward a key block's visible query rows, in tiles of up to
+  // `wide` starting at the window's edge (one product where Bc-aligned tiles
+  // would take several); 0: Br x Bc tiles throughout.
+  std::int64_t wide = 0;
 };
 
 // q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv] -> [..., Tq, dv], float32 or

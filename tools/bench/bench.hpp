@@ -4,7 +4,8 @@
 //   headgrad bench configs/bench.yaml --json bench.json
 //   headgrad bench --plugin batched --plugin fused_sdpa --shape 1,4096,256,4 --threads 1
 //
-// For each plugin x shape x dtype x thread count: warm-up runs, then `repeats`
+// For each plugin x shape x dtype x thread count (x window, the windows taking
+// turns run by run): warm-up runs, then `repeats`
 // timed runs of the forward alone and of forward + backward (loss =
 // sum(out * R), R seeded), reported as median and minimum; GFLOP/s from the
 // stated FLOP count; the engine's peak extra memory (memory_stats()); and each
@@ -83,14 +84,21 @@ struct BenchConfig {
   std::int64_t gemm_size = 2048;
   std::uint64_t seed = 0;
   std::vector<std::filesystem::path> plugin_paths;
-  // Sliding window, soft-cap, sinks (--window L[,R], --softcap C, --sinks): FLOPs
-  // stay the dense (and causal) counts; a windowed kernel shows as less time.
-  WindowSpec window;
+  // Sliding windows, soft-cap, sinks (--window L[,R] or none, repeatable;
+  // --softcap C, --sinks): FLOPs stay the dense (and causal) counts; a windowed
+  // kernel shows as less time. A plugin's windows take turns run by run, and
+  // a windowed row of a run that also has no window gets its speed-up over it.
+  std::vector<WindowSpec> windows{WindowSpec{}};
   double softcap = 0;
   bool sinks = false;
 };
-// "L" or "L,R" (R omitted: 0, a causal window of L + 1 keys); throws BenchConfigError.
+// "L" or "L,R" (R omitted: 0, a causal window of L + 1 keys), or "none" (no
+// window); throws BenchConfigError.
 WindowSpec parse_window(const std::string& text);
+// "L,R" as parse_window reads it ("-" for an unbounded side), "none" without a window.
+std::string window_str(const WindowSpec& w);
+// The window of a result row ({"window": {"left": L, "right": R}}; none without the key).
+WindowSpec row_window(const nlohmann::json& row);
 
 // Reads configs/bench.yaml-style files; throws BenchConfigError naming the key.
 BenchConfig load_bench_config(const std::filesystem::path& file);

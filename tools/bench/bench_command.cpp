@@ -30,7 +30,7 @@ struct BenchArgs {
   std::optional<double> timeout;
   std::optional<std::string> max_memory;
   bool no_isolation = false;
-  std::string window;                 // --window L[,R]
+  std::vector<std::string> windows;   // --window L[,R] | none, repeatable
   std::optional<double> softcap;      // --softcap C
   bool sinks = false;                 // --sinks
 };
@@ -111,7 +111,10 @@ int run_command(const BenchArgs& args) {
     if (args.gemm_size) c.gemm_size = *args.gemm_size;
     if (args.seed) c.seed = *args.seed;
     if (args.no_causal) c.causal = false;
-    if (!args.window.empty()) c.window = parse_window(args.window);
+    if (!args.windows.empty()) {
+      c.windows.clear();
+      for (const auto& w : args.windows) c.windows.push_back(parse_window(w));
+    }
     if (args.softcap) {
       if (!(*args.softcap > 0) || !std::isfinite(*args.softcap))
         throw BenchConfigError("--softcap must be a number > 0, got " + std::to_string(*args.softcap));
@@ -195,9 +198,11 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--max-memory", args->max_memory,
                   "with --check: the memory budget the case's estimate must fit (4G, 512M; default: physical memory)")
       ->type_name("SIZE");
-  cmd->add_option("--window", args->window,
-                  "a sliding window: query i sees keys i - L .. i + R (R default 0: with causal, L + 1 keys)")
-      ->type_name("L[,R]");
+  cmd->add_option("--window", args->windows,
+                  "a sliding window: query i sees keys i - L .. i + R (R default 0: with causal, L + 1 keys); "
+                  "repeatable, `none` for no window: the windows take turns run by run, and each windowed row "
+                  "gets its speed-up over the row without (--window none --window 255)")
+      ->type_name("L[,R]|none")->allow_extra_args(false);
   cmd->add_option("--softcap", args->softcap, "logit soft-capping: scores become C tanh(s / C)")->type_name("C");
   cmd->add_flag("--sinks", args->sinks, "attention sinks: one learned logit per query head (U(-1, 3))");
   cmd->add_option("--plugin-path", args->plugin_paths,

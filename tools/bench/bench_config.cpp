@@ -89,6 +89,7 @@ BenchShape parse_shape(const std::string& text) {
 }
 
 WindowSpec parse_window(const std::string& text) {
+  if (text == "none") return {};
   const std::size_t comma = text.find(',');
   const auto bound = [&](const std::string& part, const char* which) {
     try {
@@ -98,12 +99,36 @@ WindowSpec parse_window(const std::string& text) {
       return static_cast<std::int64_t>(v);
     } catch (const std::exception&) {
       throw BenchConfigError("--window '" + text + "': the " + which + " bound '" + part +
-                             "' is not an integer >= 0 (L or L,R: query i sees keys i - L .. i + R)");
+                             "' is not an integer >= 0 (L or L,R: query i sees keys i - L .. i + R; or none)");
     }
   };
   WindowSpec w;
   w.left = bound(text.substr(0, comma), "left");
   w.right = comma == std::string::npos ? 0 : bound(text.substr(comma + 1), "right");
+  return w;
+}
+
+std::string window_str(const WindowSpec& w) {
+  if (!w.enabled()) return "none";
+  std::ostringstream text;
+  const auto side = [&](const std::optional<std::int64_t>& b) {
+    if (b) text << *b;
+    else text << '-';
+  };
+  side(w.left);
+  text << ',';
+  side(w.right);
+  return text.str();
+}
+
+WindowSpec row_window(const nlohmann::json& row) {
+  WindowSpec w;
+  if (!row.contains("window")) return w;
+  const auto bound = [](const nlohmann::json& b) {
+    return b.is_null() ? std::nullopt : std::optional(b.get<std::int64_t>());
+  };
+  w.left = bound(row["window"]["left"]);
+  w.right = bound(row["window"]["right"]);
   return w;
 }
 

@@ -39,7 +39,7 @@ void print_aligned(std::ostream& out, const std::vector<std::string>& head,
 }
 
 void print_table(std::ostream& out, const json& result) {
-  const std::vector<std::string> head{"plugin", "shape (B,T,D,H[,Hkv])", "dtype", "thr",
+  const std::vector<std::string> head{"plugin", "shape (B,T,D,H[,Hkv])", "dtype", "thr", "window",
                                       "fwd ms med", "fwd ms min", "fwd+bwd ms med",
                                       "fwd+bwd ms min", "GFLOP/s f+b", "of gemm",
                                       "GFLOP/s f+b causal", "of gemm", "of adj. gemm",
@@ -50,7 +50,7 @@ void print_table(std::ostream& out, const json& result) {
     const BenchShape shape{s["B"].get<std::int64_t>(), s["T"].get<std::int64_t>(), s["D"].get<std::int64_t>(),
                            s["H"].get<std::int64_t>(), s.contains("Hkv") ? s["Hkv"].get<std::int64_t>() : 0};
     std::vector<std::string> line{r["plugin"].get<std::string>(), shape.str(), r["dtype"].get<std::string>(),
-                                  std::to_string(r["threads"].get<int>())};
+                                  std::to_string(r["threads"].get<int>()), window_str(row_window(r))};
     if (r.contains("error") || r.contains("skipped")) {
       line.push_back(r.contains("error") ? "error: " + r["error"].get<std::string>()
                                          : "skipped: " + r["skipped"].get<std::string>());
@@ -68,8 +68,18 @@ void print_table(std::ostream& out, const json& result) {
     }
     cells.push_back(line);
   }
-  print_aligned(out, head, cells, 3, 4);
+  print_aligned(out, head, cells, 3, 5);
   out << "\n";
+  for (const auto& r : result["rows"])
+    if (r.contains("speedup_vs_no_window")) {
+      const auto& x = r["speedup_vs_no_window"];
+      out << r["plugin"].get<std::string>() << " " << r["dtype"].get<std::string>() << " x"
+          << r["threads"].get<int>() << " window " << window_str(row_window(r))
+          << " against none: fwd+bwd " << printf_figure("%.2f", x["fwdbwd_ms"].get<double>()) << "x (median wall), "
+          << printf_figure("%.2f", x["fwdbwd_cpu_ms"].get<double>()) << "x (median process CPU); fwd "
+          << printf_figure("%.2f", x["fwd_ms"].get<double>()) << "x, "
+          << printf_figure("%.2f", x["fwd_cpu_ms"].get<double>()) << "x\n";
+    }
   for (const auto& g : result["gemm"])
     out << g["routine"].get<std::string>() << " " << g["size"].get<std::int64_t>() << "^3, "
         << g["threads"].get<int>() << " thread(s): " << printf_figure("%.2f", g["gflops"].get<double>())

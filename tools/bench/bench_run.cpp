@@ -168,48 +168,64 @@ std::string capability_gap(const Capabilities& caps, DType dtype, const std::str
 }
 
 // What a plugin lacks for --window, --softcap, --sinks ("" when nothing).
-std::string feature_gap(const Capabilities& caps, const BenchConfig& c) {
-  if (c.window.enabled() && !caps.window) return "no sliding window";
+std::string feature_gap(const Capabilities& caps, const BenchConfig& c, const WindowSpec& window) {
+  if (window.enabled() && !caps.window) return "no sliding window";
   if (c.softcap > 0 && !caps.softcap) return "no soft-capping";
   if (c.sinks && !caps.sinks) return "no sinks";
   return "";
 }
 
-json time_case(const LoadedPlugin& plugin, const BenchShape& s, DType dtype, int threads,
-              const BenchConfig& c, double gemm_gflops) {
-  json row{{"plugin", plugin.info.name},
-           {"level", c.level},
-           {"shape", shape_json(s)},
-           {"dtype", std::string(dtype_name(dtype))},
-           {"threads", threads},
-           {"causal", c.causal},
-           {"repeats", c.repeats},
-           {"warmup", c.warmup}};
-  if (c.window.enabled()) row["window"] = window_json(c.window);
-  if (c.softcap > 0) row["softcap"] = c.softcap;
-  if (c.sinks) row["sinks"] = true;
-  std::string gap = capability_gap(plugin.info.capabilities, dtype, c.level, c.causal, s.H, s.kv_heads());
-  if (gap.empty()) gap = feature_gap(plugin.info.capabilities, c);
-  if (!gap.empty()) {
-    row["skipped"] = gap;
-    return row;
+// One plugin at one shape, dtype and thread count, timed under each window of
+// the run: one row each. The windows take turns run by run (warm-up, then the
+// forward repeats, then the forward + backward repeats, each round going
+// through every window), so that a change of the machine's load falls on all
+// of them alike and their ratios stay meaningful on a shared machine.
+std::vector<json> time_cases(const LoadedPlugin& plugin, const BenchShape& s, DType dtype, int threads,
+                             const BenchConfig& c, double gemm_gflops) {
+  struct Timing {  // one window: its spec, its row and its samples
+    AttentionSpec spec;
+    std::size_t row = 0;
+    std::vector<double> fwd, fwdbwd, fwd_cpu, fwdbwd_cpu;
+  };
+  std::vector<json> rows;
+  std::vector<Timing> timings;
+  for (const WindowSpec& window : c.windows) {
+    json row{{"plugin", plugin.info.name},
+             {"level", c.level},
+             {"shape", shape_json(s)},
+             {"dtype", std::string(dtype_name(dtype))},
+             {"threads", threads},
+             {"causal", c.causal},
+             {"repeats", c.repeats},
+             {"warmup", c.warmup}};
+    if (window.enabled()) row["window"] = window_json(window);
+    if (c.softcap > 0) row["softcap"] = c.softcap;
+    if (c.sinks) row["sinks"] = true;
+    std::string gap = capability_gap(plugin.info.capabilities, dtype, c.level, c.causal, s.H, s.kv_heads());
+    if (gap.empty()) gap = feature_gap(plugin.info.capabilities, c, window);
+    if (!gap.empty()) row["skipped"] = gap;
+    rows.push_back(row);
+    if (!gap.empty()) continue;
+    Timing t;
+    t.spec.d_model = s.D;
+    t.spec.num_heads = s.H;
+    t.spec.num_kv_heads = s.kv_heads();
+    t.spec.causal = c.causal;
+    t.spec.window = window;
+    t.spec.softcap = c.softcap;
+    t.row = rows.size() - 1;
+    timings.push_back(t);
   }
-  AttentionSpec spec;
-  spec.d_model = s.D;
-  spec.num_heads = s.H;
-  spec.num_kv_heads = s.kv_heads();
-  spec.causal = c.causal;
-  spec.window = c.window;
-  spec.softcap = c.softcap;
-  BenchInputs in = bench_inputs(s, dtype, c.level, c.seed, c.sinks);
+  if (timings.empty()) return rows;
+
+  BenchInputs in = bench_inputs(s, dtype, c.level, c.seed, c.sinks);  // the same for every window
   const Attention& a = *plugin.attention;
   const Variable r(in.r);
-
-  auto fwd_once = [&] {
+  auto fwd_once = [&](const AttentionSpec& spec) {
     Variable out;  // the graph is freed after the clock stops
     return timed([&] { out = run_forward(a, in, spec, c.level); });
   };
-  auto fwdbwd_once = [&] {
+  auto fwdbwd_once = [&](const AttentionSpec& spec) {
     for (auto& leaf : in.leaves) leaf.zero_grad();
     return timed([&] {  // includes freeing the graph: part of every training step
       Variable loss = sum(mul(run_forward(a, in, spec, c.level), r));
@@ -217,59 +233,64 @@ json time_case(const LoadedPlugin& plugin, const BenchShape& s, DType dtype, int
     });
   };
 
-  for (int i = 0; i < c.warmup; ++i) fwdbwd_once();
-  std::vector<double> fwd, fwdbwd, fwd_cpu, fwdbwd_cpu;
-  for (int i = 0; i < c.repeats; ++i) {
-    const Timed t = fwd_once();
-    fwd.push_back(t.wall);
-    fwd_cpu.push_back(t.cpu);
-  }
-  for (int i = 0; i < c.repeats; ++i) {
-    const Timed t = fwdbwd_once();
-    fwdbwd.push_back(t.wall);
-    fwdbwd_cpu.push_back(t.cpu);
-  }
-
-  // Peak extra memory of one forward + backward: live tensor bytes above what
-  // the inputs already hold (gradients of the leaves included).
-  for (auto& leaf : in.leaves) leaf.zero_grad();
-  const MemoryStats before = memory_stats();
-  reset_peak_memory();
-  fwdbwd_once();
-  const MemoryStats after = memory_stats();
-  for (auto& leaf : in.leaves) leaf.zero_grad();
+  for (int i = 0; i < c.warmup; ++i)
+    for (Timing& t : timings) fwdbwd_once(t.spec);
+  for (int i = 0; i < c.repeats; ++i)
+    for (Timing& t : timings) {
+      const Timed once = fwd_once(t.spec);
+      t.fwd.push_back(once.wall);
+      t.fwd_cpu.push_back(once.cpu);
+    }
+  for (int i = 0; i < c.repeats; ++i)
+    for (Timing& t : timings) {
+      const Timed once = fwdbwd_once(t.spec);
+      t.fwdbwd.push_back(once.wall);
+      t.fwdbwd_cpu.push_back(once.cpu);
+    }
 
   const Flops f = count_flops(s, c.level);
-  const double fwd_ms = median(fwd), fwdbwd_ms = median(fwdbwd);
-  const double gf_fwd = f.fwd_dense / (fwd_ms * 1e6);
-  const double gf_fb = 3 * f.fwd_dense / (fwdbwd_ms * 1e6);
-  const double gf_fb_causal = 3 * f.fwd_causal / (fwdbwd_ms * 1e6);
-  row["fwd_ms"] = fwd_ms;
-  row["fwd_min_ms"] = *std::min_element(fwd.begin(), fwd.end());
-  row["fwdbwd_ms"] = fwdbwd_ms;
-  row["fwdbwd_min_ms"] = *std::min_element(fwdbwd.begin(), fwdbwd.end());
-  // Process CPU time (every thread's): with one thread, the wall time less
-  // what other jobs on a loaded machine took from it.
-  row["fwd_cpu_ms"] = median(fwd_cpu);
-  row["fwdbwd_cpu_ms"] = median(fwdbwd_cpu);
-  row["fwd_samples_ms"] = fwd;
-  row["fwdbwd_samples_ms"] = fwdbwd;
-  row["flops"] = {{"fwd_dense", f.fwd_dense},
-                  {"fwd_causal", f.fwd_causal},
-                  {"fwdbwd_dense", 3 * f.fwd_dense},
-                  {"fwdbwd_causal", 3 * f.fwd_causal}};
-  row["gflops_fwd"] = gf_fwd;
-  row["gflops_fwdbwd"] = gf_fb;
-  row["gflops_fwdbwd_causal"] = gf_fb_causal;
-  row["gemm_gflops"] = gemm_gflops;
-  row["gemm_fraction_fwd"] = gf_fwd / gemm_gflops;
-  row["gemm_fraction_fwdbwd"] = gf_fb / gemm_gflops;
-  row["gemm_fraction_fwdbwd_causal"] = gf_fb_causal / gemm_gflops;
-  row["peak_bytes"] = after.peak_bytes - before.current_bytes;
-  row["peak_reserved_bytes"] = after.peak_reserved_bytes > before.reserved_bytes
-                                   ? after.peak_reserved_bytes - before.reserved_bytes
-                                   : 0;
-  return row;
+  for (const Timing& t : timings) {
+    // Peak extra memory of one forward + backward: live tensor bytes above what
+    // the inputs already hold (gradients of the leaves included).
+    for (auto& leaf : in.leaves) leaf.zero_grad();
+    const MemoryStats before = memory_stats();
+    reset_peak_memory();
+    fwdbwd_once(t.spec);
+    const MemoryStats after = memory_stats();
+    for (auto& leaf : in.leaves) leaf.zero_grad();
+
+    json& row = rows[t.row];
+    const double fwd_ms = median(t.fwd), fwdbwd_ms = median(t.fwdbwd);
+    const double gf_fwd = f.fwd_dense / (fwd_ms * 1e6);
+    const double gf_fb = 3 * f.fwd_dense / (fwdbwd_ms * 1e6);
+    const double gf_fb_causal = 3 * f.fwd_causal / (fwdbwd_ms * 1e6);
+    row["fwd_ms"] = fwd_ms;
+    row["fwd_min_ms"] = *std::min_element(t.fwd.begin(), t.fwd.end());
+    row["fwdbwd_ms"] = fwdbwd_ms;
+    row["fwdbwd_min_ms"] = *std::min_element(t.fwdbwd.begin(), t.fwdbwd.end());
+    // Process CPU time (every thread's): with one thread, the wall time less
+    // what other jobs on a loaded machine took from it.
+    row["fwd_cpu_ms"] = median(t.fwd_cpu);
+    row["fwdbwd_cpu_ms"] = median(t.fwdbwd_cpu);
+    row["fwd_samples_ms"] = t.fwd;
+    row["fwdbwd_samples_ms"] = t.fwdbwd;
+    row["flops"] = {{"fwd_dense", f.fwd_dense},
+                    {"fwd_causal", f.fwd_causal},
+                    {"fwdbwd_dense", 3 * f.fwd_dense},
+                    {"fwdbwd_causal", 3 * f.fwd_causal}};
+    row["gflops_fwd"] = gf_fwd;
+    row["gflops_fwdbwd"] = gf_fb;
+    row["gflops_fwdbwd_causal"] = gf_fb_causal;
+    row["gemm_gflops"] = gemm_gflops;
+    row["gemm_fraction_fwd"] = gf_fwd / gemm_gflops;
+    row["gemm_fraction_fwdbwd"] = gf_fb / gemm_gflops;
+    row["gemm_fraction_fwdbwd_causal"] = gf_fb_causal / gemm_gflops;
+    row["peak_bytes"] = after.peak_bytes - before.current_bytes;
+    row["peak_reserved_bytes"] = after.peak_reserved_bytes > before.reserved_bytes
+                                     ? after.peak_reserved_bytes - before.reserved_bytes
+                                     : 0;
+  }
+  return rows;
 }
 
 }  // namespace
@@ -328,6 +349,29 @@ Flops count_flops(const BenchShape& s, const std::string& level) {
   return f;
 }
 
+namespace {
+
+// rows: one plugin's rows at one shape, dtype and thread count, one per
+// window. Each windowed row gets the no-window row's time over its own
+// (median wall and process CPU, forward and forward + backward), when the run
+// timed both.
+void add_window_speedups(json& rows) {
+  const auto timed = [](const json& r) { return r.contains("fwdbwd_ms"); };
+  const json* none = nullptr;
+  for (const json& r : rows)
+    if (!r.contains("window") && timed(r)) none = &r;
+  if (!none) return;
+  for (json& r : rows) {
+    if (!r.contains("window") || !timed(r)) continue;
+    json speedup;
+    for (const char* key : {"fwd_ms", "fwd_cpu_ms", "fwdbwd_ms", "fwdbwd_cpu_ms"})
+      speedup[key] = (*none)[key].get<double>() / r[key].get<double>();
+    r["speedup_vs_no_window"] = speedup;
+  }
+}
+
+}  // namespace
+
 json run_bench(const BenchConfig& c, std::ostream* log) {
   validate(c);
   PluginRegistry registry;
@@ -350,7 +394,8 @@ json run_bench(const BenchConfig& c, std::ostream* log) {
   json cfg{{"level", c.level}, {"causal", c.causal}, {"repeats", c.repeats},
            {"warmup", c.warmup}, {"gemm_size", c.gemm_size}, {"seed", c.seed},
            {"plugins", c.plugins}, {"threads", c.threads}};
-  if (c.window.enabled()) cfg["window"] = window_json(c.window);
+  for (const WindowSpec& w : c.windows) cfg["windows"].push_back(w.enabled() ? window_json(w) : json(nullptr));
+  if (c.windows.size() == 1 && c.windows[0].enabled()) cfg["window"] = window_json(c.windows[0]);
   if (c.softcap > 0) cfg["softcap"] = c.softcap;
   if (c.sinks) cfg["sinks"] = true;
   for (DType dt : c.dtypes) cfg["dtypes"].push_back(std::string(dtype_name(dt)));
@@ -374,39 +419,52 @@ json run_bench(const BenchConfig& c, std::ostream* log) {
       for (const auto& shape : c.shapes) {
         for (const LoadedPlugin* p : plugins) {
           if (log)
-            *log << "  " << p->info.name << " " << shape.str() << " " << dtype_name(dtype) << " x"
-                 << threads << " ..." << std::flush;
-          json row;
+            *log << "  " << p->info.name << " " << shape.str() << " " << dtype_name(dtype) << " x" << threads
+                 << " ..." << std::flush;
+          std::vector<json> rows;
           try {
             // The machine's load may change during a run: each row is also
-            // compared with a GEMM timed right before and right after it.
+            // compared with a GEMM timed right before and right after its
+            // plugin's windows.
             const json before = time_gemm(dtype, c.gemm_size, threads);
-            row = time_case(*p, shape, dtype, threads, c, gemm_gflops);
-            if (!row.contains("skipped")) {
-              const json after = time_gemm(dtype, c.gemm_size, threads);
-              const double near = 0.5 * (before["gflops"].get<double>() + after["gflops"].get<double>());
+            rows = time_cases(*p, shape, dtype, threads, c, gemm_gflops);
+            const json after = time_gemm(dtype, c.gemm_size, threads);
+            const double near = 0.5 * (before["gflops"].get<double>() + after["gflops"].get<double>());
+            for (json& row : rows) {
+              if (row.contains("skipped")) continue;
               row["gemm_gflops_adjacent"] = near;
               row["gemm_gflops_cpu_adjacent"] =
                   0.5 * (before["gflops_cpu"].get<double>() + after["gflops_cpu"].get<double>());
               row["gemm_fraction_fwdbwd_adjacent"] = row["gflops_fwdbwd"].get<double>() / near;
             }
           } catch (const std::exception& e) {
-            row = json{{"plugin", p->info.name},
+            rows.clear();
+            for (const WindowSpec& window : c.windows) {
+              json row{{"plugin", p->info.name},
                        {"level", c.level},
                        {"shape", shape_json(shape)},
                        {"dtype", std::string(dtype_name(dtype))},
                        {"threads", threads},
                        {"error", e.what()}};
+              if (window.enabled()) row["window"] = window_json(window);
+              rows.push_back(row);
+            }
           }
           empty_cache();  // the next case starts from the same (empty) cache
-          if (log) {
-            if (row.contains("error")) *log << " error: " << row["error"].get<std::string>() << "\n";
-            else if (row.contains("skipped")) *log << " skipped: " << row["skipped"].get<std::string>() << "\n";
-            else
-              *log << " fwd " << printf_figure("%.3f", row["fwd_ms"].get<double>()) << " ms, fwd+bwd "
-                   << printf_figure("%.3f", row["fwdbwd_ms"].get<double>()) << " ms\n";
+          json group = rows;
+          add_window_speedups(group);
+          for (const json& row : group) {
+            if (log) {
+              *log << (c.windows.size() > 1 ? "\n    window " + window_str(row_window(row)) + ":" : "");
+              if (row.contains("error")) *log << " error: " << row["error"].get<std::string>();
+              else if (row.contains("skipped")) *log << " skipped: " << row["skipped"].get<std::string>();
+              else
+                *log << " fwd " << printf_figure("%.3f", row["fwd_ms"].get<double>()) << " ms, fwd+bwd "
+                     << printf_figure("%.3f", row["fwdbwd_ms"].get<double>()) << " ms";
+            }
+            result["rows"].push_back(row);
           }
-          result["rows"].push_back(row);
+          if (log) *log << "\n";
         }
       }
     }
