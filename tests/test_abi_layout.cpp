@@ -1,5 +1,5 @@
 // The plugin ABI's layout, pinned: the sizes and offsets of every type that
-// crosses the plugin boundary, as of HEADGRAD_PLUGIN_ABI_VERSION 6 on LP64
+// crosses the plugin boundary, as of HEADGRAD_PLUGIN_ABI_VERSION 7 on LP64
 // libstdc++ (x86-64, aarch64) with the C++11 string ABI. A change to any of
 // these types fails to compile here: bump HEADGRAD_PLUGIN_ABI_VERSION in
 // <headgrad/abi.hpp> and write the new numbers below. Then the build
@@ -19,8 +19,8 @@ using headgrad::test::contains;
 
 namespace {
 
-static_assert(HEADGRAD_PLUGIN_ABI_VERSION == 6,
-              "the numbers below are ABI 6's: write the new ABI's layout here");
+static_assert(HEADGRAD_PLUGIN_ABI_VERSION == 7,
+              "the numbers below are ABI 7's: write the new ABI's layout here");
 
 #if defined(__LP64__) && defined(__GLIBCXX__) && _GLIBCXX_USE_CXX11_ABI
 // offsetof on classes with std members is conditionally supported; GCC and
@@ -43,34 +43,34 @@ static_assert(offsetof(hg::Capabilities, mha) == 0 && offsetof(hg::Capabilities,
               offsetof(hg::Capabilities, cross_attention) == 16 && offsetof(hg::Capabilities, extra) == 24);
 static_assert(sizeof(hg::Attention) == 8);  // the vtable pointer
 static_assert(sizeof(hg::UnsupportedError) == 16);
-static_assert(sizeof(hg::AttentionSpec) == 552);
+static_assert(sizeof(hg::AttentionSpec) == 936);
 static_assert(offsetof(hg::AttentionSpec, d_model) == 0 && offsetof(hg::AttentionSpec, num_heads) == 8 &&
               offsetof(hg::AttentionSpec, num_kv_heads) == 16 && offsetof(hg::AttentionSpec, head_width) == 24 &&
               offsetof(hg::AttentionSpec, causal) == 32 && offsetof(hg::AttentionSpec, causal_alignment) == 36 &&
               offsetof(hg::AttentionSpec, scale) == 40 && offsetof(hg::AttentionSpec, dropout_p) == 56 &&
               offsetof(hg::AttentionSpec, dropout_seed) == 64 && offsetof(hg::AttentionSpec, mask) == 72 &&
-              offsetof(hg::AttentionSpec, rope) == 152 && offsetof(hg::AttentionSpec, rope_taps) == 280 &&
-              offsetof(hg::AttentionSpec, window) == 296 && offsetof(hg::AttentionSpec, softcap) == 328 &&
-              offsetof(hg::AttentionSpec, sinks) == 336 && offsetof(hg::AttentionSpec, qk_norm) == 432 &&
-              offsetof(hg::AttentionSpec, x_kv) == 456);
+              offsetof(hg::AttentionSpec, rope) == 248 && offsetof(hg::AttentionSpec, rope_taps) == 472 &&
+              offsetof(hg::AttentionSpec, window) == 488 && offsetof(hg::AttentionSpec, softcap) == 520 &&
+              offsetof(hg::AttentionSpec, sinks) == 528 && offsetof(hg::AttentionSpec, qk_norm) == 720 &&
+              offsetof(hg::AttentionSpec, x_kv) == 744);
 static_assert(sizeof(hg::WindowSpec) == 32 && offsetof(hg::WindowSpec, left) == 0 &&
               offsetof(hg::WindowSpec, right) == 16);
 static_assert(sizeof(hg::QkNormSpec) == 24 && offsetof(hg::QkNormSpec, enabled) == 0 &&
               offsetof(hg::QkNormSpec, axis) == 4 && offsetof(hg::QkNormSpec, eps) == 8 &&
               offsetof(hg::QkNormSpec, gain) == 16);
-static_assert(sizeof(hg::RopeSpec) == 128 && offsetof(hg::RopeSpec, enabled) == 0 &&
+static_assert(sizeof(hg::RopeSpec) == 224 && offsetof(hg::RopeSpec, enabled) == 0 &&
               offsetof(hg::RopeSpec, theta) == 8 && offsetof(hg::RopeSpec, style) == 16 &&
               offsetof(hg::RopeSpec, rotary_dim) == 24 && offsetof(hg::RopeSpec, positions) == 32 &&
-              offsetof(hg::RopeSpec, offset) == 112 && offsetof(hg::RopeSpec, q_offset) == 120);
-static_assert(sizeof(hg::MhaWeights) == 960 && offsetof(hg::MhaWeights, wq) == 0 &&
-              offsetof(hg::MhaWeights, wk) == 96 && offsetof(hg::MhaWeights, wv) == 192 &&
-              offsetof(hg::MhaWeights, wo) == 288 && offsetof(hg::MhaWeights, bq) == 384 &&
-              offsetof(hg::MhaWeights, bk) == 480 && offsetof(hg::MhaWeights, bv) == 576 &&
-              offsetof(hg::MhaWeights, bo) == 672 && offsetof(hg::MhaWeights, q_norm) == 768 &&
-              offsetof(hg::MhaWeights, k_norm) == 864);
-static_assert(sizeof(hg::Tensor) == 80);   // storage, shape, strides, offset, dtype
+              offsetof(hg::RopeSpec, offset) == 208 && offsetof(hg::RopeSpec, q_offset) == 216);
+static_assert(sizeof(hg::MhaWeights) == 1920 && offsetof(hg::MhaWeights, wq) == 0 &&
+              offsetof(hg::MhaWeights, wk) == 192 && offsetof(hg::MhaWeights, wv) == 384 &&
+              offsetof(hg::MhaWeights, wo) == 576 && offsetof(hg::MhaWeights, bq) == 768 &&
+              offsetof(hg::MhaWeights, bk) == 960 && offsetof(hg::MhaWeights, bv) == 1152 &&
+              offsetof(hg::MhaWeights, bo) == 1344 && offsetof(hg::MhaWeights, q_norm) == 1536 &&
+              offsetof(hg::MhaWeights, k_norm) == 1728);
+static_assert(sizeof(hg::Tensor) == 176);  // storage, shape, strides, offset, dtype
 static_assert(sizeof(hg::Storage) == 32);  // data, nbytes, capacity, version
-static_assert(sizeof(hg::Variable) == 96);  // its value (a Tensor) and a shared_ptr to its node
+static_assert(sizeof(hg::Variable) == 192);  // its value (a Tensor) and a shared_ptr to its node
 static_assert(sizeof(hg::CustomOpContext) == 88 && offsetof(hg::CustomOpContext, saved) == 0 &&
               offsetof(hg::CustomOpContext, needs_input_grad) == 24 &&
               offsetof(hg::CustomOpContext, scalars) == 64);
@@ -80,6 +80,7 @@ static_assert(sizeof(hg::MemoryStats) == 40 && offsetof(hg::MemoryStats, current
               offsetof(hg::MemoryStats, reserved_bytes) == 24 &&
               offsetof(hg::MemoryStats, peak_reserved_bytes) == 32);
 static_assert(sizeof(hg::DType) == 1);
+static_assert(sizeof(hg::Shape) == 72 && alignof(hg::Shape) == 8);  // heap pointer, size, capacity, 6 dims
 #pragma GCC diagnostic pop
 // The description itself only ever grows at its end.
 static_assert(sizeof(headgrad_build_info) == 72 && offsetof(headgrad_build_info, magic) == 0 &&
@@ -121,14 +122,15 @@ std::string mismatch_of(const headgrad_build_info& b) {
 TEST(AbiLayout, HostTableHoldsThePinnedSizes) {
   Doctored d;
   EXPECT_EQ(d.row("PluginInfo").size, 152u);
-  EXPECT_EQ(d.row("AttentionSpec").size, 552u);
+  EXPECT_EQ(d.row("AttentionSpec").size, 936u);
   EXPECT_EQ(d.row("MemoryStats").size, 40u);
-  EXPECT_EQ(d.row("Tensor").size, 80u);
+  EXPECT_EQ(d.row("Tensor").size, 176u);
+  EXPECT_EQ(d.row("Shape").size, 72u);
   EXPECT_EQ(d.row("std::string").size, 32u);
   EXPECT_EQ(d.row("std::shared_ptr").size, 16u);
   EXPECT_EQ(d.row("std::function").size, 32u);
   EXPECT_EQ(d.row("std::map").size, 48u);
-  EXPECT_EQ(d.info.abi_version, 6u);
+  EXPECT_EQ(d.info.abi_version, 7u);
   EXPECT_EQ(d.info.cxx11_abi, 1);
   EXPECT_EQ(d.info.stdlib, HEADGRAD_STDLIB_LIBSTDCXX);
   EXPECT_EQ(d.info.cplusplus, 202002);
@@ -187,10 +189,10 @@ TEST(AbiLayout, EachFieldMismatchIsNamed) {
 
 TEST(AbiLayout, AnotherAbiVersionSaysOnlyThat) {
   Doctored d;
-  d.info.abi_version = 4;  // the ABI before MhaWeights' biases
+  d.info.abi_version = 6;  // the ABI before Shape kept its dims inline
   d.info.cxx11_abi = 0;  // not comparable across versions: not reported
   d.info.headgrad_version = "0.0.9";
-  EXPECT_EQ(mismatch_of(d.get()), "built for plugin ABI version 4 (headgrad 0.0.9), headgrad uses 6");
+  EXPECT_EQ(mismatch_of(d.get()), "built for plugin ABI version 6 (headgrad 0.0.9), headgrad uses 7");
 }
 
 TEST(AbiLayout, NotADescriptionAtAll) {

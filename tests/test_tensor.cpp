@@ -16,8 +16,11 @@
 #include <initializer_list>
 #include <limits>
 #include <numeric>
+#include <random>
+#include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -548,6 +551,77 @@ TEST(Memory, StatsCountAllocations) {
   EXPECT_EQ(after.peak_bytes, peak_during);  // peak stays until reset
   headgrad::reset_peak_memory();
   EXPECT_EQ(headgrad::memory_stats().peak_bytes, after.current_bytes);
+}
+
+// ---------------------------------------------------------------- Shape
+
+// Shape, the small-buffer vector of sizes and strides, against std::vector as
+// the second implementation: the same random sequence of edits applied to
+// both must leave the same values, whether the Shape holds its values inline
+// (up to 6) or on the heap, and through copies and moves of either.
+
+std::vector<std::int64_t> values_of(const Shape& s) { return {s.begin(), s.end()}; }
+
+TEST(Shape, RandomEditsMatchStdVector) {
+  std::mt19937_64 rng(7);
+  Shape s;
+  std::vector<std::int64_t> v;
+  auto pick = [&](std::size_t n) { return static_cast<std::size_t>(rng() % (n + 1)); };
+  for (int step = 0; step < 20000; ++step) {
+    const std::int64_t x = static_cast<std::int64_t>(rng() % 1000) - 500;
+    switch (rng() % 8) {
+      case 0: s.push_back(x); v.push_back(x); break;
+      case 1: if (!v.empty()) { s.pop_back(); v.pop_back(); } break;
+      case 2: { const std::size_t at = pick(v.size()); s.insert(s.begin() + at, x); v.insert(v.begin() + at, x); break; }
+      case 3: if (!v.empty()) { const std::size_t at = pick(v.size() - 1); s.erase(s.begin() + at); v.erase(v.begin() + at); } break;
+      case 4: { const std::size_t n = pick(9); s.resize(n, x); v.resize(n, x); break; }
+      case 5: { // insert a range of the Shape itself (the aliasing case)
+        const std::size_t at = pick(v.size()), from = pick(v.size()), to = from + pick(v.size() - from);
+        s.insert(s.begin() + at, s.begin() + from, s.begin() + to);
+        const std::vector<std::int64_t> part(v.begin() + from, v.begin() + to);
+        v.insert(v.begin() + at, part.begin(), part.end());
+        break;
+      }
+      case 6: { Shape copy = s; s = std::move(copy); break; }  // through a copy and a move
+      case 7: if (v.size() > 12) { s.erase(s.begin() + 2, s.end()); v.erase(v.begin() + 2, v.end()); } break;
+    }
+    ASSERT_EQ(values_of(s), v) << "after step " << step;
+    ASSERT_EQ(s.size(), v.size());
+  }
+}
+
+TEST(Shape, InlineUpToSixDimsThenHeap) {
+  Shape s{1, 2, 3, 4, 5, 6};
+  EXPECT_EQ(s.capacity(), Shape::inline_capacity);
+  const std::int64_t* inline_data = s.data();
+  EXPECT_GE(inline_data, reinterpret_cast<const std::int64_t*>(&s));
+  EXPECT_LT(inline_data, reinterpret_cast<const std::int64_t*>(&s + 1));  // the values live in the object
+  s.push_back(7);
+  EXPECT_GT(s.capacity(), Shape::inline_capacity);
+  EXPECT_EQ(values_of(s), (std::vector<std::int64_t>{1, 2, 3, 4, 5, 6, 7}));
+  // A moved heap Shape hands over its buffer; a moved inline one copies.
+  const std::int64_t* heap_data = s.data();
+  Shape moved = std::move(s);
+  EXPECT_EQ(moved.data(), heap_data);
+  EXPECT_TRUE(s.empty());
+  Shape small{9, 8};
+  Shape small_moved = std::move(small);
+  EXPECT_EQ(values_of(small_moved), (std::vector<std::int64_t>{9, 8}));
+}
+
+TEST(Shape, ComparesAndConvertsLikeAVector) {
+  const Shape a{2, 3}, b{2, 4}, c{2, 3, 1};
+  EXPECT_EQ(a, (Shape{2, 3}));
+  EXPECT_NE(a, b);
+  EXPECT_LT(a, b);
+  EXPECT_LT(a, c);  // a prefix sorts first, as for std::vector
+  EXPECT_EQ((Shape(3, 7)), (Shape{7, 7, 7}));
+  const std::span<const std::int64_t> span = c;
+  EXPECT_EQ(span.size(), 3u);
+  EXPECT_EQ(span[2], 1);
+  EXPECT_EQ(headgrad::shape_numel(c), 6);
+  EXPECT_EQ(c.to_vector(), (std::vector<std::int64_t>{2, 3, 1}));
+  EXPECT_THROW(c.at(3), std::out_of_range);
 }
 
 }  // namespace

@@ -91,9 +91,10 @@ class Writer {
   void integer(const char* k, const I& v, I = {}, I = {}) {
     out_[k] = v;
   }
-  template <class I>
-  void integers(const char* k, const std::vector<I>& v, I = {}) {
-    out_[k] = v;
+  // v: a std::vector<I> or a Shape.
+  template <class Seq, class I>
+  void integers(const char* k, const Seq& v, I = {}) {
+    out_[k] = std::vector<I>(v.begin(), v.end());
   }
   void integer_rows(const char* k, const std::vector<std::vector<std::int64_t>>& v) { out_[k] = v; }
   void flag(const char* k, const bool& b) { out_[k] = b; }
@@ -251,8 +252,8 @@ class Reader {
   void integer(const char* k, I& v, I lo = std::numeric_limits<I>::min(), I hi = std::numeric_limits<I>::max()) {
     v = integer_of<I>(at(k), path(k), lo, hi);
   }
-  template <class I>
-  void integers(const char* k, std::vector<I>& out, I lo = std::numeric_limits<I>::min()) {
+  template <class Seq, class I>
+  void integers(const char* k, Seq& out, I lo = std::numeric_limits<I>::min()) {
     const json& a = array_at(k);
     out.clear();
     for (std::size_t i = 0; i < a.size(); ++i)

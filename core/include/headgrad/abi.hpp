@@ -23,7 +23,8 @@
 // and offsets so that a change cannot go unnoticed). 5: MhaWeights' biases
 // and Capabilities::bias. 6: windows, soft-capping, sinks, QK-norm and
 // cross-attention (AttentionSpec, MhaWeights' gains, five capabilities).
-#define HEADGRAD_PLUGIN_ABI_VERSION 6
+// 7: Shape is a small vector (6 dims inline), so Tensor changed layout.
+#define HEADGRAD_PLUGIN_ABI_VERSION 7
 
 #define HEADGRAD_BUILD_INFO_MAGIC 0x49424748u  // "HGBI"
 
@@ -133,6 +134,7 @@ struct headgrad_build_info {
   X("Generator", ::headgrad::Generator)                     \
   X("MemoryStats", ::headgrad::MemoryStats)                 \
   X("DType", ::headgrad::DType)                             \
+  X("Shape", ::headgrad::Shape)                             \
   X("std::string", ::std::string)                           \
   X("std::vector", ::std::vector<std::int64_t>)             \
   X("std::shared_ptr", ::std::shared_ptr<int>)              \

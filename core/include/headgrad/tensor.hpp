@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "headgrad/half.hpp"
+#include "headgrad/shape.hpp"
 
 namespace headgrad {
 
@@ -43,7 +44,6 @@ constexpr bool is_16bit(DType dtype) { return dtype == DType::bfloat16 || dtype 
 // float32 for a 16-bit dtype (the type its ops compute in), else dtype itself.
 constexpr DType compute_dtype(DType dtype) { return is_16bit(dtype) ? DType::float32 : dtype; }
 
-using Shape = std::vector<std::int64_t>;
 std::string shape_str(std::span<const std::int64_t> shape);  // "[2, 3, 4]"
 // Sizes are checked, never wrapped: these throw std::invalid_argument naming
 // the shape for a negative size, or when the product of the sizes (each taken
