@@ -63,6 +63,7 @@ sys.path.insert(0, str(REPO / "tools" / "python"))
 sys.path.insert(0, str(FIXTURES))
 import headgrad  # noqa: E402
 import excerpts  # noqa: E402
+import headgrad_main  # noqa: E402
 from headgrad.modules import pack_qkv  # noqa: E402
 
 HEADGRAD = None
@@ -659,6 +660,5 @@ class DocExample(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    HEADGRAD = os.path.abspath(sys.argv.pop(1))
-    os.environ["HEADGRAD_EXE"] = HEADGRAD
-    unittest.main(verbosity=2)
+    os.environ["HEADGRAD_EXE"] = os.path.abspath(sys.argv[1])
+    sys.exit(headgrad_main.main(globals()))
