@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "headgrad/checkpoint.hpp"
 #include "headgrad/gradcheck.hpp"
 #include "headgrad/kernels.hpp"
 #include "headgrad/ops.hpp"
@@ -478,4 +479,110 @@ TEST(Gradcheck, RestoresInputsAndRejectsBadOnes) {
       {"gradcheck", "stride-0"});
 }
 
+// ---------------------------------------------------------------- checkpoint
+
+// One attention head written out: exp(q k^T) v, its [Tq, Tk] weights saved by
+// exp (and by the second matmul, the same tensor) for the backward.
+Variable head(const std::vector<Variable>& in) { return matmul(exp(matmul(in[0], transpose(in[1], -1, -2))), in[2]); }
+
+TEST(Checkpoint, GradientsWorkedOutByHand) {
+  // y = a * b * b: dy/da = b^2 = [9, 16], dy/db = 2 a b = [6, 16]; c needs no gradient.
+  Variable a(vec({1.0, 2.0}), true), b(vec({3.0, 4.0}), true), c(vec({5.0, 6.0}));
+  const auto abb = [](const std::vector<Variable>& in) { return mul(mul(in[0], in[1]), in[1]); };
+  Variable y = checkpoint("abb", {a, b}, abb);
+  EXPECT_EQ(y.op_name(), "abb");
+  expect_values(y.data(), {9.0, 32.0});
+  sum(y).backward();
+  expect_values(a.grad(), {9.0, 16.0});
+  expect_values(b.grad(), {6.0, 16.0});
+  // An input without a gradient gets none; its partner's is b^2 = [25, 36].
+  a.zero_grad();
+  sum(checkpoint("abb", {a, c}, abb)).backward();
+  expect_values(a.grad(), {25.0, 36.0});
+  EXPECT_FALSE(c.grad().defined());
+  // Under NoGradGuard nothing is recorded: the output is a plain value.
+  NoGradGuard off;
+  EXPECT_FALSE(checkpoint("abb", {a, b}, abb).requires_grad());
+}
+
+TEST(Checkpoint, SameGradientsAsWithoutItBitForBit) {
+  const Tensor q = rnd({2, 5, 3}, 11), k = rnd({2, 7, 3}, 12), v = rnd({2, 7, 4}, 13), r = rnd({2, 5, 4}, 14);
+  const auto grads = [&](bool recompute) {
+    std::vector<Variable> in{Variable(q, true), Variable(k, true), Variable(v, true)};
+    const Variable o = recompute ? checkpoint("head", in, head) : head(in);
+    sum(mul(o, Variable(r))).backward();
+    std::vector<std::vector<double>> out{o.data().to_vector()};
+    for (const Variable& x : in) out.push_back(x.grad().to_vector());
+    return out;
+  };
+  EXPECT_EQ(grads(true), grads(false));  // output, dq, dk, dv
+  const auto fd = gradcheck(
+      [](const std::vector<Variable>& in) { return checkpoint("head", in, head); }, {q, k, v});
+  EXPECT_TRUE(fd.ok) << fd.message;
+}
+
+TEST(Checkpoint, KeepsOneCallsIntermediatesAtATime) {
+  // Eight heads of [256, 256] float64 weights (512 KiB each). Without
+  // checkpoint, every head's weights are saved from its forward to its
+  // backward: all eight are alive when the backward starts. With it, a
+  // head's weights exist only inside its own forward (scores and weights)
+  // and its own backward (recomputed weights, their gradient, the scores'):
+  // never more than three [256, 256] at once.
+  constexpr std::int64_t n = 256, heads = 8;
+  constexpr std::size_t square = n * n * sizeof(double);
+  std::vector<Tensor> values;
+  for (std::int64_t i = 0; i < 3 * heads; ++i) values.push_back(scale(Variable(rnd({n, 1}, 20 + i)), 0.1).data());
+  const auto run = [&](bool recompute, std::vector<std::vector<double>>& grads) {
+    std::vector<Variable> leaves;
+    for (const Tensor& t : values) leaves.emplace_back(t, true);
+    const std::size_t base = memory_stats().current_bytes;
+    reset_peak_memory();
+    {
+      Variable total;
+      for (std::int64_t h = 0; h < heads; ++h) {
+        const std::vector<Variable> in(leaves.begin() + 3 * h, leaves.begin() + 3 * h + 3);
+        const Variable o = recompute ? checkpoint("head", in, head) : head(in);
+        total = total.defined() ? add(total, o) : o;
+      }
+      sum(total).backward();
+    }
+    for (const Variable& x : leaves) grads.push_back(x.grad().to_vector());
+    return memory_stats().peak_bytes - base;
+  };
+  std::vector<std::vector<double>> plain_grads, recomputed_grads;
+  const std::size_t plain = run(false, plain_grads), recomputed = run(true, recomputed_grads);
+  EXPECT_GE(plain, heads * square) << plain;
+  EXPECT_LT(recomputed, 3 * square + square / 4) << recomputed;  // the [n, 1] tensors are a few KiB
+  EXPECT_EQ(recomputed_grads, plain_grads);
+}
+
+TEST(Checkpoint, RetainGraphRecomputesForEachBackward) {
+  Variable a(vec({1.0, 2.0}), true);
+  const Variable y = sum(checkpoint("cube", {a}, [](const std::vector<Variable>& in) {
+    return mul(mul(in[0], in[0]), in[0]);
+  }));
+  y.backward({.retain_graph = true});
+  y.backward();
+  expect_values(a.grad(), {6.0, 24.0});  // 3 a^2 twice
+}
+
+TEST(Checkpoint, RefusesWhatItCannotRecompute) {
+  Variable a(vec({1.0, 2.0}), true);
+  expect_throw_with<std::invalid_argument>(
+      [&] { checkpoint("f", {a, Variable()}, [](const std::vector<Variable>& in) { return in[0]; }); },
+      {"checkpoint 'f'", "input 1 is undefined"});
+  expect_throw_with<std::logic_error>(
+      [&] { checkpoint("f", {a}, [](const std::vector<Variable>&) { return Variable(); }); },
+      {"checkpoint 'f'", "undefined"});
+  // A function that computes another shape when run again is named, not backpropagated.
+  int calls = 0;
+  const Variable y = checkpoint("grows", {a}, [&](const std::vector<Variable>& in) {
+    return ++calls == 1 ? in[0] : cat({in[0], in[0]}, 0);
+  });
+  expect_throw_with<std::logic_error>([&] { sum(y).backward(); },
+                                      {"checkpoint 'grows'", "[4]", "[2]", "the same thing both times"});
+  EXPECT_FALSE(a.grad().defined());
+}
+
 }  // namespace
+

@@ -58,7 +58,7 @@ pcdir=$root/$libdir/pkgconfig
 
 step "the installed SDK headers are the plugin-facing ones only"
 headers=$(cd "$root/include/headgrad" && ls | tr '\n' ' ')
-want="abi.hpp attention.hpp blas.hpp c_plugin.h half.hpp kernels.hpp ops.hpp parallel.hpp plugin.hpp shape.hpp tensor.hpp tensor_inl.hpp variable.hpp version.h "
+want="abi.hpp attention.hpp blas.hpp c_plugin.h checkpoint.hpp half.hpp kernels.hpp ops.hpp parallel.hpp plugin.hpp shape.hpp tensor.hpp tensor_inl.hpp variable.hpp version.h "
 [[ $headers == "$want" ]] || fail "installed headers: '$headers', expected '$want'"
 
 step "the installed program runs from its new place with its own library and plugins"

@@ -1,6 +1,8 @@
 // per_head: the oracle. Slow, obvious, trusted: a loop over heads, each with
 // its own slice of the weights and its own [T, T] scores; no reshape of
-// activations ever touches the head layout.
+// activations ever touches the head layout. Each head runs under the
+// engine's checkpoint: its [T, T] buffers live in its own forward and its
+// own backward only (one head's at a time, not all of them).
 //
 // Biases (when given): head h's slice of bq is added to its own projection,
 // kv head j's slices of bk and bv to its own, bo once after the concatenation.
@@ -21,6 +23,7 @@
 //
 // Shape legend: B batch, T sequence, D model width, H query heads, Hkv
 // key/value heads, G = H / Hkv, d head width (D / H unless given).
+#include <headgrad/checkpoint.hpp>
 #include <headgrad/plugin.hpp>
 
 namespace {
@@ -43,6 +46,20 @@ Variable one_head(const Variable& q, const Variable& k, const Variable& v, const
   column.back() = 1;
   const Variable p = softmax(cat({s, expand(reshape(sink, {1, 1, 1}), column)}, -1), -1);
   return matmul(narrow(p, -1, 0, k.size(-2)), v);
+}
+
+// one_head under checkpoint: a head's [Tq, Tk] scores and weights are not
+// kept from its forward to its backward but computed again, the same ops on
+// the same values, when its backward runs. So one head's are alive at a time,
+// not every head's (32 float64 heads at T 8192 would keep 16 GiB), and the
+// gradients are those of one_head's ops, bit for bit.
+Variable head_recomputed(const Variable& q, const Variable& k, const Variable& v, const Tensor& attend,
+                         double scale_factor, double cap, const Variable& sink) {
+  std::vector<Variable> in{q, k, v};
+  if (sink.defined()) in.push_back(sink);
+  return checkpoint("per_head.head", std::move(in), [=](const std::vector<Variable>& x) {
+    return one_head(x[0], x[1], x[2], attend, scale_factor, cap, x.size() > 3 ? x[3] : Variable());
+  });
 }
 
 // Query head h's sink logit [1], or undefined without sinks ([H] expected).
@@ -176,8 +193,9 @@ class PerHead final : public Attention {
     std::vector<Variable> heads;
     for (std::int64_t h = 0; h < m.heads; ++h) {
       const std::int64_t j = h / m.group;  // the kv head this query head reads
-      heads.push_back(one_head(rope_queries(qs[static_cast<std::size_t>(h)], s), ks[j], vs[j], head_mask(attend, h),
-                               spec.scale_for(d), spec.softcap, head_sink(spec, m.heads, h)));
+      heads.push_back(head_recomputed(rope_queries(qs[static_cast<std::size_t>(h)], s), ks[j], vs[j],
+                                      head_mask(attend, h), spec.scale_for(d), spec.softcap,
+                                      head_sink(spec, m.heads, h)));
     }
     const Variable concat = cat(heads, -1);  // [B, T, H*d]: head h in columns [h*d, (h+1)*d)
     Shape out_shape = x.shape();
@@ -211,8 +229,8 @@ class PerHead final : public Attention {
     for (std::int64_t n = 0; n < q3.size(0); ++n) {
       const Tensor m = attend.defined() ? attend.narrow(0, n, 1) : Tensor();
       const std::int64_t kv = (n / heads) * (heads / group) + (n % heads) / group;
-      slices.push_back(one_head(narrow(q3, 0, n, 1), narrow(k3, 0, kv, 1), narrow(v3, 0, kv, 1),
-                                m, spec.scale_for(d), spec.softcap, head_sink(spec, heads, n % heads)));
+      slices.push_back(head_recomputed(narrow(q3, 0, n, 1), narrow(k3, 0, kv, 1), narrow(v3, 0, kv, 1),
+                                       m, spec.scale_for(d), spec.softcap, head_sink(spec, heads, n % heads)));
     }
     Shape out_shape = q.shape();
     out_shape.back() = dv;

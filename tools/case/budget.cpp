@@ -15,7 +15,7 @@ double attention_bytes(const AttentionDims& s, double element_size) {
   const double hd = s.H * s.d;                      // width of q and of the merged heads
   const double kv_hd = (s.Hkv > 0 ? s.Hkv : s.H) * s.d;  // width of k and v (Hkv heads)
   const double q = s.B * s.Tq * hd, kv = s.B * s.Tk * kv_hd;
-  const double scores = s.B * s.H * s.Tq * s.Tk;    // [B, H, Tq, Tk]
+  const double scores = s.B * (s.one_head_at_a_time ? 1 : s.H) * s.Tq * s.Tk;  // [B, H, Tq, Tk] or [B, Tq, Tk]
   double inputs, results, working;
   if (s.mha) {
     const double x = s.B * s.Tq * s.D, weights = 2 * s.D * hd + 2 * s.D * kv_hd;

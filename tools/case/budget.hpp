@@ -23,6 +23,9 @@ struct AttentionDims {
   double B = 0, H = 0, Tq = 0, Tk = 0, d = 0, D = 0;
   double Hkv = 0;             // key/value heads; 0 means H
   bool score_buffers = true;  // false: a fused plugin's working set (no [B, H, Tq, Tk] buffers)
+  // true: one head's [B, Tq, Tk] buffers alive at a time, not every head's
+  // (per_head, the oracle, runs each head under checkpoint)
+  bool one_head_at_a_time = false;
 };
 
 // Peak bytes of one case, simply and on the safe side: the shared inputs

@@ -1545,10 +1545,13 @@ double case_memory_bytes(const CaseSpec& c) {
   a.Tk = static_cast<double>(a.mha ? c.kv_length() : d.Tk);
   const double need = attention_bytes(a, static_cast<double>(dtype_size(c.dtype)));
   // Judged relative_to_baseline, the case also runs the oracle in float64 (the
-  // golden), whose working set is the largest of its runs: a reference's own
+  // golden): per_head, whose checkpointed heads hold one head's [Tq, Tk]
+  // buffers at a time, with everything else in 8 bytes. A reference's own
   // golden/ folder runs nothing.
   const bool oracle_golden = c.relative_rule() && !(c.files && !c.files->golden.empty());
-  return oracle_golden && c.dtype != DType::float64 ? std::max(need, attention_bytes(a, 8.0)) : need;
+  if (!oracle_golden || c.dtype == DType::float64) return need;
+  a.one_head_at_a_time = true;
+  return std::max(need, attention_bytes(a, 8.0));
 }
 
 void check_memory(const std::vector<const CaseSpec*>& cases, double budget_bytes, const std::string& budget_source) {

@@ -1,4 +1,5 @@
 #include "headgrad/variable.hpp"
+#include "headgrad/checkpoint.hpp"
 
 #include <stdexcept>
 #include <atomic>
@@ -299,4 +300,66 @@ Variable custom_op(const std::string& name, std::vector<Variable> inputs, Custom
                            });
 }
 
+// ---------------------------------------------------------------- checkpoint
+
+namespace {
+
+// Grad mode on while alive, whatever it was (the engine runs backward closures
+// under NoGradGuard; a recompute must record).
+class RecordGuard {
+ public:
+  RecordGuard() : previous_(t_grad_enabled) { t_grad_enabled = true; }
+  ~RecordGuard() { t_grad_enabled = previous_; }
+  RecordGuard(const RecordGuard&) = delete;
+  RecordGuard& operator=(const RecordGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// fn's output, refused by name when it gives none.
+Variable run_checkpointed(const std::string& name, const CheckpointFn& fn, const std::vector<Variable>& inputs) {
+  Variable out = fn(inputs);
+  if (!out.defined()) throw std::logic_error("checkpoint '" + name + "': fn returned an undefined Variable");
+  return out;
+}
+
+}  // namespace
+
+Variable checkpoint(const std::string& name, std::vector<Variable> inputs, CheckpointFn fn) {
+  std::vector<Tensor> values;
+  values.reserve(inputs.size());
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].defined())
+      throw std::invalid_argument("checkpoint '" + name + "': input " + std::to_string(i) + " is undefined");
+    values.push_back(inputs[i].data());
+  }
+  Tensor out;
+  {
+    NoGradGuard no_grad;  // fn's intermediates die here: nothing saves them
+    std::vector<Variable> constants(values.begin(), values.end());
+    out = run_checkpointed(name, fn, constants).data();
+  }
+  return Variable::from_op(
+      name, std::move(out), inputs, std::move(values),
+      [name, fn = std::move(fn)](const Tensor& g, const BackwardContext& ctx) {
+        RecordGuard record;
+        std::vector<Variable> leaves;
+        leaves.reserve(ctx.saved.size());
+        for (std::size_t i = 0; i < ctx.saved.size(); ++i)
+          leaves.emplace_back(ctx.saved[i], static_cast<bool>(ctx.needs_input_grad[i]));
+        std::vector<Tensor> grads(leaves.size());
+        const Variable y = run_checkpointed(name, fn, leaves);
+        if (!y.requires_grad()) return grads;  // fn ignored every input that needs a gradient
+        if (y.shape() != g.shape() || y.dtype() != g.dtype())
+          throw std::logic_error("checkpoint '" + name + "': fn gave " + y.data().repr() + " on recompute, " +
+                                 std::string(dtype_name(g.dtype())) + " " + shape_str(g.shape()) +
+                                 " in the forward: fn must compute the same thing both times");
+        y.backward(g);
+        for (std::size_t i = 0; i < leaves.size(); ++i) grads[i] = leaves[i].grad();
+        return grads;
+      });
+}
+
 }  // namespace headgrad
+
