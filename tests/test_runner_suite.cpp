@@ -476,11 +476,22 @@ TEST(SuiteMemory, EstimateAndBudget) {
   EXPECT_DOUBLE_EQ(case_memory_bytes(c), 2288.0 * 8);
   c.dtype = DType::float32;
   // Below float64 judged relative_to_baseline (the default), the oracle's
-  // float64 golden runs too: its 8-byte working set is the estimate, with one
-  // head's score buffers alive at a time (per_head's checkpoint): 4 of
-  // [2, 3, 3] = 72 elements instead of 144, so 2288 - 72 = 2216.
+  // float64 golden runs too: its 8-byte working set is the estimate. Its
+  // score buffers here are far below kOracleRecomputeAboveBytes, so per_head
+  // keeps every head's: the float64 figure.
   EXPECT_TRUE(c.relative_rule());
-  EXPECT_DOUBLE_EQ(case_memory_bytes(c), 2216.0 * 8);
+  EXPECT_DOUBLE_EQ(case_memory_bytes(c), 2288.0 * 8);
+  {
+    // Past the bound (B 1, H 4, T 3000: every head's [T, T] in float64 is
+    // 288 MB), per_head recomputes each head: of the 4 score buffers per head
+    // the estimate counts one head's, 4 * 3 * 3000^2 elements fewer than the
+    // float64 case (which any plugin may run keeping every head's).
+    CaseSpec big = only_case(parse(std::string("cases:\n  - name: big\n    ") + kPair +
+                                   "\n    shape: {B: 1, T: 3000, D: 8, H: 4}\n"));
+    const double every_head = case_memory_bytes(big);
+    big.dtype = DType::bfloat16;
+    EXPECT_DOUBLE_EQ(case_memory_bytes(big), every_head - 4.0 * 3 * 3000 * 3000 * 8);
+  }
   c.tolerance_rule = ToleranceRule::allclose;  // no golden: the case's own dtype
   EXPECT_DOUBLE_EQ(case_memory_bytes(c), 2288.0 * 4);
   EXPECT_NO_THROW(check_memory({&c}, 2288.0 * 4, "test"));

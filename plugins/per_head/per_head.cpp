@@ -1,8 +1,8 @@
 // per_head: the oracle. Slow, obvious, trusted: a loop over heads, each with
 // its own slice of the weights and its own [T, T] scores; no reshape of
-// activations ever touches the head layout. Each head runs under the
-// engine's checkpoint: its [T, T] buffers live in its own forward and its
-// own backward only (one head's at a time, not all of them).
+// activations ever touches the head layout. At large shapes each head runs
+// under the engine's checkpoint: its [T, T] buffers live in its own forward
+// and its own backward only (one head's at a time, not all of them).
 //
 // Biases (when given): head h's slice of bq is added to its own projection,
 // kv head j's slices of bk and bv to its own, bo once after the concatenation.
@@ -48,13 +48,27 @@ Variable one_head(const Variable& q, const Variable& k, const Variable& v, const
   return matmul(narrow(p, -1, 0, k.size(-2)), v);
 }
 
-// one_head under checkpoint: a head's [Tq, Tk] scores and weights are not
-// kept from its forward to its backward but computed again, the same ops on
-// the same values, when its backward runs. So one head's are alive at a time,
-// not every head's (32 float64 heads at T 8192 would keep 16 GiB), and the
-// gradients are those of one_head's ops, bit for bit.
-Variable head_recomputed(const Variable& q, const Variable& k, const Variable& v, const Tensor& attend,
-                         double scale_factor, double cap, const Variable& sink) {
+// Every head's [Tq, Tk] buffers together above this many bytes: each head
+// runs under checkpoint. Below it they are kept, as the plain loop keeps
+// them: recomputing costs a third more attention FLOPs, which shapes this
+// small do not need to pay. The runner's memory estimate uses the same bound
+// (tools/case/budget.hpp, kOracleRecomputeAboveBytes).
+constexpr double kRecomputeAboveBytes = 256.0 * 1024 * 1024;
+
+bool recompute_heads(std::int64_t slices, std::int64_t tq, std::int64_t tk, DType dtype) {
+  return static_cast<double>(slices) * static_cast<double>(tq) * static_cast<double>(tk) *
+             static_cast<double>(dtype_size(dtype)) > kRecomputeAboveBytes;
+}
+
+// one_head, under checkpoint when `recompute`: a head's [Tq, Tk] scores and
+// weights are then not kept from its forward to its backward but computed
+// again, the same ops on the same values, when its backward runs. So one
+// head's are alive at a time, not every head's (32 float64 heads at T 8192
+// would keep 16 GiB), and the gradients are those of one_head's ops, bit for
+// bit.
+Variable head(bool recompute, const Variable& q, const Variable& k, const Variable& v, const Tensor& attend,
+              double scale_factor, double cap, const Variable& sink) {
+  if (!recompute) return one_head(q, k, v, attend, scale_factor, cap, sink);
   std::vector<Variable> in{q, k, v};
   if (sink.defined()) in.push_back(sink);
   return checkpoint("per_head.head", std::move(in), [=](const std::vector<Variable>& x) {
@@ -191,11 +205,11 @@ class PerHead final : public Attention {
       qs.push_back(linear_bias(x3, narrow(w.wq, 0, h * d, d), slice(w.bq, h * d, d)));  // [B, T, d]
     qs = qk_normed(qs, w.q_norm, s);
     std::vector<Variable> heads;
+    const bool recompute = recompute_heads(x3.size(0) * m.heads, t, kv3.size(-2), x.dtype());
     for (std::int64_t h = 0; h < m.heads; ++h) {
       const std::int64_t j = h / m.group;  // the kv head this query head reads
-      heads.push_back(head_recomputed(rope_queries(qs[static_cast<std::size_t>(h)], s), ks[j], vs[j],
-                                      head_mask(attend, h), spec.scale_for(d), spec.softcap,
-                                      head_sink(spec, m.heads, h)));
+      heads.push_back(head(recompute, rope_queries(qs[static_cast<std::size_t>(h)], s), ks[j], vs[j],
+                           head_mask(attend, h), spec.scale_for(d), spec.softcap, head_sink(spec, m.heads, h)));
     }
     const Variable concat = cat(heads, -1);  // [B, T, H*d]: head h in columns [h*d, (h+1)*d)
     Shape out_shape = x.shape();
@@ -226,11 +240,12 @@ class PerHead final : public Attention {
     const Variable v3 = reshape(v, {-1, tk, dv});
     if (attend.defined()) attend = attend.expand(with_last2(lead, tq, tk)).reshape({-1, tq, tk});
     std::vector<Variable> slices;
+    const bool recompute = recompute_heads(q3.size(0), tq, tk, q0.dtype());
     for (std::int64_t n = 0; n < q3.size(0); ++n) {
       const Tensor m = attend.defined() ? attend.narrow(0, n, 1) : Tensor();
       const std::int64_t kv = (n / heads) * (heads / group) + (n % heads) / group;
-      slices.push_back(head_recomputed(narrow(q3, 0, n, 1), narrow(k3, 0, kv, 1), narrow(v3, 0, kv, 1),
-                                       m, spec.scale_for(d), spec.softcap, head_sink(spec, heads, n % heads)));
+      slices.push_back(head(recompute, narrow(q3, 0, n, 1), narrow(k3, 0, kv, 1), narrow(v3, 0, kv, 1), m,
+                            spec.scale_for(d), spec.softcap, head_sink(spec, heads, n % heads)));
     }
     Shape out_shape = q.shape();
     out_shape.back() = dv;

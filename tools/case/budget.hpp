@@ -28,6 +28,11 @@ struct AttentionDims {
   bool one_head_at_a_time = false;
 };
 
+// per_head runs its heads under checkpoint (one head's [Tq, Tk] buffers at a
+// time) when every head's together would take more than this many bytes
+// (plugins/per_head/per_head.cpp, kRecomputeAboveBytes: the two must agree).
+inline constexpr double kOracleRecomputeAboveBytes = 256.0 * 1024 * 1024;
+
 // Peak bytes of one case, simply and on the safe side: the shared inputs
 // (held by the runner), one side's working set (the leaves' gradients, the
 // projections and their gradients, and the [B, H, Tq, Tk] score and

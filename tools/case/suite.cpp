@@ -1545,12 +1545,12 @@ double case_memory_bytes(const CaseSpec& c) {
   a.Tk = static_cast<double>(a.mha ? c.kv_length() : d.Tk);
   const double need = attention_bytes(a, static_cast<double>(dtype_size(c.dtype)));
   // Judged relative_to_baseline, the case also runs the oracle in float64 (the
-  // golden): per_head, whose checkpointed heads hold one head's [Tq, Tk]
-  // buffers at a time, with everything else in 8 bytes. A reference's own
-  // golden/ folder runs nothing.
+  // golden): per_head, everything in 8 bytes, whose heads hold one head's
+  // [Tq, Tk] buffers at a time once all of them would pass
+  // kOracleRecomputeAboveBytes. A reference's own golden/ folder runs nothing.
   const bool oracle_golden = c.relative_rule() && !(c.files && !c.files->golden.empty());
   if (!oracle_golden || c.dtype == DType::float64) return need;
-  a.one_head_at_a_time = true;
+  a.one_head_at_a_time = a.B * a.H * a.Tq * a.Tk * 8.0 > kOracleRecomputeAboveBytes;
   return std::max(need, attention_bytes(a, 8.0));
 }
 
