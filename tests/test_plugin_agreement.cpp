@@ -1355,3 +1355,37 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 }  // namespace
+
+// ---------------------------------------------------------------- per_head past its recompute bound
+
+// Once every slice's [Tq, Tk] buffers together pass 256 MiB (here 9 slices of
+// 2048 x 2048 float64: 288 MiB each kind), per_head runs each slice under
+// checkpoint. Each slice's out and gradients must equal, bit for bit, that
+// slice run alone (32 MiB: kept, no recompute), and the run's peak must stay
+// under one [Tq, Tk] buffer per slice, which keeping them could not.
+TEST_F(PluginTest, PerHeadRecomputesPastItsBoundBitForBit) {
+  require_plugins({"per_head"});
+  const Attention& p = plugin("per_head");
+  const std::int64_t n = 9, t = 2048, d = 2;
+  Generator gen(5);
+  CoreInputs in;
+  for (Tensor* x : {&in.q, &in.k, &in.v, &in.r}) *x = randn({1, n, t, d}, DType::float64, gen);
+  AttentionSpec spec;
+  spec.causal = true;
+  const std::size_t base = memory_stats().current_bytes;
+  reset_peak_memory();
+  const CoreResult all = run_core(p, in, spec);
+  const double peak = static_cast<double>(memory_stats().peak_bytes - base);
+  const double one_buffer_per_slice = static_cast<double>(n * t * t * 8);
+  EXPECT_LT(peak, one_buffer_per_slice) << "peak " << peak / (1 << 20) << " MiB";
+  for (const std::int64_t s : {std::int64_t{0}, std::int64_t{4}, n - 1}) {
+    auto slice = [&](const Tensor& x) { return x.narrow(1, s, 1).contiguous(); };
+    CoreInputs one;
+    for (auto [from, to] : {std::pair{&in.q, &one.q}, {&in.k, &one.k}, {&in.v, &one.v}, {&in.r, &one.r}})
+      *to = slice(*from);
+    const CoreResult alone = run_core(p, one, spec);
+    const std::vector<Tensor> a = all.all(), b = alone.all();
+    for (std::size_t i = 0; i < a.size(); ++i)
+      EXPECT_EQ(slice(a[i]).to_vector(), b[i].to_vector()) << "slice " << s << ", tensor " << i;
+  }
+}
