@@ -703,7 +703,9 @@ void add_export_command(CLI::App& app, int& exit_code) {
   CLI::App* exp = app.add_subcommand(
       "export", "Run one plugin on one case and write its inputs, output and gradients as a reference directory "
                 "(.npy files: x, wq, wk, wv, wo, r, out, dx, dwq, dwk, dwv, dwo, with biases bq, bk, bv, bo, dbq, dbk, "
-                "dbv, dbo; or q, k, v, mask, r, out, dq, dk, dv), plus a suite.yaml that checks the plugin against it.");
+                "dbv, dbo; or q, k, v, mask, r, out, dq, dk, dv; and the case's sinks, q_norm, k_norm, x_kv with their "
+                "gradients, positions for listed or generated RoPE positions), plus a suite.yaml that checks the "
+                "plugin against it (the case's rope, taps, window, softcap, qk_norm, cross and tolerance).");
   exp->add_option("suite", args->suite, "the suite (YAML)")->required()->check(CLI::ExistingFile)->type_name("SUITE.yaml");
   exp->add_option("--case", args->case_name, "the case's name as reports show it (a sweep point: name[B=2,T=5])")
       ->required()
