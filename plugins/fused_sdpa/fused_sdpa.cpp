@@ -1,8 +1,9 @@
 // fused_sdpa: the attention core as one custom op with a hand-written forward
 // and backward (FlashAttention-2 style, kernel.cpp), run with the kernel's
 // default 128 x 128 tiles (256 x 256 from 2048 queries and keys up; 64 x 64
-// with wide tiles for a narrow window: tiles_for), inside the batched split and merge of heads. Grouped KV heads reach the
-// kernel unexpanded: its K/V memory is Hkv/H of the expanded one.
+// with wide tiles for a narrow window: tiles_for), inside the batched split
+// and merge of heads. Grouped KV heads reach the kernel unexpanded: its K/V
+// memory is Hkv/H of the expanded one.
 //
 // Shape legend: B, T, D, H, Hkv as in plugin.hpp; [...] leading dims.
 #include <algorithm>
