@@ -34,4 +34,12 @@ inline std::string load_real_plugins(PluginRegistry& registry) {
   return problems;
 }
 
+// Loads one plugin file into `registry`: "" when it loaded, else a line naming
+// `what` with the loader's reason (to collect, as load_real_plugins does).
+inline std::string load_plugin_file(PluginRegistry& registry, const std::filesystem::path& file,
+                                    const std::string& what) {
+  if (registry.load_file(file)) return "";
+  return what + ": " + registry.rejections().back().reason + "\n";
+}
+
 }  // namespace headgrad::test

@@ -33,13 +33,12 @@ class Bias : public ::testing::Test {
   static void SetUpTestSuite() {
     registry_ = new PluginRegistry();
     problems_ = test::load_real_plugins(*registry_);
-    for (const char* name : {"bias_ignored", "uncatalogued_heads_reversed"})
-      if (!registry_->load_file(fs::path(RUNNER_TEST_PLUGIN_DIR) / (std::string(name) + ".so")))
-        problems_ += std::string(name) + ": " + registry_->rejections().back().reason + "\n";
+    for (const std::string name : {"bias_ignored", "uncatalogued_heads_reversed"})
+      problems_ += test::load_plugin_file(*registry_, fs::path(RUNNER_TEST_PLUGIN_DIR) / (name + ".so"), name);
     for (const char* bug : {"merge_without_transpose", "kv_map_tile", "weights_not_transposed",
                             "missing_output_projection", "scale_one_over_d"})
-      if (!registry_->load_file(fs::path(HEADGRAD_BUILD_PLUGIN_DIR) / "mutants" / ("mutant_" + std::string(bug) + ".so")))
-        problems_ += std::string(bug) + ": " + registry_->rejections().back().reason + "\n";
+      problems_ += test::load_plugin_file(
+          *registry_, fs::path(HEADGRAD_BUILD_PLUGIN_DIR) / "mutants" / ("mutant_" + std::string(bug) + ".so"), bug);
   }
   static void TearDownTestSuite() {
     delete registry_;

@@ -53,8 +53,8 @@ class QkNormCross : public ::testing::Test {
     registry_ = new PluginRegistry();
     problems_ = test::load_real_plugins(*registry_);
     for (const char* bug : kBugs)
-      if (!registry_->load_file(fs::path(HEADGRAD_BUILD_PLUGIN_DIR) / "mutants" / ("mutant_" + std::string(bug) + ".so")))
-        problems_ += std::string(bug) + ": " + registry_->rejections().back().reason + "\n";
+      problems_ += test::load_plugin_file(
+          *registry_, fs::path(HEADGRAD_BUILD_PLUGIN_DIR) / "mutants" / ("mutant_" + std::string(bug) + ".so"), bug);
   }
   static void TearDownTestSuite() {
     delete registry_;
