@@ -351,7 +351,9 @@ TEST(FusedKernel, BottomRightEqualsItsHandBuiltMaskAcrossTiles) {
     for (std::int64_t i = 0; i < tq - tk; ++i)
       for (std::int64_t c = 0; c < 3; ++c) {
         EXPECT_EQ(a.dq.at({0, i, c}), 0.0);
-        if (c < 2) EXPECT_EQ(a.out.at({1, i, c}), 0.0);
+        if (c < 2) {
+          EXPECT_EQ(a.out.at({1, i, c}), 0.0);
+        }
       }
   }
 }

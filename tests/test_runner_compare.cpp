@@ -165,7 +165,7 @@ CaseSpec mha_case(InputLayout layout) {
   return c;
 }
 
-TEST(Inputs, SeededRecipeIsTheSameInEveryLayout) {
+TEST(SeededInputs, SeededRecipeIsTheSameInEveryLayout) {
   const CaseInputs a = make_inputs(mha_case(InputLayout::contiguous));
   const CaseInputs b = make_inputs(mha_case(InputLayout::transposed));
   const CaseInputs c = make_inputs(mha_case(InputLayout::sliced));
@@ -198,7 +198,7 @@ TEST(Inputs, SeededRecipeIsTheSameInEveryLayout) {
   EXPECT_EQ(bspec.causal_shift(1, 7), 6);
 }
 
-TEST(Inputs, CoreLevelShapes) {
+TEST(SeededInputs, CoreLevelShapes) {
   CaseSpec c;
   c.name = "core";
   c.level = Level::core;

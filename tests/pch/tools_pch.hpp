@@ -1,0 +1,23 @@
+// The precompiled header of test_tools (tests/meson.build): what most of its
+// files include, compiled once for all of them.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "analysis/analyze.hpp"
+#include "case/inputs.hpp"
+#include "headgrad/loader.hpp"
+#include "headgrad/ops.hpp"
+#include "job/run_suite.hpp"
+#include "judge/run_case.hpp"
+#include "report/report.hpp"
