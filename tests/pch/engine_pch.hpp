@@ -1,6 +1,6 @@
 // The precompiled header of test_engine (tests/meson.build): what most of its
-// files include, compiled once for all of them.
-#pragma once
+// files include, compiled once for all of them (meson compiles it as its own
+// file: no include guard).
 
 #include <algorithm>
 #include <cmath>

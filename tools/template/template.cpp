@@ -604,7 +604,7 @@ int run_new_plugin(const std::string& name, const fs::path& dir, std::ostream& o
   out << "wrote " << dir.string() << ":";
   for (const auto& f : written) out << " " << f.lexically_relative(dir).string();
   out << "\n";
-  boost::system::error_code bec;
+  boost::dll::fs::error_code bec;
   const fs::path exe = boost::dll::program_location(bec).string();
   const SdkLocation sdk = bec ? SdkLocation{} : sdk_for_program(exe);
   if (sdk.uninstalled)

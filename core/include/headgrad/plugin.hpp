@@ -53,6 +53,13 @@
 #include <string_view>
 #include <vector>
 
+// Boost.DLL's paths as std::filesystem's: the alias macro below needs none of
+// them, and Boost.DLL's default (boost::filesystem) made this header about a
+// second of compiling longer in every plugin source. headgrad's own build
+// defines it for every file (meson.build), so all of it agrees.
+#ifndef BOOST_DLL_USE_STD_FS
+#define BOOST_DLL_USE_STD_FS
+#endif
 #include <boost/dll/alias.hpp>
 
 #include "headgrad/abi.hpp"

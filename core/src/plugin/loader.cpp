@@ -82,7 +82,7 @@ Opened open_plugin(const fs::path& file, const std::function<void(const char*)>&
   o.keeper = std::make_shared<PluginKeeper>();
   auto library = std::make_shared<boost::dll::shared_library>();
   on_stage("load");
-  boost::system::error_code ec;
+  boost::dll::fs::error_code ec;
   // rtld_local: two plugins may define the same internal names without clashing.
   library->load(boost::dll::fs::path(file.string()), ec,
                 boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
