@@ -85,51 +85,42 @@ T add_lanes(const T* lane) {
          : v < -745.133219101941108420 ? 0.0
          : v != v ? v : y;
 }
-}  // namespace
 
-// float32: exp and sum in one pass that the compiler vectorizes, built for
-// AVX-512, AVX2 and baseline x86-64 and picked at load time.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-float exp_shift_row(float* x, std::int64_t n, float shift) {
-  float lane[kLanes] = {};
+// x[j] := exp(x[j] - shift) and their sum in lanes, in one pass that the
+// compiler vectorizes: inlined into each exp_shift_row below, which are built
+// for AVX-512, AVX2 and baseline x86-64 and picked at load time.
+template <class T, T (*exp)(T)>
+[[gnu::always_inline]] inline T exp_and_sum(T* x, std::int64_t n, T shift) {
+  T lane[kLanes] = {};
   std::int64_t c = 0;
   for (; c + kLanes <= n; c += kLanes)
     for (int l = 0; l < kLanes; ++l) {
-      const float e = exp_poly(x[c + l] - shift);
+      const T e = exp(x[c + l] - shift);
       x[c + l] = e;
       lane[l] += e;
     }
   for (; c < n; ++c) {
-    const float e = exp_poly(x[c] - shift);
+    const T e = exp(x[c] - shift);
     x[c] = e;
     lane[c % kLanes] += e;
   }
   return add_lanes(lane);
 }
 
-// float64, the checking precision: exp_poly64 below, within 1 ulp of
-// std::exp, vectorized like the float32 loop (std::exp is a call per element
-// and took most of a float64 softmax).
+}  // namespace
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+float exp_shift_row(float* x, std::int64_t n, float shift) { return exp_and_sum<float, exp_poly>(x, n, shift); }
+
+// float64, the checking precision: exp_poly64, within 1 ulp of std::exp
+// (std::exp is a call per element and took most of a float64 softmax).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 double exp_shift_row(double* x, std::int64_t n, double shift) {
-  double lane[kLanes] = {};
-  std::int64_t c = 0;
-  for (; c + kLanes <= n; c += kLanes)
-    for (int l = 0; l < kLanes; ++l) {
-      const double e = exp_poly64(x[c + l] - shift);
-      x[c + l] = e;
-      lane[l] += e;
-    }
-  for (; c < n; ++c) {
-    const double e = exp_poly64(x[c] - shift);
-    x[c] = e;
-    lane[c % kLanes] += e;
-  }
-  return add_lanes(lane);
+  return exp_and_sum<double, exp_poly64>(x, n, shift);
 }
 
 }  // namespace headgrad::kernels
