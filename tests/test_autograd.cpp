@@ -225,6 +225,36 @@ TEST(Autograd, GradientOfAViewLeafHasItsShape) {
   expect_values(x.grad(), {2, 8, 4, 10, 6, 12});
 }
 
+// Slices of one leaf (narrow, whose gradient the engine adds into the slice
+// of the pending one), overlapping and beside a use of the whole: the
+// gradient is worked out by hand, and the upstream gradient, which the
+// engine first holds as is (cat's backward passes views of it), is not
+// written by the in-place adds; a second backward adds up again.
+TEST(Autograd, SlicedLeafGradientsAddUpWithoutWritingTheUpstream) {
+  const Tensor w0 = Tensor::from_values(std::vector<double>{1, 2, 3, 4, 5, 6, 7, 8}, {4, 2}, DType::float64);
+  Variable w(w0, true);
+  // rows 1..2 and 2..3 of w, then w whole: out [8, 2]
+  const Variable out = cat({narrow(w, 0, 1, 2), narrow(w, 0, 2, 2), reshape(w, {4, 2})}, 0);
+  const Tensor g = Tensor::from_values(std::vector<double>{1, 2, 3, 4, 5, 6, 7, 8, 10, 20, 30, 40, 50, 60, 70, 80}, {8, 2},
+                                       DType::float64);
+  const std::vector<double> g_before = g.to_vector();
+  out.backward(g, {.retain_graph = true});
+  // row r of dw: the whole's row r (g rows 4..7), plus row r - 1 of the first slice
+  // (g rows 0..1) for r = 1, 2, plus row r - 2 of the second (g rows 2..3) for r = 2, 3
+  const std::vector<double> want = {10, 20, 30 + 1, 40 + 2, 50 + 3 + 5, 60 + 4 + 6, 70 + 7, 80 + 8};
+  EXPECT_EQ(w.grad().to_vector(), want);
+  EXPECT_EQ(g.to_vector(), g_before);
+  out.backward(g);
+  std::vector<double> twice = want;
+  for (double& v : twice) v *= 2;
+  EXPECT_EQ(w.grad().to_vector(), twice);
+  EXPECT_EQ(g.to_vector(), g_before);
+  // a slice's gradient alone: zeros outside it
+  Variable v(w0, true);
+  sum(narrow(v, 1, 1, 1)).backward();
+  EXPECT_EQ(v.grad().to_vector(), (std::vector<double>{0, 1, 0, 1, 0, 1, 0, 1}));
+}
+
 TEST(Autograd, MillionOpChainBuildsRunsAndFrees) {
   // y = x + 1e6 scale(., 1) steps on one-element tensors: building, backward
   // and teardown all walk the chain iteratively (a recursive destructor or

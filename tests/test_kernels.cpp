@@ -1,7 +1,8 @@
 // The row kernels under softmax and the fused attention cores
 // (<headgrad/kernels.hpp>, core/src/ops/exp_row.cpp and kernels.cpp):
-// exp_shift_row against std::exp (ulps, the float32 overflow edge, masked
-// tails) and row_max against a plain running max.
+// exp_shift_row against std::exp (ulps over float64's whole range, the
+// float32 and float64 under/overflow edges, NaN, masked tails) and row_max
+// against a plain running max.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -41,14 +42,88 @@ TEST(ExpShiftRow, Float32WithinTwoUlpOfStdExpAndZeroForMinusInfinity) {
   EXPECT_NEAR(sum, total, 1e-6 * total);
 }
 
-TEST(ExpShiftRow, Float64IsStdExpAndTrailingZerosKeepTheSum) {
+// |a - b| in units in the last place of b (a subnormal b: of the smallest
+// subnormal), for doubles of the same sign.
+double ulps_apart(double a, double b) {
+  const double ulp = std::nextafter(b, std::numeric_limits<double>::infinity()) - b;
+  return std::abs(a - b) / ulp;
+}
+
+// The float64 exponential (a vectorized polynomial, not std::exp) within 1
+// ulp of std::exp across its whole range: from where exp is 0, through the
+// subnormal results below -708.4, to the last finite value at ln(DBL_MAX).
+TEST(ExpShiftRow, Float64WithinOneUlpOfStdExpOverItsWholeRange) {
+  std::vector<double> x;
+  for (double v = -746.0; v < 710.0; v += 0.000731) x.push_back(v);  // 2 M points
+  for (double v = -1.0; v < 1.0; v += 1.37e-5) x.push_back(v);       // k = 0 and the first steps
+  for (double v = 1e-300; v < 1e-3; v *= 3.7) x.push_back(v), x.push_back(-v);  // exp(v) near 1
+  const double ln_max = std::log(std::numeric_limits<double>::max());
+  for (int i = 0; i < 1000; ++i) x.push_back(ln_max - 1e-13 * i);      // the top edge, finite
+  std::vector<double> y = x;
+  kernels::exp_shift_row(y.data(), static_cast<std::int64_t>(y.size()), 0.0);
+  double worst = 0;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double want = std::exp(x[i]);
+    ASSERT_EQ(std::isfinite(y[i]), std::isfinite(want)) << "exp(" << x[i] << ") = " << y[i];
+    if (want == 0.0) {
+      EXPECT_EQ(y[i], 0.0) << "exp(" << x[i] << ")";
+      continue;
+    }
+    const double u = ulps_apart(y[i], want);
+    if (u > worst) worst = u, at = i;
+  }
+  EXPECT_LE(worst, 1.0) << "at exp(" << x[at] << "): " << y[at] << " against " << std::exp(x[at]);
+}
+
+// Its edges: -inf and everything below -745.14 give exactly 0, +inf and
+// everything above ln(DBL_MAX) give inf (so a softmax without its max
+// subtracted overflows as with std::exp), NaN stays NaN; the shift is
+// subtracted first.
+TEST(ExpShiftRow, Float64UnderflowOverflowAndNaN) {
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double ln_max = std::log(std::numeric_limits<double>::max());
+  const std::vector<double> x = {-inf, -1e300, -800.0, -745.2, -745.0, -740.0, -708.5, 0.0,
+                                 ln_max, std::nextafter(709.79, 0.0), 709.79, 710.0, 1e300, inf, nan};
+  std::vector<double> y = x;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    kernels::exp_shift_row(&y[i], 1, 0.0);
+    if (std::isnan(x[i])) {
+      EXPECT_TRUE(std::isnan(y[i]));
+      continue;
+    }
+    const double want = std::exp(x[i]);
+    if (want == 0.0 || std::isinf(want))
+      EXPECT_EQ(y[i], want) << "exp(" << x[i] << ")";
+    else
+      EXPECT_LE(ulps_apart(y[i], want), 1.0) << "exp(" << x[i] << ") = " << y[i] << ", std::exp " << want;
+  }
+  EXPECT_EQ(y[0], 0.0);
+  EXPECT_GT(y[5], 0.0);  // exp(-740) is a subnormal, not flushed
+  EXPECT_LT(y[5], std::numeric_limits<double>::min());
+  EXPECT_EQ(y[11], inf);  // exp(710)
+  // the shift moves the edge with it: exp(710 - 1) is finite, exp(711 - 0.5) is not
+  std::vector<double> z = {710.0, 711.0};
+  kernels::exp_shift_row(z.data(), 1, 1.0);
+  kernels::exp_shift_row(z.data() + 1, 1, 0.5);
+  EXPECT_LE(ulps_apart(z[0], std::exp(709.0)), 1.0);
+  EXPECT_EQ(z[1], inf);
+}
+
+TEST(ExpShiftRow, Float64TrailingZerosKeepTheSum) {
   const std::vector<double> orig = {0.5, -1.25, 3.0, -7.5, 2.25, 0.0, -0.125, 1.5, 4.0, -2.0, 0.75};
   std::vector<double> a = orig, b = orig;
   b.resize(a.size() + 13, -std::numeric_limits<double>::infinity());  // a masked tail
   const double sa = kernels::exp_shift_row(a.data(), static_cast<std::int64_t>(a.size()), 1.0);
   const double sb = kernels::exp_shift_row(b.data(), static_cast<std::int64_t>(b.size()), 1.0);
   EXPECT_EQ(sa, sb);  // bit for bit
-  for (std::size_t i = 0; i < orig.size(); ++i) EXPECT_EQ(a[i], std::exp(orig[i] - 1.0));
+  double total = 0;
+  for (std::size_t i = 0; i < orig.size(); ++i) {
+    EXPECT_LE(ulps_apart(a[i], std::exp(orig[i] - 1.0)), 1.0);
+    total += a[i];
+  }
+  EXPECT_NEAR(sa, total, 1e-15 * total);
   for (std::size_t i = orig.size(); i < b.size(); ++i) EXPECT_EQ(b[i], 0.0);
 }
 

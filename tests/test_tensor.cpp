@@ -5,6 +5,7 @@
 // [2, 3, 4] tensor holding 0, 1, ..., 23 in row-major order, so x[i][j][k] =
 // 12 i + 4 j + k and every expected value can be worked out by hand.
 #include "headgrad/tensor.hpp"
+#include "headgrad/parallel.hpp"
 
 #include "checks.hpp"
 
@@ -26,6 +27,9 @@
 namespace {
 
 using headgrad::DType;
+using headgrad::dtype_name;
+using headgrad::num_threads;
+using headgrad::set_num_threads;
 using headgrad::Generator;
 using headgrad::Shape;
 using headgrad::Tensor;
@@ -512,6 +516,97 @@ TEST(Generator, RandnIsReproducibleAndStandard) {
   for (std::int64_t i = 0; i < 4; ++i) {
     EXPECT_DOUBLE_EQ(s.flat(i), 3.0 * vx[static_cast<std::size_t>(i)]);
     EXPECT_EQ(f.flat(i), static_cast<double>(static_cast<float>(vx[static_cast<std::size_t>(i)])));
+  }
+}
+
+// The normals of the sequential stream, written out as Generator::normal
+// was before randn drew its pairs on every worker: the reference randn must
+// match bit for bit (every seeded case and committed reference depends on it).
+struct SequentialNormals {
+  std::uint64_t state;
+  bool has_spare = false;
+  double spare = 0.0;
+  double uniform() { return static_cast<double>(splitmix64_ref(state) >> 11) * 0x1.0p-53; }
+  double normal() {
+    if (has_spare) {
+      has_spare = false;
+      return spare;
+    }
+    double u1 = uniform();
+    while (u1 <= 0.0) u1 = uniform();
+    const double u2 = uniform();
+    const double r = std::sqrt(-2.0 * std::log(u1));
+    const double theta = 2.0 * 3.14159265358979323846 * u2;
+    spare = r * std::sin(theta);
+    has_spare = true;
+    return r * std::cos(theta);
+  }
+  Tensor randn(const Shape& shape, DType dtype, double stddev = 1.0) {
+    Tensor t = Tensor::empty(shape, dtype);
+    for (std::int64_t i = 0; i < t.numel(); ++i) t.set_flat(i, normal() * stddev);
+    return t;
+  }
+};
+
+// randn, then the next normal() of the same generator, against the sequence:
+// equal values (to_vector widens every dtype exactly) and the stream left
+// where the sequence leaves it (its spare normal included).
+void expect_sequential_randn(std::uint64_t seed, const std::vector<std::pair<std::int64_t, DType>>& draws) {
+  Generator g(seed);
+  SequentialNormals ref{seed};
+  for (const auto& [n, dtype] : draws) {
+    const Tensor got = headgrad::randn({n}, dtype, g, 0.75);
+    const Tensor want = ref.randn({n}, dtype, 0.75);
+    ASSERT_EQ(got.to_vector(), want.to_vector()) << "seed " << seed << ", " << n << " " << dtype_name(dtype);
+    ASSERT_EQ(g.normal(), ref.normal()) << "the draw after " << n;
+  }
+}
+
+TEST(Generator, RandnOnEveryWorkerIsTheSequentialStream) {
+  const int threads = num_threads();
+  for (const int t : {1, 2, 3}) {
+    set_num_threads(t);
+    for (const std::uint64_t seed : {0ULL, 5ULL, 0xdeadbeefcafef00dULL})
+      expect_sequential_randn(seed, {{1, DType::float64}, {7, DType::float32}, {300001, DType::float64},
+                                     {200000, DType::bfloat16}, {99999, DType::float16}, {2, DType::float64},
+                                     {0, DType::float32}, {123457, DType::float32}});
+  }
+  set_num_threads(threads);
+}
+
+// The inverse of SplitMix64's output function, so that a test can place a
+// chosen output in the stream: each xor-shift and odd multiplier is undone.
+std::uint64_t unmix(std::uint64_t z) {
+  auto unshift = [](std::uint64_t y, int s) {
+    std::uint64_t x = y;
+    for (int i = 0; i < 64 / s + 1; ++i) x = y ^ (x >> s);
+    return x;
+  };
+  auto inverse = [](std::uint64_t a) {  // a odd: Newton's iteration mod 2^64
+    std::uint64_t x = a;
+    for (int i = 0; i < 6; ++i) x *= 2 - a * x;
+    return x;
+  };
+  z = unshift(z, 31) * inverse(0x94d049bb133111ebULL);
+  z = unshift(z, 27) * inverse(0xbf58476d1ce4e5b9ULL);
+  return unshift(z, 30);
+}
+
+// A first uniform of 0, which normal() rejects (the stream then shifts by one
+// draw), placed at pair 70000 of a fill that every worker shares: randn still
+// gives the sequence's values.
+TEST(Generator, RandnKeepsTheSequenceAcrossARejectedUniform) {
+  constexpr std::uint64_t gamma = 0x9e3779b97f4a7c15ULL;
+  for (const std::uint64_t output : {0ULL, 0x7ffULL}) {  // both have no bit in the top 53: uniform 0
+    const std::uint64_t pair = 70000;
+    // output number 2 pair + 1 of the stream from `seed` is mix(seed + (2 pair + 1) gamma)
+    const std::uint64_t seed = unmix(output) - (2 * pair + 1) * gamma;
+    std::uint64_t check = seed + 2 * pair * gamma;
+    ASSERT_EQ(splitmix64_ref(check), output);
+    const int threads = num_threads();
+    set_num_threads(2);
+    expect_sequential_randn(seed, {{300000, DType::float64}, {5, DType::float32}});
+    set_num_threads(threads);
   }
 }
 

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include <headgrad/ops.hpp>
+#include <headgrad/parallel.hpp>
 
 namespace headgrad::runner {
 
@@ -63,8 +64,11 @@ TensorComparison compare_tensor(const std::string& name, const Tensor& lhs, cons
 
 std::vector<TensorComparison> compare_sets(const TensorSet& lhs, const TensorSet& rhs, const CaseSpec& c,
                                            const std::string& lhs_label, const std::string& rhs_label) {
-  std::vector<TensorComparison> out;
-  for (const auto& name : c.check) {
+  // one tensor per worker (each is a pass over its own elements): the
+  // comparisons of a large case are seconds with no GEMM in them
+  std::vector<TensorComparison> out(c.check.size());
+  parallel_items(static_cast<std::int64_t>(c.check.size()), [&](std::int64_t i, int) {
+    const std::string& name = c.check[static_cast<std::size_t>(i)];
     const Tensor* a = find_tensor(lhs, name);
     const Tensor* b = find_tensor(rhs, name);
     TensorComparison cmp = compare_tensor(name, a ? *a : Tensor(), b ? *b : Tensor(), c.tolerance_for(name),
@@ -75,8 +79,8 @@ std::vector<TensorComparison> compare_sets(const TensorSet& lhs, const TensorSet
       cmp.problem = std::string(left && right ? lhs_label + " and " + rhs_label + " give" : left ? lhs_label + " gives" : rhs_label + " gives") +
                     " no " + name + (name == "out" ? "" : " (the graph does not reach that input)");
     }
-    out.push_back(std::move(cmp));
-  }
+    out[static_cast<std::size_t>(i)] = std::move(cmp);
+  });
   return out;
 }
 

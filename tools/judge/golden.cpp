@@ -1,5 +1,7 @@
 #include "judge/golden.hpp"
 
+#include <headgrad/parallel.hpp>
+
 namespace headgrad::runner {
 
 std::string oracle_name(const CaseSpec&, const PluginRegistry&) { return "per_head"; }
@@ -75,13 +77,14 @@ GoldenRun run_golden(const CaseSpec& c, const CaseInputs& in, const PluginRegist
 
 void judge_sides(std::vector<TensorComparison>& cmps, const CaseSpec& c, const GoldenRun& g, const TensorSet& lhs,
                  const TensorSet& rhs, const std::string& lhs_label, const std::string& rhs_label) {
-  for (auto& cmp : cmps) {
+  parallel_items(static_cast<std::int64_t>(cmps.size()), [&](std::int64_t i, int) {  // one tensor per worker
+    TensorComparison& cmp = cmps[static_cast<std::size_t>(i)];
     const Tensor* golden = find_tensor(g.golden, cmp.name);
     const Tensor* baseline = find_tensor(g.baseline, cmp.name);
     judge_by_baseline(cmp, {{lhs_label, find_tensor(lhs, cmp.name)}, {rhs_label, find_tensor(rhs, cmp.name)}},
                       golden ? *golden : Tensor(), baseline ? *baseline : Tensor(), c.baseline_k.k_for(cmp.name),
                       c.dtype, c.level);
-  }
+  });
 }
 
 }  // namespace headgrad::runner

@@ -216,6 +216,10 @@ class Generator {
   std::uint64_t next_u64();
   double uniform();  // [0, 1) with 53 random bits
   double normal();   // mean 0, standard deviation 1
+  // store(i, v) for i in [0, n): the values of n calls of normal(), the
+  // stream left as they leave it, computed on every worker (randn).
+  template <class Store>
+  void normals(std::int64_t n, Store&& store);
 
  private:
   std::uint64_t state_;

@@ -87,6 +87,15 @@ class Variable {
   static Variable from_op(std::string op, Tensor data,
                           std::initializer_list<std::reference_wrapper<const Variable>> inputs,
                           std::vector<Tensor> saved, BackwardFn backward);
+  // A non-leaf that is x's slice along `dim` from `start` (data: that view,
+  // as narrow gives it). Its backward is the engine's own: the gradient is
+  // added into that slice of x's pending gradient, in place once the engine
+  // owns that tensor, rather than written into zeros of x's shape that are
+  // then added whole (a weight sliced once per head would cost a full-size
+  // add per head). The values are those of the whole-tensor add (a + 0 = a),
+  // up to the sign of a zero outside the slice.
+  static Variable from_slice(std::string op, Tensor data, const Variable& x, std::int64_t dim,
+                             std::int64_t start);
 
  private:
   struct Node;

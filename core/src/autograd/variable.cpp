@@ -3,6 +3,8 @@
 
 #include <stdexcept>
 #include <atomic>
+#include <memory>
+#include <optional>
 
 #include "headgrad/kernels.hpp"
 
@@ -31,6 +33,12 @@ struct Variable::Node {
   };
   std::vector<Saved> saved;
   BackwardFn backward;
+  // Set by from_slice: the node is input 0's slice [start, start + length)
+  // along dim, and the engine places its gradient there.
+  struct Slice {
+    std::int64_t dim = 0, start = 0;
+  };
+  std::optional<Slice> slice_of_input;
 
   Node() = default;
   Node(const Node&) = delete;
@@ -133,6 +141,13 @@ Variable Variable::from_op(std::string op, Tensor data, const std::vector<Variab
   return build_op(std::move(op), std::move(data), inputs, std::move(saved), std::move(backward));
 }
 
+Variable Variable::from_slice(std::string op, Tensor data, const Variable& x, std::int64_t dim,
+                              std::int64_t start) {
+  Variable out = build_op(std::move(op), std::move(data), std::vector<Variable>{x}, {}, BackwardFn());
+  if (out.node_->is_op) out.node_->slice_of_input = Node::Slice{dim, start};
+  return out;
+}
+
 Variable Variable::from_op(std::string op, Tensor data,
                            std::initializer_list<std::reference_wrapper<const Variable>> inputs,
                            std::vector<Tensor> saved, BackwardFn backward) {
@@ -149,10 +164,34 @@ void Variable::backward(const BackwardOptions& options) const {
 
 namespace {
 
-// Adds g to the gradient pending in `slot` (gradients are never updated in
-// place, so the first one is kept as is).
-void accumulate(Tensor& slot, const Tensor& g) {
+// Adds g to the gradient pending in `slot`. The first one is kept as is (it
+// may be a view of another tensor); a sum is a tensor of the engine's own,
+// `owned`, which add_to_slice may then write in place.
+void accumulate(Tensor& slot, bool& owned, const Tensor& g) {
+  owned = slot.defined();
   slot = slot.defined() ? kernels::binary(kernels::BinaryOp::add, slot, g) : g;
+}
+
+// Adds g, the gradient of the slice [start, start + g.size(dim)) along dim of
+// a tensor of `shape`, into that slice of the gradient pending in `slot`:
+// zeros elsewhere when it is the first, else in place (after one copy when
+// the pending tensor is not the engine's own).
+void add_to_slice(Tensor& slot, bool& owned, const Shape& shape, std::int64_t dim, std::int64_t start,
+                  const Tensor& g) {
+  if (!slot.defined()) {
+    slot = Tensor::zeros(shape, g.dtype());
+    slot.narrow(dim, start, g.size(dim)).copy_(g);
+    owned = true;
+    return;
+  }
+  if (!owned) {
+    Tensor own = Tensor::empty(shape, slot.dtype());
+    own.copy_(slot);
+    slot = std::move(own);
+    owned = true;
+  }
+  Tensor part = slot.narrow(dim, start, g.size(dim));
+  part.copy_(kernels::binary(kernels::BinaryOp::add, part, g));
 }
 
 }  // namespace
@@ -219,6 +258,8 @@ void Variable::backward(const Tensor& grad_output, const BackwardOptions& option
   // Gradients wait here until the pass is done: a backward that throws
   // changes no leaf's gradient.
   std::vector<Tensor> pending(order.size());
+  // owned[i]: pending[i] is a sum the engine made (accumulate, add_to_slice)
+  const std::unique_ptr<bool[]> owned = std::make_unique<bool[]>(order.size());
   pending[node_->slot] = grad_output.to(data_.dtype());
   {
     NoGradGuard no_grad;  // backward closures record no graph
@@ -230,7 +271,11 @@ void Variable::backward(const Tensor& grad_output, const BackwardOptions& option
       if (!n.is_op) continue;  // a leaf: its gradient is committed below
       const Tensor g = std::move(pending[i]);  // a non-leaf's gradient is not kept (as in PyTorch)
       pending[i] = Tensor();
-      if (g.defined()) {
+      if (g.defined() && n.slice_of_input) {
+        const Node& in = *n.inputs[0];
+        if (in.requires_grad)
+          add_to_slice(pending[in.slot], owned[in.slot], in.shape, n.slice_of_input->dim, n.slice_of_input->start, g);
+      } else if (g.defined()) {
         ctx.saved = unpack_saved(n);
         const std::size_t n_in = n.inputs.size();
         ctx.needs_input_grad.resize(n_in);
@@ -252,7 +297,7 @@ void Variable::backward(const Tensor& grad_output, const BackwardOptions& option
             throw std::logic_error("backward of '" + n.op + "': gradient " + std::to_string(k) +
                                    " is " + grads[k].repr() + ", its input is " +
                                    std::string(dtype_name(in.dtype)) + " " + shape_str(in.shape));
-          accumulate(pending[in.slot], grads[k]);
+          accumulate(pending[in.slot], owned[in.slot], grads[k]);
         }
       }
       if (!options.retain_graph) n.release();

@@ -430,8 +430,7 @@ Tensor softmax(const Tensor& x, std::int64_t dim) {
       for (std::int64_t i = r0; i < r1; ++i) {
         const T* row = in + i * n;
         T* orow = o + i * n;
-        T mx = -std::numeric_limits<T>::infinity();
-        for (std::int64_t j = 0; j < n; ++j) mx = std::max(mx, row[j]);
+        const T mx = lane_max(row, n);  // vectorized; the same max as a running std::max
         std::copy(row, row + n, orow);
         softmax_row(orow, n, mx);
       }

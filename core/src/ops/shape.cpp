@@ -72,12 +72,8 @@ Variable permute(const Variable& x, const Shape& dims) {
 Variable narrow(const Variable& x, std::int64_t dim, std::int64_t start, std::int64_t length) {
   Tensor out = x.data().narrow(dim, start, length);
   const std::int64_t d = checked_dim(dim, x.dim(), x.shape(), "narrow");
-  return Variable::from_op("narrow", std::move(out), {x}, {},
-                           [d, start, length](const Tensor& g, const BackwardContext& c) {
-                             Tensor full = Tensor::zeros(c.input_shapes[0], g.dtype());
-                             full.narrow(d, start, length).copy_(g);
-                             return std::vector<Tensor>{full};
-                           });
+  // backward: g goes into the slice of x's gradient (the engine's own, in place)
+  return Variable::from_slice("narrow", std::move(out), x, d, start);
 }
 
 Variable cat(const std::vector<Variable>& xs, std::int64_t dim) {

@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "headgrad/half_convert.hpp"
+#include "headgrad/parallel.hpp"
 #include "tensor/strided.hpp"
 
 namespace headgrad {
@@ -560,9 +561,9 @@ double read_at(const Tensor& t, std::int64_t off) {
   }
   return 0.0;
 }
-void write_at(const Tensor& t, std::int64_t off, double v) {
-  void* base = t.storage()->mutable_data();
-  switch (t.dtype()) {
+// v rounded to dtype at element `off` of `base`.
+void write_to(void* base, DType dtype, std::int64_t off, double v) {
+  switch (dtype) {
     case DType::float32: static_cast<float*>(base)[off] = static_cast<float>(v); break;
     case DType::float64: static_cast<double*>(base)[off] = v; break;
     case DType::boolean: static_cast<bool*>(base)[off] = v != 0.0; break;
@@ -570,6 +571,7 @@ void write_at(const Tensor& t, std::int64_t off, double v) {
     case DType::float16: static_cast<Float16*>(base)[off] = float16_from_double(v); break;
   }
 }
+void write_at(const Tensor& t, std::int64_t off, double v) { write_to(t.storage()->mutable_data(), t.dtype(), off, v); }
 }  // namespace
 
 double Tensor::item() const {
@@ -665,15 +667,34 @@ std::string Tensor::repr() const {
 
 // ---------------------------------------------------------------- random
 
-std::uint64_t Generator::next_u64() {
-  // SplitMix64 (Steele, Lea, Flood 2014): integer-only, so the same on every machine.
-  std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ULL);
+namespace {
+constexpr std::uint64_t kSplitMixGamma = 0x9E3779B97F4A7C15ULL;
+
+// SplitMix64's output for a state (the state advanced by the gamma first).
+std::uint64_t split_mix(std::uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
   return z ^ (z >> 31);
 }
 
-double Generator::uniform() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
+double uniform_of(std::uint64_t bits) { return static_cast<double>(bits >> 11) * 0x1.0p-53; }
+
+// Box-Muller: two normals from u1 in (0, 1) and u2 in [0, 1); `first` is the
+// one normal() returns, `second` the one it keeps for its next call.
+void box_muller(double u1, double u2, double& first, double& second) {
+  const double r = std::sqrt(-2.0 * std::log(u1));
+  const double theta = 2.0 * std::numbers::pi * u2;
+  second = r * std::sin(theta);
+  first = r * std::cos(theta);
+}
+}  // namespace
+
+std::uint64_t Generator::next_u64() {
+  // SplitMix64 (Steele, Lea, Flood 2014): integer-only, so the same on every machine.
+  return split_mix(state_ += kSplitMixGamma);
+}
+
+double Generator::uniform() { return uniform_of(next_u64()); }
 
 double Generator::normal() {
   if (has_spare_) {
@@ -682,18 +703,50 @@ double Generator::normal() {
   }
   double u1 = uniform();
   while (u1 <= 0.0) u1 = uniform();
-  const double u2 = uniform();
-  const double r = std::sqrt(-2.0 * std::log(u1));
-  const double theta = 2.0 * std::numbers::pi * u2;
-  spare_ = r * std::sin(theta);
+  double first = 0.0;
+  box_muller(u1, uniform(), first, spare_);
   has_spare_ = true;
-  return r * std::cos(theta);
+  return first;
+}
+
+// The pairs normal() would draw are independent: SplitMix64's j-th output
+// from a state s is split_mix(s + j gamma), so pair p (outputs 2p + 1 and
+// 2p + 2) is computed wherever it falls among the workers. The one exception
+// is a first uniform of 0, which normal() rejects, shifting the stream by
+// one draw (1 pair in 2^53): then the whole fill is redone in sequence.
+template <class Store>
+void Generator::normals(std::int64_t n, Store&& store) {
+  std::int64_t i = 0;
+  if (n > 0 && has_spare_) store(i++, normal());
+  const std::int64_t pairs = (n - i) / 2;
+  const std::uint64_t s0 = state_;
+  std::atomic<bool> rejected{false};
+  parallel_for(pairs, [&](std::int64_t p0, std::int64_t p1, int) {
+    for (std::int64_t p = p0; p < p1 && !rejected.load(std::memory_order_relaxed); ++p) {
+      const std::uint64_t s = s0 + 2 * static_cast<std::uint64_t>(p) * kSplitMixGamma;
+      const double u1 = uniform_of(split_mix(s + kSplitMixGamma));
+      if (u1 <= 0.0) {
+        rejected = true;
+        return;
+      }
+      double first = 0.0, second = 0.0;
+      box_muller(u1, uniform_of(split_mix(s + 2 * kSplitMixGamma)), first, second);
+      store(i + 2 * p, first);
+      store(i + 2 * p + 1, second);
+    }
+  }, 4096);
+  if (rejected) {
+    for (std::int64_t j = i; j < n; ++j) store(j, normal());
+    return;
+  }
+  state_ = s0 + 2 * static_cast<std::uint64_t>(pairs) * kSplitMixGamma;
+  if (i + 2 * pairs < n) store(n - 1, normal());  // odd: its second value is kept, as normal() keeps it
 }
 
 Tensor randn(const Shape& shape, DType dtype, Generator& gen, double stddev) {
-  Tensor t = Tensor::empty(shape, dtype);
-  const std::int64_t n = t.numel();
-  for (std::int64_t i = 0; i < n; ++i) t.set_flat(i, gen.normal() * stddev);
+  Tensor t = Tensor::empty(shape, dtype);  // contiguous: flat index i is offset i
+  void* base = t.storage()->mutable_data();
+  gen.normals(t.numel(), [&](std::int64_t i, double v) { write_to(base, dtype, i, v * stddev); });
   return t;
 }
 
