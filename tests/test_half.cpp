@@ -400,6 +400,61 @@ TEST_P(HalfOps, ElementwiseResultsAreTheRoundedFloat32Op) {
   expect_rounded_float32(k::matmul(a.transpose(1, 2), a), k::matmul(a32.transpose(1, 2), a32), "matmul^T");
 }
 
+// The kernels that convert a tile or a row at a time (binary ops of two
+// contiguous tensors of one shape, the masked softmax and its backward) give
+// the bits of the float32 kernel on whole upcasts, rounded once: over many
+// tiles and rows with ragged tails, causal rows of every length, a bool mask,
+// signed zeros, infinities and NaNs.
+TEST_P(HalfOps, TiledKernelsAreTheRoundedFloat32Kernel) {
+  namespace k = hg::kernels;
+  const DType dt = GetParam();
+  const auto same_bits = [](const Tensor& got, const Tensor& f32_result, const char* what) {
+    ASSERT_EQ(got.shape(), f32_result.shape()) << what;
+    const std::vector<double> g = got.to_vector(), w = f32_result.to(got.dtype()).to_vector();
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      if (std::isnan(w[i])) ASSERT_TRUE(std::isnan(g[i])) << what << " at " << i;
+      else ASSERT_TRUE(g[i] == w[i] && std::signbit(g[i]) == std::signbit(w[i]))
+          << what << " at " << i << ": " << g[i] << " against " << w[i];
+    }
+  };
+  // 3 x 9001: two 4096-element tiles and a ragged one per row, 7 tiles in all
+  Tensor a = seeded({3, 9001}, dt, 21, 30.0), b = seeded({3, 9001}, dt, 22, 30.0);
+  const std::vector<double> specials = {0.0, -0.0, INFINITY, -INFINITY, NAN};
+  for (std::size_t i = 0; i < specials.size(); ++i)
+    for (std::int64_t j : {std::int64_t{0}, std::int64_t{4095}, std::int64_t{26990}}) {
+      a.set_flat(j + static_cast<std::int64_t>(i), specials[i]);
+      b.set_flat(j + static_cast<std::int64_t>((i + 1) % specials.size()), specials[i]);
+    }
+  const Tensor a32 = a.to(DType::float32), b32 = b.to(DType::float32);
+  using BO = k::BinaryOp;
+  for (BO op : {BO::add, BO::sub, BO::mul, BO::div}) same_bits(k::binary(op, a, b), k::binary(op, a32, b32), "binary");
+  // an offset view of one shape: a contiguous run that starts past the storage's start
+  same_bits(k::binary(BO::add, a.narrow(0, 1, 2), b.narrow(0, 0, 2)),
+            k::binary(BO::add, a32.narrow(0, 1, 2), b32.narrow(0, 0, 2)), "binary, offset views");
+
+  // masked softmax: [2, 3, 37, 301] scores, causal with several shifts, a bool mask
+  const Tensor s = seeded({2, 3, 37, 301}, dt, 23, 4.0), dy = seeded({2, 3, 37, 301}, dt, 24);
+  const Tensor s32 = s.to(DType::float32), dy32 = dy.to(DType::float32);
+  hg::Generator gen(25);
+  const Tensor draw = hg::rand_uniform({37, 301}, DType::float64, gen, 0.0, 1.0);
+  Tensor mask = Tensor::empty({37, 301}, DType::boolean);
+  for (std::int64_t i = 0; i < mask.numel(); ++i) mask.set_flat(i, draw.flat(i) > 0.3);  // 70% attended
+  for (bool causal : {false, true})
+    for (std::int64_t shift : {std::int64_t{0}, std::int64_t{264}, std::int64_t{-5}})
+      for (const Tensor& m : {Tensor(), mask}) {
+        const Tensor y = k::masked_softmax(s, 0.125, m, causal, shift);
+        const Tensor y32 = k::masked_softmax(s32, 0.125, m, causal, shift);
+        same_bits(y, y32, "masked_softmax");
+        // the backward from the 16-bit weights (what the op saves), upcast
+        same_bits(k::masked_softmax_backward(y, dy, 0.125, causal, shift),
+                  k::masked_softmax_backward(y.to(DType::float32), dy32, 0.125, causal, shift),
+                  "masked_softmax_backward");
+      }
+  // a transposed (non-contiguous) input takes a 16-bit copy first
+  same_bits(k::masked_softmax(s.transpose(-2, -1), 0.5, Tensor(), true),
+            k::masked_softmax(s32.transpose(-2, -1), 0.5, Tensor(), true), "masked_softmax of a view");
+}
+
 // Through the graph: the output is 16-bit, the gradients are 16-bit, and each
 // equals the rounded float32 computation of the same op.
 TEST_P(HalfOps, BackwardGradientsAreStoredIn16Bits) {
