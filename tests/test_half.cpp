@@ -453,6 +453,16 @@ TEST_P(HalfOps, TiledKernelsAreTheRoundedFloat32Kernel) {
   // a transposed (non-contiguous) input takes a 16-bit copy first
   same_bits(k::masked_softmax(s.transpose(-2, -1), 0.5, Tensor(), true),
             k::masked_softmax(s32.transpose(-2, -1), 0.5, Tensor(), true), "masked_softmax of a view");
+
+  // matmul's transposed operands, widened and transposed in 16 x 256 blocks
+  // (ragged at both ends): the float32 product of the transposed copies
+  const Tensor p = seeded({2, 3, 37, 301}, dt, 26), v = seeded({2, 3, 37, 5}, dt, 27);
+  const Tensor pt = p.transpose(-2, -1), heads = seeded({2, 37, 3, 5}, dt, 28).transpose(1, 2);
+  same_bits(k::matmul(pt, v), k::matmul(pt.to(DType::float32).contiguous(), v.to(DType::float32)), "P^T V");
+  same_bits(k::matmul(v.transpose(-2, -1), p), k::matmul(v.transpose(-2, -1).to(DType::float32).contiguous(),
+                                                         p.to(DType::float32)), "V^T P");
+  same_bits(k::matmul(pt, heads), k::matmul(pt.to(DType::float32).contiguous(), heads.to(DType::float32)),
+            "P^T of permuted heads");
 }
 
 // Through the graph: the output is 16-bit, the gradients are 16-bit, and each

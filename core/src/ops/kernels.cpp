@@ -43,19 +43,6 @@ void require_same_dtype(const Tensor& a, const Tensor& b, const char* op) {
 // upcasts, its result rounded once to the storage type (PyTorch's CPU rule),
 // so a kernel's float32 body never sees bfloat16 or float16.
 Tensor f32(const Tensor& t) { return is_16bit(t.dtype()) ? t.to(DType::float32) : t; }
-// matmul's operands: a view whose last two dims are swapped (K^T, W^T) is
-// upcast in its storage's row order, so the bulk conversion runs along
-// contiguous rows (not element by element across them), then transposed back
-// into a contiguous float32 copy: the BLAS sees the layout it saw before, so
-// the result does not depend on how a 16-bit operand happens to be strided
-// (the small-matrix paths of a BLAS sum in an order that follows the layout,
-// and a mutant must match its hypothesis bit for bit).
-Tensor f32_operand(const Tensor& t) {
-  const std::int64_t n = t.dim();
-  if (is_16bit(t.dtype()) && n >= 2 && t.stride(-1) != 1 && t.size(-1) > 1 && t.stride(-2) == 1 && t.size(-2) > 1)
-    return t.transpose(n - 2, n - 1).to(DType::float32).transpose(n - 2, n - 1).contiguous();
-  return f32(t);
-}
 
 // f<H>() with H the storage type of a 16-bit dtype (BFloat16 or Float16).
 template <class F>
@@ -71,6 +58,57 @@ void dispatch_16bit(DType dtype, F&& f) {
 // where converting whole tensors (16-bit ops' default: f32() above, then
 // to()) writes and reads a float32 copy of each input and of the output.
 constexpr std::int64_t kHalfTile = 4096;
+
+// A 16-bit view t [..., R, C] whose last two dims are swapped in storage
+// (stride(-2) == 1: column j of t is storage row j) as a contiguous float32
+// copy: blocks of 16 storage rows widened along their contiguous runs, then
+// written out transposed, a cache line (16 floats) at a time. One pass, where
+// widening in storage order and then copying transposed makes two.
+Tensor widen_transposed(const Tensor& t) {
+  constexpr std::int64_t kRows = 16, kRun = 256;  // storage rows x elements per block (16 KiB)
+  const std::int64_t r = t.size(-2), c = t.size(-1), sc = t.stride(-1);
+  Tensor out = Tensor::empty(t.shape(), DType::float32);
+  const Shape batch(t.shape().begin(), t.shape().end() - 2);
+  const Shape batch_strides(t.strides().begin(), t.strides().end() - 2);
+  std::vector<std::int64_t> starts;  // each matrix's storage offset
+  detail::for_each_offsets<1>(batch, {std::span<const std::int64_t>(batch_strides)}, {t.offset()},
+                              [&](const std::array<std::int64_t, 1>& off) { starts.push_back(off[0]); });
+  dispatch_16bit(t.dtype(), [&]<class H>() {
+    const H* src = static_cast<const H*>(t.storage()->data());
+    float* dst = out.template mutable_data<float>();
+    parallel_for(static_cast<std::int64_t>(starts.size()), [&](std::int64_t m0, std::int64_t m1, int) {
+      float block[kRows][kRun];
+      for (std::int64_t m = m0; m < m1; ++m) {
+        const H* a = src + starts[static_cast<std::size_t>(m)];
+        float* o = dst + m * r * c;
+        for (std::int64_t j0 = 0; j0 < c; j0 += kRows) {
+          const std::int64_t jn = std::min(kRows, c - j0);
+          for (std::int64_t i0 = 0; i0 < r; i0 += kRun) {
+            const std::int64_t in = std::min(kRun, r - i0);
+            for (std::int64_t jj = 0; jj < jn; ++jj)
+              convert(a + (j0 + jj) * sc + i0, block[jj], static_cast<std::size_t>(in));
+            for (std::int64_t ii = 0; ii < in; ++ii)
+              for (std::int64_t jj = 0; jj < jn; ++jj) o[(i0 + ii) * c + j0 + jj] = block[jj][ii];
+          }
+        }
+      }
+    });
+  });
+  return out;
+}
+
+// matmul's operands in float32: a view whose last two dims are swapped (K^T,
+// W^T, P^T) becomes a contiguous float32 copy (widen_transposed), so the BLAS
+// sees the layout it saw before: the result does not depend on how a 16-bit
+// operand happens to be strided (the small-matrix paths of a BLAS sum in an
+// order that follows the layout, and a mutant must match its hypothesis bit
+// for bit).
+Tensor f32_operand(const Tensor& t) {
+  const std::int64_t n = t.dim();
+  if (is_16bit(t.dtype()) && n >= 2 && t.stride(-1) != 1 && t.size(-1) > 1 && t.stride(-2) == 1 && t.size(-2) > 1)
+    return widen_transposed(t);
+  return f32(t);
+}
 
 template <class T>
 const T* base_ptr(const Tensor& t) {
