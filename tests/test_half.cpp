@@ -432,6 +432,41 @@ TEST_P(HalfOps, TiledKernelsAreTheRoundedFloat32Kernel) {
   same_bits(k::binary(BO::add, a.narrow(0, 1, 2), b.narrow(0, 0, 2)),
             k::binary(BO::add, a32.narrow(0, 1, 2), b32.narrow(0, 0, 2)), "binary, offset views");
 
+  // add with a tile of +0 on one side (tile 1 of b, tile 3 of a): the other
+  // side copied, but -0 becomes +0 and a signalling NaN is quieted, as the
+  // float32 add does; compared bit for bit
+  const auto raw_bits = [](const Tensor& t) {
+    std::vector<std::uint16_t> out(static_cast<std::size_t>(t.numel()));
+    for (std::size_t i = 0; i < out.size(); ++i)
+      out[i] = t.dtype() == DType::bfloat16 ? t.data<hg::BFloat16>()[i].bits : t.data<hg::Float16>()[i].bits;
+    return out;
+  };
+  const auto set_bits = [](Tensor& t, std::int64_t i, std::uint16_t bits) {
+    if (t.dtype() == DType::bfloat16) t.mutable_data<hg::BFloat16>()[i].bits = bits;
+    else t.mutable_data<hg::Float16>()[i].bits = bits;
+  };
+  Tensor za = a.clone(), zb = b.clone();
+  for (std::int64_t i = 4096; i < 8192; ++i) set_bits(zb, i, 0);
+  for (std::int64_t i = 12288; i < 16384; ++i) set_bits(za, i, 0);
+  const bool bf = dt == DType::bfloat16;
+  // -0, +0, signalling and quiet NaNs with payloads, infinities, a subnormal, the largest finite
+  const std::vector<std::uint16_t> special_bits = {
+      0x8000, 0x0000, static_cast<std::uint16_t>(bf ? 0x7f81 : 0x7c01), static_cast<std::uint16_t>(bf ? 0xffa5 : 0xfd05),
+      static_cast<std::uint16_t>(bf ? 0x7fc3 : 0x7e03), static_cast<std::uint16_t>(bf ? 0x7f80 : 0x7c00),
+      static_cast<std::uint16_t>(bf ? 0xff80 : 0xfc00), 0x0001, 0x8003, static_cast<std::uint16_t>(bf ? 0x7f7f : 0x7bff)};
+  for (std::size_t i = 0; i < special_bits.size(); ++i) {
+    set_bits(za, 4100 + static_cast<std::int64_t>(i), special_bits[i]);
+    set_bits(zb, 12300 + static_cast<std::int64_t>(i), special_bits[i]);
+  }
+  for (const auto& [x, y] : {std::pair{za, zb}, std::pair{zb, za}}) {
+    const Tensor got = k::binary(BO::add, x, y);
+    const Tensor want = k::binary(BO::add, x.to(DType::float32), y.to(DType::float32)).to(dt);
+    const std::vector<std::uint16_t> g = raw_bits(got), w = raw_bits(want);
+    for (std::size_t i = 0; i < g.size(); ++i)
+      ASSERT_EQ(g[i], w[i]) << "add with a +0 tile at " << i << std::hex << ": 0x" << g[i] << " against 0x" << w[i];
+    EXPECT_EQ(g[4100], 0x0000) << "-0 + +0 is +0";
+  }
+
   // masked softmax: [2, 3, 37, 301] scores, causal with several shifts, a bool mask
   const Tensor s = seeded({2, 3, 37, 301}, dt, 23, 4.0), dy = seeded({2, 3, 37, 301}, dt, 24);
   const Tensor s32 = s.to(DType::float32), dy32 = dy.to(DType::float32);

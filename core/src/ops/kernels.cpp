@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <stdexcept>
+#include <type_traits>
 
 #include "headgrad/blas.hpp"
 #include "headgrad/half_convert.hpp"
@@ -207,9 +208,38 @@ double row_max(const double* x, std::int64_t n) { return lane_max(x, n); }
 
 namespace {
 
+// Whether every element of p[0, n) is +0 (all bits clear).
+template <class H>
+bool all_plus_zero(const H* p, std::size_t n) {
+  std::uint16_t any = 0;
+  for (std::size_t i = 0; i < n; ++i) any = static_cast<std::uint16_t>(any | p[i].bits);
+  return any == 0;
+}
+
+// dst = round(src + (+0)) for 16-bit src: src itself, except that the
+// float32 add turns -0 into +0 and quiets a signalling NaN, so zeros and
+// NaNs (exponent bits all set, mantissa not 0) take the float32 add.
+template <class H>
+void add_plus_zero(const H* src, H* dst, std::size_t n) {
+  constexpr std::uint16_t exponent = std::is_same_v<H, BFloat16> ? 0x7f80 : 0x7c00;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto magnitude = static_cast<std::uint16_t>(src[i].bits & 0x7fff);
+    if (magnitude != 0 && magnitude <= exponent) {
+      dst[i] = src[i];
+      continue;
+    }
+    float f;
+    convert(src + i, &f, 1);
+    f = f + 0.0f;
+    convert(&f, dst + i, 1);
+  }
+}
+
 // binary() of two contiguous 16-bit tensors of one shape: each tile widened,
 // combined in float32 and rounded once, as the float32 kernel on the whole
-// upcasts would, bit for bit.
+// upcasts would, bit for bit. An add whose tile is +0 on one side (a
+// gradient slice placed in zeros, as narrow's backward makes, accumulated)
+// copies the other side instead (add_plus_zero).
 Tensor binary_16bit_tiles(BinaryOp op, const Tensor& a, const Tensor& b) {
   Tensor out = Tensor::empty(a.shape(), a.dtype());
   dispatch_16bit(a.dtype(), [&]<class H>() {
@@ -222,6 +252,15 @@ Tensor binary_16bit_tiles(BinaryOp op, const Tensor& a, const Tensor& b) {
       for (std::int64_t t = t0; t < t1; ++t) {
         const std::int64_t i0 = t * kHalfTile;
         const auto len = static_cast<std::size_t>(std::min(kHalfTile, n - i0));
+        if (op == BinaryOp::add) {
+          const H* other = all_plus_zero(pb + i0, len)   ? pa + i0
+                           : all_plus_zero(pa + i0, len) ? pb + i0
+                                                         : nullptr;
+          if (other) {
+            add_plus_zero(other, po + i0, len);
+            continue;
+          }
+        }
         convert(pa + i0, x, len);
         convert(pb + i0, y, len);
         const auto combine = [&](auto f) {
