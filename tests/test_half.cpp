@@ -400,6 +400,106 @@ TEST_P(HalfOps, ElementwiseResultsAreTheRoundedFloat32Op) {
   expect_rounded_float32(k::matmul(a.transpose(1, 2), a), k::matmul(a32.transpose(1, 2), a32), "matmul^T");
 }
 
+// The kernels that convert a tile or a row at a time (binary ops of two
+// contiguous tensors of one shape, the masked softmax and its backward) give
+// the bits of the float32 kernel on whole upcasts, rounded once: over many
+// tiles and rows with ragged tails, causal rows of every length, a bool mask,
+// signed zeros, infinities and NaNs.
+TEST_P(HalfOps, TiledKernelsAreTheRoundedFloat32Kernel) {
+  namespace k = hg::kernels;
+  const DType dt = GetParam();
+  const auto same_bits = [](const Tensor& got, const Tensor& f32_result, const char* what) {
+    ASSERT_EQ(got.shape(), f32_result.shape()) << what;
+    const std::vector<double> g = got.to_vector(), w = f32_result.to(got.dtype()).to_vector();
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      if (std::isnan(w[i])) ASSERT_TRUE(std::isnan(g[i])) << what << " at " << i;
+      else ASSERT_TRUE(g[i] == w[i] && std::signbit(g[i]) == std::signbit(w[i]))
+          << what << " at " << i << ": " << g[i] << " against " << w[i];
+    }
+  };
+  // 3 x 9001: two 4096-element tiles and a ragged one per row, 7 tiles in all
+  Tensor a = seeded({3, 9001}, dt, 21, 30.0), b = seeded({3, 9001}, dt, 22, 30.0);
+  const std::vector<double> specials = {0.0, -0.0, INFINITY, -INFINITY, NAN};
+  for (std::size_t i = 0; i < specials.size(); ++i)
+    for (std::int64_t j : {std::int64_t{0}, std::int64_t{4095}, std::int64_t{26990}}) {
+      a.set_flat(j + static_cast<std::int64_t>(i), specials[i]);
+      b.set_flat(j + static_cast<std::int64_t>((i + 1) % specials.size()), specials[i]);
+    }
+  const Tensor a32 = a.to(DType::float32), b32 = b.to(DType::float32);
+  using BO = k::BinaryOp;
+  for (BO op : {BO::add, BO::sub, BO::mul, BO::div}) same_bits(k::binary(op, a, b), k::binary(op, a32, b32), "binary");
+  // an offset view of one shape: a contiguous run that starts past the storage's start
+  same_bits(k::binary(BO::add, a.narrow(0, 1, 2), b.narrow(0, 0, 2)),
+            k::binary(BO::add, a32.narrow(0, 1, 2), b32.narrow(0, 0, 2)), "binary, offset views");
+
+  // add with a tile of +0 on one side (tile 1 of b, tile 3 of a): the other
+  // side copied, but -0 becomes +0 and a signalling NaN is quieted, as the
+  // float32 add does; compared bit for bit
+  const auto raw_bits = [](const Tensor& t) {
+    std::vector<std::uint16_t> out(static_cast<std::size_t>(t.numel()));
+    for (std::size_t i = 0; i < out.size(); ++i)
+      out[i] = t.dtype() == DType::bfloat16 ? t.data<hg::BFloat16>()[i].bits : t.data<hg::Float16>()[i].bits;
+    return out;
+  };
+  const auto set_bits = [](Tensor& t, std::int64_t i, std::uint16_t bits) {
+    if (t.dtype() == DType::bfloat16) t.mutable_data<hg::BFloat16>()[i].bits = bits;
+    else t.mutable_data<hg::Float16>()[i].bits = bits;
+  };
+  Tensor za = a.clone(), zb = b.clone();
+  for (std::int64_t i = 4096; i < 8192; ++i) set_bits(zb, i, 0);
+  for (std::int64_t i = 12288; i < 16384; ++i) set_bits(za, i, 0);
+  const bool bf = dt == DType::bfloat16;
+  // -0, +0, signalling and quiet NaNs with payloads, infinities, a subnormal, the largest finite
+  const std::vector<std::uint16_t> special_bits = {
+      0x8000, 0x0000, static_cast<std::uint16_t>(bf ? 0x7f81 : 0x7c01), static_cast<std::uint16_t>(bf ? 0xffa5 : 0xfd05),
+      static_cast<std::uint16_t>(bf ? 0x7fc3 : 0x7e03), static_cast<std::uint16_t>(bf ? 0x7f80 : 0x7c00),
+      static_cast<std::uint16_t>(bf ? 0xff80 : 0xfc00), 0x0001, 0x8003, static_cast<std::uint16_t>(bf ? 0x7f7f : 0x7bff)};
+  for (std::size_t i = 0; i < special_bits.size(); ++i) {
+    set_bits(za, 4100 + static_cast<std::int64_t>(i), special_bits[i]);
+    set_bits(zb, 12300 + static_cast<std::int64_t>(i), special_bits[i]);
+  }
+  for (const auto& [x, y] : {std::pair{za, zb}, std::pair{zb, za}}) {
+    const Tensor got = k::binary(BO::add, x, y);
+    const Tensor want = k::binary(BO::add, x.to(DType::float32), y.to(DType::float32)).to(dt);
+    const std::vector<std::uint16_t> g = raw_bits(got), w = raw_bits(want);
+    for (std::size_t i = 0; i < g.size(); ++i)
+      ASSERT_EQ(g[i], w[i]) << "add with a +0 tile at " << i << std::hex << ": 0x" << g[i] << " against 0x" << w[i];
+    EXPECT_EQ(g[4100], 0x0000) << "-0 + +0 is +0";
+  }
+
+  // masked softmax: [2, 3, 37, 301] scores, causal with several shifts, a bool mask
+  const Tensor s = seeded({2, 3, 37, 301}, dt, 23, 4.0), dy = seeded({2, 3, 37, 301}, dt, 24);
+  const Tensor s32 = s.to(DType::float32), dy32 = dy.to(DType::float32);
+  hg::Generator gen(25);
+  const Tensor draw = hg::rand_uniform({37, 301}, DType::float64, gen, 0.0, 1.0);
+  Tensor mask = Tensor::empty({37, 301}, DType::boolean);
+  for (std::int64_t i = 0; i < mask.numel(); ++i) mask.set_flat(i, draw.flat(i) > 0.3);  // 70% attended
+  for (bool causal : {false, true})
+    for (std::int64_t shift : {std::int64_t{0}, std::int64_t{264}, std::int64_t{-5}})
+      for (const Tensor& m : {Tensor(), mask}) {
+        const Tensor y = k::masked_softmax(s, 0.125, m, causal, shift);
+        const Tensor y32 = k::masked_softmax(s32, 0.125, m, causal, shift);
+        same_bits(y, y32, "masked_softmax");
+        // the backward from the 16-bit weights (what the op saves), upcast
+        same_bits(k::masked_softmax_backward(y, dy, 0.125, causal, shift),
+                  k::masked_softmax_backward(y.to(DType::float32), dy32, 0.125, causal, shift),
+                  "masked_softmax_backward");
+      }
+  // a transposed (non-contiguous) input takes a 16-bit copy first
+  same_bits(k::masked_softmax(s.transpose(-2, -1), 0.5, Tensor(), true),
+            k::masked_softmax(s32.transpose(-2, -1), 0.5, Tensor(), true), "masked_softmax of a view");
+
+  // matmul's transposed operands, widened and transposed in 16 x 256 blocks
+  // (ragged at both ends): the float32 product of the transposed copies
+  const Tensor p = seeded({2, 3, 37, 301}, dt, 26), v = seeded({2, 3, 37, 5}, dt, 27);
+  const Tensor pt = p.transpose(-2, -1), heads = seeded({2, 37, 3, 5}, dt, 28).transpose(1, 2);
+  same_bits(k::matmul(pt, v), k::matmul(pt.to(DType::float32).contiguous(), v.to(DType::float32)), "P^T V");
+  same_bits(k::matmul(v.transpose(-2, -1), p), k::matmul(v.transpose(-2, -1).to(DType::float32).contiguous(),
+                                                         p.to(DType::float32)), "V^T P");
+  same_bits(k::matmul(pt, heads), k::matmul(pt.to(DType::float32).contiguous(), heads.to(DType::float32)),
+            "P^T of permuted heads");
+}
+
 // Through the graph: the output is 16-bit, the gradients are 16-bit, and each
 // equals the rounded float32 computation of the same op.
 TEST_P(HalfOps, BackwardGradientsAreStoredIn16Bits) {

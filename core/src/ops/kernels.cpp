@@ -4,8 +4,10 @@
 #include <cmath>
 #include <limits>
 #include <stdexcept>
+#include <type_traits>
 
 #include "headgrad/blas.hpp"
+#include "headgrad/half_convert.hpp"
 #include "headgrad/ops.hpp"
 #include "headgrad/parallel.hpp"
 #include "tensor/strided.hpp"
@@ -42,17 +44,70 @@ void require_same_dtype(const Tensor& a, const Tensor& b, const char* op) {
 // upcasts, its result rounded once to the storage type (PyTorch's CPU rule),
 // so a kernel's float32 body never sees bfloat16 or float16.
 Tensor f32(const Tensor& t) { return is_16bit(t.dtype()) ? t.to(DType::float32) : t; }
-// matmul's operands: a view whose last two dims are swapped (K^T, W^T) is
-// upcast in its storage's row order, so the bulk conversion runs along
-// contiguous rows (not element by element across them), then transposed back
-// into a contiguous float32 copy: the BLAS sees the layout it saw before, so
-// the result does not depend on how a 16-bit operand happens to be strided
-// (the small-matrix paths of a BLAS sum in an order that follows the layout,
-// and a mutant must match its hypothesis bit for bit).
+
+// f<H>() with H the storage type of a 16-bit dtype (BFloat16 or Float16).
+template <class F>
+void dispatch_16bit(DType dtype, F&& f) {
+  if (dtype == DType::bfloat16)
+    f.template operator()<BFloat16>();
+  else
+    f.template operator()<Float16>();
+}
+
+// Elements a 16-bit kernel converts at a time into float32 buffers on the
+// stack (16 KiB each): the float32 kernel then runs on tiles that stay in L1,
+// where converting whole tensors (16-bit ops' default: f32() above, then
+// to()) writes and reads a float32 copy of each input and of the output.
+constexpr std::int64_t kHalfTile = 4096;
+
+// A 16-bit view t [..., R, C] whose last two dims are swapped in storage
+// (stride(-2) == 1: column j of t is storage row j) as a contiguous float32
+// copy: blocks of 16 storage rows widened along their contiguous runs, then
+// written out transposed, a cache line (16 floats) at a time. One pass, where
+// widening in storage order and then copying transposed makes two.
+Tensor widen_transposed(const Tensor& t) {
+  constexpr std::int64_t kRows = 16, kRun = 256;  // storage rows x elements per block (16 KiB)
+  const std::int64_t r = t.size(-2), c = t.size(-1), sc = t.stride(-1);
+  Tensor out = Tensor::empty(t.shape(), DType::float32);
+  const Shape batch(t.shape().begin(), t.shape().end() - 2);
+  const Shape batch_strides(t.strides().begin(), t.strides().end() - 2);
+  std::vector<std::int64_t> starts;  // each matrix's storage offset
+  detail::for_each_offsets<1>(batch, {std::span<const std::int64_t>(batch_strides)}, {t.offset()},
+                              [&](const std::array<std::int64_t, 1>& off) { starts.push_back(off[0]); });
+  dispatch_16bit(t.dtype(), [&]<class H>() {
+    const H* src = static_cast<const H*>(t.storage()->data());
+    float* dst = out.template mutable_data<float>();
+    parallel_for(static_cast<std::int64_t>(starts.size()), [&](std::int64_t m0, std::int64_t m1, int) {
+      float block[kRows][kRun];
+      for (std::int64_t m = m0; m < m1; ++m) {
+        const H* a = src + starts[static_cast<std::size_t>(m)];
+        float* o = dst + m * r * c;
+        for (std::int64_t j0 = 0; j0 < c; j0 += kRows) {
+          const std::int64_t jn = std::min(kRows, c - j0);
+          for (std::int64_t i0 = 0; i0 < r; i0 += kRun) {
+            const std::int64_t in = std::min(kRun, r - i0);
+            for (std::int64_t jj = 0; jj < jn; ++jj)
+              convert(a + (j0 + jj) * sc + i0, block[jj], static_cast<std::size_t>(in));
+            for (std::int64_t ii = 0; ii < in; ++ii)
+              for (std::int64_t jj = 0; jj < jn; ++jj) o[(i0 + ii) * c + j0 + jj] = block[jj][ii];
+          }
+        }
+      }
+    });
+  });
+  return out;
+}
+
+// matmul's operands in float32: a view whose last two dims are swapped (K^T,
+// W^T, P^T) becomes a contiguous float32 copy (widen_transposed), so the BLAS
+// sees the layout it saw before: the result does not depend on how a 16-bit
+// operand happens to be strided (the small-matrix paths of a BLAS sum in an
+// order that follows the layout, and a mutant must match its hypothesis bit
+// for bit).
 Tensor f32_operand(const Tensor& t) {
   const std::int64_t n = t.dim();
   if (is_16bit(t.dtype()) && n >= 2 && t.stride(-1) != 1 && t.size(-1) > 1 && t.stride(-2) == 1 && t.size(-2) > 1)
-    return t.transpose(n - 2, n - 1).to(DType::float32).transpose(n - 2, n - 1).contiguous();
+    return widen_transposed(t);
   return f32(t);
 }
 
@@ -151,11 +206,94 @@ std::int64_t rows_per_worker(std::int64_t row_length) {
 float row_max(const float* x, std::int64_t n) { return lane_max(x, n); }
 double row_max(const double* x, std::int64_t n) { return lane_max(x, n); }
 
+namespace {
+
+// Whether every element of p[0, n) is +0 (all bits clear).
+template <class H>
+bool all_plus_zero(const H* p, std::size_t n) {
+  std::uint16_t any = 0;
+  for (std::size_t i = 0; i < n; ++i) any = static_cast<std::uint16_t>(any | p[i].bits);
+  return any == 0;
+}
+
+// dst = round(src + (+0)) for 16-bit src: src itself, except that the
+// float32 add turns -0 into +0 and quiets a signalling NaN: -0 is written
+// as +0, and NaNs (exponent bits all set, mantissa not 0) take the float32
+// add.
+template <class H>
+void add_plus_zero(const H* src, H* dst, std::size_t n) {
+  constexpr std::uint16_t exponent = std::is_same_v<H, BFloat16> ? 0x7f80 : 0x7c00;
+  bool nan = false;
+  for (std::size_t i = 0; i < n; ++i) {  // branch-free, so that it vectorizes
+    const std::uint16_t bits = src[i].bits;
+    dst[i].bits = bits == 0x8000 ? std::uint16_t{0} : bits;
+    nan |= (bits & 0x7fff) > exponent;
+  }
+  if (!nan) return;
+  for (std::size_t i = 0; i < n; ++i)
+    if ((src[i].bits & 0x7fff) > exponent) {
+      float f;
+      convert(src + i, &f, 1);
+      f = f + 0.0f;
+      convert(&f, dst + i, 1);
+    }
+}
+
+// binary() of two contiguous 16-bit tensors of one shape: each tile widened,
+// combined in float32 and rounded once, as the float32 kernel on the whole
+// upcasts would, bit for bit. An add whose tile is +0 on one side (a
+// gradient slice placed in zeros, as narrow's backward makes, accumulated)
+// copies the other side instead (add_plus_zero).
+Tensor binary_16bit_tiles(BinaryOp op, const Tensor& a, const Tensor& b) {
+  Tensor out = Tensor::empty(a.shape(), a.dtype());
+  dispatch_16bit(a.dtype(), [&]<class H>() {
+    const H* pa = a.template data<H>();
+    const H* pb = b.template data<H>();
+    H* po = out.template mutable_data<H>();
+    const std::int64_t n = out.numel();
+    parallel_for((n + kHalfTile - 1) / kHalfTile, [&](std::int64_t t0, std::int64_t t1, int) {
+      float x[kHalfTile], y[kHalfTile];
+      for (std::int64_t t = t0; t < t1; ++t) {
+        const std::int64_t i0 = t * kHalfTile;
+        const auto len = static_cast<std::size_t>(std::min(kHalfTile, n - i0));
+        if (op == BinaryOp::add) {
+          const H* other = all_plus_zero(pb + i0, len)   ? pa + i0
+                           : all_plus_zero(pa + i0, len) ? pb + i0
+                                                         : nullptr;
+          if (other) {
+            add_plus_zero(other, po + i0, len);
+            continue;
+          }
+        }
+        convert(pa + i0, x, len);
+        convert(pb + i0, y, len);
+        const auto combine = [&](auto f) {
+          for (std::size_t i = 0; i < len; ++i) x[i] = f(x[i], y[i]);
+        };
+        switch (op) {
+          case BinaryOp::add: combine([](float u, float v) { return u + v; }); break;
+          case BinaryOp::sub: combine([](float u, float v) { return u - v; }); break;
+          case BinaryOp::mul: combine([](float u, float v) { return u * v; }); break;
+          case BinaryOp::div: combine([](float u, float v) { return u / v; }); break;
+        }
+        convert(x, po + i0, len);
+      }
+    }, 8);
+  });
+  return out;
+}
+
+}  // namespace
+
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   static constexpr const char* names[] = {"add", "sub", "mul", "div"};
   const char* name = names[static_cast<int>(op)];
   require_same_dtype(a, b, name);
-  if (is_16bit(a.dtype())) return binary(op, f32(a), f32(b)).to(a.dtype());
+  if (is_16bit(a.dtype())) {
+    // gradients accumulating (add of two same-shape tensors): tile by tile
+    if (a.shape() == b.shape() && a.is_contiguous() && b.is_contiguous()) return binary_16bit_tiles(op, a, b);
+    return binary(op, f32(a), f32(b)).to(a.dtype());
+  }
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
   Tensor out = Tensor::empty(shape, a.dtype());
   const Tensor ea = a.expand(shape), eb = b.expand(shape);
@@ -522,11 +660,60 @@ std::int64_t attended_end(std::int64_t r, std::int64_t tq, std::int64_t n, bool 
 
 }  // namespace
 
+namespace {
+
+// The row loop of the masked softmax kernels, [rows, n] contiguous inputs
+// (all of out's shape) to out. body.template operator()<T>(r, in, o) reads
+// in[i][0, end(r)) and writes o[0, n) for row r. float32 and float64 run on
+// the tensors' own rows; a 16-bit dtype runs the float32 body on buffers, a
+// row at a time: the attended part of each input row widened, the output row
+// rounded once. The same float32 values as converting whole tensors, without
+// the float32 copies of [..., Tq, Tk] (the kernels' largest buffers).
+template <std::size_t NIn, class End, class Body>
+void for_each_row(const std::array<const Tensor*, NIn>& in, Tensor& out, std::int64_t rows,
+                  std::int64_t n, End end, Body body, const char* op) {
+  if (!is_16bit(out.dtype())) {
+    dispatch_float(out.dtype(), op, [&]<class T>() {
+      std::array<const T*, NIn> p;
+      for (std::size_t i = 0; i < NIn; ++i) p[i] = in[i]->template data<T>();
+      T* o = out.template mutable_data<T>();
+      parallel_for(rows, [&](std::int64_t r0, std::int64_t r1, int) {
+        std::array<const T*, NIn> row;
+        for (std::int64_t r = r0; r < r1; ++r) {
+          for (std::size_t i = 0; i < NIn; ++i) row[i] = p[i] + r * n;
+          body.template operator()<T>(r, row, o + r * n);
+        }
+      }, rows_per_worker(n));
+    });
+    return;
+  }
+  dispatch_16bit(out.dtype(), [&]<class H>() {
+    std::array<const H*, NIn> p;
+    for (std::size_t i = 0; i < NIn; ++i) p[i] = in[i]->template data<H>();
+    H* o = out.template mutable_data<H>();
+    parallel_for(rows, [&](std::int64_t r0, std::int64_t r1, int) {
+      std::vector<float> buffers((NIn + 1) * static_cast<std::size_t>(n));
+      std::array<const float*, NIn> row;
+      float* orow = buffers.data() + NIn * static_cast<std::size_t>(n);
+      for (std::int64_t r = r0; r < r1; ++r) {
+        const auto e = static_cast<std::size_t>(end(r));
+        for (std::size_t i = 0; i < NIn; ++i) {
+          float* widened = buffers.data() + i * static_cast<std::size_t>(n);
+          convert(p[i] + r * n, widened, e);
+          row[i] = widened;
+        }
+        body.template operator()<float>(r, row, orow);
+        convert(orow, o + r * n, static_cast<std::size_t>(n));
+      }
+    }, rows_per_worker(n));
+  });
+}
+
+}  // namespace
+
 Tensor masked_softmax(const Tensor& x_in, double scale, const Tensor& attend, bool causal,
                       std::int64_t causal_shift) {
   check_masked_softmax(x_in, attend, causal, "masked_softmax");
-  if (is_16bit(x_in.dtype()))
-    return masked_softmax(f32(x_in), scale, attend, causal, causal_shift).to(x_in.dtype());
   const Tensor x = x_in.contiguous();
   Tensor out = Tensor::empty(x.shape(), x.dtype());
   const std::int64_t n = x.dim() == 0 ? 1 : x.size(-1);
@@ -540,34 +727,28 @@ Tensor masked_softmax(const Tensor& x_in, double scale, const Tensor& attend, bo
   }
   const bool* pm = m.defined() ? static_cast<const bool*>(m.storage()->data()) : nullptr;
   const std::int64_t sj = m.defined() ? m.stride(-1) : 0;
-  dispatch_float(x.dtype(), "masked_softmax", [&]<class T>() {
+  // Keys at or past `end` are causally masked: their weight is exactly 0.
+  const auto end = [&](std::int64_t r) { return attended_end(r, tq, n, causal, causal_shift); };
+  for_each_row<1>({&x}, out, rows, n, end, [&]<class T>(std::int64_t r, const std::array<const T*, 1>& in, T* orow) {
     constexpr T neg_inf = -std::numeric_limits<T>::infinity();
     const T f = static_cast<T>(scale);
-    const T* in = x.template data<T>();
-    T* o = out.template mutable_data<T>();
-    parallel_for(rows, [&](std::int64_t r0, std::int64_t r1, int) {
-      for (std::int64_t r = r0; r < r1; ++r) {
-        const T* row = in + r * n;
-        T* orow = o + r * n;
-        // Keys at or past `end` are causally masked: their weight is exactly 0.
-        const std::int64_t end = attended_end(r, tq, n, causal, causal_shift);
-        const bool* mrow = pm ? pm + mask_rows[static_cast<std::size_t>(r)] : nullptr;
-        T mx = neg_inf;
-        if (mrow) {
-          for (std::int64_t j = 0; j < end; ++j) {
-            const T v = mrow[j * sj] ? row[j] * f : neg_inf;
-            orow[j] = v;
-            mx = std::max(mx, v);
-          }
-        } else {  // scaled in one pass, the max in lanes (it took 5% of batched at (4,512,512,8))
-          for (std::int64_t j = 0; j < end; ++j) orow[j] = row[j] * f;
-          mx = lane_max(orow, end);
-        }
-        std::fill(orow + end, orow + n, T(0));
-        softmax_row(orow, end, mx);
+    const T* row = in[0];
+    const std::int64_t e = end(r);
+    const bool* mrow = pm ? pm + mask_rows[static_cast<std::size_t>(r)] : nullptr;
+    T mx = neg_inf;
+    if (mrow) {
+      for (std::int64_t j = 0; j < e; ++j) {
+        const T v = mrow[j * sj] ? row[j] * f : neg_inf;
+        orow[j] = v;
+        mx = std::max(mx, v);
       }
-    }, rows_per_worker(n));
-  });
+    } else {  // scaled in one pass, the max in lanes (it took 5% of batched at (4,512,512,8))
+      for (std::int64_t j = 0; j < e; ++j) orow[j] = row[j] * f;
+      mx = lane_max(orow, e);
+    }
+    std::fill(orow + e, orow + n, T(0));
+    softmax_row(orow, e, mx);
+  }, "masked_softmax");
   return out;
 }
 
@@ -578,29 +759,18 @@ Tensor masked_softmax_backward(const Tensor& y_in, const Tensor& dy_in, double s
                                 " and dy " + shape_str(dy_in.shape()) + " differ");
   require_same_dtype(y_in, dy_in, "masked_softmax_backward");
   check_masked_softmax(y_in, Tensor(), causal, "masked_softmax_backward");
-  if (is_16bit(y_in.dtype()))
-    return masked_softmax_backward(f32(y_in), f32(dy_in), scale, causal, causal_shift)
-        .to(y_in.dtype());
   const Tensor y = y_in.contiguous(), dy = dy_in.contiguous();
   Tensor dx = Tensor::empty(y.shape(), y.dtype());
   const std::int64_t n = y.dim() == 0 ? 1 : y.size(-1);
   const std::int64_t rows = n == 0 ? 0 : y.numel() / n;
   const std::int64_t tq = y.dim() >= 2 ? y.size(-2) : 1;
-  dispatch_float(y.dtype(), "masked_softmax_backward", [&]<class T>() {
-    const T f = static_cast<T>(scale);
-    const T* py = y.template data<T>();
-    const T* pdy = dy.template data<T>();
-    T* pdx = dx.template mutable_data<T>();
-    parallel_for(rows, [&](std::int64_t r0, std::int64_t r1, int) {
-      for (std::int64_t r = r0; r < r1; ++r) {
-        // y = softmax(x * scale) with masked y = 0: dx = scale * softmax's dx
-        T* dr = pdx + r * n;
-        const std::int64_t end = attended_end(r, tq, n, causal, causal_shift);
-        softmax_backward_row(py + r * n, pdy + r * n, dr, end, f);
-        std::fill(dr + end, dr + n, T(0));
-      }
-    }, rows_per_worker(n));
-  });
+  const auto end = [&](std::int64_t r) { return attended_end(r, tq, n, causal, causal_shift); };
+  for_each_row<2>({&y, &dy}, dx, rows, n, end, [&]<class T>(std::int64_t r, const std::array<const T*, 2>& in, T* dr) {
+    // y = softmax(x * scale) with masked y = 0: dx = scale * softmax's dx
+    const std::int64_t e = end(r);
+    softmax_backward_row(in[0], in[1], dr, e, static_cast<T>(scale));
+    std::fill(dr + e, dr + n, T(0));
+  }, "masked_softmax_backward");
   return dx;
 }
 
