@@ -23,13 +23,16 @@ Packed make_packed(std::int64_t count, std::int64_t rows, std::int64_t cols, boo
   const std::int64_t panels = ((transposed ? rows : cols) + kPanel - 1) / kPanel;
   p.stride = (transposed ? cols : rows) * kPanel;
   p.per_slice = panels * p.stride;
-  p.data.resize(static_cast<std::size_t>(count * p.per_slice));
+  // every element is written by pack_slice (padding included): no zeroing here, and
+  // the caching allocator hands back the same pages pass after pass
+  p.storage = Tensor::empty({count * p.per_slice}, DType::float32);
+  p.data = p.storage.mutable_data<float>();
   return p;
 }
 
 void pack_slice(Packed& p, std::int64_t n, const float* x, std::int64_t ld, std::int64_t rows,
                 std::int64_t cols) {
-  float* out = p.data.data() + n * p.per_slice;
+  float* out = p.data + n * p.per_slice;
   if (!p.transposed) {
     for (std::int64_t c0 = 0; c0 < cols; c0 += kPanel) {
       const std::int64_t w = std::min(kPanel, cols - c0);

@@ -11,7 +11,8 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
+
+#include <headgrad/tensor.hpp>
 
 namespace headgrad::fused_sdpa::tile {
 
@@ -27,13 +28,14 @@ bool available();
 //                  rows [32r, 32r + 32); a tile starts at a multiple of 32 rows.
 // Columns past the input's are zeros.
 struct Packed {
-  std::vector<float> data;
+  Tensor storage;  // [count * per_slice] float32, from the caching allocator
+  float* data = nullptr;
   bool transposed = false;
   std::int64_t per_slice = 0;  // floats from one slice to the next
   std::int64_t stride = 0;     // floats from one panel to the next
   // the panels of the tile that starts at row r0 of slice n
   const float* at(std::int64_t n, std::int64_t r0) const {
-    return data.data() + n * per_slice + (transposed ? r0 / kPanel * stride : r0 * kPanel);
+    return data + n * per_slice + (transposed ? r0 / kPanel * stride : r0 * kPanel);
   }
 };
 
