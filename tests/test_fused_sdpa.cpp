@@ -38,7 +38,7 @@
 #include "checks.hpp"
 #include "attention_run.hpp"
 #include "kernel.hpp"
-#include "tile_gemm.hpp"
+#include "headgrad/tile_gemm.hpp"
 #include "real_plugins.hpp"
 
 namespace {
@@ -389,7 +389,7 @@ TEST(FusedKernel, DqFromManyWorkersMatchesOneWorker) {
 // sizes off the micro-kernel's 12 x 32 block, A read transposed through its
 // strides, beta 0 ignoring NaNs in C and beta 1 adding to it.
 TEST(FusedTileGemm, MatchesAFloat64Product) {
-  if (!fused_sdpa::tile::available()) GTEST_SKIP() << "no AVX-512 on this CPU: the kernel uses BLAS";
+  if (!tile::available()) GTEST_SKIP() << "no AVX-512 on this CPU: the kernel uses BLAS";
   Generator gen(5);
   for (const auto& [m, n, k] : {std::array<std::int64_t, 3>{37, 45, 19}, {12, 32, 1}, {1, 1, 3},
                                 {25, 70, 64}, {256, 64, 256}}) {
@@ -399,10 +399,10 @@ TEST(FusedTileGemm, MatchesAFloat64Product) {
       const Tensor a = randn(ta ? Shape{k, m} : Shape{m, k}, DType::float32, gen);
       const Tensor b = randn({k, n}, DType::float32, gen);  // B = b as it is
       const Tensor bt = randn({n, k}, DType::float32, gen);  // B = bt^T
-      fused_sdpa::tile::Packed pb = fused_sdpa::tile::make_packed(1, k, n, false);
-      fused_sdpa::tile::Packed pbt = fused_sdpa::tile::make_packed(1, n, k, true);
-      fused_sdpa::tile::pack_slice(pb, 0, b.data<float>(), n, k, n);
-      fused_sdpa::tile::pack_slice(pbt, 0, bt.data<float>(), k, n, k);
+      tile::Packed pb = tile::make_packed(1, k, n, false);
+      tile::Packed pbt = tile::make_packed(1, n, k, true);
+      tile::pack_slice(pb, 0, b.data<float>(), n, k, n);
+      tile::pack_slice(pbt, 0, bt.data<float>(), k, n, k);
       const Tensor c0 = randn({m, n}, DType::float32, gen);
       const std::vector<double> av = a.to_vector(), bv = b.to_vector(), btv = bt.to_vector();
       for (const auto* packed : {&pb, &pbt})
@@ -411,7 +411,7 @@ TEST(FusedTileGemm, MatchesAFloat64Product) {
           std::vector<float> c(start.begin(), start.end());
           if (beta == 0.0f) std::fill(c.begin(), c.end(), std::nanf(""));
           const std::int64_t lda = ta ? m : k;
-          fused_sdpa::tile::gemm(m, n, k, 0.5f, a.data<float>(), ta ? 1 : lda, ta ? lda : 1,
+          tile::gemm(m, n, k, 0.5f, a.data<float>(), ta ? 1 : lda, ta ? lda : 1,
                                  packed->at(0, 0), packed->stride, beta, c.data(), n);
           for (std::int64_t i = 0; i < m; ++i)
             for (std::int64_t j = 0; j < n; ++j) {
@@ -439,7 +439,7 @@ TEST(FusedTileGemm, MatchesAFloat64Product) {
 // that touch the tiles: causal both ways, masks, windows, caps, sinks, GQA,
 // dropout, lengths and widths off the panels, a transposed q.
 TEST(FusedKernel, PackedProductsMatchFloat64) {
-  if (!fused_sdpa::tile::available()) GTEST_SKIP() << "no AVX-512 on this CPU: the kernel uses BLAS";
+  if (!tile::available()) GTEST_SKIP() << "no AVX-512 on this CPU: the kernel uses BLAS";
   struct Case {
     std::string name;
     CoreCase shape;

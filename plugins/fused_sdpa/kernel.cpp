@@ -67,7 +67,7 @@
 // single-threaded (SerialBlasScope): one kind of thread at a time.
 //
 // Products: float32 on AVX-512 (Sdpa::packed) multiplies tiles with
-// tile_gemm.hpp's micro-kernel, B operands packed once per pass (Packs: K^T,
+// <headgrad/tile_gemm.hpp>'s micro-kernel, B operands packed once per pass (Packs: K^T,
 // V for the forward; K^T, V^T, dO, K, Q for the backward; O(T d) memory) and
 // A read in place; otherwise each product is a BLAS call (product()).
 
@@ -86,7 +86,7 @@
 #include <headgrad/parallel.hpp>
 
 #include "kernel.hpp"
-#include "tile_gemm.hpp"
+#include <headgrad/tile_gemm.hpp>
 
 namespace headgrad::fused_sdpa {
 namespace {

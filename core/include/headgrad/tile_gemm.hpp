@@ -1,10 +1,15 @@
-// fused_sdpa's tile products on AVX-512, float32: C = alpha A B + beta C with
-// B packed ONCE per call of the op into panels of 32 columns, and A read in
-// place through any row and column strides (so A^T costs nothing). BLIS packs
-// both operands again on every call, which at fused_sdpa's tiles (256 x 256 x
-// 64, 256 x 64 x 256) was a quarter of the product's time: these run at
-// 160-172 GFLOP/s where BLIS ran 90-129 on the same tiles (best of 200, one
-// thread; docs/performance.md). float64 and CPUs without AVX-512 keep BLIS.
+// Attention-sized float32 products on AVX-512: C = alpha A B + beta C with B
+// packed into panels of 32 columns and A read in place through any row and
+// column strides (so A^T costs nothing). Two users:
+// - fused_sdpa packs K, V, Q, dO ONCE per pass and multiplies every tile by
+//   the packed panels (gemm below);
+// - blas::gemm sends float32 products of up to 512 rows with a B of up to
+//   128K elements here (gemm_packing_b: B packed per call, into a buffer
+//   per thread): the per-head products of batched and per_head.
+// BLIS packs both operands again on every call: on these shapes (128-256 rows,
+// k 64-512) this runs 1.1x-1.6x its rate, and on the projections' large
+// products (2048 rows) BLIS's cache blocking wins, so those stay there
+// (docs/performance.md). float64 and CPUs without AVX-512 keep the BLAS.
 //
 // Shape legend: m x n result, k the summed dimension; a panel is kPanel
 // columns of B, row p of a panel at p * kPanel.
@@ -14,7 +19,7 @@
 
 #include <headgrad/tensor.hpp>
 
-namespace headgrad::fused_sdpa::tile {
+namespace headgrad::tile {
 
 constexpr std::int64_t kPanel = 32;
 
@@ -53,4 +58,15 @@ void gemm(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const flo
           std::int64_t a_row, std::int64_t a_col, const float* b, std::int64_t b_stride, float beta,
           float* c, std::int64_t ldc);
 
-}  // namespace headgrad::fused_sdpa::tile
+// C [m, n] = alpha op(A) op(B) + beta C as blas::gemm takes it (row-major,
+// op(X) = X^T when trans_X), op(B) packed per call. For shapes that fits_per_call.
+void gemm_packing_b(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                    float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                    float beta, float* c, std::int64_t ldc);
+// up to 512 rows, op(B) of up to 128K elements (half the L2): where packing B
+// per call still beats BLIS
+inline bool fits_per_call(std::int64_t m, std::int64_t n, std::int64_t k) {
+  return m <= 512 && n * k <= (std::int64_t{1} << 17);
+}
+
+}  // namespace headgrad::tile

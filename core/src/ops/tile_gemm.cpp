@@ -2,19 +2,20 @@
 // registers: per step of k it loads one panel row (two vectors) and
 // broadcasts 12 elements of A, 24 FMAs. Its remainders (m % 12 rows) are the
 // same kernel instantiated for fewer rows; n's remainder is masked.
-#include "tile_gemm.hpp"
+#include "headgrad/tile_gemm.hpp"
 
 #include <algorithm>
 #include <array>
 #include <stdexcept>
 #include <utility>
+#include <vector>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define HEADGRAD_TILE_AVX512 1
 #include <immintrin.h>
 #endif
 
-namespace headgrad::fused_sdpa::tile {
+namespace headgrad::tile {
 
 Packed make_packed(std::int64_t count, std::int64_t rows, std::int64_t cols, bool transposed) {
   Packed p;
@@ -121,15 +122,39 @@ void gemm(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const flo
   }
 }
 
+void gemm_packing_b(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                    float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                    float beta, float* c, std::int64_t ldc) {
+  // op(B) [k, n] in panels: from b [k, n] as it is, or from b [n, k] transposed.
+  // The buffer is the thread's own, kept at its largest size (a vector, not
+  // a Tensor: it may outlive the caching allocator at exit).
+  thread_local std::vector<float> buffer;
+  Packed panels;
+  panels.transposed = trans_b;
+  panels.stride = k * kPanel;
+  panels.per_slice = (n + kPanel - 1) / kPanel * panels.stride;
+  if (static_cast<std::int64_t>(buffer.size()) < panels.per_slice)
+    buffer.resize(static_cast<std::size_t>(panels.per_slice));
+  panels.data = buffer.data();
+  pack_slice(panels, 0, b, ldb, trans_b ? n : k, trans_b ? k : n);
+  gemm(m, n, k, alpha, a, trans_a ? 1 : lda, trans_a ? lda : 1, panels.data, panels.stride, beta, c,
+       ldc);
+}
+
 #else
 
 bool available() { return false; }
 
 void gemm(std::int64_t, std::int64_t, std::int64_t, float, const float*, std::int64_t, std::int64_t,
           const float*, std::int64_t, float, float*, std::int64_t) {
-  throw std::logic_error("fused_sdpa tile::gemm: built without AVX-512 support; check available()");
+  throw std::logic_error("tile::gemm: built without AVX-512 support; check available()");
+}
+
+void gemm_packing_b(bool, bool, std::int64_t, std::int64_t, std::int64_t, float, const float*,
+                    std::int64_t, const float*, std::int64_t, float, float*, std::int64_t) {
+  throw std::logic_error("tile::gemm_packing_b: built without AVX-512 support; check available()");
 }
 
 #endif
 
-}  // namespace headgrad::fused_sdpa::tile
+}  // namespace headgrad::tile
