@@ -433,11 +433,14 @@ TEST(FusedTileGemm, MatchesAFloat64Product) {
   }
 }
 
-// float32 with tiles of 32 and 64 keys runs its products on packed panels;
-// against the float64 kernel on the same inputs it stays within float32's
-// tolerance, as the same float32 kernel on BLAS does, across the features
-// that touch the tiles: causal both ways, masks, windows, caps, sinks, GQA,
-// dropout, lengths and widths off the panels, a transposed q.
+// float32 with tiles of 32 and 128 keys runs its products on packed panels;
+// against the float64 kernel on the same inputs (48 x 32 tiles) it stays
+// within float32's tolerance, as the same float32 kernel on BLAS does, across
+// the features that touch the tiles: causal both ways, masks, windows, caps,
+// sinks, GQA, dropout, lengths and widths off the panels, a transposed q.
+// 128 x 128 tiles that the diagonal crosses run their products in strips
+// (Sdpa::row_strips, key_strips); in float64 they give the 48 x 32 tiles'
+// result (no strips there) to rounding.
 TEST(FusedKernel, PackedProductsMatchFloat64) {
   if (!tile::available()) GTEST_SKIP() << "no AVX-512 on this CPU: the kernel uses BLAS";
   struct Case {
@@ -455,27 +458,29 @@ TEST(FusedKernel, PackedProductsMatchFloat64) {
          s.window.left = 50;
          s.softcap = 5.0;
        }},
-      {"dropout", {"", {3}, 96, 100, 20, 20, false}, [](AttentionSpec& s) {
+      {"causal_dropout", {"", {3}, 150, 140, 20, 20, true}, [](AttentionSpec& s) {
          s.dropout_p = 0.2;
          s.dropout_seed = 7;
        }},
   };
   for (const Case& c : cases)
-    for (const std::int64_t keys : {32, 64}) {
-      SCOPED_TRACE(c.name + ", tiles 48 x " + std::to_string(keys));
+    for (const std::int64_t tile : {32, 128}) {
+      SCOPED_TRACE(c.name + ", tiles " + std::to_string(tile == 32 ? 48 : tile) + " x " + std::to_string(tile));
       CoreInputs in = make_inputs(c.shape, DType::float64, 41);
       c.more(in.spec);
       Generator gen(43);
       const Tensor r = randn(with_last2(c.shape.lead, c.shape.tq, c.shape.dv), DType::float64, gen);
-      const auto run = [&](DType dtype, bool packed) {
+      const auto run = [&](DType dtype, bool packed, fused_sdpa::Tiles tiles) {
+        tiles.packed = packed;
         return run_core([&](const Variable& q, const Variable& k, const Variable& v) {
-          return fused_sdpa::sdpa(q, k, v, in.spec, {48, keys, 0, packed});
+          return fused_sdpa::sdpa(q, k, v, in.spec, tiles);
         }, in.q.to(dtype), in.k.to(dtype), in.v.to(dtype), r.to(dtype));
       };
-      const CoreResult want = run(DType::float64, true);
-      const CoreResult packed = run(DType::float32, true), blas = run(DType::float32, false);
-      expect_core_close(packed, want, kAtol32, kRtol32);
-      expect_core_close(blas, want, kAtol32, kRtol32);
+      const fused_sdpa::Tiles tiles{tile == 32 ? 48 : tile, tile};
+      const CoreResult want = run(DType::float64, true, {48, 32});
+      expect_core_close(run(DType::float64, true, tiles), want, 1e-12, 1e-10);
+      expect_core_close(run(DType::float32, true, tiles), want, kAtol32, kRtol32);
+      expect_core_close(run(DType::float32, false, tiles), want, kAtol32, kRtol32);
     }
   // sinks and grouped kv heads: q [2, 4, T, d], k and v [2, 2, T, .]
   Generator gen(47);

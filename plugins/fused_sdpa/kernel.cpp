@@ -22,7 +22,9 @@
 // per worker a few tiles of scratch. A bool mask is read through a strided view
 // of the user's mask (never densified); causal is decided from indices (query
 // i attends keys j <= i + shift: shift 0 top-left, Tk - Tq bottom-right), and
-// causal tiles that lie entirely above that diagonal are skipped, not computed.
+// causal tiles that lie entirely above that diagonal are skipped, not computed;
+// tiles it crosses multiply in strips of 64 rows or keys that stop at it
+// (Sdpa::row_strips, key_strips).
 //
 // Fully masked rows: a query row whose keys are all masked has l = 0 and
 // L = -inf. Its output is zeros and it sends zero (finite) gradients to q, k
@@ -300,6 +302,33 @@ struct Sdpa {
     return {lo, std::max(lo, hi)};
   }
 
+  // A tile that the causal diagonal (or a window's right edge) crosses: its
+  // first rows see only its first keys. Its products then run in strips of
+  // kStrip rows (or keys), each over the keys (or rows) it can see, and the
+  // part above the diagonal is not computed: of a 256 x 256 diagonal tile,
+  // 10/16 is. (The columns a strip leaves out are filled by scores() and the
+  // band loops, as are the masked ones.)
+  static constexpr std::int64_t kStrip = 64;
+  bool crossed(std::int64_t i0, std::int64_t br, std::int64_t j0, std::int64_t bc) const {
+    return has_hi && br > kStrip && bc > kStrip && j0 + bc - 1 > i0 + hi_off;
+  }
+  // f(r0, r1, keys): rows [r0, r1) of the tile see none of its keys from `keys` on
+  template <class F>
+  void row_strips(std::int64_t i0, std::int64_t br, std::int64_t j0, std::int64_t bc, F&& f) const {
+    if (!crossed(i0, br, j0, bc)) return f(std::int64_t{0}, br, bc);
+    for (std::int64_t r0 = 0; r0 < br; r0 += kStrip) {
+      const std::int64_t r1 = std::min(br, r0 + kStrip);
+      f(r0, r1, std::clamp<std::int64_t>(i0 + r1 - 1 + hi_off + 1 - j0, 0, bc));
+    }
+  }
+  // f(c0, c1, first): keys [c0, c1) of the tile are seen by none of its rows before `first`
+  template <class F>
+  void key_strips(std::int64_t i0, std::int64_t br, std::int64_t j0, std::int64_t bc, F&& f) const {
+    if (!crossed(i0, br, j0, bc)) return f(std::int64_t{0}, bc, std::int64_t{0});
+    for (std::int64_t c0 = 0; c0 < bc; c0 += kStrip)
+      f(c0, std::min(bc, c0 + kStrip), std::clamp<std::int64_t>(j0 + c0 - hi_off - i0, 0, br));
+  }
+
   // s [br, bc] = scale * q[i0:i0+br] k[j0:j0+bc]^T, capped (s = C tanh(s / C))
   // when a cap is on, then masked entries -inf. dtanh (null: not wanted)
   // receives 1 - tanh^2 of each element in the band (0 outside it).
@@ -307,8 +336,10 @@ struct Sdpa {
   // bit-identical scores.
   void scores(const Packs& packs, std::int64_t nn, std::int64_t i0, std::int64_t br,
               std::int64_t j0, std::int64_t bc, T* s, T* dtanh = nullptr) const {
-    product(false, br, bc, d, scale, q.slice(nn) + i0 * q.ld, q.ld,
-            operand(k, packs.on ? &packs.k_t : nullptr, true, nn / group, j0), T(0), s, bc);
+    row_strips(i0, br, j0, bc, [&](std::int64_t r0, std::int64_t r1, std::int64_t keys) {
+      product(false, r1 - r0, keys, d, scale, q.slice(nn) + (i0 + r0) * q.ld, q.ld,
+              operand(k, packs.on ? &packs.k_t : nullptr, true, nn / group, j0), T(0), s + r0 * bc, bc);
+    });
     const bool right = has_hi && j0 + bc - 1 > i0 + hi_off;       // some key j > i + hi_off here
     const bool left = has_lo && j0 < i0 + br - 1 + lo_off;         // some key j < i + lo_off here
     if (!right && !left && !mask.on && cap == T(0)) return;
@@ -536,8 +567,11 @@ void sdpa_forward_block(const Sdpa<T>& a, const Packs& packs, std::int64_t nn, s
       any = true;
     }
     if (any)  // acc += P V[j0:j0+bc]
-      product(false, br, a.dv, bc, T(1), s, bc,
-              a.operand(a.v, packs.on ? &packs.v : nullptr, false, nn / a.group, j0), T(1), acc, a.dv);
+      a.row_strips(i0, br, j0, bc, [&](std::int64_t r0, std::int64_t r1, std::int64_t keys) {
+        product(false, r1 - r0, a.dv, keys, T(1), s + r0 * bc, bc,
+                a.operand(a.v, packs.on ? &packs.v : nullptr, false, nn / a.group, j0), T(1),
+                acc + r0 * a.dv, a.dv);
+      });
   }
   for (std::int64_t r = 0; r < br; ++r) {
     T* orow = on + (i0 + r) * a.dv;
@@ -631,9 +665,12 @@ void sdpa_backward_block(const Sdpa<T>& a, const Packs& packs, const Rows<T>& do
     if (!any) continue;
     const T* dob = don + i0 * dout.ld;  // dO[i0:i0+br]
     // in the forward pass this was: O += dropout(P) V, so dP = dO V^T
-    if (need_ds)
-      product(false, br, bc, a.dv, T(1), dob, dout.ld, a.operand(a.v, packed(packs.v_t), true, nkv, j0),
-              T(0), ds, bc);
+    if (need_ds)  // columns a strip leaves out are zeros (the dropout loop reads every column)
+      a.row_strips(i0, br, j0, bc, [&](std::int64_t r0, std::int64_t r1, std::int64_t keys) {
+        product(false, r1 - r0, keys, a.dv, T(1), dob + r0 * dout.ld, dout.ld,
+                a.operand(a.v, packed(packs.v_t), true, nkv, j0), T(0), ds + r0 * bc, bc);
+        for (std::int64_t r = r0; r < r1; ++r) std::fill(ds + r * bc + keys, ds + (r + 1) * bc, T(0));
+      });
     if (a.dropout.on) {  // p := dropout(P) for dV; ds := P * (dropout'(dP) - D)
       for (std::int64_t r = 0; r < br; ++r) {
         const std::uint64_t key = a.dropout.row_key(nn, i0 + r);
@@ -658,20 +695,29 @@ void sdpa_backward_block(const Sdpa<T>& a, const Packs& packs, const Rows<T>& do
     }
     if (need_ds && dtanh)  // through the cap: ds *= 1 - tanh^2 (finite, 0 outside the band)
       for (std::int64_t e = 0; e < br * bc; ++e) ds[e] *= dtanh[e];
-    if (dvv)  // dV[j0:j0+bc] += P^T dO
-      product(true, bc, a.dv, br, T(1), p, bc, a.operand(dout, packed(packs.dout), false, nn, i0), T(1),
-              dvv + (nkv * a.tk + j0) * a.dv, a.dv);
-    if (dq.data && dq.exclusive)  // dQ[i0:i0+br] += dS K * scale, rows this item owns
-      product(false, br, a.d, bc, a.scale, ds, bc, a.operand(a.k, packed(packs.k), false, nkv, j0), T(1),
-              dq.data + (nn * a.tq + i0) * a.d, a.d);
-    else if (dq.data) {  // the same product in scratch, added under the block's lock
-      product(false, br, a.d, bc, a.scale, ds, bc, a.operand(a.k, packed(packs.k), false, nkv, j0), T(0),
-              dq_tile, a.d);
-      dq.add(nn, i0, br, a.d, a.tq, a.br, dq_tile);
+    // dV[j0:j0+bc] += P^T dO and dK[j0:j0+bc] += dS^T Q * scale, each key
+    // strip from the first row that sees it
+    a.key_strips(i0, br, j0, bc, [&](std::int64_t c0, std::int64_t c1, std::int64_t first) {
+      if (dvv)
+        product(true, c1 - c0, a.dv, br - first, T(1), p + first * bc + c0, bc,
+                a.operand(dout, packed(packs.dout), false, nn, i0 + first), T(1),
+                dvv + (nkv * a.tk + j0 + c0) * a.dv, a.dv);
+      if (dk)
+        product(true, c1 - c0, a.d, br - first, a.scale, ds + first * bc + c0, bc,
+                a.operand(a.q, packed(packs.q), false, nn, i0 + first), T(1),
+                dk + (nkv * a.tk + j0 + c0) * a.d, a.d);
+    });
+    // dQ[i0:i0+br] += dS K * scale: into the rows this item owns (one key
+    // block), or into scratch (beta 0: every row written) added under the block's lock
+    if (dq.data) {
+      T* dst = dq.exclusive ? dq.data + (nn * a.tq + i0) * a.d : dq_tile;
+      a.row_strips(i0, br, j0, bc, [&](std::int64_t r0, std::int64_t r1, std::int64_t keys) {
+        product(false, r1 - r0, a.d, keys, a.scale, ds + r0 * bc, bc,
+                a.operand(a.k, packed(packs.k), false, nkv, j0), dq.exclusive ? T(1) : T(0),
+                dst + r0 * a.d, a.d);
+      });
+      if (!dq.exclusive) dq.add(nn, i0, br, a.d, a.tq, a.br, dq_tile);
     }
-    if (dk)  // dK[j0:j0+bc] += dS^T Q * scale
-      product(true, bc, a.d, br, a.scale, ds, bc, a.operand(a.q, packed(packs.q), false, nn, i0), T(1),
-              dk + (nkv * a.tk + j0) * a.d, a.d);
   }
 }
 
