@@ -210,7 +210,11 @@ INSTANTIATE_TEST_SUITE_P(
                       GemmCase{false, true, 8, 8, 9, 1}, GemmCase{true, true, 17, 3, 11, 2},
                       // above the threading threshold (2^21 multiply-adds)
                       GemmCase{false, false, 160, 150, 140, 2}, GemmCase{true, true, 160, 150, 140, 2},
-                      GemmCase{false, true, 130, 170, 128, 1}, GemmCase{true, false, 130, 170, 128, 2}));
+                      GemmCase{false, true, 130, 170, 128, 1}, GemmCase{true, false, 130, 170, 128, 2},
+                      // one thread, float32 on AVX-512: tile_gemm.hpp's panels, rows and
+                      // columns off its 12 x 32 block, every transposition
+                      GemmCase{true, true, 37, 45, 19, 1}, GemmCase{false, true, 256, 64, 256, 1},
+                      GemmCase{true, false, 300, 200, 100, 1}, GemmCase{false, false, 512, 33, 64, 1}));
 
 TEST(BlasInfo, NamesTheLibraryAndItsKernels) {
   const auto& i = blas::info();

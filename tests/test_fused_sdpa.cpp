@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -37,6 +38,7 @@
 #include "checks.hpp"
 #include "attention_run.hpp"
 #include "kernel.hpp"
+#include "headgrad/tile_gemm.hpp"
 #include "real_plugins.hpp"
 
 namespace {
@@ -383,6 +385,123 @@ TEST(FusedKernel, DqFromManyWorkersMatchesOneWorker) {
   EXPECT_EQ(one.dk.to_vector(), many.dk.to_vector());
   EXPECT_EQ(one.dv.to_vector(), many.dv.to_vector());
   EXPECT_TRUE(all_close("dq", many.dq, one.dq, 1e-13, 1e-12));
+}
+
+// The tile products on packed panels (tile_gemm.hpp) against a float64 loop:
+// sizes off the micro-kernel's 12 x 32 block, A read transposed through its
+// strides, beta 0 ignoring NaNs in C and beta 1 adding to it.
+TEST(FusedTileGemm, MatchesAFloat64Product) {
+  if (!tile::available()) GTEST_SKIP() << "no AVX-512 on this CPU: the kernel uses BLAS";
+  Generator gen(5);
+  for (const auto& [m, n, k] : {std::array<std::int64_t, 3>{37, 45, 19}, {12, 32, 1}, {1, 1, 3},
+                                {25, 70, 64}, {256, 64, 256}}) {
+    for (const bool ta : {false, true}) {
+      SCOPED_TRACE(std::to_string(m) + " x " + std::to_string(n) + " x " + std::to_string(k) +
+                   (ta ? ", A transposed" : ""));
+      const Tensor a = randn(ta ? Shape{k, m} : Shape{m, k}, DType::float32, gen);
+      const Tensor b = randn({k, n}, DType::float32, gen);  // B = b as it is
+      const Tensor bt = randn({n, k}, DType::float32, gen);  // B = bt^T
+      tile::Packed pb = tile::make_packed(1, k, n, false);
+      tile::Packed pbt = tile::make_packed(1, n, k, true);
+      tile::pack_slice(pb, 0, b.data<float>(), n, k, n);
+      tile::pack_slice(pbt, 0, bt.data<float>(), k, n, k);
+      const Tensor c0 = randn({m, n}, DType::float32, gen);
+      const std::vector<double> av = a.to_vector(), bv = b.to_vector(), btv = bt.to_vector();
+      for (const auto* packed : {&pb, &pbt})
+        for (const float beta : {0.0f, 1.0f}) {
+          const std::vector<double> start = c0.to_vector();
+          std::vector<float> c(start.begin(), start.end());
+          if (beta == 0.0f) std::fill(c.begin(), c.end(), std::nanf(""));
+          const std::int64_t lda = ta ? m : k;
+          tile::gemm(m, n, k, 0.5f, a.data<float>(), ta ? 1 : lda, ta ? lda : 1,
+                                 packed->at(0, 0), packed->stride, beta, c.data(), n);
+          for (std::int64_t i = 0; i < m; ++i)
+            for (std::int64_t j = 0; j < n; ++j) {
+              double want = beta == 0.0f ? 0.0 : start[static_cast<std::size_t>(i * n + j)];
+              double mag = std::abs(want);
+              for (std::int64_t p = 0; p < k; ++p) {
+                const double x = av[static_cast<std::size_t>(ta ? p * m + i : i * k + p)];
+                const double y = packed == &pb ? bv[static_cast<std::size_t>(p * n + j)]
+                                               : btv[static_cast<std::size_t>(j * k + p)];
+                want += 0.5 * x * y;
+                mag += std::abs(0.5 * x * y);
+              }
+              ASSERT_NEAR(c[static_cast<std::size_t>(i * n + j)], want, 1e-5 * mag + 1e-6)
+                  << "C[" << i << ", " << j << "], beta " << beta
+                  << (packed == &pb ? ", B as is" : ", B transposed");
+            }
+        }
+    }
+  }
+}
+
+// float32 with tiles of 32 and 128 keys runs its products on packed panels;
+// against the float64 kernel on the same inputs (48 x 32 tiles) it stays
+// within float32's tolerance, as the same float32 kernel on BLAS does, across
+// the features that touch the tiles: causal both ways, masks, windows, caps,
+// sinks, GQA, dropout, lengths and widths off the panels, a transposed q.
+// 128 x 128 tiles that the diagonal crosses run their products in strips
+// (Sdpa::row_strips, key_strips); in float64 they give the 48 x 32 tiles'
+// result (no strips there) to rounding.
+TEST(FusedKernel, PackedProductsMatchFloat64) {
+  if (!tile::available()) GTEST_SKIP() << "no AVX-512 on this CPU: the kernel uses BLAS";
+  struct Case {
+    std::string name;
+    CoreCase shape;
+    std::function<void(AttentionSpec&)> more = [](AttentionSpec&) {};
+  };
+  const std::vector<Case> cases = {
+      {"causal", {"", {2, 2}, 150, 150, 40, 24, true}},
+      {"bottom_right_tq_gt_tk", {"", {2}, 130, 75, 64, 64, true}, [](AttentionSpec& s) {
+         s.causal_alignment = CausalAlignment::bottom_right;
+       }},
+      {"mask_transposed_q", {"", {2}, 100, 140, 16, 33, false, MaskKind::per_slice, QLayout::transposed}},
+      {"window_softcap", {"", {2}, 160, 160, 32, 32, true}, [](AttentionSpec& s) {
+         s.window.left = 50;
+         s.softcap = 5.0;
+       }},
+      {"causal_dropout", {"", {3}, 150, 140, 20, 20, true}, [](AttentionSpec& s) {
+         s.dropout_p = 0.2;
+         s.dropout_seed = 7;
+       }},
+  };
+  for (const Case& c : cases)
+    for (const std::int64_t tile : {32, 128}) {
+      SCOPED_TRACE(c.name + ", tiles " + std::to_string(tile == 32 ? 48 : tile) + " x " + std::to_string(tile));
+      CoreInputs in = make_inputs(c.shape, DType::float64, 41);
+      c.more(in.spec);
+      Generator gen(43);
+      const Tensor r = randn(with_last2(c.shape.lead, c.shape.tq, c.shape.dv), DType::float64, gen);
+      const auto run = [&](DType dtype, bool packed, fused_sdpa::Tiles tiles) {
+        tiles.packed = packed;
+        return run_core([&](const Variable& q, const Variable& k, const Variable& v) {
+          return fused_sdpa::sdpa(q, k, v, in.spec, tiles);
+        }, in.q.to(dtype), in.k.to(dtype), in.v.to(dtype), r.to(dtype));
+      };
+      const fused_sdpa::Tiles tiles{tile == 32 ? 48 : tile, tile};
+      const CoreResult want = run(DType::float64, true, {48, 32});
+      expect_core_close(run(DType::float64, true, tiles), want, 1e-12, 1e-10);
+      expect_core_close(run(DType::float32, true, tiles), want, kAtol32, kRtol32);
+      expect_core_close(run(DType::float32, false, tiles), want, kAtol32, kRtol32);
+    }
+  // sinks and grouped kv heads: q [2, 4, T, d], k and v [2, 2, T, .]
+  Generator gen(47);
+  const Tensor q = randn({2, 4, 70, 24}, DType::float64, gen);
+  const Tensor k = randn({2, 2, 90, 24}, DType::float64, gen);
+  const Tensor v = randn({2, 2, 90, 16}, DType::float64, gen);
+  const Tensor r = randn({2, 4, 70, 16}, DType::float64, gen);
+  const Tensor sinks = randn({4}, DType::float64, gen);
+  const auto run = [&](DType dtype, bool packed) {
+    AttentionSpec spec;
+    spec.causal = true;
+    spec.sinks = Variable(sinks.to(dtype));
+    return run_core([&](const Variable& vq, const Variable& vk, const Variable& vv) {
+      return fused_sdpa::sdpa(vq, vk, vv, spec, {32, 32, 0, packed});
+    }, q.to(dtype), k.to(dtype), v.to(dtype), r.to(dtype));
+  };
+  const CoreResult want = run(DType::float64, true);
+  expect_core_close(run(DType::float32, true), want, kAtol32, kRtol32);
+  expect_core_close(run(DType::float32, false), want, kAtol32, kRtol32);
 }
 
 TEST(FusedKernel, RejectsTilesBelowOne) {

@@ -22,7 +22,9 @@
 // per worker a few tiles of scratch. A bool mask is read through a strided view
 // of the user's mask (never densified); causal is decided from indices (query
 // i attends keys j <= i + shift: shift 0 top-left, Tk - Tq bottom-right), and
-// causal tiles that lie entirely above that diagonal are skipped, not computed.
+// causal tiles that lie entirely above that diagonal are skipped, not computed;
+// tiles it crosses multiply in strips of 64 rows or keys that stop at it
+// (Sdpa::row_strips, key_strips).
 //
 // Fully masked rows: a query row whose keys are all masked has l = 0 and
 // L = -inf. Its output is zeros and it sends zero (finite) gradients to q, k
@@ -65,6 +67,11 @@
 // follows the threads: with more than one thread dQ is reproducible to
 // rounding, not bit for bit (O, L, dK and dV are). Inside the loops BLAS runs
 // single-threaded (SerialBlasScope): one kind of thread at a time.
+//
+// Products: float32 on AVX-512 (Sdpa::packed) multiplies tiles with
+// <headgrad/tile_gemm.hpp>'s micro-kernel, B operands packed once per pass (Packs: K^T,
+// V for the forward; K^T, V^T, dO, K, Q for the backward; O(T d) memory) and
+// A read in place; otherwise each product is a BLAS call (product()).
 
 #include <algorithm>
 #include <cmath>
@@ -73,6 +80,7 @@
 #include <memory>
 #include <mutex>
 #include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 #include <headgrad/blas.hpp>
@@ -80,6 +88,7 @@
 #include <headgrad/parallel.hpp>
 
 #include "kernel.hpp"
+#include <headgrad/tile_gemm.hpp>
 
 namespace headgrad::fused_sdpa {
 namespace {
@@ -179,6 +188,39 @@ struct MaskRows {
   const bool* slice(std::int64_t n) const { return base + offsets[static_cast<std::size_t>(n)]; }
 };
 
+// The B operands of the tile products, packed once per forward or backward
+// (tile_gemm.hpp) when the products run there: float32 on AVX-512 with key
+// tiles aligned to its panels (Sdpa::packed). off: every product through BLAS.
+struct Packs {
+  bool on = false;
+  tile::Packed k_t, v_t;    // B = K^T, V^T of each kv slice (S = Q K^T, dP = dO V^T)
+  tile::Packed k, v, q, dout;  // B = K, V, Q, dO as they are (dQ, O, dK, dV)
+};
+
+// The B of one tile product: rows [r0, ...) of slice `slice` of x (row stride
+// ld; `trans`: B = that block transposed), packed in `panels` when not null.
+template <class T>
+struct Operand {
+  const T* x;
+  std::int64_t ld;
+  bool trans;
+  const tile::Packed* panels;
+  std::int64_t slice, r0;
+};
+
+// C [m, n] = alpha op(A) B + beta C, A [m, k] (op(A) = A^T when ta) with row stride lda.
+template <class T>
+void product(bool ta, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
+             std::int64_t lda, const Operand<T>& b, T beta, T* c, std::int64_t ldc) {
+  if constexpr (std::is_same_v<T, float>)
+    if (b.panels) {
+      tile::gemm(m, n, k, alpha, a, ta ? 1 : lda, ta ? lda : 1, b.panels->at(b.slice, b.r0),
+                 b.panels->stride, beta, c, ldc);
+      return;
+    }
+  gemm(ta, b.trans, m, n, k, alpha, a, lda, b.x + b.r0 * b.ld, b.ld, beta, c, ldc);
+}
+
 // ---------------------------------------------------------------- the problem
 
 // Everything forward and backward share: operands, mask, scale, dropout.
@@ -193,6 +235,9 @@ struct Sdpa {
   // backward's query tiles are up to `wide` long and start at the block's
   // first visible key (row) instead of a multiple of the tile.
   bool wide = false;
+  // Tile products on panels packed once (Packs, tile_gemm.hpp): Tiles::packed,
+  // float32 on AVX-512, Bc-aligned key tiles that start on a panel.
+  bool packed = false;
   std::int64_t fwd_keys = 0;  // keys per forward tile: bc, or Tiles::wide
   std::int64_t bwd_rows = 0;  // query rows per backward tile: br, or Tiles::wide
   T scale = 1;
@@ -210,6 +255,13 @@ struct Sdpa {
   std::int64_t heads = 1;    // H: slice n is query head n % H
 
   T sink(std::int64_t nn) const { return sinks[static_cast<std::size_t>(nn % heads)]; }
+
+  // B = rows [r0, ...) of slice `slice` of x (transposed when trans), from
+  // its panels when they are packed.
+  static Operand<T> operand(const Rows<T>& x, const tile::Packed* panels, bool trans,
+                            std::int64_t slice, std::int64_t r0) {
+    return {x.slice(slice), x.ld, trans, panels, slice, r0};
+  }
 
   // Keys a block of query rows [i0, i0 + br) can see: [key_begin, key_end).
   // Causal blocks stop at the diagonal and windowed blocks start at the window's
@@ -250,15 +302,44 @@ struct Sdpa {
     return {lo, std::max(lo, hi)};
   }
 
+  // A tile that the causal diagonal (or a window's right edge) crosses: its
+  // first rows see only its first keys. Its products then run in strips of
+  // kStrip rows (or keys), each over the keys (or rows) it can see, and the
+  // part above the diagonal is not computed: of a 256 x 256 diagonal tile,
+  // 10/16 is. (The columns a strip leaves out are filled by scores() and the
+  // band loops, as are the masked ones.)
+  static constexpr std::int64_t kStrip = 64;
+  bool crossed(std::int64_t i0, std::int64_t br, std::int64_t j0, std::int64_t bc) const {
+    return has_hi && br > kStrip && bc > kStrip && j0 + bc - 1 > i0 + hi_off;
+  }
+  // f(r0, r1, keys): rows [r0, r1) of the tile see none of its keys from `keys` on
+  template <class F>
+  void row_strips(std::int64_t i0, std::int64_t br, std::int64_t j0, std::int64_t bc, F&& f) const {
+    if (!crossed(i0, br, j0, bc)) return f(std::int64_t{0}, br, bc);
+    for (std::int64_t r0 = 0; r0 < br; r0 += kStrip) {
+      const std::int64_t r1 = std::min(br, r0 + kStrip);
+      f(r0, r1, std::clamp<std::int64_t>(i0 + r1 - 1 + hi_off + 1 - j0, 0, bc));
+    }
+  }
+  // f(c0, c1, first): keys [c0, c1) of the tile are seen by none of its rows before `first`
+  template <class F>
+  void key_strips(std::int64_t i0, std::int64_t br, std::int64_t j0, std::int64_t bc, F&& f) const {
+    if (!crossed(i0, br, j0, bc)) return f(std::int64_t{0}, bc, std::int64_t{0});
+    for (std::int64_t c0 = 0; c0 < bc; c0 += kStrip)
+      f(c0, std::min(bc, c0 + kStrip), std::clamp<std::int64_t>(j0 + c0 - hi_off - i0, 0, br));
+  }
+
   // s [br, bc] = scale * q[i0:i0+br] k[j0:j0+bc]^T, capped (s = C tanh(s / C))
   // when a cap is on, then masked entries -inf. dtanh (null: not wanted)
   // receives 1 - tanh^2 of each element in the band (0 outside it).
   // Forward and backward both call this, so on the same tiles they see
   // bit-identical scores.
-  void scores(std::int64_t nn, std::int64_t i0, std::int64_t br, std::int64_t j0,
-              std::int64_t bc, T* s, T* dtanh = nullptr) const {
-    gemm(false, true, br, bc, d, scale, q.slice(nn) + i0 * q.ld, q.ld, k.slice(nn / group) + j0 * k.ld,
-            k.ld, T(0), s, bc);
+  void scores(const Packs& packs, std::int64_t nn, std::int64_t i0, std::int64_t br,
+              std::int64_t j0, std::int64_t bc, T* s, T* dtanh = nullptr) const {
+    row_strips(i0, br, j0, bc, [&](std::int64_t r0, std::int64_t r1, std::int64_t keys) {
+      product(false, r1 - r0, keys, d, scale, q.slice(nn) + (i0 + r0) * q.ld, q.ld,
+              operand(k, packs.on ? &packs.k_t : nullptr, true, nn / group, j0), T(0), s + r0 * bc, bc);
+    });
     const bool right = has_hi && j0 + bc - 1 > i0 + hi_off;       // some key j > i + hi_off here
     const bool left = has_lo && j0 < i0 + br - 1 + lo_off;         // some key j < i + lo_off here
     if (!right && !left && !mask.on && cap == T(0)) return;
@@ -319,6 +400,8 @@ Sdpa<T> make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const Te
   a.wide = tiles.wide > 0 && spec.window.enabled();
   a.fwd_keys = a.wide ? tiles.wide : a.bc;
   a.bwd_rows = a.wide ? tiles.wide : a.br;
+  if constexpr (std::is_same_v<T, float>)
+    a.packed = tiles.packed && !a.wide && a.bc % tile::kPanel == 0 && tile::available();
   // Grouped KV heads: k and v agree on Hkv heads at dim -3, fewer than q's H
   // (more is plain broadcasting of q). The lead is then broadcast with Hkv read as H.
   Shape lead_k = lead_dims(k.shape()), lead_v = lead_dims(v.shape());
@@ -398,20 +481,55 @@ Sdpa<T> make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const Te
   return a;
 }
 
+// ---------------------------------------------------------------- packing
+
+// The slices [count, rows, cols] of x packed as B operands, slices in parallel.
+tile::Packed pack(const Rows<float>& x, std::int64_t count, std::int64_t rows, std::int64_t cols,
+                  bool transposed) {
+  tile::Packed p = tile::make_packed(count, rows, cols, transposed);
+  parallel_for(count, [&](std::int64_t n0, std::int64_t n1, int) {
+    for (std::int64_t n = n0; n < n1; ++n) tile::pack_slice(p, n, x.slice(n), x.ld, rows, cols);
+  }, 1);
+  return p;
+}
+
+// Which B operands a pass multiplies by (K^T always: S = Q K^T).
+struct PackWants {
+  bool v_t = false, v = false, k = false, q = false, dout = false;
+};
+
+// Those operands packed, when the products run on panels (Sdpa::packed);
+// dout only when wants.dout.
+template <class T>
+Packs make_packs(const Sdpa<T>& a, PackWants wants, const Rows<T>* dout = nullptr) {
+  Packs packs;
+  if constexpr (std::is_same_v<T, float>)
+    if (a.packed) {
+      const std::int64_t nkv = a.n / a.group;
+      packs.on = true;
+      packs.k_t = pack(a.k, nkv, a.tk, a.d, true);
+      if (wants.v_t) packs.v_t = pack(a.v, nkv, a.tk, a.dv, true);
+      if (wants.v) packs.v = pack(a.v, nkv, a.tk, a.dv, false);
+      if (wants.k) packs.k = pack(a.k, nkv, a.tk, a.d, false);
+      if (wants.q) packs.q = pack(a.q, a.n, a.tq, a.d, false);
+      if (wants.dout) packs.dout = pack(*dout, a.n, a.tq, a.dv, false);
+    }
+  return packs;
+}
+
 // ---------------------------------------------------------------- forward
 
 // o [N, Tq, dv] and lse [N, Tq] (contiguous): rows [i0, i0 + br) of slice nn,
 // one block of query rows. scratch: s [Br, fwd_keys], acc [Br, dv], m [Br], l [Br].
 template <class T>
-void sdpa_forward_block(const Sdpa<T>& a, std::int64_t nn, std::int64_t i0, T* o, T* lse,
-                        T* scratch) {
+void sdpa_forward_block(const Sdpa<T>& a, const Packs& packs, std::int64_t nn, std::int64_t i0, T* o,
+                        T* lse, T* scratch) {
   constexpr T neg_inf = -std::numeric_limits<T>::infinity();
   const T keep_scale = static_cast<T>(1.0 / (1.0 - a.dropout.p));
   T* s = scratch;
   T* acc = s + a.br * a.fwd_keys;
   T* m = acc + a.br * a.dv;
   T* l = m + a.br;
-  const T* vn = a.v.slice(nn / a.group);
   T* on = o + nn * a.tq * a.dv;
   T* ln = lse + nn * a.tq;
   const std::int64_t br = std::min(a.br, a.tq - i0);
@@ -422,7 +540,7 @@ void sdpa_forward_block(const Sdpa<T>& a, std::int64_t nn, std::int64_t i0, T* o
   const std::int64_t j_end = a.key_end(i0, br);
   for (std::int64_t j0 = a.key_begin(i0); j0 < j_end; j0 += a.fwd_keys) {
     const std::int64_t bc = std::min(a.fwd_keys, j_end - j0);
-    a.scores(nn, i0, br, j0, bc, s);
+    a.scores(packs, nn, i0, br, j0, bc, s);
     bool any = false;  // a tile whose weights are all zero adds nothing to acc
     for (std::int64_t r = 0; r < br; ++r) {
       T* sr = s + r * bc;
@@ -449,8 +567,11 @@ void sdpa_forward_block(const Sdpa<T>& a, std::int64_t nn, std::int64_t i0, T* o
       any = true;
     }
     if (any)  // acc += P V[j0:j0+bc]
-      gemm(false, false, br, a.dv, bc, T(1), s, bc, vn + j0 * a.v.ld, a.v.ld, T(1), acc,
-              a.dv);
+      a.row_strips(i0, br, j0, bc, [&](std::int64_t r0, std::int64_t r1, std::int64_t keys) {
+        product(false, r1 - r0, a.dv, keys, T(1), s + r0 * bc, bc,
+                a.operand(a.v, packs.on ? &packs.v : nullptr, false, nn / a.group, j0), T(1),
+                acc + r0 * a.dv, a.dv);
+      });
   }
   for (std::int64_t r = 0; r < br; ++r) {
     T* orow = on + (i0 + r) * a.dv;
@@ -503,9 +624,9 @@ struct SharedDq {
 // not needed. drow [N, Tq] holds D = rowsum(dO * O). With R = bwd_rows: scratch
 // p [R, Bc], ds [R, Bc], dq_tile [R, d], and with a cap dtanh [R, Bc].
 template <class T>
-void sdpa_backward_block(const Sdpa<T>& a, const Rows<T>& dout, const T* lse, const T* drow,
-                         std::int64_t nn, std::int64_t j0, const SharedDq<T>& dq, T* dk, T* dvv,
-                         T* scratch) {
+void sdpa_backward_block(const Sdpa<T>& a, const Packs& packs, const Rows<T>& dout, const T* lse,
+                         const T* drow, std::int64_t nn, std::int64_t j0, const SharedDq<T>& dq,
+                         T* dk, T* dvv, T* scratch) {
   constexpr T neg_inf = -std::numeric_limits<T>::infinity();
   const T keep_scale = static_cast<T>(1.0 / (1.0 - a.dropout.p));
   T* p = scratch;
@@ -513,10 +634,8 @@ void sdpa_backward_block(const Sdpa<T>& a, const Rows<T>& dout, const T* lse, co
   T* dq_tile = ds + a.bwd_rows * a.bc;
   T* dtanh = a.cap > T(0) ? dq_tile + a.bwd_rows * a.d : nullptr;
   const bool need_ds = dq.data != nullptr || dk != nullptr;
-  const T* qn = a.q.slice(nn);
   const std::int64_t nkv = nn / a.group;
-  const T* kn = a.k.slice(nkv);
-  const T* vn = a.v.slice(nkv);
+  const auto packed = [&](const tile::Packed& x) { return packs.on ? &x : nullptr; };
   const T* don = dout.slice(nn);
   const T* ln = lse + nn * a.tq;
   const T* dn = drow + nn * a.tq;
@@ -528,7 +647,7 @@ void sdpa_backward_block(const Sdpa<T>& a, const Rows<T>& dout, const T* lse, co
     const std::int64_t br = std::min(a.bwd_rows, (a.wide ? i_end : a.tq) - i0);
     if (j0 >= a.key_end(i0, br)) continue;  // causal: this query block sees no key here
     // in the forward pass this was: P = softmax(S) over all key tiles
-    a.scores(nn, i0, br, j0, bc, p, need_ds ? dtanh : nullptr);
+    a.scores(packs, nn, i0, br, j0, bc, p, need_ds ? dtanh : nullptr);
     bool any = false;
     for (std::int64_t r = 0; r < br; ++r) {
       T* pr = p + r * bc;
@@ -546,9 +665,12 @@ void sdpa_backward_block(const Sdpa<T>& a, const Rows<T>& dout, const T* lse, co
     if (!any) continue;
     const T* dob = don + i0 * dout.ld;  // dO[i0:i0+br]
     // in the forward pass this was: O += dropout(P) V, so dP = dO V^T
-    if (need_ds)
-      gemm(false, true, br, bc, a.dv, T(1), dob, dout.ld, vn + j0 * a.v.ld, a.v.ld, T(0), ds,
-              bc);
+    if (need_ds)  // columns a strip leaves out are zeros (the dropout loop reads every column)
+      a.row_strips(i0, br, j0, bc, [&](std::int64_t r0, std::int64_t r1, std::int64_t keys) {
+        product(false, r1 - r0, keys, a.dv, T(1), dob + r0 * dout.ld, dout.ld,
+                a.operand(a.v, packed(packs.v_t), true, nkv, j0), T(0), ds + r0 * bc, bc);
+        for (std::int64_t r = r0; r < r1; ++r) std::fill(ds + r * bc + keys, ds + (r + 1) * bc, T(0));
+      });
     if (a.dropout.on) {  // p := dropout(P) for dV; ds := P * (dropout'(dP) - D)
       for (std::int64_t r = 0; r < br; ++r) {
         const std::uint64_t key = a.dropout.row_key(nn, i0 + r);
@@ -573,20 +695,29 @@ void sdpa_backward_block(const Sdpa<T>& a, const Rows<T>& dout, const T* lse, co
     }
     if (need_ds && dtanh)  // through the cap: ds *= 1 - tanh^2 (finite, 0 outside the band)
       for (std::int64_t e = 0; e < br * bc; ++e) ds[e] *= dtanh[e];
-    if (dvv)  // dV[j0:j0+bc] += P^T dO
-      gemm(true, false, bc, a.dv, br, T(1), p, bc, dob, dout.ld, T(1),
-              dvv + (nkv * a.tk + j0) * a.dv, a.dv);
-    if (dq.data && dq.exclusive)  // dQ[i0:i0+br] += dS K * scale, rows this item owns
-      gemm(false, false, br, a.d, bc, a.scale, ds, bc, kn + j0 * a.k.ld, a.k.ld, T(1),
-              dq.data + (nn * a.tq + i0) * a.d, a.d);
-    else if (dq.data) {  // the same product in scratch, added under the block's lock
-      gemm(false, false, br, a.d, bc, a.scale, ds, bc, kn + j0 * a.k.ld, a.k.ld, T(0), dq_tile,
-              a.d);
-      dq.add(nn, i0, br, a.d, a.tq, a.br, dq_tile);
+    // dV[j0:j0+bc] += P^T dO and dK[j0:j0+bc] += dS^T Q * scale, each key
+    // strip from the first row that sees it
+    a.key_strips(i0, br, j0, bc, [&](std::int64_t c0, std::int64_t c1, std::int64_t first) {
+      if (dvv)
+        product(true, c1 - c0, a.dv, br - first, T(1), p + first * bc + c0, bc,
+                a.operand(dout, packed(packs.dout), false, nn, i0 + first), T(1),
+                dvv + (nkv * a.tk + j0 + c0) * a.dv, a.dv);
+      if (dk)
+        product(true, c1 - c0, a.d, br - first, a.scale, ds + first * bc + c0, bc,
+                a.operand(a.q, packed(packs.q), false, nn, i0 + first), T(1),
+                dk + (nkv * a.tk + j0 + c0) * a.d, a.d);
+    });
+    // dQ[i0:i0+br] += dS K * scale: into the rows this item owns (one key
+    // block), or into scratch (beta 0: every row written) added under the block's lock
+    if (dq.data) {
+      T* dst = dq.exclusive ? dq.data + (nn * a.tq + i0) * a.d : dq_tile;
+      a.row_strips(i0, br, j0, bc, [&](std::int64_t r0, std::int64_t r1, std::int64_t keys) {
+        product(false, r1 - r0, a.d, keys, a.scale, ds + r0 * bc, bc,
+                a.operand(a.k, packed(packs.k), false, nkv, j0), dq.exclusive ? T(1) : T(0),
+                dst + r0 * a.d, a.d);
+      });
+      if (!dq.exclusive) dq.add(nn, i0, br, a.d, a.tq, a.br, dq_tile);
     }
-    if (dk)  // dK[j0:j0+bc] += dS^T Q * scale
-      gemm(true, false, bc, a.d, br, a.scale, ds, bc, qn + i0 * a.q.ld, a.q.ld, T(1),
-              dk + (nkv * a.tk + j0) * a.d, a.d);
   }
 }
 
@@ -613,11 +744,12 @@ Variable fused_core(const Variable& q, const Variable& k, const Variable& v,
     T* po = o.mutable_data<T>();
     T* pl = lse.mutable_data<T>();
     T* ps = scratch.mutable_data<T>();
+    const Packs packs = make_packs(*a, PackWants{.v = true});  // S = Q K^T, O = P V
     const SerialBlasScope serial_blas;
     // Item -> (slice, query block), the last query block first: it sees the most keys.
     parallel_items(items, [&](std::int64_t item, int w) {
       const std::int64_t nn = item / q_blocks, qb = q_blocks - 1 - item % q_blocks;
-      sdpa_forward_block(*a, nn, qb * a->br, po, pl, ps + w * per);
+      sdpa_forward_block(*a, packs, nn, qb * a->br, po, pl, ps + w * per);
     });
     // q, k, v are read again by the backward (through `a`, which may view
     // their storage): saved too, so an in-place write to one is caught.
@@ -679,6 +811,9 @@ Variable fused_core(const Variable& q, const Variable& k, const Variable& v,
     const T* pl = lse.data<T>();
     T* ps = scratch.mutable_data<T>();
     {
+      // dP = dO V^T, dQ = dS K, dK = dS^T Q, dV = P^T dO
+      const Packs packs = make_packs(*a, PackWants{.v_t = need.q || need.k, .k = need.q, .q = need.k,
+                                                   .dout = need.v}, &dout);
       const SerialBlasScope serial_blas;
       // Item -> (kv slice, key block), the first key block first: every causal
       // query block sees it. The item walks the G query slices of its group,
@@ -686,7 +821,8 @@ Variable fused_core(const Variable& q, const Variable& k, const Variable& v,
       parallel_items(items, [&](std::int64_t item, int w) {
         const std::int64_t nkv = item / k_blocks, kb = item % k_blocks;
         for (std::int64_t nn = nkv * a->group; nn < (nkv + 1) * a->group; ++nn)
-          sdpa_backward_block(*a, dout, pl, pd, nn, kb * a->bc, shared_dq, pdk, pdv, ps + w * per);
+          sdpa_backward_block(*a, packs, dout, pl, pd, nn, kb * a->bc, shared_dq, pdk, pdv,
+                              ps + w * per);
       });
     }
     // Leading dims that were broadcast are summed back to each input's shape

@@ -22,6 +22,10 @@ struct Tiles {
   // `wide` starting at the window's edge (one product where Bc-aligned tiles
   // would take several); 0: Br x Bc tiles throughout.
   std::int64_t wide = 0;
+  // float32 on a CPU with AVX-512, keys a multiple of 32, no wide tiles: the
+  // tile products run on operands packed once per pass (tile_gemm.hpp)
+  // instead of BLAS calls that pack them again per tile. false: BLAS always.
+  bool packed = true;
 };
 
 // q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv] -> [..., Tq, dv], float32 or

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "headgrad/parallel.hpp"
+#include "headgrad/tile_gemm.hpp"
 
 #if defined(HEADGRAD_BLAS_BLIS)
 #include <blis.h>
@@ -144,6 +145,12 @@ void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, floa
           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
           std::int64_t ldc) {
   if (macs(m, n, k) <= kTinyMaxMacs) return tiny_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  // attention-sized products when the BLAS runs one thread (one-thread runs,
+  // and the workers under SerialBlasScope): B packed, A read in place
+  // (tile_gemm.hpp), where the BLAS would pack both
+  static const bool tiles = tile::available();
+  if (tiles && tile::fits_per_call(m, n, k) && num_threads() == 1)
+    return tile::gemm_packing_b(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   gemm_impl(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 

@@ -174,7 +174,7 @@ void softmax_row(T* row, std::int64_t n, T mx) {
 }
 
 template <class T>
-T lane_max(const T* x, std::int64_t n) {
+[[gnu::always_inline]] inline T lane_max(const T* x, std::int64_t n) {  // inlined: row_max's clones vectorize it
   constexpr int kLanes = 16;
   T lane[kLanes];
   std::fill(lane, lane + kLanes, -std::numeric_limits<T>::infinity());
@@ -203,6 +203,11 @@ std::int64_t rows_per_worker(std::int64_t row_length) {
 
 }  // namespace
 
+// built for AVX-512, AVX2 and baseline x86-64 like exp_shift_row: the baseline
+// build compares 4 lanes at a time (2% of fused_sdpa's f+b at (1,2048,512,8))
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
 float row_max(const float* x, std::int64_t n) { return lane_max(x, n); }
 double row_max(const double* x, std::int64_t n) { return lane_max(x, n); }
 

@@ -1,0 +1,72 @@
+// Attention-sized float32 products on AVX-512: C = alpha A B + beta C with B
+// packed into panels of 32 columns and A read in place through any row and
+// column strides (so A^T costs nothing). Two users:
+// - fused_sdpa packs K, V, Q, dO ONCE per pass and multiplies every tile by
+//   the packed panels (gemm below);
+// - blas::gemm sends float32 products of up to 512 rows with a B of up to
+//   128K elements here (gemm_packing_b: B packed per call, into a buffer
+//   per thread): the per-head products of batched and per_head.
+// BLIS packs both operands again on every call: on these shapes (128-256 rows,
+// k 64-512) this runs 1.1x-1.6x its rate, and on the projections' large
+// products (2048 rows) BLIS's cache blocking wins, so those stay there
+// (docs/performance.md). float64 and CPUs without AVX-512 keep the BLAS.
+//
+// Shape legend: m x n result, k the summed dimension; a panel is kPanel
+// columns of B, row p of a panel at p * kPanel.
+#pragma once
+
+#include <cstdint>
+
+#include <headgrad/tensor.hpp>
+
+namespace headgrad::tile {
+
+constexpr std::int64_t kPanel = 32;
+
+// AVX-512F at run time (the products below need it).
+bool available();
+
+// B operands of every slice of a [count, rows, cols] input, packed:
+//   as_rows:       B = X [rows, cols] (k = rows, n = cols): panel c holds
+//                  columns [32c, 32c + 32) of every row; a tile starts at any row.
+//   as_transposed: B = X^T [cols, rows] (k = cols, n = rows): panel r holds
+//                  rows [32r, 32r + 32); a tile starts at a multiple of 32 rows.
+// Columns past the input's are zeros.
+struct Packed {
+  Tensor storage;  // [count * per_slice] float32, from the caching allocator
+  float* data = nullptr;
+  bool transposed = false;
+  std::int64_t per_slice = 0;  // floats from one slice to the next
+  std::int64_t stride = 0;     // floats from one panel to the next
+  // the panels of the tile that starts at row r0 of slice n
+  const float* at(std::int64_t n, std::int64_t r0) const {
+    return data + n * per_slice + (transposed ? r0 / kPanel * stride : r0 * kPanel);
+  }
+};
+
+// Sizes the pack for `count` slices of [rows, cols]; pack_slice fills slice n
+// from x (row r at x + r * ld, columns contiguous). Slices are independent:
+// threads may fill different ones.
+Packed make_packed(std::int64_t count, std::int64_t rows, std::int64_t cols, bool transposed);
+void pack_slice(Packed& p, std::int64_t n, const float* x, std::int64_t ld, std::int64_t rows,
+                std::int64_t cols);
+
+// C [m, n] (row stride ldc) = alpha * A B + beta * C, with A(i, p) at
+// a[i * a_row + p * a_col] and B's panels from b (Packed::at), panel j at
+// b + j * b_stride. beta = 0 ignores C (as BLAS does).
+void gemm(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+          std::int64_t a_row, std::int64_t a_col, const float* b, std::int64_t b_stride, float beta,
+          float* c, std::int64_t ldc);
+
+// C [m, n] = alpha op(A) op(B) + beta C as blas::gemm takes it (row-major,
+// op(X) = X^T when trans_X), op(B) packed per call. For shapes that fits_per_call.
+void gemm_packing_b(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                    float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                    float beta, float* c, std::int64_t ldc);
+// up to 512 rows, op(B) of up to 128K elements (half the L2): where packing B
+// per call still beats BLIS
+inline bool fits_per_call(std::int64_t m, std::int64_t n, std::int64_t k) {
+  return m <= 512 && n * k <= (std::int64_t{1} << 17);
+}
+
+}  // namespace headgrad::tile

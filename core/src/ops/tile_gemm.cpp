@@ -1,0 +1,160 @@
+// See tile_gemm.hpp. The micro-kernel holds a 12 x 32 block of C in 24 zmm
+// registers: per step of k it loads one panel row (two vectors) and
+// broadcasts 12 elements of A, 24 FMAs. Its remainders (m % 12 rows) are the
+// same kernel instantiated for fewer rows; n's remainder is masked.
+#include "headgrad/tile_gemm.hpp"
+
+#include <algorithm>
+#include <array>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define HEADGRAD_TILE_AVX512 1
+#include <immintrin.h>
+#endif
+
+namespace headgrad::tile {
+
+Packed make_packed(std::int64_t count, std::int64_t rows, std::int64_t cols, bool transposed) {
+  Packed p;
+  p.transposed = transposed;
+  // as_rows: ceil(cols / 32) panels of rows x 32; as_transposed: ceil(rows / 32) of cols x 32
+  const std::int64_t panels = ((transposed ? rows : cols) + kPanel - 1) / kPanel;
+  p.stride = (transposed ? cols : rows) * kPanel;
+  p.per_slice = panels * p.stride;
+  // every element is written by pack_slice (padding included): no zeroing here, and
+  // the caching allocator hands back the same pages pass after pass
+  p.storage = Tensor::empty({count * p.per_slice}, DType::float32);
+  p.data = p.storage.mutable_data<float>();
+  return p;
+}
+
+void pack_slice(Packed& p, std::int64_t n, const float* x, std::int64_t ld, std::int64_t rows,
+                std::int64_t cols) {
+  float* out = p.data + n * p.per_slice;
+  if (!p.transposed) {
+    for (std::int64_t c0 = 0; c0 < cols; c0 += kPanel) {
+      const std::int64_t w = std::min(kPanel, cols - c0);
+      float* panel = out + c0 / kPanel * p.stride;
+      for (std::int64_t r = 0; r < rows; ++r) {
+        std::copy(x + r * ld + c0, x + r * ld + c0 + w, panel + r * kPanel);
+        std::fill(panel + r * kPanel + w, panel + (r + 1) * kPanel, 0.0f);
+      }
+    }
+    return;
+  }
+  for (std::int64_t r0 = 0; r0 < rows; r0 += kPanel) {
+    const std::int64_t h = std::min(kPanel, rows - r0);
+    float* panel = out + r0 / kPanel * p.stride;
+    for (std::int64_t c = 0; c < cols; ++c) {
+      for (std::int64_t r = 0; r < h; ++r) panel[c * kPanel + r] = x[(r0 + r) * ld + c];
+      std::fill(panel + c * kPanel + h, panel + (c + 1) * kPanel, 0.0f);
+    }
+  }
+}
+
+#if HEADGRAD_TILE_AVX512
+
+bool available() { return __builtin_cpu_supports("avx512f"); }
+
+namespace {
+
+// C[0:MR, 0:nr] = alpha * sum_p A(r, p) panel[p] + beta * C, nr <= 32.
+template <int MR>
+__attribute__((target("avx512f"))) void micro(std::int64_t k, const float* a, std::int64_t a_row,
+                                              std::int64_t a_col, const float* b, float alpha,
+                                              float beta, float* c, std::int64_t ldc,
+                                              std::int64_t nr) {
+  __m512 acc[MR][2];
+  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (std::int64_t p = 0; p < k; ++p) {
+    const __m512 b0 = _mm512_loadu_ps(b + p * kPanel), b1 = _mm512_loadu_ps(b + p * kPanel + 16);
+    const float* ap = a + p * a_col;
+#pragma GCC unroll 12
+    for (int r = 0; r < MR; ++r) {
+      const __m512 x = _mm512_set1_ps(ap[r * a_row]);
+      acc[r][0] = _mm512_fmadd_ps(x, b0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(x, b1, acc[r][1]);
+    }
+  }
+  const auto lanes = [](std::int64_t count) -> __mmask16 {
+    return count >= 16 ? __mmask16(0xffff) : count <= 0 ? __mmask16(0) : __mmask16((1u << count) - 1);
+  };
+  const __mmask16 m0 = lanes(nr), m1 = lanes(nr - 16);
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  for (int r = 0; r < MR; ++r) {
+    float* cr = c + r * ldc;
+    __m512 x0 = _mm512_mul_ps(va, acc[r][0]), x1 = _mm512_mul_ps(va, acc[r][1]);
+    if (beta != 0.0f) {
+      x0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, cr), x0);
+      x1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, cr + 16), x1);
+    }
+    _mm512_mask_storeu_ps(cr, m0, x0);
+    _mm512_mask_storeu_ps(cr + 16, m1, x1);
+  }
+}
+
+using Micro = void (*)(std::int64_t, const float*, std::int64_t, std::int64_t, const float*, float,
+                       float, float*, std::int64_t, std::int64_t);
+
+template <int... R>
+constexpr auto micro_table(std::integer_sequence<int, R...>) {
+  return std::array<Micro, sizeof...(R)>{&micro<R + 1>...};
+}
+
+}  // namespace
+
+void gemm(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+          std::int64_t a_row, std::int64_t a_col, const float* b, std::int64_t b_stride, float beta,
+          float* c, std::int64_t ldc) {
+  constexpr int kRows = 12;
+  static constexpr auto kMicro = micro_table(std::make_integer_sequence<int, kRows>{});  // 1..12 rows
+  for (std::int64_t j = 0; j < n; j += kPanel) {
+    const std::int64_t nr = std::min(kPanel, n - j);
+    const float* panel = b + j / kPanel * b_stride;
+    for (std::int64_t i = 0; i < m; i += kRows) {
+      const std::int64_t mr = std::min<std::int64_t>(kRows, m - i);
+      kMicro[static_cast<std::size_t>(mr - 1)](k, a + i * a_row, a_row, a_col, panel, alpha, beta,
+                                               c + i * ldc + j, ldc, nr);
+    }
+  }
+}
+
+void gemm_packing_b(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                    float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                    float beta, float* c, std::int64_t ldc) {
+  // op(B) [k, n] in panels: from b [k, n] as it is, or from b [n, k] transposed.
+  // The buffer is the thread's own, kept at its largest size (a vector, not
+  // a Tensor: it may outlive the caching allocator at exit).
+  thread_local std::vector<float> buffer;
+  Packed panels;
+  panels.transposed = trans_b;
+  panels.stride = k * kPanel;
+  panels.per_slice = (n + kPanel - 1) / kPanel * panels.stride;
+  if (static_cast<std::int64_t>(buffer.size()) < panels.per_slice)
+    buffer.resize(static_cast<std::size_t>(panels.per_slice));
+  panels.data = buffer.data();
+  pack_slice(panels, 0, b, ldb, trans_b ? n : k, trans_b ? k : n);
+  gemm(m, n, k, alpha, a, trans_a ? 1 : lda, trans_a ? lda : 1, panels.data, panels.stride, beta, c,
+       ldc);
+}
+
+#else
+
+bool available() { return false; }
+
+void gemm(std::int64_t, std::int64_t, std::int64_t, float, const float*, std::int64_t, std::int64_t,
+          const float*, std::int64_t, float, float*, std::int64_t) {
+  throw std::logic_error("tile::gemm: built without AVX-512 support; check available()");
+}
+
+void gemm_packing_b(bool, bool, std::int64_t, std::int64_t, std::int64_t, float, const float*,
+                    std::int64_t, const float*, std::int64_t, float, float*, std::int64_t) {
+  throw std::logic_error("tile::gemm_packing_b: built without AVX-512 support; check available()");
+}
+
+#endif
+
+}  // namespace headgrad::tile
