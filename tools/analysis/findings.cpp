@@ -29,11 +29,6 @@ std::string fmt(double v) {
 }
 
 // "a", "a and b", "a, b and c"
-std::string and_list(const std::vector<std::string>& items) {
-  if (items.size() <= 1) return join(items);
-  return join(std::vector<std::string>(items.begin(), items.end() - 1)) + " and " + items.back();
-}
-
 bool contains(const std::vector<std::string>& v, const std::string& x) {
   return std::find(v.begin(), v.end(), x) != v.end();
 }

@@ -266,11 +266,6 @@ std::string where_str(const std::vector<ErrorSpread>& spread) {
 }
 
 // "a", "a and b", "a, b and c"
-std::string and_list(const std::vector<std::string>& items) {
-  if (items.size() <= 1) return join(items);
-  return join(std::vector<std::string>(items.begin(), items.end() - 1)) + " and " + items.back();
-}
-
 // What a dim is, for "it does not depend on ..."
 std::string dim_words(std::string_view dim) {
   for (const ProbeInfo& p : kProbes)

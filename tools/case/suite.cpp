@@ -240,6 +240,11 @@ std::string join(const std::vector<std::string>& items, std::string_view sep) {
   return s;
 }
 
+std::string and_list(const std::vector<std::string>& items) {
+  if (items.size() <= 1) return join(items);
+  return join(std::vector<std::string>(items.begin(), items.end() - 1)) + " and " + items.back();
+}
+
 std::string RopeCase::describe() const {
   std::string s = "rope=" + std::string(rope_style_name(style));
   if (rotary_dim > 0) s += "/r" + std::to_string(rotary_dim);

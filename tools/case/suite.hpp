@@ -268,5 +268,7 @@ std::string closest_match(std::string_view word, const std::vector<std::string>&
 
 // "a, b, c"
 std::string join(const std::vector<std::string>& items, std::string_view sep = ", ");
+// "a, b and c"
+std::string and_list(const std::vector<std::string>& items);
 
 }  // namespace headgrad::runner
