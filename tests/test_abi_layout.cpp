@@ -14,6 +14,8 @@
 #include "checks.hpp"
 #include "headgrad/loader.hpp"
 
+namespace test_abi_layout {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace hg = headgrad;
 using headgrad::test::contains;
 
@@ -222,3 +224,5 @@ TEST(AbiLayout, CompilerAndLibraryReleasesAreNotesNotMismatches) {
 }
 
 }  // namespace
+
+}  // namespace test_abi_layout

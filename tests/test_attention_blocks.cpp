@@ -11,6 +11,8 @@
 #include "headgrad/ops.hpp"
 #include "op_test_util.hpp"
 
+namespace test_attention_blocks {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace {
 
 using namespace headgrad;
@@ -68,3 +70,5 @@ TEST(MhaDims, HeadWidthApartFromDAndWeightShapes) {
 }
 
 }  // namespace
+
+}  // namespace test_attention_blocks

@@ -16,6 +16,8 @@
 #include "headgrad/ops.hpp"
 #include "headgrad/variable.hpp"
 
+namespace test_autograd {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace {
 
 using namespace headgrad;
@@ -616,3 +618,4 @@ TEST(Checkpoint, RefusesWhatItCannotRecompute) {
 
 }  // namespace
 
+}  // namespace test_autograd

@@ -15,6 +15,8 @@
 #include "bench.hpp"
 #include "case/suite.hpp"
 
+namespace test_bench {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace fs = std::filesystem;
 using nlohmann::json;
 
@@ -391,3 +393,5 @@ TEST(BenchCheckCli, UsageErrorsNameTheFlag) {
 }
 
 }  // namespace
+
+}  // namespace test_bench

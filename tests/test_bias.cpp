@@ -19,6 +19,8 @@
 #include "job/run_suite.hpp"
 #include "judge/run_case.hpp"
 
+namespace test_bias {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace fs = std::filesystem;
 using namespace headgrad;
 using namespace headgrad::runner;
@@ -397,3 +399,5 @@ TEST(BiasMutants, EveryMhaMutantIsNamedWithBiasesOn) {
 }
 
 }  // namespace
+
+}  // namespace test_bias

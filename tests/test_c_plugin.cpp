@@ -31,6 +31,8 @@
 #include "checks.hpp"
 #include "attention_run.hpp"
 
+namespace test_c_plugin {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace {
 
 using namespace headgrad;
@@ -463,3 +465,5 @@ TEST(CPluginProgram, AVersion1PluginInAGroupedKvCaseExits2NamingTheCapability) {
 }
 
 }  // namespace
+
+}  // namespace test_c_plugin

@@ -29,6 +29,8 @@
 #include "headgrad_cli.hpp"
 #include "job/workers.hpp"
 
+namespace test_child_process {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace fs = std::filesystem;
 using namespace headgrad;
 using namespace headgrad::runner;
@@ -379,3 +381,5 @@ TEST(ForkFailure, TheProgramExitsFourNamingFork) {
   EXPECT_EQ(plugins.code, 4) << plugins.out << plugins.err;
   EXPECT_NE(plugins.err.find(no_fork), std::string::npos) << plugins.err;
 }
+
+}  // namespace test_child_process

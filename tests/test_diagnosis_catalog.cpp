@@ -16,6 +16,8 @@
 #include "analysis/catalog.hpp"
 #include "analysis/hypotheses.hpp"
 
+namespace test_diagnosis_catalog {  // this file's names: test files share unity builds (tests/meson.build)
+
 using namespace headgrad;
 using namespace headgrad::diagnosis;
 
@@ -683,3 +685,5 @@ TEST(Catalog, GroupedHypothesesAgainstPerHead) {
 }
 
 }  // namespace
+
+}  // namespace test_diagnosis_catalog

@@ -16,6 +16,8 @@
 #include "checks.hpp"
 #include "doc_examples/softcap.hpp"
 
+namespace test_doc_examples {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace fs = std::filesystem;
 using namespace headgrad;
 
@@ -113,3 +115,5 @@ TEST(DocExamples, DispatchFloatNamesTheOpForOtherDtypes) {
 }
 
 }  // namespace
+
+}  // namespace test_doc_examples

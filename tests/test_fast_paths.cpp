@@ -17,6 +17,8 @@
 #include <headgrad/parallel.hpp>
 #include <headgrad/tensor.hpp>
 
+namespace test_fast_paths {  // this file's names: test files share unity builds (tests/meson.build)
+
 using namespace headgrad;
 
 namespace {
@@ -238,3 +240,5 @@ TEST(BlasInfo, BlisRunsItsAvx512KernelsOnAnAvx512Cpu) {
 }
 
 }  // namespace
+
+}  // namespace test_fast_paths

@@ -22,6 +22,8 @@
 #include "report/report.hpp"
 #include "judge/run_case.hpp"
 
+namespace test_findings {  // this file's names: test files share unity builds (tests/meson.build)
+
 using namespace headgrad;
 using namespace headgrad::runner;
 using namespace headgrad::analysis;
@@ -292,3 +294,5 @@ TEST(HypothesisMask, MatchesTheDefinitionsByHand) {
 }
 
 }  // namespace
+
+}  // namespace test_findings

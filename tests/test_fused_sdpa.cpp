@@ -42,6 +42,8 @@
 #include "headgrad/tile_gemm.hpp"
 #include "real_plugins.hpp"
 
+namespace test_fused_sdpa {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace {
 
 using namespace headgrad;
@@ -1023,3 +1025,5 @@ TEST_F(FusedSdpaTest, PeakMemoryGrowsLinearlyNotQuadratically) {
 }
 
 }  // namespace
+
+}  // namespace test_fused_sdpa

@@ -20,6 +20,8 @@
 #include "headgrad/npy.hpp"
 #include "headgrad/ops.hpp"
 
+namespace test_half {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace hg = headgrad;
 using hg::DType;
 using hg::Tensor;
@@ -601,3 +603,5 @@ TEST(HalfNpy, Bfloat16RefusesAValueItCannotHold) {
     EXPECT_NE(msg.find("not exactly representable in bfloat16"), std::string::npos) << msg;
   }
 }
+
+}  // namespace test_half

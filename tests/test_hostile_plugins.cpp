@@ -22,6 +22,8 @@
 #include "headgrad_cli.hpp"
 #include "headgrad/loader.hpp"
 
+namespace test_hostile_plugins {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace fs = std::filesystem;
 namespace hg = headgrad;
 using headgrad::test::contains;
@@ -206,3 +208,5 @@ TEST(HostileRegistry, ProbingLeavesThisProcessStanding) {
 }
 
 }  // namespace
+
+}  // namespace test_hostile_plugins

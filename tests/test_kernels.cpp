@@ -13,6 +13,8 @@
 
 #include "headgrad/kernels.hpp"
 
+namespace test_kernels {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace {
 
 using namespace headgrad;
@@ -188,3 +190,5 @@ TEST(ExpShiftRow, Float32OverflowsToInfinityPastItsRange) {
 }
 
 }  // namespace
+
+}  // namespace test_kernels

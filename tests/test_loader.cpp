@@ -28,6 +28,8 @@
 #include "checks.hpp"
 #include "headgrad/log.hpp"
 
+namespace test_loader {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace hg = headgrad;
 namespace fs = std::filesystem;
 using headgrad::test::contains;
@@ -473,3 +475,5 @@ TEST(BuiltPlugins, ExportOnlyTheirEntryPoints) {
 }
 
 }  // namespace
+
+}  // namespace test_loader

@@ -9,6 +9,8 @@
 
 #include "headgrad/log.hpp"
 
+namespace test_log {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace {
 
 TEST(Log, UnknownLevelInTheEnvironmentIsReportedAndIgnored) {
@@ -30,3 +32,5 @@ TEST(Log, UnknownLevelInTheEnvironmentIsReportedAndIgnored) {
 }
 
 }  // namespace
+
+}  // namespace test_log

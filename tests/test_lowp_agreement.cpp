@@ -34,6 +34,8 @@
 #include "attention_run.hpp"
 #include "real_plugins.hpp"
 
+namespace test_lowp_agreement {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace {
 
 using namespace headgrad;
@@ -152,3 +154,5 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, FusedBoundary, ::testing::Values(DType::bfloat1
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
 }  // namespace
+
+}  // namespace test_lowp_agreement

@@ -11,6 +11,8 @@
 #include <unistd.h>
 #include <vector>
 
+namespace test_npy {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace hg = headgrad;
 namespace fs = std::filesystem;
 
@@ -527,3 +529,5 @@ TEST(NpyIntegers, Int64ReadsAsFloat64AndOnlyThere) {
                               i8_bytes({9007199254740993})));
   expect_npy_error([&] { hg::read_npy_integers(file); }, {file.string(), "9007199254740993", "2^53"});
 }
+
+}  // namespace test_npy

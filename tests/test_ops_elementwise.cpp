@@ -18,6 +18,8 @@
 #include "headgrad/ops.hpp"
 #include "op_test_util.hpp"
 
+namespace test_ops_elementwise {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace {
 
 using namespace headgrad;
@@ -306,3 +308,5 @@ TEST(UnaryOps, BoolInputIsRejected) {
 }
 
 }  // namespace
+
+}  // namespace test_ops_elementwise

@@ -18,6 +18,8 @@
 #include "headgrad/ops.hpp"
 #include "op_test_util.hpp"
 
+namespace test_ops_linalg {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace {
 
 using namespace headgrad;
@@ -318,3 +320,5 @@ TEST(Linear, ShapeErrorsNameOpAndShapes) {
 }
 
 }  // namespace
+
+}  // namespace test_ops_linalg

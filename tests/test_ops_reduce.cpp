@@ -16,6 +16,8 @@
 #include "headgrad/ops.hpp"
 #include "op_test_util.hpp"
 
+namespace test_ops_reduce {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace {
 
 using namespace headgrad;
@@ -212,3 +214,5 @@ TEST(Reduce, DimOutOfRangeThrows) {
 }
 
 }  // namespace
+
+}  // namespace test_ops_reduce

@@ -23,6 +23,8 @@
 #include "attention_run.hpp"
 #include "op_test_util.hpp"
 
+namespace test_ops_rope {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace {
 
 using namespace headgrad;
@@ -388,3 +390,5 @@ TEST(RopeInAttention, InterleavedEqualsHalfUnderTheHfPermutation) {
 }
 
 }  // namespace
+
+}  // namespace test_ops_rope

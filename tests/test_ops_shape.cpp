@@ -18,6 +18,8 @@
 #include "headgrad/ops.hpp"
 #include "op_test_util.hpp"
 
+namespace test_ops_shape {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace {
 
 using namespace headgrad;
@@ -375,3 +377,5 @@ TEST(ShapeOps, Errors) {
 }
 
 }  // namespace
+
+}  // namespace test_ops_shape

@@ -25,6 +25,8 @@
 #include "headgrad/ops.hpp"
 #include "op_test_util.hpp"
 
+namespace test_ops_softmax_mask {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace {
 
 using namespace headgrad;
@@ -566,3 +568,5 @@ TEST(MaskedSoftmax, RejectsBadMasks) {
 }
 
 }  // namespace
+
+}  // namespace test_ops_softmax_mask

@@ -36,6 +36,8 @@
 #include "checks.hpp"
 #include "real_plugins.hpp"
 
+namespace test_plugin_agreement {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace {
 
 using namespace headgrad;
@@ -1389,3 +1391,5 @@ TEST_F(PluginTest, PerHeadRecomputesPastItsBoundBitForBit) {
       EXPECT_EQ(slice(a[i]).to_vector(), b[i].to_vector()) << "slice " << s << ", tensor " << i;
   }
 }
+
+}  // namespace test_plugin_agreement

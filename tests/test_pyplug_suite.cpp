@@ -13,6 +13,8 @@
 #include "pyplug/check_suite.hpp"
 #include "pyplug/python_plugin.hpp"
 
+namespace test_pyplug_suite {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace fs = std::filesystem;
 using namespace headgrad;
 using namespace headgrad::runner;
@@ -340,3 +342,5 @@ TEST(CheckSuite, PluginNameFromTheFunction) {
   EXPECT_EQ(pyplug::check_plugin_name("@closure"), "closure");
   EXPECT_EQ(pyplug::check_plugin_name("pkg.mod:Class.method"), "Class_method");
 }
+
+}  // namespace test_pyplug_suite

@@ -34,6 +34,8 @@
 #include "headgrad/plugin.hpp"
 #include "real_plugins.hpp"
 
+namespace test_qk_norm_cross {  // this file's names: test files share unity builds (tests/meson.build)
+
 using namespace headgrad;
 using namespace headgrad::runner;
 using headgrad::test::contains;
@@ -718,3 +720,5 @@ TEST_F(QkNormCross, WeakSuiteWarningsForCrossOnlyCausalOrSquareAndNormWithoutRop
 }
 
 }  // namespace
+
+}  // namespace test_qk_norm_cross

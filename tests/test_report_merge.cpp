@@ -25,6 +25,8 @@
 
 #include "headgrad_cli.hpp"
 
+namespace test_report_merge {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace fs = std::filesystem;
 using nlohmann::json;
 
@@ -341,3 +343,5 @@ TEST_F(MergeHostile, EveryStringIsEscapedInTheHtmlAxesToo) {
 }
 
 }  // namespace
+
+}  // namespace test_report_merge

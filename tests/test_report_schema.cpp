@@ -27,6 +27,8 @@
 
 #include "report/report.hpp"
 
+namespace test_report_schema {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace {
 
 using namespace headgrad::runner;
@@ -635,3 +637,5 @@ TEST(ReportFiles, AllAreWrittenOrNone) {
 }
 
 }  // namespace
+
+}  // namespace test_report_schema

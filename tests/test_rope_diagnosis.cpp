@@ -26,6 +26,8 @@
 #include "exec/execute.hpp"
 #include "judge/run_case.hpp"
 
+namespace test_rope_diagnosis {  // this file's names: test files share unity builds (tests/meson.build)
+
 using namespace headgrad;
 using namespace headgrad::diagnosis;
 
@@ -390,3 +392,5 @@ TEST(RopeSuite, DefaultSuiteCatchesEveryRopeMutant) {
 }
 
 }  // namespace
+
+}  // namespace test_rope_diagnosis

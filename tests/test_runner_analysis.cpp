@@ -17,6 +17,8 @@
 #include "report/report.hpp"
 #include "runner_plugins.hpp"
 
+namespace test_runner_analysis {  // this file's names: test files share unity builds (tests/meson.build)
+
 using namespace headgrad;
 using namespace headgrad::runner;
 using namespace headgrad::analysis;
@@ -604,3 +606,5 @@ TEST(WeakSuite, DeclaredMaskWithoutAMaskCase) {
 }
 
 }  // namespace
+
+}  // namespace test_runner_analysis

@@ -21,6 +21,8 @@
 #include "real_plugins.hpp"
 #include "headgrad_cli.hpp"
 
+namespace test_runner_cli {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -690,3 +692,5 @@ TEST_F(Cli, TheDefaultSuitePasses) {
 }
 
 }  // namespace
+
+}  // namespace test_runner_cli

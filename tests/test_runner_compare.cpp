@@ -8,6 +8,8 @@
 #include "judge/compare.hpp"
 #include "case/inputs.hpp"
 
+namespace test_runner_compare {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace {
 
 using namespace headgrad;
@@ -223,3 +225,5 @@ TEST(SeededInputs, CoreLevelShapes) {
 }
 
 }  // namespace
+
+}  // namespace test_runner_compare

@@ -29,6 +29,8 @@
 #include "case/inputs.hpp"
 #include "judge/golden.hpp"
 
+namespace test_runner_inputs {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace fs = std::filesystem;
 
 // A run's peak memory bound in the member tests: 64 MiB (a run holds about
@@ -653,3 +655,5 @@ TEST_F(Inputs, NewPluginRefusesReservedNamesAndIsAllOrNothing) {
 }
 
 }  // namespace
+
+}  // namespace test_runner_inputs

@@ -25,6 +25,8 @@
 #include "judge/run_case.hpp"
 #include "runner_plugins.hpp"
 
+namespace test_runner_precision {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -323,3 +325,5 @@ TEST_F(PrecisionRunTest, ReportsShowTheFiguresAndThePlot) {
 }
 
 }  // namespace
+
+}  // namespace test_runner_precision

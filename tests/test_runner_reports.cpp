@@ -19,6 +19,8 @@
 #include "job/run_suite.hpp"
 #include "report/report.hpp"
 
+namespace test_runner_reports {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -536,3 +538,5 @@ TEST(JsonReport, GroupedKvShapeCarriesHkvAndHeadWidth) {
 }
 
 }  // namespace
+
+}  // namespace test_runner_reports

@@ -17,6 +17,8 @@
 #include "judge/run_case.hpp"
 #include "runner_plugins.hpp"
 
+namespace test_runner_run {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -763,3 +765,5 @@ TEST_F(RunnerTest, TapsSeeAUniformPositionShiftThatNothingElseSees) {
                 .find("(did you mean 'q_rot'?)"),
             std::string::npos);
 }
+
+}  // namespace test_runner_run

@@ -23,6 +23,8 @@
 #include "job/workers.hpp"
 #include "judge/run_case.hpp"
 
+namespace test_runner_shard {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace fs = std::filesystem;
 using nlohmann::json;
 
@@ -366,3 +368,5 @@ TEST(Progress, OnATerminalItCountsUpAndNeverMixesIntoReportLines) {
 }
 
 }  // namespace
+
+}  // namespace test_runner_shard

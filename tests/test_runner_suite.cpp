@@ -10,6 +10,8 @@
 #include "analysis/catalog.hpp"
 #include "case/suite.hpp"
 
+namespace test_runner_suite {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace {
 
 using namespace headgrad;
@@ -732,3 +734,5 @@ TEST(SuiteRope, ErrorsNameTheKey) {
                 .find("case 'r[T=4]': 'positions' has 3 per row, but the case has T=4"),
             std::string::npos);
 }
+
+}  // namespace test_runner_suite

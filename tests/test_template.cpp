@@ -15,6 +15,8 @@
 
 #include "checks.hpp"
 
+namespace test_template {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace fs = std::filesystem;
 using namespace headgrad::templates;
 using headgrad::test::contains;
@@ -189,3 +191,5 @@ TEST_F(Scratch, MissingArgumentsAreUsageErrors) {
 }
 
 }  // namespace
+
+}  // namespace test_template

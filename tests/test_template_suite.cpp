@@ -24,6 +24,8 @@
 #include "case/select.hpp"
 #include "template/template.hpp"
 
+namespace test_template_suite {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace fs = std::filesystem;
 using namespace headgrad;
 using namespace headgrad::runner;
@@ -262,3 +264,5 @@ TEST(TemplateSdk, NewPluginFromTheBuildPrintsStepsAgainstThatBuild) {
 }
 
 }  // namespace
+
+}  // namespace test_template_suite

@@ -24,6 +24,8 @@
 #include <utility>
 #include <vector>
 
+namespace test_tensor {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace {
 
 using headgrad::DType;
@@ -720,3 +722,5 @@ TEST(Shape, ComparesAndConvertsLikeAVector) {
 }
 
 }  // namespace
+
+}  // namespace test_tensor

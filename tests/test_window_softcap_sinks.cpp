@@ -30,6 +30,8 @@
 #include "kernel.hpp"
 #include "real_plugins.hpp"
 
+namespace test_window_softcap_sinks {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace {
 
 using namespace headgrad;
@@ -478,3 +480,5 @@ TEST_F(ModernAttention, MhaLevelThreePluginsAgreeWithGqaAndRope) {
 }
 
 }  // namespace
+
+}  // namespace test_window_softcap_sinks

@@ -19,6 +19,8 @@
 #include "case/suite.hpp"
 #include "headgrad_cli.hpp"
 
+namespace test_window_suite {  // this file's names: test files share unity builds (tests/meson.build)
+
 namespace {
 
 using namespace headgrad;
@@ -225,3 +227,5 @@ TEST_F(WindowRun, ACPluginOfCAbi3AgreesAndAnOldOneIsRefused) {
 }
 
 }  // namespace
+
+}  // namespace test_window_suite
