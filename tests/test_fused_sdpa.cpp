@@ -390,6 +390,41 @@ TEST(FusedKernel, DqFromManyWorkersMatchesOneWorker) {
   EXPECT_TRUE(all_close("dq", many.dq, one.dq, 1e-13, 1e-12));
 }
 
+// Heads split from [B, T, D] are views whose rows lie D apart, and so is the
+// gradient merge_heads sends back; the kernel copies q and dO to dense rows
+// for its products (as_rows). Through split_heads / merge_heads it gives, bit
+// for bit on one thread, what it gives on dense copies of the same heads,
+// with products on packed panels (float32) and on the BLAS (float64).
+TEST(FusedKernel, HeadSplitRowsGiveTheDenseResult) {
+  for (const DType dt : {DType::float32, DType::float64}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Generator gen(53);
+    const std::int64_t b = 2, t = 150, h = 4, d = 32;
+    const Tensor xq = randn({b, t, h * d}, dt, gen), xk = randn({b, t, h * d}, dt, gen);
+    const Tensor xv = randn({b, t, h * d}, dt, gen), r = randn({b, t, h * d}, dt, gen);
+    AttentionSpec spec;
+    spec.causal = true;
+    const fused_sdpa::Tiles tiles{64, 64};
+    const int before = num_threads();
+    set_num_threads(1);
+    // spread: the heads as views of [B, T, D], dO from merge_heads' backward
+    const CoreResult spread = run_core([&](const Variable& q, const Variable& k, const Variable& v) {
+      return merge_heads(fused_sdpa::sdpa(split_heads(q, h), split_heads(k, h), split_heads(v, h), spec, tiles));
+    }, xq, xk, xv, r);
+    const auto heads = [&](const Tensor& x) { return split_heads(Variable(x), h).data().contiguous(); };
+    const CoreResult dense = run_core([&](const Variable& q, const Variable& k, const Variable& v) {
+      return fused_sdpa::sdpa(q, k, v, spec, tiles);
+    }, heads(xq), heads(xk), heads(xv), heads(r));
+    set_num_threads(before);
+    ASSERT_TRUE(heads(xq).is_contiguous());
+    const auto merged = [](const Tensor& x) { return merge_heads(Variable(x)).data().to_vector(); };
+    EXPECT_EQ(spread.out.to_vector(), merged(dense.out));
+    EXPECT_EQ(spread.dq.to_vector(), merged(dense.dq));
+    EXPECT_EQ(spread.dk.to_vector(), merged(dense.dk));
+    EXPECT_EQ(spread.dv.to_vector(), merged(dense.dv));
+  }
+}
+
 // The tile products on packed panels (tile_gemm.hpp) against a float64 loop:
 // sizes off the micro-kernel's 12 x 32 block, A read transposed through its
 // strides, beta 0 ignoring NaNs in C and beta 1 adding to it. On a CPU

@@ -163,12 +163,18 @@ bool rows_readable(const Tensor& t) {
   return (c <= 1 || t.stride(-1) == 1) && (r <= 1 || t.stride(-2) >= std::max<std::int64_t>(c, 1));
 }
 
+// dense: rows packed back to back (ld = C), copied when they are not. The
+// tile products read q and dO in place as their A operand, 12 rows at a time:
+// rows of a head split from [B, T, D] lie D floats apart (2 KiB at D = 512),
+// so those 12 rows fall in few cache sets, and S = Q K^T ran 1.4x slower per
+// FLOP than the products whose A is the tile scratch (docs/performance.md).
 template <class T>
-Rows<T> as_rows(const Tensor& x, const Shape& lead) {
+Rows<T> as_rows(const Tensor& x, const Shape& lead, bool dense = false) {
   Shape full = lead;
   full.push_back(x.size(-2));
   full.push_back(x.size(-1));
-  const Tensor t = (rows_readable(x) ? x : x.contiguous()).expand(full);
+  const bool spread = dense && x.size(-2) > 1 && x.stride(-2) != x.size(-1);
+  const Tensor t = (rows_readable(x) && !spread ? x : x.contiguous()).expand(full);
   Rows<T> rows;
   rows.tensor = t;
   rows.base = t.data<T>();
@@ -441,7 +447,7 @@ Sdpa<T> make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const Te
     throw std::invalid_argument("fused_sdpa: softcap " + std::to_string(spec.softcap) +
                                 " is not a finite number >= 0 (0 is off)");
   a.cap = static_cast<T>(spec.softcap);
-  a.q = as_rows<T>(q, a.lead);
+  a.q = as_rows<T>(q, a.lead, true);
   a.k = as_rows<T>(k, a.kv_lead);
   a.v = as_rows<T>(v, a.kv_lead);
 
@@ -588,6 +594,21 @@ void sdpa_forward_block(const Sdpa<T>& a, const Packs& packs, std::int64_t nn, s
 }
 
 // ---------------------------------------------------------------- backward
+
+// sum of x[c] * y[c] in 16 lanes (lane c mod 16), added in lane order: the
+// loop vectorizes, where one running sum is a chain of dependent additions.
+template <class T>
+T dot_in_lanes(const T* x, const T* y, std::int64_t n) {
+  constexpr int kLanes = 16;
+  T lane[kLanes] = {};
+  std::int64_t c = 0;
+  for (; c + kLanes <= n; c += kLanes)
+    for (int l = 0; l < kLanes; ++l) lane[l] += x[c + l] * y[c + l];
+  for (; c < n; ++c) lane[c % kLanes] += x[c] * y[c];
+  T sum = lane[0];
+  for (int l = 1; l < kLanes; ++l) sum += lane[l];
+  return sum;
+}
 
 struct Needs {
   bool q = false, k = false, v = false;
@@ -764,7 +785,7 @@ Variable fused_core(const Variable& q, const Variable& k, const Variable& v,
     const bool need_sinks = !a->sinks.empty() && ctx.needs_input_grad[3];
     std::vector<Tensor> grads(a->sinks.empty() ? 3 : 4);
     if (!need.q && !need.k && !need.v && !need_sinks) return grads;
-    const Rows<T> dout = as_rows<T>(g, a->lead);
+    const Rows<T> dout = as_rows<T>(g, a->lead, true);
     Tensor dq, dk, dv;
     if (need.q) dq = Tensor::zeros(with_last2(a->lead, a->tq, a->d), dtype_of<T>());
     if (need.k) dk = Tensor::zeros(with_last2(a->kv_lead, a->tk, a->d), dtype_of<T>());
@@ -784,9 +805,7 @@ Variable fused_core(const Variable& q, const Variable& k, const Variable& v,
         const std::int64_t nn = row / a->tq, i = row % a->tq;
         const T* gr = dout.slice(nn) + i * dout.ld;
         const T* orow = po + row * a->dv;
-        T acc = 0;
-        for (std::int64_t c = 0; c < a->dv; ++c) acc += gr[c] * orow[c];
-        pd[row] = acc;
+        pd[row] = dot_in_lanes(gr, orow, a->dv);
       }
     }, 64);
     if (need_sinks) {  // dsigma_h = -sum over the rows of head h of P_sink D, P_sink = exp(sigma_h - L)
