@@ -216,7 +216,10 @@ INSTANTIATE_TEST_SUITE_P(
                       // one thread, float32 on AVX-512: tile_gemm.hpp's panels, rows and
                       // columns off its 12 x 32 block, every transposition
                       GemmCase{true, true, 37, 45, 19, 1}, GemmCase{false, true, 256, 64, 256, 1},
-                      GemmCase{true, false, 300, 200, 100, 1}, GemmCase{false, false, 512, 33, 64, 1}));
+                      GemmCase{true, false, 300, 200, 100, 1}, GemmCase{false, false, 512, 33, 64, 1},
+                      // more than 512 rows of a skinny op(B) (16K elements at most): on the
+                      // panels too, A read in place either way
+                      GemmCase{true, false, 1300, 64, 128, 1}, GemmCase{false, true, 777, 40, 300, 1}));
 
 TEST(BlasInfo, NamesTheLibraryAndItsKernels) {
   const auto& i = blas::info();

@@ -4,21 +4,26 @@
 // round trips with the bfloat16 refusal.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <unistd.h>
 
 #include "headgrad/attention.hpp"
+#include "headgrad/blas.hpp"
 #include "headgrad/half_convert.hpp"
 #include "headgrad/kernels.hpp"
 #include "headgrad/npy.hpp"
 #include "headgrad/ops.hpp"
+#include "headgrad/parallel.hpp"
+#include "headgrad/tile_gemm.hpp"
 
 namespace test_half {  // this file's names: test files share unity builds (tests/meson.build)
 
@@ -433,6 +438,21 @@ TEST_P(HalfOps, TiledKernelsAreTheRoundedFloat32Kernel) {
   // an offset view of one shape: a contiguous run that starts past the storage's start
   same_bits(k::binary(BO::add, a.narrow(0, 1, 2), b.narrow(0, 0, 2)),
             k::binary(BO::add, a32.narrow(0, 1, 2), b32.narrow(0, 0, 2)), "binary, offset views");
+  // views of one shape with contiguous rows, taken row by row: a slice of
+  // rows of a [.., T, d] gradient, a narrowed last dim (K^T's keys), rows
+  // longer than a tile, the specials above included
+  {
+    const Tensor g = seeded({2, 3, 40, 64}, dt, 41), h = seeded({2, 3, 40, 64}, dt, 42);
+    const Tensor g32 = g.to(DType::float32), h32 = h.to(DType::float32);
+    const Tensor blk = seeded({2, 3, 16, 64}, dt, 43), blk32 = blk.to(DType::float32);
+    for (BO op : {BO::add, BO::sub, BO::mul, BO::div}) {
+      same_bits(k::binary(op, g.narrow(2, 8, 16), blk), k::binary(op, g32.narrow(2, 8, 16), blk32), "binary, row slice");
+      same_bits(k::binary(op, g.narrow(3, 5, 40), h.narrow(3, 0, 40)),
+                k::binary(op, g32.narrow(3, 5, 40), h32.narrow(3, 0, 40)), "binary, narrowed last dim");
+      same_bits(k::binary(op, a.narrow(1, 3, 8990), b.narrow(1, 0, 8990)),
+                k::binary(op, a32.narrow(1, 3, 8990), b32.narrow(1, 0, 8990)), "binary, long rows");
+    }
+  }
 
   // add with a tile of +0 on one side (tile 1 of b, tile 3 of a): the other
   // side copied, but -0 becomes +0 and a signalling NaN is quieted, as the
@@ -550,6 +570,106 @@ TEST_P(HalfOps, Float16OverflowsWhereBfloat16DoesNot) {
   const double e = hg::kernels::unary(hg::kernels::UnaryOp::exp, big).flat(0);
   if (dt == DType::float16) EXPECT_TRUE(std::isinf(e));
   else EXPECT_NEAR(e, std::exp(12.0), std::exp(12.0) * 0x1p-8);
+}
+
+// 16-bit products on the packed micro-kernel (tile::gemm_16bit: op(B) widened
+// while packed, A a block of rows at a time, each block rounded once): the
+// bits of the float32 product of the upcasts on the same kernel
+// (gemm_packing_b) rounded once, and within the float32 sum's error bound of
+// a float64 product of the same 16-bit values. Sizes off the 12 x 32 block
+// and off the row blocks (n large enough for several), both transpositions,
+// leading dims wider than the rows (the padding never written). Then through
+// kernels::matmul on one and on two threads, with the views batched makes
+// (a block of rows, K^T narrowed to a block's keys, P^T): the bits of the
+// float32 matmul of the upcasts, rounded once. Without AVX-512 a direct call
+// is refused and matmul keeps the whole upcasts.
+TEST_P(HalfOps, PackedProductsAreTheRoundedFloat32Product) {
+  namespace k = hg::kernels;
+  const DType dt = GetParam();
+  const bool bf = dt == DType::bfloat16;
+  const auto bits = [&](const Tensor& t, std::int64_t i) -> std::uint16_t {
+    return bf ? t.data<hg::BFloat16>()[i].bits : t.data<hg::Float16>()[i].bits;
+  };
+  const auto call = [&](bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t kk, const Tensor& a,
+                        std::int64_t lda, const Tensor& b, std::int64_t ldb, Tensor& c, std::int64_t ldc) {
+    if (bf)
+      hg::tile::gemm_16bit(ta, tb, m, n, kk, a.data<hg::BFloat16>(), lda, b.data<hg::BFloat16>(), ldb,
+                           c.mutable_data<hg::BFloat16>(), ldc);
+    else
+      hg::tile::gemm_16bit(ta, tb, m, n, kk, a.data<hg::Float16>(), lda, b.data<hg::Float16>(), ldb,
+                           c.mutable_data<hg::Float16>(), ldc);
+  };
+  if (!hg::tile::available()) {
+    const Tensor a = seeded({4, 4}, dt, 1);
+    Tensor c = Tensor::zeros({4, 4}, dt);
+    EXPECT_THROW(call(false, false, 4, 4, 4, a, 4, a, 4, c, 4), std::logic_error);
+  } else {
+    const double u = bf ? 0x1p-8 : 0x1p-11;  // the unit roundoff of the output's rounding
+    for (const auto& [m, n, kk] : {std::array<std::int64_t, 3>{37, 45, 19}, {12, 32, 1}, {1, 1, 3},
+                                   {13, 2100, 5}, {128, 512, 64}, {128, 64, 512}, {512, 64, 128}, {61, 97, 300}}) {
+      for (const bool ta : {false, true})
+        for (const bool tb : {false, true}) {
+          SCOPED_TRACE(std::to_string(m) + " x " + std::to_string(n) + " x " + std::to_string(kk) +
+                       (ta ? ", A^T" : "") + (tb ? ", B^T" : ""));
+          const std::int64_t lda = (ta ? m : kk) + 3, ldb = (tb ? kk : n) + 5, ldc = n + 2;
+          const Tensor a = seeded({ta ? kk : m, lda}, dt, static_cast<std::uint64_t>(m + kk));
+          const Tensor b = seeded({tb ? n : kk, ldb}, dt, static_cast<std::uint64_t>(n + 7 * kk));
+          Tensor c = Tensor::full({m, ldc}, 0.5, dt);
+          call(ta, tb, m, n, kk, a, lda, b, ldb, c, ldc);
+          const Tensor a32 = a.to(DType::float32), b32 = b.to(DType::float32);
+          Tensor c32 = Tensor::zeros({m, n}, DType::float32);
+          hg::tile::gemm_packing_b(ta, tb, m, n, kk, 1.0f, a32.data<float>(), lda, b32.data<float>(), ldb, 0.0f,
+                                   c32.mutable_data<float>(), n);
+          const Tensor want = c32.to(dt);
+          const Tensor half = Tensor::full({1}, 0.5, dt);
+          std::int64_t wrong = 0;
+          double worst = 0;
+          for (std::int64_t i = 0; i < m; ++i)
+            for (std::int64_t j = 0; j < ldc; ++j) {
+              if (j >= n) {
+                wrong += bits(c, i * ldc + j) != bits(half, 0);
+                continue;
+              }
+              wrong += bits(c, i * ldc + j) != bits(want, i * n + j);
+              double exact = 0, mag = 0;
+              for (std::int64_t p = 0; p < kk; ++p) {
+                const double x = ta ? a.flat(p * lda + i) : a.flat(i * lda + p);
+                const double y = tb ? b.flat(j * ldb + p) : b.flat(p * ldb + j);
+                exact += x * y;
+                mag += std::abs(x * y);
+              }
+              // float32 sums of kk terms, then one rounding to 16 bits (and
+              // float16's subnormal spacing)
+              const double bound = 1.01 * double(kk) * 0x1p-24 * mag * (1 + u) + u * std::abs(exact) + 0x1p-24;
+              worst = std::max(worst, std::abs(c.flat(i * ldc + j) - exact) / bound);
+            }
+          EXPECT_EQ(wrong, 0) << "elements that differ from the rounded float32 product";
+          EXPECT_LE(worst, 1.0) << "the largest error over its bound";
+        }
+    }
+  }
+  // kernels::matmul: q's block of rows @ K^T narrowed to its keys, P @ V's
+  // first keys, P^T @ dO, on one thread (each product on the packed kernel)
+  // and two (the products spread over the workers, each on one BLAS thread)
+  const Tensor q = seeded({2, 3, 300, 64}, dt, 31), kv = seeded({2, 3, 300, 64}, dt, 32);
+  const Tensor kt = kv.transpose(-2, -1);
+  const Tensor qb = q.narrow(-2, 128, 128), ktb = kt.narrow(-1, 0, 256);
+  const Tensor p = seeded({2, 3, 128, 256}, dt, 33), v = kv.narrow(-2, 0, 256);
+  const auto up = [](const Tensor& t) { return t.to(DType::float32); };
+  for (const int threads : {1, 2}) {
+    hg::set_num_threads(threads);
+    if (threads == 1) {
+      EXPECT_EQ(hg::blas::float32_on_tiles(128, 256, 64), hg::tile::available());
+    }
+    expect_rounded_float32(k::matmul(qb, ktb), k::matmul(up(qb), up(ktb)), "q K^T");
+    expect_rounded_float32(k::matmul(p, v), k::matmul(up(p), up(v)), "P V");
+    expect_rounded_float32(k::matmul(p.transpose(-2, -1), qb), k::matmul(up(p).transpose(-2, -1), up(qb)), "P^T dO");
+    expect_rounded_float32(k::matmul(qb, v.transpose(-2, -1)), k::matmul(up(qb), up(v).transpose(-2, -1)), "dO V^T");
+    // a broadcast batch: one b for every head
+    expect_rounded_float32(k::matmul(p, v.narrow(0, 0, 1).narrow(1, 0, 1)),
+                           k::matmul(up(p), up(v.narrow(0, 0, 1).narrow(1, 0, 1))), "broadcast b");
+  }
+  hg::set_num_threads(0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, HalfOps, ::testing::Values(DType::bfloat16, DType::float16),

@@ -17,6 +17,13 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
           const double* a, std::int64_t lda, const double* b, std::int64_t ldb, double beta,
           double* c, std::int64_t ldc);
 
+// Whether gemm (float32) sends a product of this shape, called now on this
+// thread, to tile_gemm.hpp's per-call packing rather than the BLAS: AVX-512,
+// one BLAS thread, more than the tiny-product loop takes and within
+// tile::fits_per_call. kernels::matmul runs its 16-bit products there only
+// when their float32 upcasts would have gone there, so both give one result.
+bool float32_on_tiles(std::int64_t m, std::int64_t n, std::int64_t k);
+
 // Threads one large product may use. headgrad::set_num_threads sets it along
 // with headgrad's own workers; SerialBlasScope lowers it to 1 for a while.
 void set_num_threads(int n);

@@ -3,9 +3,10 @@
 // column strides (so A^T costs nothing). Two users:
 // - fused_sdpa packs K, V, Q, dO ONCE per pass and multiplies every tile by
 //   the packed panels (gemm below);
-// - blas::gemm sends float32 products of up to 512 rows with a B of up to
-//   128K elements here (gemm_packing_b: B packed per call, into a buffer
-//   per thread): the per-head products of batched and per_head.
+// - blas::gemm sends float32 products that fits_per_call (below) here
+//   (gemm_packing_b: B packed per call, into a buffer per thread): the
+//   per-head products of batched and per_head; kernels::matmul sends the
+//   16-bit products whose upcasts would come here to gemm_16bit.
 // BLIS packs both operands again on every call: on these shapes (128-256 rows,
 // k 64-512) this runs 1.1x-1.6x its rate, and on the projections' large
 // products (2048 rows) BLIS's cache blocking wins, so those stay there
@@ -17,6 +18,7 @@
 
 #include <cstdint>
 
+#include <headgrad/half.hpp>
 #include <headgrad/tensor.hpp>
 
 namespace headgrad::tile {
@@ -63,10 +65,27 @@ void gemm(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const flo
 void gemm_packing_b(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                     float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
                     float beta, float* c, std::int64_t ldc);
+// C [m, n] = op(A) op(B) on 16-bit operands and a 16-bit C: op(B) widened
+// while it is packed, A widened a block of rows at a time, each block's
+// float32 result rounded once into C. Every element is the same sum, in the
+// same order, as gemm_packing_b on whole float32 upcasts (alpha 1, beta 0)
+// followed by one rounding: the same bits, without float32 copies of the
+// operands and of the result (kernels::matmul's 16-bit products).
+void gemm_16bit(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb, BFloat16* c,
+                std::int64_t ldc);
+void gemm_16bit(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                const Float16* a, std::int64_t lda, const Float16* b, std::int64_t ldb, Float16* c,
+                std::int64_t ldc);
+
 // up to 512 rows, op(B) of up to 128K elements (half the L2): where packing B
-// per call still beats BLIS
+// per call still beats BLIS; and any number of rows when op(B) is skinny (up
+// to 16K elements, 64 KiB packed: P^T dO of a block of 128 queries against
+// all its keys), where BLIS would pack the whole of A again for a product
+// of so few columns or so short a sum
 inline bool fits_per_call(std::int64_t m, std::int64_t n, std::int64_t k) {
-  return m <= 512 && n * k <= (std::int64_t{1} << 17);
+  const std::int64_t b = n * k;
+  return b <= (std::int64_t{1} << 14) || (m <= 512 && b <= (std::int64_t{1} << 17));
 }
 
 }  // namespace headgrad::tile

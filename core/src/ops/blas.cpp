@@ -141,15 +141,19 @@ Info make_info() { return {"OpenBLAS", openblas_get_config(), openblas_get_coren
 
 }  // namespace
 
+// attention-sized products when the BLAS runs one thread (one-thread runs,
+// and the workers under SerialBlasScope): B packed, A read in place
+// (tile_gemm.hpp), where the BLAS would pack both
+bool float32_on_tiles(std::int64_t m, std::int64_t n, std::int64_t k) {
+  static const bool tiles = tile::available();
+  return tiles && macs(m, n, k) > kTinyMaxMacs && tile::fits_per_call(m, n, k) && num_threads() == 1;
+}
+
 void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
           std::int64_t ldc) {
   if (macs(m, n, k) <= kTinyMaxMacs) return tiny_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  // attention-sized products when the BLAS runs one thread (one-thread runs,
-  // and the workers under SerialBlasScope): B packed, A read in place
-  // (tile_gemm.hpp), where the BLAS would pack both
-  static const bool tiles = tile::available();
-  if (tiles && tile::fits_per_call(m, n, k) && num_threads() == 1)
+  if (float32_on_tiles(m, n, k))
     return tile::gemm_packing_b(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   gemm_impl(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }

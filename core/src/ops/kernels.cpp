@@ -10,6 +10,7 @@
 #include "headgrad/half_convert.hpp"
 #include "headgrad/ops.hpp"
 #include "headgrad/parallel.hpp"
+#include "headgrad/tile_gemm.hpp"
 #include "tensor/strided.hpp"
 
 namespace headgrad {
@@ -244,6 +245,30 @@ void add_plus_zero(const H* src, H* dst, std::size_t n) {
     }
 }
 
+// x[i] = op(x[i], y[i]) in float32.
+void combine_tile(BinaryOp op, float* x, const float* y, std::size_t len) {
+  const auto combine = [&](auto f) {
+    for (std::size_t i = 0; i < len; ++i) x[i] = f(x[i], y[i]);
+  };
+  switch (op) {
+    case BinaryOp::add: combine([](float u, float v) { return u + v; }); break;
+    case BinaryOp::sub: combine([](float u, float v) { return u - v; }); break;
+    case BinaryOp::mul: combine([](float u, float v) { return u * v; }); break;
+    case BinaryOp::div: combine([](float u, float v) { return u / v; }); break;
+  }
+}
+
+// Storage offset of each row (every dim but the last) of t, in row-major order.
+std::vector<std::int64_t> start_of_rows(const Tensor& t) {
+  const Shape lead(t.shape().begin(), t.shape().end() - 1);
+  const Shape strides(t.strides().begin(), t.strides().end() - 1);
+  std::vector<std::int64_t> out;
+  out.reserve(static_cast<std::size_t>(shape_numel(lead)));
+  detail::for_each_offsets<1>(lead, {std::span<const std::int64_t>(strides)}, {t.offset()},
+                              [&](const std::array<std::int64_t, 1>& o) { out.push_back(o[0]); });
+  return out;
+}
+
 // binary() of two contiguous 16-bit tensors of one shape: each tile widened,
 // combined in float32 and rounded once, as the float32 kernel on the whole
 // upcasts would, bit for bit. An add whose tile is +0 on one side (a
@@ -272,18 +297,38 @@ Tensor binary_16bit_tiles(BinaryOp op, const Tensor& a, const Tensor& b) {
         }
         convert(pa + i0, x, len);
         convert(pb + i0, y, len);
-        const auto combine = [&](auto f) {
-          for (std::size_t i = 0; i < len; ++i) x[i] = f(x[i], y[i]);
-        };
-        switch (op) {
-          case BinaryOp::add: combine([](float u, float v) { return u + v; }); break;
-          case BinaryOp::sub: combine([](float u, float v) { return u - v; }); break;
-          case BinaryOp::mul: combine([](float u, float v) { return u * v; }); break;
-          case BinaryOp::div: combine([](float u, float v) { return u / v; }); break;
-        }
+        combine_tile(op, x, y, len);
         convert(x, po + i0, len);
       }
     }, 8);
+  });
+  return out;
+}
+
+// binary() of two 16-bit views of one shape whose rows (the last dim) are
+// contiguous runs, e.g. a slice of a gradient and the slice's own gradient
+// (narrow's backward adds a row block's gradient into its slice): each row
+// widened, combined and rounded in tiles into a contiguous result, the bits
+// of the float32 kernel on whole upcasts, without the float32 copies.
+Tensor binary_16bit_rows(BinaryOp op, const Tensor& a, const Tensor& b) {
+  Tensor out = Tensor::empty(a.shape(), a.dtype());
+  const std::int64_t n = a.size(-1);
+  const std::vector<std::int64_t> ra = start_of_rows(a), rb = start_of_rows(b);
+  dispatch_16bit(a.dtype(), [&]<class H>() {
+    const H* pa = base_ptr<H>(a);
+    const H* pb = base_ptr<H>(b);
+    H* po = out.template mutable_data<H>();
+    parallel_for(static_cast<std::int64_t>(ra.size()), [&](std::int64_t r0, std::int64_t r1, int) {
+      float x[kHalfTile], y[kHalfTile];
+      for (std::int64_t r = r0; r < r1; ++r)
+        for (std::int64_t i0 = 0; i0 < n; i0 += kHalfTile) {
+          const auto len = static_cast<std::size_t>(std::min(kHalfTile, n - i0));
+          convert(pa + ra[static_cast<std::size_t>(r)] + i0, x, len);
+          convert(pb + rb[static_cast<std::size_t>(r)] + i0, y, len);
+          combine_tile(op, x, y, len);
+          convert(x, po + r * n + i0, len);
+        }
+    }, std::max<std::int64_t>(1, kHalfTile / std::max<std::int64_t>(n, 1)));
   });
   return out;
 }
@@ -297,6 +342,9 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   if (is_16bit(a.dtype())) {
     // gradients accumulating (add of two same-shape tensors): tile by tile
     if (a.shape() == b.shape() && a.is_contiguous() && b.is_contiguous()) return binary_16bit_tiles(op, a, b);
+    // same-shape views with contiguous rows (a slice of a gradient): row by row
+    if (a.shape() == b.shape() && a.dim() >= 1 && a.size(-1) >= 16 && a.stride(-1) == 1 && b.stride(-1) == 1)
+      return binary_16bit_rows(op, a, b);
     return binary(op, f32(a), f32(b)).to(a.dtype());
   }
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
@@ -444,6 +492,91 @@ Tensor gemm_ready(const Tensor& t) {
   return t.contiguous();
 }
 
+// The storage offsets of a, b and out of each product of a batched matmul:
+// the broadcast batch dims walked with each operand's batch strides (its
+// own, right-aligned, and 0 where it has size 1 or lacks the dim: what
+// expand() gives, without building a tensor per product).
+std::vector<std::array<std::int64_t, 3>> product_offsets(const Shape& batch, const Tensor& a,
+                                                         const Tensor& b, const Tensor& out) {
+  auto batch_strides = [&](const Tensor& t) {
+    const std::size_t own = static_cast<std::size_t>(t.dim()) - 2;
+    const std::size_t lead = batch.size() - own;
+    Shape st(batch.size(), 0);
+    for (std::size_t i = 0; i < own; ++i)
+      if (t.shape()[i] == batch[lead + i]) st[lead + i] = t.strides()[i];
+    return st;
+  };
+  const Shape sa = batch_strides(a), sb = batch_strides(b);
+  const Shape so(out.strides().begin(), out.strides().end() - 2);
+  std::vector<std::array<std::int64_t, 3>> offsets;
+  offsets.reserve(static_cast<std::size_t>(shape_numel(batch)));
+  detail::for_each_offsets<3>(batch, {std::span<const std::int64_t>(sa),
+                                      std::span<const std::int64_t>(sb),
+                                      std::span<const std::int64_t>(so)},
+                              {a.offset(), b.offset(), out.offset()},
+                              [&](const std::array<std::int64_t, 3>& off) { offsets.push_back(off); });
+  return offsets;
+}
+
+// A 16-bit matmul whose float32 upcasts would run every product on the
+// packed micro-kernel (blas::float32_on_tiles, asked as each product would
+// ask it: under SerialBlasScope when the products are spread over workers):
+// the same products on the 16-bit operands (tile::gemm_16bit widens while
+// packing and rounds each block of rows), so the same bits without whole
+// float32 copies of a, b and the result. Returns an undefined tensor when
+// the products would not go there (the caller then upcasts whole, as before):
+// a single b with a batch of a (the float32 path folds a into one product of
+// all its rows), empty sizes, shapes that do not fit.
+Tensor matmul_16bit_tiles(const Tensor& a_in, const Tensor& b_in) {
+  if (!tile::available()) return Tensor();
+  const std::int64_t m = a_in.size(-2), k = a_in.size(-1), n = b_in.size(-1);
+  if (b_in.size(-2) != k || m == 0 || n == 0 || k == 0) return Tensor();
+  const Shape a_batch(a_in.shape().begin(), a_in.shape().end() - 2);
+  const Shape b_batch(b_in.shape().begin(), b_in.shape().end() - 2);
+  if (b_batch.empty() && !a_batch.empty()) return Tensor();
+  Shape batch;
+  try {
+    batch = broadcast_shapes(a_batch, b_batch, "matmul");
+  } catch (const std::invalid_argument&) {
+    return Tensor();
+  }
+  const std::int64_t count = shape_numel(batch);
+  const bool spread = num_threads() > 1 && count >= num_threads();  // as the float32 path decides
+  const bool tiles = [&] {
+    if (!spread) return blas::float32_on_tiles(m, n, k);
+    const SerialBlasScope serial_blas;
+    return blas::float32_on_tiles(m, n, k);
+  }();
+  if (!tiles || count == 0) return Tensor();
+  Shape out_shape = batch;
+  out_shape.push_back(m);
+  out_shape.push_back(n);
+  Tensor out = Tensor::empty(out_shape, a_in.dtype());
+  const Tensor a = gemm_ready(a_in), b = gemm_ready(b_in);
+  const auto ga = gemm_operand(m, k, a.stride(-2), a.stride(-1));
+  const auto gb = gemm_operand(k, n, b.stride(-2), b.stride(-1));
+  const std::vector<std::array<std::int64_t, 3>> offsets = product_offsets(batch, a, b, out);
+  dispatch_16bit(a.dtype(), [&]<class H>() {
+    const H* pa = base_ptr<H>(a);
+    const H* pb = base_ptr<H>(b);
+    H* pc = mutable_base_ptr<H>(out);
+    auto run = [&](std::int64_t i0, std::int64_t i1, int) {
+      for (std::int64_t i = i0; i < i1; ++i) {
+        const auto& off = offsets[static_cast<std::size_t>(i)];
+        tile::gemm_16bit(ga.trans, gb.trans, m, n, k, pa + off[0], ga.ld, pb + off[1], gb.ld,
+                         pc + off[2], n);
+      }
+    };
+    if (spread) {
+      const SerialBlasScope serial_blas;
+      parallel_for(count, run);
+    } else {
+      run(0, count, 0);
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
@@ -451,7 +584,10 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
     throw std::invalid_argument("matmul: operands need at least 2 dims, got " +
                                 shape_str(a_in.shape()) + " and " + shape_str(b_in.shape()));
   require_same_dtype(a_in, b_in, "matmul");
-  if (is_16bit(a_in.dtype())) return matmul(f32_operand(a_in), f32_operand(b_in)).to(a_in.dtype());  // float32 tiles
+  if (is_16bit(a_in.dtype())) {
+    if (Tensor out = matmul_16bit_tiles(a_in, b_in); out.defined()) return out;
+    return matmul(f32_operand(a_in), f32_operand(b_in)).to(a_in.dtype());  // float32 upcasts, rounded once
+  }
   const std::int64_t m = a_in.size(-2), k = a_in.size(-1), n = b_in.size(-1);
   if (b_in.size(-2) != k)
     throw std::invalid_argument("matmul: inner dims differ: " + shape_str(a_in.shape()) + " @ " +
@@ -500,29 +636,10 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
     const Tensor a = gemm_ready(a_in), b = gemm_ready(b_in);
     const auto ga = gemm_operand(m, k, a.stride(-2), a.stride(-1));
     const auto gb = gemm_operand(k, n, b.stride(-2), b.stride(-1));
-    // Walk the broadcast batch dims with each operand's batch strides: its
-    // own, right-aligned, and 0 where it has size 1 or lacks the dim (what
-    // expand() gives, without building a tensor per product).
-    auto batch_strides = [&](const Tensor& t) {
-      const std::size_t own = static_cast<std::size_t>(t.dim()) - 2;
-      const std::size_t lead = batch.size() - own;
-      Shape st(batch.size(), 0);
-      for (std::size_t i = 0; i < own; ++i)
-        if (t.shape()[i] == batch[lead + i]) st[lead + i] = t.strides()[i];
-      return st;
-    };
-    const Shape sa = batch_strides(a), sb = batch_strides(b);
-    const Shape so(out.strides().begin(), out.strides().end() - 2);
     const T* pa = base_ptr<T>(a);
     const T* pb = base_ptr<T>(b);
     T* pc = mutable_base_ptr<T>(out);
-    std::vector<std::array<std::int64_t, 3>> offsets;
-    offsets.reserve(static_cast<std::size_t>(shape_numel(batch)));
-    detail::for_each_offsets<3>(batch, {std::span<const std::int64_t>(sa),
-                                        std::span<const std::int64_t>(sb),
-                                        std::span<const std::int64_t>(so)},
-                                {a.offset(), b.offset(), out.offset()},
-                                [&](const std::array<std::int64_t, 3>& off) { offsets.push_back(off); });
+    const std::vector<std::array<std::int64_t, 3>> offsets = product_offsets(batch, a, b, out);
     const auto count = static_cast<std::int64_t>(offsets.size());
     auto run = [&](std::int64_t i0, std::int64_t i1, int) {
       for (std::int64_t i = i0; i < i1; ++i) {
@@ -631,17 +748,6 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
 
 namespace {
 
-// Storage offset of each row (every dim but the last) of t, in row-major order.
-std::vector<std::int64_t> row_offsets(const Tensor& t) {
-  const Shape lead(t.shape().begin(), t.shape().end() - 1);
-  const Shape strides(t.strides().begin(), t.strides().end() - 1);
-  std::vector<std::int64_t> out;
-  out.reserve(static_cast<std::size_t>(shape_numel(lead)));
-  detail::for_each_offsets<1>(lead, {std::span<const std::int64_t>(strides)}, {t.offset()},
-                              [&](const std::array<std::int64_t, 1>& o) { out.push_back(o[0]); });
-  return out;
-}
-
 void check_masked_softmax(const Tensor& x, const Tensor& attend, bool causal, const char* op) {
   if (x.dim() < 1 || (causal && x.dim() < 2))
     throw std::invalid_argument(std::string(op) + ": input " + shape_str(x.shape()) +
@@ -728,7 +834,7 @@ Tensor masked_softmax(const Tensor& x_in, double scale, const Tensor& attend, bo
   std::vector<std::int64_t> mask_rows;
   if (attend.defined()) {
     m = attend.expand(x.shape());
-    mask_rows = row_offsets(m);
+    mask_rows = start_of_rows(m);
   }
   const bool* pm = m.defined() ? static_cast<const bool*>(m.storage()->data()) : nullptr;
   const std::int64_t sj = m.defined() ? m.stride(-1) : 0;

@@ -4,9 +4,12 @@
 // same kernel instantiated for fewer rows; n's remainder is masked.
 #include "headgrad/tile_gemm.hpp"
 
+#include "headgrad/half_convert.hpp"
+
 #include <algorithm>
 #include <array>
 #include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -106,9 +109,17 @@ constexpr auto micro_table(std::integer_sequence<int, R...>) {
 
 }  // namespace
 
+// Refuses a call on a CPU without AVX-512F: the micro-kernel's instructions
+// would fault there (callers ask available() first).
+static void require_avx512(const char* what) {
+  static const bool ok = available();
+  if (!ok) throw std::logic_error(std::string(what) + ": this CPU has no AVX-512F; check tile::available()");
+}
+
 void gemm(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
           std::int64_t a_row, std::int64_t a_col, const float* b, std::int64_t b_stride, float beta,
           float* c, std::int64_t ldc) {
+  require_avx512("tile::gemm");
   constexpr int kRows = 12;
   static constexpr auto kMicro = micro_table(std::make_integer_sequence<int, kRows>{});  // 1..12 rows
   for (std::int64_t j = 0; j < n; j += kPanel) {
@@ -141,6 +152,97 @@ void gemm_packing_b(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, 
        ldc);
 }
 
+namespace {
+
+// op(B) [k, n] of 16-bit storage into float32 panels (the layout pack_slice
+// gives the upcasts): rows of B widened whole, then cut into panels; rows of
+// B^T (n of them, k long) widened 32 at a time in runs of kRun and written
+// out transposed.
+template <class H>
+void pack_16bit(bool trans_b, std::int64_t n, std::int64_t k, const H* b, std::int64_t ldb,
+                float* out, std::int64_t stride) {
+  if (!trans_b) {
+    thread_local std::vector<float> row;
+    if (static_cast<std::int64_t>(row.size()) < n) row.resize(static_cast<std::size_t>(n));
+    for (std::int64_t p = 0; p < k; ++p) {
+      convert(b + p * ldb, row.data(), static_cast<std::size_t>(n));
+      for (std::int64_t c0 = 0; c0 < n; c0 += kPanel) {
+        const std::int64_t w = std::min(kPanel, n - c0);
+        float* dst = out + c0 / kPanel * stride + p * kPanel;
+        std::copy(row.data() + c0, row.data() + c0 + w, dst);
+        std::fill(dst + w, dst + kPanel, 0.0f);
+      }
+    }
+    return;
+  }
+  constexpr std::int64_t kRun = 128;
+  float block[kPanel][kRun];
+  for (std::int64_t r0 = 0; r0 < n; r0 += kPanel) {
+    const std::int64_t h = std::min(kPanel, n - r0);
+    float* panel = out + r0 / kPanel * stride;
+    for (std::int64_t p0 = 0; p0 < k; p0 += kRun) {
+      const std::int64_t len = std::min(kRun, k - p0);
+      for (std::int64_t r = 0; r < h; ++r)
+        convert(b + (r0 + r) * ldb + p0, block[r], static_cast<std::size_t>(len));
+      for (std::int64_t r = h; r < kPanel; ++r) std::fill(block[r], block[r] + len, 0.0f);
+      for (std::int64_t p = 0; p < len; ++p)
+        for (std::int64_t r = 0; r < kPanel; ++r) panel[(p0 + p) * kPanel + r] = block[r][p];
+    }
+  }
+}
+
+template <class H>
+void gemm_16bit_impl(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                     const H* a, std::int64_t lda, const H* b, std::int64_t ldb, H* c,
+                     std::int64_t ldc) {
+  require_avx512("tile::gemm_16bit");
+  // the thread's own buffers, kept at their largest size (see gemm_packing_b)
+  thread_local std::vector<float> panels, rows, result;
+  const std::int64_t stride = k * kPanel;
+  const std::int64_t packed = (n + kPanel - 1) / kPanel * stride;
+  if (static_cast<std::int64_t>(panels.size()) < packed) panels.resize(static_cast<std::size_t>(packed));
+  pack_16bit(trans_b, n, k, b, ldb, panels.data(), stride);
+  // A and C in blocks of whole micro-kernel row groups, about 192 KiB of
+  // float32 each at most (L2), never less than one group
+  constexpr std::int64_t kGroup = 12, kBlockFloats = std::int64_t{48} << 10;
+  const std::int64_t mb = std::min(
+      m, std::max(kGroup, kBlockFloats / std::max<std::int64_t>({n, k, 1}) / kGroup * kGroup));
+  if (static_cast<std::int64_t>(rows.size()) < mb * k) rows.resize(static_cast<std::size_t>(mb * k));
+  if (static_cast<std::int64_t>(result.size()) < mb * n) result.resize(static_cast<std::size_t>(mb * n));
+  for (std::int64_t i0 = 0; i0 < m; i0 += mb) {
+    const std::int64_t h = std::min(mb, m - i0);
+    // A(i, p) for the block's rows: row i of A stored (a_row k), or, for A =
+    // X^T, row p of X's columns [i0, i0 + h) (a_row 1, a_col h)
+    std::int64_t a_row = k, a_col = 1;
+    if (!trans_a) {
+      for (std::int64_t i = 0; i < h; ++i)
+        convert(a + (i0 + i) * lda, rows.data() + i * k, static_cast<std::size_t>(k));
+    } else {
+      a_row = 1;
+      a_col = h;
+      for (std::int64_t p = 0; p < k; ++p)
+        convert(a + p * lda + i0, rows.data() + p * h, static_cast<std::size_t>(h));
+    }
+    gemm(h, n, k, 1.0f, rows.data(), a_row, a_col, panels.data(), stride, 0.0f, result.data(), n);
+    for (std::int64_t i = 0; i < h; ++i)
+      convert(result.data() + i * n, c + (i0 + i) * ldc, static_cast<std::size_t>(n));
+  }
+}
+
+}  // namespace
+
+void gemm_16bit(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                const BFloat16* a, std::int64_t lda, const BFloat16* b, std::int64_t ldb, BFloat16* c,
+                std::int64_t ldc) {
+  gemm_16bit_impl(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
+}
+
+void gemm_16bit(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                const Float16* a, std::int64_t lda, const Float16* b, std::int64_t ldb, Float16* c,
+                std::int64_t ldc) {
+  gemm_16bit_impl(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
+}
+
 #else
 
 bool available() { return false; }
@@ -153,6 +255,16 @@ void gemm(std::int64_t, std::int64_t, std::int64_t, float, const float*, std::in
 void gemm_packing_b(bool, bool, std::int64_t, std::int64_t, std::int64_t, float, const float*,
                     std::int64_t, const float*, std::int64_t, float, float*, std::int64_t) {
   throw std::logic_error("tile::gemm_packing_b: built without AVX-512 support; check available()");
+}
+
+void gemm_16bit(bool, bool, std::int64_t, std::int64_t, std::int64_t, const BFloat16*, std::int64_t,
+                const BFloat16*, std::int64_t, BFloat16*, std::int64_t) {
+  throw std::logic_error("tile::gemm_16bit: built without AVX-512 support; check available()");
+}
+
+void gemm_16bit(bool, bool, std::int64_t, std::int64_t, std::int64_t, const Float16*, std::int64_t,
+                const Float16*, std::int64_t, Float16*, std::int64_t) {
+  throw std::logic_error("tile::gemm_16bit: built without AVX-512 support; check available()");
 }
 
 #endif
