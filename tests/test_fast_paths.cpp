@@ -151,6 +151,51 @@ TEST(Parallel, ElementwiseKernelsOnTwoThreadsMatchElementReads) {
   EXPECT_EQ(wrong, 0);
 }
 
+// masked_fill's row path (x contiguous, the mask a contiguous block of x's
+// trailing dims: [Tq, Tk] masks on [B, H, Tq, Tk] scores) against a direct
+// read of every element, and against the strided walk it skips (the same x
+// read through a transposed copy), bit for bit, at 1 and 2 threads, float64
+// and float32; a mask that broadcasts inside x's dims takes the walk.
+TEST(Parallel, MaskedFillRowPathMatchesElementReadsAndTheStridedWalk) {
+  Generator gen(11);
+  const std::int64_t b = 3, h = 5, tq = 67, tk = 131;  // 1005 rows of 131: rows split unevenly
+  Tensor attend = Tensor::empty({tq, tk}, DType::boolean);
+  const Tensor coin = randn({tq, tk}, DType::float64, gen);
+  for (std::int64_t i = 0; i < tq; ++i)
+    for (std::int64_t j = 0; j < tk; ++j) attend.set({i, j}, coin.at({i, j}) > 0.3 ? 1.0 : 0.0);
+  for (const DType dtype : {DType::float64, DType::float32})
+    for (const int threads : {1, 2}) {
+      set_num_threads(threads);
+      const Tensor x = randn({b, h, tq, tk}, dtype, gen);
+      const Tensor x_strided = x.transpose(2, 3).contiguous().transpose(2, 3);  // same values, not contiguous
+      for (const Shape& mask_shape : {Shape{tq, tk}, Shape{1, 1, tq, tk}, Shape{h, tq, tk}}) {
+        const Tensor m = mask_shape.size() == 3 ? attend.unsqueeze(0).expand(mask_shape).contiguous()
+                                                : attend.reshape(mask_shape);
+        const Tensor fast = kernels::masked_fill(x, m, -INFINITY);
+        const Tensor walked = kernels::masked_fill(x_strided, m, -INFINITY);
+        EXPECT_EQ(fast.to_vector(), walked.to_vector()) << dtype_name(dtype) << " " << shape_str(mask_shape);
+        std::int64_t wrong = 0;
+        for (std::int64_t i = 0; i < b; ++i)
+          for (std::int64_t k = 0; k < h; ++k)
+            for (std::int64_t r = 0; r < tq; ++r)
+              for (std::int64_t c = 0; c < tk; ++c) {
+                const double want = attend.at({r, c}) != 0 ? -INFINITY : x.at({i, k, r, c});
+                wrong += fast.at({i, k, r, c}) != want;
+              }
+        EXPECT_EQ(wrong, 0) << dtype_name(dtype) << " " << shape_str(mask_shape) << ", " << threads << " threads";
+      }
+      // A [Tq, 1] mask broadcasts along the keys: not a trailing block, the walk.
+      const Tensor column = attend.narrow(1, 0, 1).contiguous();
+      const Tensor filled = kernels::masked_fill(x, column, 2.5);
+      std::int64_t wrong = 0;
+      for (std::int64_t r = 0; r < tq; ++r)
+        for (std::int64_t c = 0; c < tk; ++c)
+          wrong += filled.at({1, 2, r, c}) != (attend.at({r, 0}) != 0 ? 2.5 : x.at({1, 2, r, c}));
+      EXPECT_EQ(wrong, 0);
+    }
+  set_num_threads(0);
+}
+
 // ---------------------------------------------------------------- BLAS layer
 
 // blas::gemm against a plain triple loop: both transpositions, alpha and beta,

@@ -31,14 +31,15 @@ namespace {
 using namespace headgrad;
 
 // Scores, cap, mask, softmax, weighted values for one head: q [B, Tq, d],
-// k [B, Tk, d], v [B, Tk, dv] -> [B, Tq, dv]. mask: [.., Tq, Tk] or undefined
-// (causal, window and bool mask together). cap: C > 0 replaces s by
-// C tanh(s / C) before the mask. sink: this head's logit [1] or undefined.
-Variable one_head(const Variable& q, const Variable& k, const Variable& v, const Tensor& attend,
+// k [B, Tk, d], v [B, Tk, dv] -> [B, Tq, dv]. hidden: [.., Tq, Tk], true where
+// a query must not see a key (the complement of the causal, window and bool
+// masks together), or undefined. cap: C > 0 replaces s by C tanh(s / C) before
+// the mask. sink: this head's logit [1] or undefined.
+Variable one_head(const Variable& q, const Variable& k, const Variable& v, const Tensor& hidden,
                   double scale_factor, double cap, const Variable& sink) {
   Variable s = scale(matmul(q, transpose(k, -2, -1)), scale_factor);  // [B, Tq, Tk]
   if (cap > 0.0) s = softcap(s, cap);
-  if (attend.defined()) s = masked_fill(s, logical_not(attend), -INFINITY);
+  if (hidden.defined()) s = masked_fill(s, hidden, -INFINITY);
   if (!sink.defined()) return matmul(softmax(s, -1), v);
   // The sink: one more softmax column holding sigma on every row, with no
   // value; its weight is dropped after the softmax (gpt-oss).
@@ -66,13 +67,13 @@ bool recompute_heads(std::int64_t slices, std::int64_t tq, std::int64_t tk, DTyp
 // head's are alive at a time, not every head's (32 float64 heads at T 8192
 // would keep 16 GiB), and the gradients are those of one_head's ops, bit for
 // bit.
-Variable head(bool recompute, const Variable& q, const Variable& k, const Variable& v, const Tensor& attend,
+Variable head(bool recompute, const Variable& q, const Variable& k, const Variable& v, const Tensor& hidden,
               double scale_factor, double cap, const Variable& sink) {
-  if (!recompute) return one_head(q, k, v, attend, scale_factor, cap, sink);
+  if (!recompute) return one_head(q, k, v, hidden, scale_factor, cap, sink);
   std::vector<Variable> in{q, k, v};
   if (sink.defined()) in.push_back(sink);
   return checkpoint("per_head.head", std::move(in), [=](const std::vector<Variable>& x) {
-    return one_head(x[0], x[1], x[2], attend, scale_factor, cap, x.size() > 3 ? x[3] : Variable());
+    return one_head(x[0], x[1], x[2], hidden, scale_factor, cap, x.size() > 3 ? x[3] : Variable());
   });
 }
 
@@ -193,6 +194,7 @@ class PerHead final : public Attention {
     const Variable x3 = reshape(x, {-1, t, m.d_model});  // leading dims folded into one batch
     const Variable kv3 = kv_source(x3, s);               // x_kv [B, Tk, D] in cross-attention
     const Tensor attend = attention_mask(spec, t, kv3.size(-2));
+    const Tensor hidden = attend.defined() ? logical_not(attend) : Tensor();  // once, not per head
     std::vector<Variable> ks, vs;  // kv head j: rows [j*d, (j+1)*d) of wk and wv
     for (std::int64_t j = 0; j < m.kv_heads; ++j) {
       ks.push_back(linear_bias(kv3, narrow(w.wk, 0, j * d, d), slice(w.bk, j * d, d)));  // [B, Tk, d]
@@ -209,7 +211,7 @@ class PerHead final : public Attention {
     for (std::int64_t h = 0; h < m.heads; ++h) {
       const std::int64_t j = h / m.group;  // the kv head this query head reads
       heads.push_back(head(recompute, rope_queries(qs[static_cast<std::size_t>(h)], s), ks[j], vs[j],
-                           head_mask(attend, h), spec.scale_for(d), spec.softcap, head_sink(spec, m.heads, h)));
+                           head_mask(hidden, h), spec.scale_for(d), spec.softcap, head_sink(spec, m.heads, h)));
     }
     const Variable concat = cat(heads, -1);  // [B, T, H*d]: head h in columns [h*d, (h+1)*d)
     Shape out_shape = x.shape();
@@ -227,7 +229,7 @@ class PerHead final : public Attention {
                         const AttentionSpec& spec) const override {
     const std::int64_t group = kv_group(q0, k0, v0, "per_head");
     const std::int64_t tq = q0.size(-2), tk = k0.size(-2), d = q0.size(-1), dv = v0.size(-1);
-    Tensor attend = attention_mask(spec, tq, tk);
+    const Tensor attend = attention_mask(spec, tq, tk);
     const Shape lead = core_lead(q0, k0, v0, attend, group);
     Shape kv_lead = lead;
     if (group > 1) kv_lead.back() /= group;
@@ -238,11 +240,13 @@ class PerHead final : public Attention {
     const Variable q3 = reshape(rope_queries(q, spec), {-1, tq, d});  // rotated before slicing
     const Variable k3 = reshape(rope_keys(k, spec), {-1, tk, d});
     const Variable v3 = reshape(v, {-1, tk, dv});
-    if (attend.defined()) attend = attend.expand(with_last2(lead, tq, tk)).reshape({-1, tq, tk});
+    // the complement once, before the expand (not per slice)
+    const Tensor hidden =
+        attend.defined() ? logical_not(attend).expand(with_last2(lead, tq, tk)).reshape({-1, tq, tk}) : Tensor();
     std::vector<Variable> slices;
     const bool recompute = recompute_heads(q3.size(0), tq, tk, q0.dtype());
     for (std::int64_t n = 0; n < q3.size(0); ++n) {
-      const Tensor m = attend.defined() ? attend.narrow(0, n, 1) : Tensor();
+      const Tensor m = hidden.defined() ? hidden.narrow(0, n, 1) : Tensor();
       const std::int64_t kv = (n / heads) * (heads / group) + (n % heads) / group;
       slices.push_back(head(recompute, narrow(q3, 0, n, 1), narrow(k3, 0, kv, 1), narrow(v3, 0, kv, 1), m,
                             spec.scale_for(d), spec.softcap, head_sink(spec, heads, n % heads)));

@@ -729,6 +729,31 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
                                 " does not broadcast to input " + shape_str(x.shape()));
   if (is_16bit(x.dtype())) return masked_fill(f32(x), mask, value).to(x.dtype());
   Tensor out = Tensor::empty(x.shape(), x.dtype());
+  if (out.numel() == 0) return out;
+  // x contiguous and the mask a contiguous block of x's trailing dims (a
+  // [Tq, Tk] mask on [.., Tq, Tk] scores): row by row against the mask's row,
+  // the same select as the strided walk below, without its offsets.
+  Shape own(mask.shape());
+  while (!own.empty() && own.front() == 1) own.erase(own.begin());
+  if (x.is_contiguous() && mask.is_contiguous() && !own.empty() &&
+      std::equal(own.begin(), own.end(), shape.end() - static_cast<std::ptrdiff_t>(own.size()))) {
+    dispatch_float(x.dtype(), "masked_fill", [&]<class T>() {
+      const std::int64_t n = shape.back(), rows = out.numel() / n, mask_rows = mask.numel() / n;
+      T* o = out.template mutable_data<T>();
+      const T* px = x.template data<T>();
+      const bool* pm = mask.template data<bool>();
+      const T v = static_cast<T>(value);
+      parallel_for(rows, [&](std::int64_t r0, std::int64_t r1, int) {
+        for (std::int64_t r = r0; r < r1; ++r) {
+          const bool* mr = pm + (r % mask_rows) * n;
+          const T* xr = px + r * n;
+          T* orow = o + r * n;
+          for (std::int64_t j = 0; j < n; ++j) orow[j] = mr[j] ? v : xr[j];
+        }
+      }, std::max<std::int64_t>(1, detail::kParallelMinElements / n));
+    });
+    return out;
+  }
   const Tensor m = mask.expand(shape);
   dispatch_float(x.dtype(), "masked_fill", [&]<class T>() {
     T* o = mutable_base_ptr<T>(out);

@@ -51,7 +51,8 @@ Tensor logical_not(const Tensor& mask) {
   Tensor out = Tensor::empty(mask.shape(), DType::boolean);
   const bool* s = src.data<bool>();
   bool* o = out.mutable_data<bool>();
-  for (std::int64_t i = 0; i < out.numel(); ++i) o[i] = !s[i];
+  const std::int64_t n = out.numel();  // once: numel() walks the shape
+  for (std::int64_t i = 0; i < n; ++i) o[i] = !s[i];
   return out;
 }
 
