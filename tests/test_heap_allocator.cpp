@@ -1,0 +1,56 @@
+// The programs' heap allocator (meson.build, -Dmalloc): the headgrad program
+// and the test programs take malloc from jemalloc in a build with it, from
+// glibc in one without. Checked where it is decided: the order in which the
+// dynamic loader searches a program's libraries (jemalloc before libc, so
+// its malloc is the one every library and plugin calls), and the library
+// that this process's malloc comes from.
+#include <dlfcn.h>
+
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "headgrad_cli.hpp"
+
+namespace test_heap_allocator {  // this file's names: allocator checks
+
+using headgrad::test::headgrad;
+
+const std::string kBuiltWith = HEADGRAD_MALLOC;  // "jemalloc", "system" or "sanitizer"
+
+// The file this process's malloc is defined in, as the dynamic loader found it.
+std::string library_of_malloc() {
+  Dl_info info{};
+  void* const symbol = ::dlsym(RTLD_DEFAULT, "malloc");
+  if (symbol == nullptr || ::dladdr(symbol, &info) == 0 || info.dli_fname == nullptr) return "";
+  return info.dli_fname;
+}
+
+TEST(HeapAllocator, ThisProgramsMallocIsTheBuildsChoice) {
+  if (kBuiltWith == "sanitizer") GTEST_SKIP() << "a sanitizer build: malloc is the sanitizer's own";
+  const std::string lib = library_of_malloc();
+  if (kBuiltWith == "jemalloc") {
+    EXPECT_NE(lib.find("libjemalloc"), std::string::npos) << lib;
+  } else {
+    EXPECT_NE(lib.find("libc.so"), std::string::npos) << lib;
+  }
+}
+
+// LD_TRACE_LOADED_OBJECTS=1 makes the dynamic loader list the program's
+// libraries in the order it searches them for a symbol (what ldd prints),
+// then exit before main.
+TEST(HeapAllocator, HeadgradSearchesJemallocBeforeLibc) {
+  if (kBuiltWith == "sanitizer") GTEST_SKIP() << "a sanitizer build: malloc is the sanitizer's own";
+  const auto r = headgrad({"--version"}, std::filesystem::current_path(), {{"LD_TRACE_LOADED_OBJECTS", "1"}});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto libc = r.out.find("libc.so.6"), jemalloc = r.out.find("libjemalloc");
+  ASSERT_NE(libc, std::string::npos) << r.out;
+  if (kBuiltWith == "jemalloc") {
+    ASSERT_NE(jemalloc, std::string::npos) << r.out;
+    EXPECT_LT(jemalloc, libc) << r.out;
+  } else {
+    EXPECT_EQ(jemalloc, std::string::npos) << r.out;
+  }
+}
+
+}  // namespace test_heap_allocator
