@@ -374,7 +374,9 @@ TEST(ForkFailure, TheProgramExitsFourNamingFork) {
     EXPECT_EQ(r.code, 4) << r.out << r.err;
     EXPECT_NE(r.err.find("headgrad: error: " + no_fork), std::string::npos) << r.err;
     // Probing done (the header is printed after it): the fork that failed was the side's.
-    if (allowed > 0) EXPECT_NE(r.out.find("plugins: per_head"), std::string::npos) << r.out;
+    if (allowed > 0) {
+      EXPECT_NE(r.out.find("plugins: per_head"), std::string::npos) << r.out;
+    }
   }
   const auto plugins = headgrad::test::headgrad({"plugins"}, fs::current_path(),
                                                 {{"LD_PRELOAD", FORK_FAILS_SHIM}, {"ASAN_OPTIONS", asan_options}});

@@ -179,7 +179,9 @@ TEST_F(Findings, CorrectPluginGetsNoFinding) {
   EXPECT_FALSE(r.diagnosis.has_value());
   for (const auto& c : result_->cases)
     if (c.diagnosis)
-      for (const auto& f : c.diagnosis->findings) EXPECT_NE(f.side, "per_head") << c.spec.name << ": " << f.sentence;
+      for (const auto& f : c.diagnosis->findings) {
+        EXPECT_NE(f.side, "per_head") << c.spec.name << ": " << f.sentence;
+      }
 }
 
 // Each of the 12 single bugs gets a relation; none is named wrongly

@@ -1299,7 +1299,9 @@ TEST_F(PluginTest, RopeLevelMatchesTheRotationByHand) {
       EXPECT_TRUE(all_close("dx", xv.grad(), want_dx));
       // the pass-through dims are bitwise x's
       for (std::int64_t i = 0; i < x.numel(); ++i)
-        if (i % d >= r) ASSERT_EQ(out.data().contiguous().flat(i), x.flat(i)) << "flat " << i;
+        if (i % d >= r) {
+          ASSERT_EQ(out.data().contiguous().flat(i), x.flat(i)) << "flat " << i;
+        }
     }
   }
 }

@@ -43,12 +43,6 @@ const CaseSpec* find_case(const Suite& s, const std::string& name) {
   return nullptr;
 }
 
-std::vector<std::string> names(const Suite& s) {
-  std::vector<std::string> out;
-  for (const auto& c : s.cases) out.push_back(c.name);
-  return out;
-}
-
 bool has_prefix(const Suite& s, const std::string& prefix) {
   return std::any_of(s.cases.begin(), s.cases.end(), [&](const CaseSpec& c) { return c.name.rfind(prefix, 0) == 0; });
 }

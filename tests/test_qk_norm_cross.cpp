@@ -298,7 +298,9 @@ TEST_F(QkNormCross, ThreePluginsAgreeOnQkNormWithRopeAndGqa) {
         const Grads got = run(plugin(name), c.inputs, spec, c.r);
         EXPECT_LT(max_abs_diff(got.out, want.out), 1e-12) << name;
         for (std::size_t i = 0; i < want.grads.size(); ++i)
-          if (want.grads[i].defined()) EXPECT_LT(max_abs_diff(got.grads[i], want.grads[i]), 1e-11) << name << " input " << i;
+          if (want.grads[i].defined()) {
+            EXPECT_LT(max_abs_diff(got.grads[i], want.grads[i]), 1e-11) << name << " input " << i;
+          }
       }
       // the gains matter: dq_norm is not zero
       double norm_q = 0;
@@ -559,7 +561,7 @@ TEST_F(QkNormCross, CasesPassForEveryPairDtypeAndLayout) {
   const std::string gqa = "B: 2, D: 24, H: 6, Hkv: 2";
   for (const char* other : {"batched", "fused_sdpa"})
     for (const char* dtype : {"float64", "float32", "bfloat16", "float16"})
-      for (const std::string extra : {std::string("qk_norm: {axis: head, gain: one_plus_w}, rope: {theta: 100, style: half}, "
+      for (const std::string& extra : {std::string("qk_norm: {axis: head, gain: one_plus_w}, rope: {theta: 100, style: half}, "
                                                   "causal: true, shape: {T: 7, ") + gqa + "}",
                                       std::string("qk_norm: {axis: model}, input_layout: transposed, shape: {T: 7, ") + gqa + "}",
                                       std::string("cross: true, input_layout: sliced, shape: {Tq: 5, Tk: 9, ") + gqa + "}",

@@ -338,8 +338,6 @@ Variable mutant_rope(const Variable& x, const AttentionSpec& spec, bool queries)
 
 // ---- QK-norm and cross-attention as this mutant does them ----
 
-bool qk_norm_bug() { return kBug.rfind("qk_norm_", 0) == 0; }
-
 // RMSNorm over the last dim of x with gain g (already w or 1 + w, the mutant's choice).
 Variable rms(const Variable& x, const Variable& g, double eps) {
   return mul(rms_norm(x, Variable(Tensor::ones({x.size(-1)}, x.dtype())), eps), g);
