@@ -122,12 +122,15 @@ class CheckCommand(unittest.TestCase):
         self.assertIn("view size is not compatible", text)
 
     def test_hang_is_killed_and_the_worker_replaced(self):
-        code, text, report = self.check("hangs_at_t5", "--timeout", "4")
+        code, text, report = self.check("hangs_at_b1_t5_h1", "--timeout", "4")
         self.assertEqual(code, 3, text)
         by = cases(report)
         self.assertEqual(by["heads, lengths, batches[B=1,T=5,H=1]"]["status"], "error")
         self.assertIn("did not finish within 4 s; killed", by["heads, lengths, batches[B=1,T=5,H=1]"]["cause"])
-        # after it, a fresh worker serves the other cases
+        self.assertEqual([name for name, c in by.items() if c["status"] != "pass"],
+                         ["heads, lengths, batches[B=1,T=5,H=1]"])
+        # after it, a fresh worker serves the other cases, the next one first
+        self.assertEqual(by["heads, lengths, batches[B=1,T=5,H=2]"]["status"], "pass")
         self.assertEqual(by["heads, lengths, batches[B=1,T=17,H=1]"]["status"], "pass")
         self.assertEqual(by["float32"]["status"], "pass")
 
