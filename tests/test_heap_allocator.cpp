@@ -3,9 +3,12 @@
 // glibc in one without. Checked where it is decided: the order in which the
 // dynamic loader searches a program's libraries (jemalloc before libc, so
 // its malloc is the one every library and plugin calls), and the library
-// that this process's malloc comes from.
+// that this process's malloc comes from. With jemalloc, its compiled-in
+// settings (tools/headgrad/malloc_conf.cpp: huge pages) are the ones it
+// runs with, and MALLOC_CONF still overrides them.
 #include <dlfcn.h>
 
+#include <cstddef>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -51,6 +54,32 @@ TEST(HeapAllocator, HeadgradSearchesJemallocBeforeLibc) {
   } else {
     EXPECT_EQ(jemalloc, std::string::npos) << r.out;
   }
+}
+
+// jemalloc's own word for one of its string options (mallctl "opt.NAME"),
+// looked up at run time: a build without jemalloc has no mallctl.
+std::string jemalloc_option(const char* name) {
+  using Mallctl = int (*)(const char*, void*, std::size_t*, void*, std::size_t);
+  const auto mallctl = reinterpret_cast<Mallctl>(::dlsym(RTLD_DEFAULT, "mallctl"));
+  if (mallctl == nullptr) return "";
+  const char* value = nullptr;
+  std::size_t size = sizeof value;
+  if (mallctl((std::string("opt.") + name).c_str(), &value, &size, nullptr, 0) != 0 || value == nullptr) return "";
+  return value;
+}
+
+TEST(HeapAllocator, JemallocAsksForHugePages) {
+  if (kBuiltWith != "jemalloc") GTEST_SKIP() << "a build without jemalloc (" << kBuiltWith << ")";
+  EXPECT_EQ(jemalloc_option("thp"), "always");
+  // the headgrad program: jemalloc prints its settings at exit (stats_print), to stderr
+  const auto defaults = headgrad({"--version"}, std::filesystem::current_path(), {{"MALLOC_CONF", "stats_print:true"}});
+  ASSERT_EQ(defaults.code, 0) << defaults.err;
+  EXPECT_NE(defaults.err.find("opt.thp: \"always\""), std::string::npos) << defaults.err.substr(0, 2000);
+  // a user's MALLOC_CONF wins over the compiled-in settings
+  const auto mine = headgrad({"--version"}, std::filesystem::current_path(),
+                             {{"MALLOC_CONF", "thp:never,stats_print:true"}});
+  ASSERT_EQ(mine.code, 0) << mine.err;
+  EXPECT_NE(mine.err.find("opt.thp: \"never\""), std::string::npos) << mine.err.substr(0, 2000);
 }
 
 }  // namespace test_heap_allocator
