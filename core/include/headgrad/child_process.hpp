@@ -95,15 +95,15 @@ class ChildProcess {
   // body must not throw (if it does, the child exits with status 125).
   // Before the fork, headgrad's thread pool is stopped (set_num_threads(1)):
   // a child inherits the pool's bookkeeping but not its threads and would wait
-  // for them forever. The parent keeps one thread after it; a child that
-  // computes calls set_num_threads(0) to start its own. Buffered output is
+  // for them forever. The parent starts its workers again right after the
+  // fork; a child that computes calls set_num_threads(0) to start its own. Buffered output is
   // flushed first, so that nothing is printed twice.
   // Throws InternalError naming pipe or fork when they fail.
   static ChildProcess spawn(const ChildSpec& spec, const std::function<int(const ChildEnds&)>& body);
   // spawn, then exec argv[0] (a path, or a name searched on PATH) with argv,
   // the environment plus `env` (each NAME=VALUE replacing NAME): from_parent
   // becomes the program's stdin, to_parent its stdout, stderr is shared and no
-  // other descriptor stays open. headgrad's thread pool is left as it was.
+  // other descriptor stays open.
   // A program that cannot be run exits with status 127 after saying
   // "headgrad: cannot run PROGRAM: REASON" on stderr.
   static ChildProcess spawn_program(const ChildSpec& spec, const std::vector<std::string>& argv,

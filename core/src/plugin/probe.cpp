@@ -13,7 +13,6 @@
 
 #include "headgrad/abi.hpp"
 #include "headgrad/child_process.hpp"
-#include "headgrad/parallel.hpp"
 
 namespace headgrad::detail {
 
@@ -180,7 +179,6 @@ std::vector<ProbeOutcome> run_probes(const std::vector<std::filesystem::path>& f
   const std::size_t window = static_cast<std::size_t>(std::max(1, settings.parallel));
   std::vector<Running> running;
   std::size_t next = 0;
-  const int threads_before = num_threads();
 
   // The child: stdin /dev/null, stdout and stderr captured, the channel on
   // descriptor 3 and nothing else open. A failing fork or pipe is headgrad's
@@ -232,7 +230,6 @@ std::vector<ProbeOutcome> run_probes(const std::vector<std::filesystem::path>& f
       running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
     }
   }
-  set_num_threads(threads_before);  // spawn stopped the pool: this process computes on as before
   return outcomes;
 }
 

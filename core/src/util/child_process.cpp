@@ -176,6 +176,7 @@ ChildProcess ChildProcess::spawn(const ChildSpec& spec, const std::function<int(
   }
   // !! A forked child inherits the pool's bookkeeping but not its threads,
   // and would wait for them forever: no workers in this process across fork. !!
+  const int threads = num_threads();
   set_num_threads(1);
   std::cout.flush();  // anything buffered now would be printed twice (once by the child)
   std::cerr.flush();
@@ -188,6 +189,7 @@ ChildProcess ChildProcess::spawn(const ChildSpec& spec, const std::function<int(
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid == 0) child_main(spec, pipes[0], pipes[1], pipes[2], pipes[3], others, parent, body);
+  set_num_threads(threads);  // this process computes on as before (the comparison, the next inputs)
   if (pid < 0) {
     const int saved = errno;
     for (auto& p : pipes) close_pipe(p);
@@ -231,7 +233,6 @@ ChildProcess ChildProcess::spawn_program(const ChildSpec& spec, const std::vecto
   args.push_back(nullptr);
   envp.push_back(nullptr);
   const std::string failed = "headgrad: cannot run " + argv[0] + ": ";
-  const int threads = num_threads();
   ChildProcess c = spawn(spec, [&](const ChildEnds& ends) {
     // The ends are at 3 or above (spawn placed them), so the dup2s clobber nothing.
     if (ends.from_parent >= 0) ::dup2(ends.from_parent, STDIN_FILENO);
@@ -242,7 +243,6 @@ ChildProcess ChildProcess::spawn_program(const ChildSpec& spec, const std::vecto
     (void)!::write(STDERR_FILENO, msg.data(), msg.size());
     return 127;
   });
-  set_num_threads(threads);  // spawn stopped the pool; the program is not a fork of this process's state
   return c;
 }
 
