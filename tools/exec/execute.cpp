@@ -74,6 +74,7 @@ class WireWriter {
  public:
   template <class T>
   void put(const T& v) { bytes(&v, sizeof v); }
+  void reserve(std::size_t n) { buf_.reserve(n); }
   void bytes(const void* p, std::size_t n) { buf_.append(static_cast<const char*>(p), n); }
   void text(const std::string& s) {
     put<std::uint64_t>(s.size());
@@ -128,6 +129,10 @@ SideMemory side_memory(std::size_t live_before) {
 
 std::string encode_result(const TensorSet& tensors, double compute_seconds, const SideMemory& memory) {
   WireWriter w;
+  std::size_t size = 64;  // the header, with room to spare: the buffer is sized once, not grown by copies
+  for (const auto& [name, t] : tensors)
+    size += 32 + name.size() + (t.defined() ? 8 * t.shape().size() + static_cast<std::size_t>(t.numel()) * dtype_size(t.dtype()) : 0);
+  w.reserve(size);
   w.put('R');
   w.put(compute_seconds);
   w.put(memory.peak_rss_bytes);

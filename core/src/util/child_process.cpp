@@ -345,7 +345,9 @@ ChildProcess::ReadOutcome ChildProcess::read_message(Message& into, Clock::time_
     return std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   };
   bool timed_out = false;
-  char chunk[1 << 16];
+  // Heap, not stack: a large result arrives a pipe's capacity at a time.
+  std::vector<char> chunk(std::size_t{1} << 20);
+  bool reserved = false;
   while (from_child_ >= 0 && !into.complete()) {
     const auto ms = remaining_ms();
     if (ms <= 0) {
@@ -362,13 +364,17 @@ ChildProcess::ReadOutcome ChildProcess::read_message(Message& into, Clock::time_
       if (on_wait) on_wait();
       continue;
     }
-    const ssize_t n = ::read(from_child_, chunk, sizeof chunk);
+    const ssize_t n = ::read(from_child_, chunk.data(), chunk.size());
     if (n > 0) {
-      into.wire.append(chunk, static_cast<std::size_t>(n));
+      into.wire.append(chunk.data(), static_cast<std::size_t>(n));
       const auto length = into.length();
       if ((length && *length > max_bytes) || into.wire.size() > max_bytes + sizeof(std::uint64_t)) {
         res.oversized = true;
         break;
+      }
+      if (length && !reserved) {  // once: no copy of what came so far each time the buffer doubles
+        into.wire.reserve(sizeof *length + *length);
+        reserved = true;
       }
     } else if (n == 0) {
       break;  // the child closed its end: done (or dead)
