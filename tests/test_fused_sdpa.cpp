@@ -425,6 +425,35 @@ TEST(FusedKernel, HeadSplitRowsGiveTheDenseResult) {
   }
 }
 
+// Transposed panels (x^T, packed in 16 x 16 register blocks on AVX-512):
+// panel[c * 32 + r] of the panel starting at row r0 is x[r0 + r][c], and 0
+// past x's last row, for every size around the 16-row blocks, the 32-row
+// panels and the 16-column loads, with a row stride wider than the rows, and
+// two slices side by side.
+TEST(FusedTileGemm, TransposedPanelsHoldEveryElementAndZeroPadding) {
+  for (const std::int64_t rows : {1, 15, 16, 17, 31, 32, 33, 70})
+    for (const std::int64_t cols : {1, 15, 16, 17, 64, 70}) {
+      SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols));
+      const std::int64_t ld = cols + 3;
+      std::vector<float> x(static_cast<std::size_t>(2 * rows * ld));
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i) + 0.5f;
+      tile::Packed p = tile::make_packed(2, rows, cols, true);
+      std::fill(p.data, p.data + 2 * p.per_slice, std::nanf(""));
+      for (std::int64_t n = 0; n < 2; ++n) tile::pack_slice(p, n, x.data() + n * rows * ld, ld, rows, cols);
+      std::int64_t checked = 0;
+      for (std::int64_t n = 0; n < 2; ++n)
+        for (std::int64_t r0 = 0; r0 < rows; r0 += tile::kPanel)
+          for (std::int64_t c = 0; c < cols; ++c)
+            for (std::int64_t r = 0; r < tile::kPanel; ++r) {
+              const float got = p.at(n, r0)[c * tile::kPanel + r];
+              const float want = r0 + r < rows ? x[static_cast<std::size_t>(n * rows * ld + (r0 + r) * ld + c)] : 0.0f;
+              ASSERT_EQ(got, want) << "slice " << n << ", row " << r0 + r << ", column " << c;
+              ++checked;
+            }
+      EXPECT_EQ(checked, 2 * p.per_slice);  // every float of both slices
+    }
+}
+
 // The tile products on packed panels (tile_gemm.hpp) against a float64 loop:
 // sizes off the micro-kernel's 12 x 32 block, A read transposed through its
 // strides, beta 0 ignoring NaNs in C and beta 1 adding to it. On a CPU

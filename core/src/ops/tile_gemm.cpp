@@ -34,9 +34,23 @@ Packed make_packed(std::int64_t count, std::int64_t rows, std::int64_t cols, boo
   return p;
 }
 
+#if HEADGRAD_TILE_AVX512
+namespace {
+__attribute__((target("avx512f"))) void pack_transposed_avx512(float* out, std::int64_t stride, const float* x,
+                                                               std::int64_t ld, std::int64_t rows,
+                                                               std::int64_t cols);
+}  // namespace
+#endif
+
 void pack_slice(Packed& p, std::int64_t n, const float* x, std::int64_t ld, std::int64_t rows,
                 std::int64_t cols) {
   float* out = p.data + n * p.per_slice;
+#if HEADGRAD_TILE_AVX512
+  // The panels of x^T are a transpose, element by element a gather down a
+  // column of x: in 16 x 16 register blocks instead (the same values).
+  static const bool avx512 = available();
+  if (p.transposed && avx512) return pack_transposed_avx512(out, p.stride, x, ld, rows, cols);
+#endif
   if (!p.transposed) {
     for (std::int64_t c0 = 0; c0 < cols; c0 += kPanel) {
       const std::int64_t w = std::min(kPanel, cols - c0);
@@ -65,6 +79,65 @@ bool available() { return __builtin_cpu_supports("avx512f"); }
 namespace {
 
 // C[0:MR, 0:nr] = alpha * sum_p A(r, p) panel[p] + beta * C, nr <= 32.
+// GCC 12's unpack intrinsics start from _mm512_undefined_ps(), which its
+// -Wmaybe-uninitialized takes for a read of an unset value (GCC PR 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+__attribute__((target("avx512f"))) inline __m512 lo64(__m512 a, __m512 b) {
+  return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
+}
+__attribute__((target("avx512f"))) inline __m512 hi64(__m512 a, __m512 b) {
+  return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
+}
+
+// r[i] := column i of the 16 x 16 block whose rows are r[0..15].
+__attribute__((target("avx512f"))) inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {  // pairs of rows interleaved by 32 bits
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // then by 64 bits: each 128-bit lane holds a 4 x 4 block transposed
+    r[i] = lo64(t[i], t[i + 2]);
+    r[i + 1] = hi64(t[i], t[i + 2]);
+    r[i + 2] = lo64(t[i + 1], t[i + 3]);
+    r[i + 3] = hi64(t[i + 1], t[i + 3]);
+  }
+  for (int g = 0; g < 16; g += 8)  // then the 128-bit lanes, twice
+    for (int i = 0; i < 4; ++i) {
+      t[g + i] = _mm512_shuffle_f32x4(r[g + i], r[g + i + 4], 0x88);
+      t[g + i + 4] = _mm512_shuffle_f32x4(r[g + i], r[g + i + 4], 0xdd);
+    }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+  }
+}
+
+#pragma GCC diagnostic pop
+
+// pack_slice's transposed panels: panel[c * 32 + r] = x[(r0 + r) * ld + c],
+// zero where r0 + r >= rows.
+__attribute__((target("avx512f"))) void pack_transposed_avx512(float* out, std::int64_t stride, const float* x,
+                                                               std::int64_t ld, std::int64_t rows,
+                                                               std::int64_t cols) {
+  __m512 block[16];
+  for (std::int64_t r0 = 0; r0 < rows; r0 += kPanel) {
+    float* panel = out + r0 / kPanel * stride;
+    for (std::int64_t half = 0; half < kPanel; half += 16) {
+      const std::int64_t first = r0 + half, h = std::clamp<std::int64_t>(rows - first, 0, 16);
+      for (std::int64_t c0 = 0; c0 < cols; c0 += 16) {
+        const std::int64_t w = std::min<std::int64_t>(16, cols - c0);
+        const __mmask16 lanes = w == 16 ? __mmask16(0xffff) : __mmask16((1u << w) - 1);
+        for (std::int64_t i = 0; i < 16; ++i)
+          block[i] = i < h ? _mm512_maskz_loadu_ps(lanes, x + (first + i) * ld + c0) : _mm512_setzero_ps();
+        transpose16(block);
+        for (std::int64_t j = 0; j < w; ++j) _mm512_storeu_ps(panel + (c0 + j) * kPanel + half, block[j]);
+      }
+    }
+  }
+}
+
 template <int MR>
 __attribute__((target("avx512f"))) void micro(std::int64_t k, const float* a, std::int64_t a_row,
                                               std::int64_t a_col, const float* b, float alpha,
