@@ -162,6 +162,64 @@ TEST(JudgeByBaseline, NormwiseAndHeadsAtCoreLevel) {
   EXPECT_TRUE(cmp.allclose);
 }
 
+// The judge reads its tensors a chunk at a time (32K elements): over four
+// chunks and a partial one, the figures are those of one loop over whole
+// float64 copies, written out here: the worst side, its error and where it
+// is, the baseline's, the floor (float32 arithmetic by hand, as above),
+// the count past the bound, the profile by position, and the worst element
+// of the two sides against each other.
+TEST(JudgeByBaseline, ChunkedPassesGiveTheFiguresOfOneLoop) {
+  const Shape shape{1, 300, 401};  // out [B, T, D]: 120300 elements
+  const std::int64_t n = shape_numel(shape);
+  std::vector<double> g(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) g[static_cast<std::size_t>(i)] = std::sin(0.001 * static_cast<double>(i)) * 3;
+  const Tensor tg = Tensor::from_values(g, shape, DType::float64);
+  const Tensor tbase = tg.to(DType::float32);  // the oracle's float32 rounding
+  std::vector<double> a = tbase.to_vector(), b = a;
+  a[70001] += 0.5;    // side A: one large error in the third chunk
+  b[100000] -= 0.25;  // side B: a smaller one in the fourth
+  for (std::int64_t i = 110000; i < n; i += 7) a[static_cast<std::size_t>(i)] += 1e-6;  // and small ones in the last
+  const Tensor ta = Tensor::from_values(a, shape, DType::float32), tb = Tensor::from_values(b, shape, DType::float32);
+  const std::vector<double> base = tbase.to_vector();
+  const std::vector<double> av = ta.to_vector(), bv = tb.to_vector();
+
+  double floor = 0, base_err = 0, a_err = 0;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const float gf = static_cast<float>(g[i]);
+    floor = std::max(floor, std::fabs(static_cast<double>((gf + 0.3f) - 0.3f) - static_cast<double>(gf)));
+    base_err = std::max(base_err, std::fabs(base[i] - g[i]));
+    a_err = std::max(a_err, std::fabs(av[i] - g[i]));
+  }
+  floor *= 2;
+  const double k = 3, bound = k * base_err + floor;
+  std::int64_t past = 0;
+  std::vector<double> by_t(300, 0.0);
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const double e = std::fabs(av[i] - g[i]);
+    past += e > bound;
+    by_t[i / 401] = std::max(by_t[i / 401], e);
+  }
+  ASSERT_GT(past, 1);  // the large error and some of the small ones
+
+  TensorComparison cmp = compare_tensor("out", ta, tb, {}, Level::mha, 1);
+  ASSERT_TRUE(cmp.worst);
+  EXPECT_EQ(cmp.worst->index, (Shape{0, 70001 / 401, 70001 % 401}));  // 0.5 beats B's 0.25
+  EXPECT_EQ(cmp.worst->lhs, av[70001]);
+  EXPECT_EQ(cmp.worst->rhs, bv[70001]);
+  EXPECT_EQ(cmp.numel, n);
+  judge_by_baseline(cmp, {{"A", &ta}, {"B", &tb}}, tg, tbase, k, DType::float32, Level::mha);
+  ASSERT_TRUE(cmp.baseline);
+  const BaselineCheck& c = *cmp.baseline;
+  EXPECT_EQ(c.floor, floor);
+  EXPECT_EQ(c.baseline_err, base_err);
+  EXPECT_EQ(c.side, "A");
+  EXPECT_EQ(c.err, a_err);
+  EXPECT_EQ(c.bound, bound);
+  EXPECT_EQ(cmp.mismatched, past);
+  EXPECT_FALSE(cmp.allclose);
+  EXPECT_EQ(c.err_by_position, by_t);
+}
+
 class PrecisionRunTest : public headgrad::test::RunnerPluginsTest {};
 
 // A Llama-like float32 shape: a correct GQA + RoPE comparison passes the rule

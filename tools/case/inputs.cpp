@@ -920,6 +920,12 @@ CaseInputs make_inputs(const CaseSpec& spec) {
   return in;
 }
 
+CaseInputs laid_out(const CaseInputs& in, InputLayout layout) {
+  return map_inputs(in, [layout](const InputField& field, const Tensor& t) {
+    return field.role == InputRole::activation ? with_layout(t, layout) : t;
+  });
+}
+
 CaseInputs private_copy(const CaseInputs& in, InputLayout layout) {
   return map_inputs(in, [layout](const InputField& field, const Tensor& t) {
     return field.role == InputRole::activation ? with_layout(t.clone(), layout) : t.clone();

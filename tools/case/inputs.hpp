@@ -175,6 +175,9 @@ CaseInputs make_inputs(const CaseSpec& c);
 // The same values in memory of this side's own: what one side does to its
 // inputs cannot reach the other side (layout kept, `expected` left out).
 CaseInputs private_copy(const CaseInputs& in, InputLayout layout);
+// The same tensors, activations laid out as `layout` asks, nothing else
+// copied: for a side whose memory is its own already (a forked child).
+CaseInputs laid_out(const CaseInputs& in, InputLayout layout);
 
 // The settings handed to the plugins: heads, causal, scale, mask, RoPE
 // (c.rope with in.positions), window, softcap, sinks (in.sinks, as a constant:

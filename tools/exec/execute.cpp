@@ -209,7 +209,7 @@ int child_main(int fd, const CaseSpec& c, const CaseInputs& in, const Attention&
     const auto t0 = Clock::now();
     const std::size_t live_before = memory_stats().current_bytes;
     reset_peak_memory();
-    const TensorSet out = compute_side(c, in, plugin);
+    const TensorSet out = compute_side(c, in, plugin, /*own_inputs=*/true);
     const double seconds = seconds_since(t0);
     message = encode_result(out, seconds, side_memory(live_before));
   } catch (const BadOutputError& e) {
@@ -368,9 +368,10 @@ void add_qk_norm_cross_grads(const CaseSpec& c, const MhaWeights& w, const Atten
   if (c.cross) out.push_back({"dx_kv", grad(spec.x_kv)});
 }
 
-TensorSet compute_side(const CaseSpec& c, const CaseInputs& shared, const Attention& plugin) {
+TensorSet compute_side(const CaseSpec& c, const CaseInputs& shared, const Attention& plugin, bool own_inputs) {
   // This side's own copy: what the plugin writes into its inputs stays here.
-  const CaseInputs in = private_copy(shared, c.layout);
+  // A forked child's inputs are its own already (copy-on-write pages).
+  const CaseInputs in = own_inputs ? laid_out(shared, c.layout) : private_copy(shared, c.layout);
   AttentionSpec spec = attention_spec(c, in);
   if (!c.taps.empty()) spec.rope_taps = std::make_shared<RopeTaps>();
   if (in.sinks.defined()) spec.sinks = Variable(in.sinks, true);  // a leaf: dsinks flows back to it

@@ -1,6 +1,7 @@
 // Running one side of a case: one plugin, fresh leaf variables holding this
-// side's own copy of the shared inputs (private_copy: what a plugin writes
-// into its inputs never reaches the other side, isolated or not), forward,
+// side's own copy of the shared inputs (what a plugin writes into its inputs
+// never reaches the other side, isolated or not: private_copy in this
+// process, a forked child's copy-on-write pages in isolation), forward,
 // loss = sum(out * r), backward.
 //
 //   SideResult s = run_side(c, inputs, registry.get("batched"), {.timeout_s = 5});
@@ -80,8 +81,9 @@ void make_x_kv_leaf(AttentionSpec& spec, const CaseInputs& in);
 void add_qk_norm_cross_grads(const CaseSpec& c, const MhaWeights& w, const AttentionSpec& spec, TensorSet& out);
 
 // In this process; throws what the plugin throws (BadOutputError for an
-// output of the wrong shape or dtype).
-TensorSet compute_side(const CaseSpec& c, const CaseInputs& in, const Attention& plugin);
+// output of the wrong shape or dtype). own_inputs: `in` belongs to this side
+// alone (a forked child's copy-on-write pages), so it is not copied first.
+TensorSet compute_side(const CaseSpec& c, const CaseInputs& in, const Attention& plugin, bool own_inputs = false);
 
 class BadOutputError : public std::runtime_error {
  public:

@@ -1,12 +1,67 @@
 #include "judge/compare.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 
+#include <headgrad/half_convert.hpp>
 #include <headgrad/ops.hpp>
 #include <headgrad/parallel.hpp>
 
 namespace headgrad::runner {
+
+namespace {
+
+// The judge reads its tensors a chunk at a time as float64: a pass over a
+// model-sized gradient holds a few chunks, not a float64 copy of each of the
+// side, the other side, the golden and the baseline.
+constexpr std::int64_t kChunk = std::int64_t{1} << 15;  // 256 KiB of doubles
+
+// t's elements [begin, begin + n) in row-major order, as float64 (t contiguous).
+void read_chunk(const Tensor& t, std::int64_t begin, std::int64_t n, double* out) {
+  switch (t.dtype()) {
+    case DType::float64: std::copy_n(t.data<double>() + begin, n, out); return;
+    case DType::float32: std::copy_n(t.data<float>() + begin, n, out); return;
+    case DType::bfloat16:
+    case DType::float16: {  // the bulk widening, then exact to double
+      constexpr std::int64_t kPiece = 4096;
+      float buf[kPiece];
+      for (std::int64_t i = 0; i < n; i += kPiece) {
+        const std::int64_t m = std::min(kPiece, n - i);
+        if (t.dtype() == DType::bfloat16) convert(t.data<BFloat16>() + begin + i, buf, std::size_t(m));
+        else convert(t.data<Float16>() + begin + i, buf, std::size_t(m));
+        std::copy_n(buf, m, out + i);
+      }
+      return;
+    }
+    default: {  // a boolean: the tensor's own reading
+      const std::vector<double> v = t.reshape({t.numel()}).narrow(0, begin, n).to_vector();
+      std::copy(v.begin(), v.end(), out);
+    }
+  }
+}
+
+// Calls f(begin, n, chunks) over every chunk of the tensors (one element
+// count), chunks[i] the chunk of tensors[i] as float64.
+template <class F>
+void for_each_chunk(const std::vector<const Tensor*>& tensors, F&& f) {
+  std::vector<Tensor> dense;
+  for (const Tensor* t : tensors) dense.push_back(t->contiguous());
+  std::vector<std::vector<double>> bufs(dense.size(), std::vector<double>(static_cast<std::size_t>(kChunk)));
+  std::vector<const double*> chunks(dense.size());
+  const std::int64_t total = dense.empty() ? 0 : dense[0].numel();
+  for (std::int64_t begin = 0; begin < total; begin += kChunk) {
+    const std::int64_t n = std::min(kChunk, total - begin);
+    for (std::size_t i = 0; i < dense.size(); ++i) {
+      read_chunk(dense[i], begin, n, bufs[i].data());
+      chunks[i] = bufs[i].data();
+    }
+    f(begin, n, chunks);
+  }
+}
+
+}  // namespace
 
 TensorComparison compare_tensor(const std::string& name, const Tensor& lhs, const Tensor& rhs,
                                 Tolerance tol, Level level, std::int64_t heads) {
@@ -24,39 +79,44 @@ TensorComparison compare_tensor(const std::string& name, const Tensor& lhs, cons
     cmp.problem = "shape " + shape_str(lhs.shape()) + " vs " + shape_str(rhs.shape());
     return cmp;
   }
-  const std::vector<double> a = lhs.to_vector(), b = rhs.to_vector();
-  cmp.numel = static_cast<std::int64_t>(a.size());
+  cmp.numel = lhs.numel();
   const double inf = std::numeric_limits<double>::infinity();
   double worst_ratio = -1;
   std::int64_t worst_at = -1;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const double diff = std::fabs(a[i] - b[i]);
-    const double bound = tol.atol + tol.rtol * std::fabs(b[i]);
-    const bool nan = std::isnan(diff);
-    // inf == inf counts as equal (numpy's allclose does too)
-    const bool same_inf = std::isinf(a[i]) && a[i] == b[i];
-    const bool ok = same_inf || (!nan && !std::isinf(diff) && diff <= bound);
-    if (!ok) ++cmp.mismatched;
-    if (nan) {
-      cmp.max_abs = cmp.max_rel = std::numeric_limits<double>::quiet_NaN();
-    } else if (!same_inf && !std::isnan(cmp.max_abs)) {
-      cmp.max_abs = std::max(cmp.max_abs, diff);
-      const double rel = b[i] != 0 ? diff / std::fabs(b[i]) : (diff == 0 ? 0 : inf);
-      cmp.max_rel = std::max(cmp.max_rel, rel);
+  double worst_a = 0, worst_b = 0;
+  for_each_chunk({&lhs, &rhs}, [&](std::int64_t begin, std::int64_t n, const std::vector<const double*>& ch) {
+    const double *a = ch[0], *b = ch[1];
+    for (std::int64_t i = 0; i < n; ++i) {
+      const double diff = std::fabs(a[i] - b[i]);
+      const double bound = tol.atol + tol.rtol * std::fabs(b[i]);
+      const bool nan = std::isnan(diff);
+      // inf == inf counts as equal (numpy's allclose does too)
+      const bool same_inf = std::isinf(a[i]) && a[i] == b[i];
+      const bool ok = same_inf || (!nan && !std::isinf(diff) && diff <= bound);
+      if (!ok) ++cmp.mismatched;
+      if (nan) {
+        cmp.max_abs = cmp.max_rel = std::numeric_limits<double>::quiet_NaN();
+      } else if (!same_inf && !std::isnan(cmp.max_abs)) {
+        cmp.max_abs = std::max(cmp.max_abs, diff);
+        const double rel = b[i] != 0 ? diff / std::fabs(b[i]) : (diff == 0 ? 0 : inf);
+        cmp.max_rel = std::max(cmp.max_rel, rel);
+      }
+      const double ratio = same_inf ? 0 : nan ? inf : bound > 0 ? diff / bound : (diff > 0 ? inf : 0);
+      if (ratio > worst_ratio) {
+        worst_ratio = ratio;
+        worst_at = begin + i;
+        worst_a = a[i];
+        worst_b = b[i];
+      }
     }
-    const double ratio = same_inf ? 0 : nan ? inf : bound > 0 ? diff / bound : (diff > 0 ? inf : 0);
-    if (ratio > worst_ratio) {
-      worst_ratio = ratio;
-      worst_at = static_cast<std::int64_t>(i);
-    }
-  }
+  });
   cmp.allclose = cmp.mismatched == 0;
   if (worst_at >= 0) {
     ElementRef e;
     e.index = unravel_index(worst_at, cmp.shape);
     e.where = describe_index(level, name, cmp.shape, e.index, heads);
-    e.lhs = a[static_cast<std::size_t>(worst_at)];
-    e.rhs = b[static_cast<std::size_t>(worst_at)];
+    e.lhs = worst_a;
+    e.rhs = worst_b;
     cmp.worst = e;
   }
   return cmp;
@@ -84,14 +144,30 @@ std::vector<TensorComparison> compare_sets(const TensorSet& lhs, const TensorSet
   return out;
 }
 
-double rounding_floor(const Tensor& golden, DType dtype) {
-  const Tensor g = golden.to(dtype);
+namespace {
+
+// max |(g + 0.3 - 0.3) - g| over elements [begin, begin + n) of the golden,
+// g rounded to dtype: the engine's own ops on that stretch (elementwise, so
+// each element is what the whole tensor's ops give it).
+double noise_of_chunk(const Tensor& golden_flat, std::int64_t begin, std::int64_t n, DType dtype) {
+  const Tensor g = golden_flat.narrow(0, begin, n).to(dtype);
   const Variable point3(Tensor::full(g.shape(), 0.3, dtype));
   // the sum rounds to dtype, the difference rounds again: what is left of g is its noise
-  const std::vector<double> back = sub(add(Variable(g), point3), point3).data().to_vector();
-  const std::vector<double> gv = g.to_vector();
+  const Tensor back = sub(add(Variable(g), point3), point3).data();
   double m = 0;
-  for (std::size_t i = 0; i < gv.size(); ++i) m = std::max(m, std::fabs(back[i] - gv[i]));
+  for_each_chunk({&back, &g}, [&](std::int64_t, std::int64_t count, const std::vector<const double*>& ch) {
+    for (std::int64_t i = 0; i < count; ++i) m = std::max(m, std::fabs(ch[0][i] - ch[1][i]));
+  });
+  return m;
+}
+
+}  // namespace
+
+double rounding_floor(const Tensor& golden, DType dtype) {
+  const Tensor flat = golden.contiguous().reshape({golden.numel()});
+  double m = 0;
+  for (std::int64_t begin = 0; begin < flat.numel(); begin += kChunk)
+    m = std::max(m, noise_of_chunk(flat, begin, std::min(kChunk, flat.numel() - begin), dtype));
   return 2 * m;
 }
 
@@ -113,53 +189,65 @@ ProfileAxes profile_axes(Level level, std::string_view name, const Shape& shape)
   return {static_cast<std::int64_t>(*pos), one_per_head ? static_cast<std::int64_t>(*head) : -1, axes.dims[*pos].key};
 }
 
-// max |a - g| per index of `axis` (and per (head, position) when head_axis >= 0).
-void fill_profiles(const std::vector<double>& a, const std::vector<double>& g, const Shape& shape, std::int64_t axis,
-                   std::int64_t head_axis, std::vector<double>& by_position,
-                   std::vector<std::vector<double>>* by_head_position) {
-  auto inner_of = [&](std::int64_t ax) {
+// max |a - g| per index of `axis` (and per (head, position) when head_axis >= 0),
+// fed a chunk at a time.
+class Profiles {
+ public:
+  Profiles(const Shape& shape, std::int64_t axis, std::int64_t head_axis, std::vector<double>& by_position,
+           std::vector<std::vector<double>>* by_head_position)
+      : by_position_(by_position), by_head_position_(by_head_position) {
+    n_pos_ = shape[static_cast<std::size_t>(axis)];
+    inner_ = inner_of(shape, axis);
+    by_position.assign(static_cast<std::size_t>(n_pos_), 0.0);
+    if (by_head_position && head_axis >= 0) {
+      n_heads_ = shape[static_cast<std::size_t>(head_axis)];
+      head_inner_ = inner_of(shape, head_axis);
+      by_head_position->assign(static_cast<std::size_t>(n_heads_), std::vector<double>(static_cast<std::size_t>(n_pos_), 0.0));
+    }
+  }
+
+  // elements [begin, begin + n) of a and g
+  void add(std::int64_t begin, std::int64_t n, const double* a, const double* g) {
+    auto raise = [](double& m, double e) { m = std::isnan(e) ? std::numeric_limits<double>::infinity() : std::max(m, e); };
+    for (std::int64_t j = 0; j < n; ++j) {
+      const std::int64_t i = begin + j;
+      const double e = std::fabs(a[j] - g[j]);
+      const auto pos = static_cast<std::size_t>((i / inner_) % n_pos_);
+      raise(by_position_[pos], e);
+      if (n_heads_ > 0) {
+        const auto h = static_cast<std::size_t>((i / head_inner_) % n_heads_);
+        raise((*by_head_position_)[h][pos], e);
+      }
+    }
+  }
+
+ private:
+  static std::int64_t inner_of(const Shape& shape, std::int64_t ax) {
     std::int64_t n = 1;
     for (std::size_t i = static_cast<std::size_t>(ax) + 1; i < shape.size(); ++i) n *= shape[i];
     return n;
-  };
-  const std::int64_t n_pos = shape[static_cast<std::size_t>(axis)], inner = inner_of(axis);
-  by_position.assign(static_cast<std::size_t>(n_pos), 0.0);
-  std::int64_t n_heads = 0, head_inner = 1;
-  if (by_head_position && head_axis >= 0) {
-    n_heads = shape[static_cast<std::size_t>(head_axis)];
-    head_inner = inner_of(head_axis);
-    by_head_position->assign(static_cast<std::size_t>(n_heads), std::vector<double>(static_cast<std::size_t>(n_pos), 0.0));
   }
-  auto raise = [](double& m, double e) { m = std::isnan(e) ? std::numeric_limits<double>::infinity() : std::max(m, e); };
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const double e = std::fabs(a[i] - g[i]);
-    const auto pos = static_cast<std::size_t>((static_cast<std::int64_t>(i) / inner) % n_pos);
-    raise(by_position[pos], e);
-    if (n_heads > 0) {
-      const auto h = static_cast<std::size_t>((static_cast<std::int64_t>(i) / head_inner) % n_heads);
-      raise((*by_head_position)[h][pos], e);
-    }
-  }
-}
-
-struct ErrorFigures {
-  double max = 0, normwise = 0;
+  std::vector<double>& by_position_;
+  std::vector<std::vector<double>>* by_head_position_;
+  std::int64_t n_pos_ = 0, inner_ = 1, n_heads_ = 0, head_inner_ = 1;
 };
 
-// max |a - g| (NaN if any difference is NaN) and ||a - g|| / ||g||.
-ErrorFigures error_figures(const std::vector<double>& a, const std::vector<double>& g) {
-  ErrorFigures f;
-  double diff2 = 0, g2 = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const double e = std::fabs(a[i] - g[i]);
-    if (std::isnan(e) || std::isnan(f.max)) f.max = std::numeric_limits<double>::quiet_NaN();
-    else f.max = std::max(f.max, e);
-    diff2 += e * e;
-    g2 += g[i] * g[i];
+// max |a - g| (NaN if any difference is NaN) and ||a - g|| / ||g||, fed a chunk at a time.
+struct ErrorFigures {
+  double max = 0, diff2 = 0, g2 = 0;
+  void add(std::int64_t n, const double* a, const double* g) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      const double e = std::fabs(a[i] - g[i]);
+      if (std::isnan(e) || std::isnan(max)) max = std::numeric_limits<double>::quiet_NaN();
+      else max = std::max(max, e);
+      diff2 += e * e;
+      g2 += g[i] * g[i];
+    }
   }
-  f.normwise = g2 > 0 ? std::sqrt(diff2 / g2) : (diff2 > 0 ? std::numeric_limits<double>::infinity() : 0.0);
-  return f;
-}
+  double normwise() const {
+    return g2 > 0 ? std::sqrt(diff2 / g2) : (diff2 > 0 ? std::numeric_limits<double>::infinity() : 0.0);
+  }
+};
 
 }  // namespace
 
@@ -175,48 +263,65 @@ void judge_by_baseline(TensorComparison& cmp, const std::vector<JudgedSide>& sid
   if (golden.shape() != cmp.shape || baseline.shape() != cmp.shape)
     return refuse("golden " + shape_str(golden.shape()) + " or baseline " + shape_str(baseline.shape()) +
                   " shaped unlike " + shape_str(cmp.shape));
-  const std::vector<double> g = golden.to_vector(), base = baseline.to_vector();
+  std::vector<const JudgedSide*> judged;  // compare_tensor has said why any other side is not here
+  for (const auto& s : sides)
+    if (s.tensor && s.tensor->defined() && s.tensor->shape() == cmp.shape) judged.push_back(&s);
   BaselineCheck b;
   b.k = k;
   b.floor = rounding_floor(golden, dtype);
-  const ErrorFigures bf = error_figures(base, g);
-  b.baseline_err = bf.max;
-  b.baseline_normwise = bf.normwise;
+  // first pass: the baseline's and each side's error against the golden
+  ErrorFigures base_figures;
+  std::vector<ErrorFigures> side_figures(judged.size());
+  std::vector<const Tensor*> read{&golden, &baseline};
+  for (const JudgedSide* s : judged) read.push_back(s->tensor);
+  for_each_chunk(read, [&](std::int64_t, std::int64_t n, const std::vector<const double*>& ch) {
+    base_figures.add(n, ch[1], ch[0]);
+    for (std::size_t j = 0; j < judged.size(); ++j) side_figures[j].add(n, ch[2 + j], ch[0]);
+  });
+  b.baseline_err = base_figures.max;
+  b.baseline_normwise = base_figures.normwise();
   b.bound = k * b.baseline_err + b.floor;
-  std::vector<double> shown;
-  bool first = true;
-  for (const auto& s : sides) {
-    if (!s.tensor || !s.tensor->defined() || s.tensor->shape() != cmp.shape) continue;  // compare_tensor said so
-    std::vector<double> v = s.tensor->to_vector();
-    const ErrorFigures f = error_figures(v, g);
+  const Tensor* shown = nullptr;
+  for (std::size_t j = 0; j < judged.size(); ++j) {
+    const ErrorFigures& f = side_figures[j];
     // NaN is the worst error of all
-    const bool worse = first || std::isnan(f.max) || (!std::isnan(b.err) && f.max > b.err);
+    const bool worse = j == 0 || std::isnan(f.max) || (!std::isnan(b.err) && f.max > b.err);
     if (worse) {
-      b.side = s.label;
+      b.side = judged[j]->label;
       b.err = f.max;
-      b.normwise = f.normwise;
-      shown = std::move(v);
+      b.normwise = f.normwise();
+      shown = judged[j]->tensor;
     }
-    first = false;
   }
   b.ratio = b.baseline_err > 0 ? b.err / b.baseline_err
             : b.err == 0       ? 1.0
                                : std::numeric_limits<double>::infinity();
+  if (shown && shown->numel() == 0) shown = nullptr;  // nothing to show
+  // second pass: the shown side's elements outside the bound, and the error profiles
   std::int64_t mismatched = 0;
-  for (std::size_t i = 0; i < shown.size(); ++i) {
-    const double e = std::fabs(shown[i] - g[i]);
-    if (std::isnan(e) || e > b.bound) ++mismatched;
+  const ProfileAxes axes = profile_axes(level, cmp.name, cmp.shape);
+  if (shown) {
+    std::optional<Profiles> side_profile, base_profile;
+    if (axes.axis >= 0) {
+      b.position_axis = axes.name;
+      side_profile.emplace(cmp.shape, axes.axis, axes.head_axis, b.err_by_position, &b.err_by_head_position);
+      base_profile.emplace(cmp.shape, axes.axis, -1, b.baseline_by_position, nullptr);
+    }
+    for_each_chunk({&golden, shown, &baseline}, [&](std::int64_t begin, std::int64_t n, const std::vector<const double*>& ch) {
+      const double *g = ch[0], *v = ch[1], *base = ch[2];
+      for (std::int64_t i = 0; i < n; ++i) {
+        const double e = std::fabs(v[i] - g[i]);
+        if (std::isnan(e) || e > b.bound) ++mismatched;
+      }
+      if (side_profile) {
+        side_profile->add(begin, n, v, g);
+        base_profile->add(begin, n, base, g);
+      }
+    });
   }
   cmp.mismatched = mismatched;
-  cmp.allclose = !shown.empty() && mismatched == 0;
-  const ProfileAxes axes = profile_axes(level, cmp.name, cmp.shape);
-  if (axes.axis >= 0 && !shown.empty()) {
-    b.position_axis = axes.name;
-    fill_profiles(shown, g, cmp.shape, axes.axis, axes.head_axis, b.err_by_position, &b.err_by_head_position);
-    fill_profiles(base, g, cmp.shape, axes.axis, -1, b.baseline_by_position, nullptr);
-  }
+  cmp.allclose = shown && mismatched == 0;
   cmp.baseline = std::move(b);
 }
-
 
 }  // namespace headgrad::runner
