@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <optional>
 
 #include <headgrad/child_process.hpp>
 #include <headgrad/log.hpp>
@@ -74,7 +75,6 @@ class WireWriter {
  public:
   template <class T>
   void put(const T& v) { bytes(&v, sizeof v); }
-  void reserve(std::size_t n) { buf_.reserve(n); }
   void bytes(const void* p, std::size_t n) { buf_.append(static_cast<const char*>(p), n); }
   void text(const std::string& s) {
     put<std::uint64_t>(s.size());
@@ -127,31 +127,42 @@ SideMemory side_memory(std::size_t live_before) {
   return m;
 }
 
-std::string encode_result(const TensorSet& tensors, double compute_seconds, const SideMemory& memory) {
-  WireWriter w;
-  std::size_t size = 64;  // the header, with room to spare: the buffer is sized once, not grown by copies
-  for (const auto& [name, t] : tensors)
-    size += 32 + name.size() + (t.defined() ? 8 * t.shape().size() + static_cast<std::size_t>(t.numel()) * dtype_size(t.dtype()) : 0);
-  w.reserve(size);
-  w.put('R');
-  w.put(compute_seconds);
-  w.put(memory.peak_rss_bytes);
-  w.put(memory.peak_tensor_bytes);
-  w.put(static_cast<std::uint32_t>(tensors.size()));
+// The 'R' message, sent length-first: the header bytes of each tensor built
+// here, its data written from the tensor's own storage (a model-sized result
+// is not copied into one buffer first). `tensors` are contiguous.
+bool send_result(int fd, const TensorSet& tensors, double compute_seconds, const SideMemory& memory) {
+  const auto data_bytes = [](const Tensor& t) { return static_cast<std::size_t>(t.numel()) * dtype_size(t.dtype()); };
+  WireWriter head;
+  head.put('R');
+  head.put(compute_seconds);
+  head.put(memory.peak_rss_bytes);
+  head.put(memory.peak_tensor_bytes);
+  head.put(static_cast<std::uint32_t>(tensors.size()));
+  std::vector<std::string> headers;  // the bytes before each tensor's data
+  std::uint64_t length = 0;
   for (const auto& [name, t] : tensors) {
-    w.put(static_cast<std::uint32_t>(name.size()));
-    w.bytes(name.data(), name.size());
-    w.put(static_cast<std::uint8_t>(t.defined()));
-    if (!t.defined()) continue;
-    const Tensor ct = t.contiguous();
-    w.put(static_cast<std::uint8_t>(ct.dtype()));
-    w.put(static_cast<std::uint32_t>(ct.dim()));
-    for (std::int64_t s : ct.shape()) w.put(s);
-    const std::size_t elem = dtype_size(ct.dtype());
-    w.bytes(static_cast<const char*>(ct.storage()->data()) + static_cast<std::size_t>(ct.offset()) * elem,
-            static_cast<std::size_t>(ct.numel()) * elem);
+    head.put(static_cast<std::uint32_t>(name.size()));
+    head.bytes(name.data(), name.size());
+    head.put(static_cast<std::uint8_t>(t.defined()));
+    if (t.defined()) {
+      head.put(static_cast<std::uint8_t>(t.dtype()));
+      head.put(static_cast<std::uint32_t>(t.dim()));
+      for (std::int64_t s : t.shape()) head.put(s);
+      length += data_bytes(t);
+    }
+    length += head.str().size();
+    headers.push_back(std::move(head.str()));
+    head.str().clear();
   }
-  return std::move(w.str());
+  if (!write_all(fd, std::string_view(reinterpret_cast<const char*>(&length), sizeof length))) return false;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (!write_all(fd, headers[i])) return false;
+    const Tensor& t = tensors[i].tensor;
+    if (!t.defined()) continue;
+    const auto* data = static_cast<const char*>(t.storage()->data()) + static_cast<std::size_t>(t.offset()) * dtype_size(t.dtype());
+    if (!write_all(fd, std::string_view(data, data_bytes(t)))) return false;
+  }
+  return true;
 }
 
 std::string encode_text(char kind, const std::string& text) {
@@ -204,14 +215,19 @@ TensorSet decode_result(WireReader& r, double& compute_seconds, SideMemory& memo
 int child_main(int fd, const CaseSpec& c, const CaseInputs& in, const Attention& plugin) {
   pyplug::in_side_child();  // a Python plugin talks to its parent's worker
   set_num_threads(0);  // this process's own workers (HEADGRAD_NUM_THREADS or the core count)
-  std::string message;
+  std::string message;  // a failure's text
+  std::optional<TensorSet> result;
+  double seconds = 0;
+  SideMemory memory;
   try {
     const auto t0 = Clock::now();
     const std::size_t live_before = memory_stats().current_bytes;
     reset_peak_memory();
-    const TensorSet out = compute_side(c, in, plugin, /*own_inputs=*/true);
-    const double seconds = seconds_since(t0);
-    message = encode_result(out, seconds, side_memory(live_before));
+    TensorSet out = compute_side(c, in, plugin, /*own_inputs=*/true);
+    seconds = seconds_since(t0);
+    memory = side_memory(live_before);
+    for (auto& named : out) named.tensor = named.tensor.defined() ? named.tensor.contiguous() : Tensor();
+    result = std::move(out);
   } catch (const BadOutputError& e) {
     message = encode_text('B', e.what());
   } catch (const std::exception& e) {
@@ -222,7 +238,8 @@ int child_main(int fd, const CaseSpec& c, const CaseInputs& in, const Attention&
   std::cout.flush();  // what the plugin printed, if anything: before the result, after
   std::cerr.flush();  // which the parent ends this process group
   std::fflush(nullptr);
-  send_message(fd, message);  // false: the parent is gone or gave up on us
+  if (result) send_result(fd, *result, seconds, memory);  // false: the parent is gone or gave up on us
+  else send_message(fd, message);
   return 0;
 }
 
