@@ -20,6 +20,7 @@
 #include "headgrad/attention.hpp"
 #include "headgrad/gradcheck.hpp"
 #include "headgrad/ops.hpp"
+#include "headgrad/parallel.hpp"
 #include "attention_run.hpp"
 #include "op_test_util.hpp"
 
@@ -133,6 +134,41 @@ TEST_P(RopeForms, MatchesTheReferenceFormulation) {
   const auto reference = style == RopeStyle::interleaved ? meta_complex : hf_rotate_half;
   expect_values(rope(Variable(x), s).data(), {2, 3, 5, 8},
                 reference(x.to_vector(), 6, 5, 8, r, 500000.0, pos, 3), 1e-13);
+}
+
+// The angles of a (positions, rotary width, theta) are built once and kept
+// (a few recent ones): a run of calls that changes one of the three at a time,
+// more of them than are kept, then the first again, each against the
+// reference formulation; x [1, 2, 600, 8] (1200 token vectors, split across
+// two workers).
+TEST(Rope, KeptAnglesFollowPositionsWidthAndTheta) {
+  const int threads = num_threads();
+  set_num_threads(2);
+  const Tensor x = make({1, 2, 600, 8}, Layout::contiguous, 4);
+  std::vector<std::int64_t> steps(600);
+  for (std::int64_t t = 0; t < 600; ++t) steps[static_cast<std::size_t>(t)] = 3 * t;
+  std::vector<std::int64_t> one_moved = steps;
+  one_moved[599] += 1;
+  struct Call {
+    std::vector<std::int64_t> pos;
+    std::int64_t r;
+    double theta;
+  };
+  const std::vector<Call> calls = {{steps, 8, 10000.0}, {one_moved, 8, 10000.0}, {steps, 6, 10000.0},
+                                   {steps, 8, 500000.0}, {one_moved, 6, 500000.0}, {steps, 2, 10000.0},
+                                   {steps, 8, 10000.0},  {one_moved, 8, 10000.0}};
+  for (const RopeStyle style : {RopeStyle::half, RopeStyle::interleaved})
+    for (const Call& c : calls) {
+      SCOPED_TRACE(std::string(rope_style_name(style)) + ", r " + std::to_string(c.r) + ", theta " +
+                   std::to_string(c.theta) + (c.pos == steps ? "" : ", last position moved"));
+      RopeSpec s = rope_spec(style, c.r, c.theta);
+      s.positions = positions_tensor(c.pos, {600});
+      std::vector<double> pos(c.pos.begin(), c.pos.end());
+      const auto reference = style == RopeStyle::interleaved ? meta_complex : hf_rotate_half;
+      expect_values(rope(Variable(x), s).data(), {1, 2, 600, 8},
+                    reference(x.to_vector(), 2, 600, 8, c.r, c.theta, pos, 2), 1e-12);
+    }
+  set_num_threads(threads);
 }
 
 INSTANTIATE_TEST_SUITE_P(Styles, RopeForms,

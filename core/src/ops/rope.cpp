@@ -11,13 +11,16 @@
 // cost ~1e-6 relative error at p ~ 1000, far above float64 rounding.
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "headgrad/attention.hpp"
 #include "headgrad/ops.hpp"
+#include "headgrad/parallel.hpp"
 
 namespace headgrad {
 
@@ -45,11 +48,51 @@ Tensor positions_tensor(const std::vector<std::int64_t>& values, const Shape& sh
 namespace {
 
 // cos and sin of every (positions row, token, pair): [P, T, r/2], float64.
+struct Angles {
+  std::vector<double> cos, sin;
+};
+
+// The angles of one (positions, rotary width, theta), built once and shared:
+// per_head rotates every head with the same ones, in its forward and again
+// when a checkpointed head is recomputed (a few recent ones are kept).
+std::shared_ptr<const Angles> angles_for(const std::vector<double>& pos, std::int64_t r, double theta) {
+  struct Recent {
+    std::vector<double> pos;
+    std::int64_t r;
+    double theta;
+    std::shared_ptr<const Angles> angles;
+  };
+  static std::mutex mutex;
+  static std::deque<Recent> recent;  // newest first
+  {
+    std::lock_guard lock(mutex);
+    for (const Recent& e : recent)
+      if (e.r == r && e.theta == theta && e.pos == pos) return e.angles;
+  }
+  const std::int64_t pairs = r / 2;
+  std::vector<double> w(static_cast<std::size_t>(pairs));
+  for (std::int64_t k = 0; k < pairs; ++k)
+    w[k] = std::pow(theta, -2.0 * static_cast<double>(k) / static_cast<double>(r));
+  auto a = std::make_shared<Angles>();
+  a->cos.resize(pos.size() * static_cast<std::size_t>(pairs));
+  a->sin.resize(a->cos.size());
+  for (std::size_t i = 0; i < pos.size(); ++i)
+    for (std::int64_t k = 0; k < pairs; ++k) {
+      const double phi = pos[i] * w[k];
+      a->cos[i * pairs + k] = std::cos(phi);
+      a->sin[i * pairs + k] = std::sin(phi);
+    }
+  std::lock_guard lock(mutex);
+  recent.push_front({pos, r, theta, a});
+  if (recent.size() > 4) recent.pop_back();
+  return a;
+}
+
 struct RopeTables {
   std::int64_t rows_per_position_row = 1;  // N / P: slabs [T, d] sharing a positions row
   std::int64_t t = 0, d = 0, r = 0;
   RopeStyle style = RopeStyle::interleaved;
-  std::vector<double> cos, sin;
+  std::shared_ptr<const Angles> angles;
 };
 
 std::string where(const Variable& x, const RopeSpec& spec) {
@@ -106,18 +149,7 @@ std::shared_ptr<const RopeTables> make_tables(const Variable& x, const RopeSpec&
   }
   tb.rows_per_position_row = p_rows > 0 ? n_rows / p_rows : 1;
 
-  const std::int64_t pairs = tb.r / 2;
-  std::vector<double> w(static_cast<std::size_t>(pairs));
-  for (std::int64_t k = 0; k < pairs; ++k)
-    w[k] = std::pow(spec.theta, -2.0 * static_cast<double>(k) / static_cast<double>(tb.r));
-  tb.cos.resize(pos.size() * static_cast<std::size_t>(pairs));
-  tb.sin.resize(tb.cos.size());
-  for (std::size_t i = 0; i < pos.size(); ++i)
-    for (std::int64_t k = 0; k < pairs; ++k) {
-      const double phi = pos[i] * w[k];
-      tb.cos[i * pairs + k] = std::cos(phi);
-      tb.sin[i * pairs + k] = std::sin(phi);
-    }
+  tb.angles = angles_for(pos, tb.r, spec.theta);
   return tables;
 }
 
@@ -135,13 +167,15 @@ Tensor rotate(const Tensor& x_any, const RopeTables& tb, double sign) {
     // pair k is dims (2k, 2k+1) interleaved, (k, k + r/2) half
     const std::int64_t step = tb.style == RopeStyle::interleaved ? 2 : 1;
     const std::int64_t other = tb.style == RopeStyle::interleaved ? 1 : pairs;
-    for (std::int64_t n = 0; n < n_rows; ++n) {
-      const std::int64_t p_row = n / tb.rows_per_position_row;
-      for (std::int64_t t = 0; t < tb.t; ++t) {
+    // each token's vector on its own: split across the workers
+    parallel_for(n_rows * tb.t, [&](std::int64_t begin, std::int64_t end, int) {
+      for (std::int64_t row = begin; row < end; ++row) {
+        const std::int64_t n = row / std::max<std::int64_t>(tb.t, 1), t = row - n * tb.t;
+        const std::int64_t p_row = n / tb.rows_per_position_row;
         const T* a = src + n * slab + t * tb.d;
         T* o = dst + n * slab + t * tb.d;
-        const double* c = tb.cos.data() + (p_row * tb.t + t) * pairs;
-        const double* s = tb.sin.data() + (p_row * tb.t + t) * pairs;
+        const double* c = tb.angles->cos.data() + (p_row * tb.t + t) * pairs;
+        const double* s = tb.angles->sin.data() + (p_row * tb.t + t) * pairs;
         for (std::int64_t k = 0; k < pairs; ++k) {
           const std::int64_t i = k * step, j = i + other;
           const double xa = a[i], xb = a[j], sn = sign * s[k];
@@ -150,7 +184,7 @@ Tensor rotate(const Tensor& x_any, const RopeTables& tb, double sign) {
         }
         for (std::int64_t e = tb.r; e < tb.d; ++e) o[e] = a[e];  // pass-through, bitwise
       }
-    }
+    }, /*min_per_worker=*/256);
   });
   return out;
 }
