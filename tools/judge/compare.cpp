@@ -48,9 +48,10 @@ template <class F>
 void for_each_chunk(const std::vector<const Tensor*>& tensors, F&& f) {
   std::vector<Tensor> dense;
   for (const Tensor* t : tensors) dense.push_back(t->contiguous());
-  std::vector<std::vector<double>> bufs(dense.size(), std::vector<double>(static_cast<std::size_t>(kChunk)));
-  std::vector<const double*> chunks(dense.size());
   const std::int64_t total = dense.empty() ? 0 : dense[0].numel();
+  const auto size = static_cast<std::size_t>(std::min(kChunk, total));  // a small case's tensors: no more
+  std::vector<std::vector<double>> bufs(dense.size(), std::vector<double>(size));
+  std::vector<const double*> chunks(dense.size());
   for (std::int64_t begin = 0; begin < total; begin += kChunk) {
     const std::int64_t n = std::min(kChunk, total - begin);
     for (std::size_t i = 0; i < dense.size(); ++i) {

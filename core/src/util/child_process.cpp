@@ -345,8 +345,9 @@ ChildProcess::ReadOutcome ChildProcess::read_message(Message& into, Clock::time_
     return std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   };
   bool timed_out = false;
-  // Heap, not stack: a large result arrives a pipe's capacity at a time.
-  std::vector<char> chunk(std::size_t{1} << 20);
+  // A pipe hands over at most its capacity (64 KiB) per read. Not a larger
+  // heap buffer: after a fork, each first write to it is a copy-on-write fault.
+  char chunk[1 << 16];
   bool reserved = false;
   while (from_child_ >= 0 && !into.complete()) {
     const auto ms = remaining_ms();
@@ -364,9 +365,9 @@ ChildProcess::ReadOutcome ChildProcess::read_message(Message& into, Clock::time_
       if (on_wait) on_wait();
       continue;
     }
-    const ssize_t n = ::read(from_child_, chunk.data(), chunk.size());
+    const ssize_t n = ::read(from_child_, chunk, sizeof chunk);
     if (n > 0) {
-      into.wire.append(chunk.data(), static_cast<std::size_t>(n));
+      into.wire.append(chunk, static_cast<std::size_t>(n));
       const auto length = into.length();
       if ((length && *length > max_bytes) || into.wire.size() > max_bytes + sizeof(std::uint64_t)) {
         res.oversized = true;
