@@ -11,6 +11,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <chrono>
@@ -23,6 +25,7 @@
 #include <gtest/gtest.h>
 #include <headgrad/child_process.hpp>
 #include <headgrad/loader.hpp>
+#include <headgrad/parallel.hpp>
 #include <nlohmann/json.hpp>
 
 #include "exec/execute.hpp"
@@ -114,6 +117,29 @@ TEST(ChildProcess, AMessageComesBackWholeAndTheChildStartsWithDefaultSignals) {
   EXPECT_FALSE(r.oversized);
   EXPECT_EQ(m.body(), std::string(100000, 'x') + "default");
   EXPECT_FALSE(child.running());
+}
+
+// The pool is stopped across the fork and started again in the parent: after
+// a child, the parent's parallel work runs on as many workers as before (it
+// ran on one: the comparison, the next case's inputs, bench --check's GEMM).
+TEST(ChildProcess, TheParentComputesOnItsWorkersAfterAChild) {
+  const int before = num_threads();
+  set_num_threads(2);
+  ChildProcess child = ChildProcess::spawn({.to_parent = true}, [](const ChildEnds& ends) {
+    send_message(ends.to_parent, "done");
+    return 0;
+  });
+  Message m;
+  child.read_message(m, ChildProcess::Clock::now() + std::chrono::seconds(5), 5, 1 << 10);
+  ASSERT_TRUE(m.complete());
+  EXPECT_EQ(num_threads(), 2);
+  std::atomic<int> workers_seen{0};
+  std::array<std::atomic<bool>, 2> seen{};
+  parallel_for(2, [&](std::int64_t, std::int64_t, int w) {
+    if (!seen[static_cast<std::size_t>(w)].exchange(true)) ++workers_seen;
+  }, 1);
+  EXPECT_EQ(workers_seen.load(), 2);
+  set_num_threads(before);
 }
 
 TEST(ChildProcess, ABodyLongerThanAllowedIsCutShort) {

@@ -96,8 +96,8 @@ class ChildProcess {
   // Before the fork, headgrad's thread pool is stopped (set_num_threads(1)):
   // a child inherits the pool's bookkeeping but not its threads and would wait
   // for them forever. The parent starts its workers again right after the
-  // fork; a child that computes calls set_num_threads(0) to start its own. Buffered output is
-  // flushed first, so that nothing is printed twice.
+  // fork; a child that computes calls set_num_threads(0) to start its own.
+  // Buffered output is flushed first, so that nothing is printed twice.
   // Throws InternalError naming pipe or fork when they fail.
   static ChildProcess spawn(const ChildSpec& spec, const std::function<int(const ChildEnds&)>& body);
   // spawn, then exec argv[0] (a path, or a name searched on PATH) with argv,
