@@ -159,7 +159,8 @@ bool send_result(int fd, const TensorSet& tensors, double compute_seconds, const
     if (!write_all(fd, headers[i])) return false;
     const Tensor& t = tensors[i].tensor;
     if (!t.defined()) continue;
-    const auto* data = static_cast<const char*>(t.storage()->data()) + static_cast<std::size_t>(t.offset()) * dtype_size(t.dtype());
+    const auto* data =
+        static_cast<const char*>(t.storage()->data()) + static_cast<std::size_t>(t.offset()) * dtype_size(t.dtype());
     if (!write_all(fd, std::string_view(data, data_bytes(t)))) return false;
   }
   return true;

@@ -203,13 +203,16 @@ class Profiles {
     if (by_head_position && head_axis >= 0) {
       n_heads_ = shape[static_cast<std::size_t>(head_axis)];
       head_inner_ = inner_of(shape, head_axis);
-      by_head_position->assign(static_cast<std::size_t>(n_heads_), std::vector<double>(static_cast<std::size_t>(n_pos_), 0.0));
+      by_head_position->assign(static_cast<std::size_t>(n_heads_),
+                               std::vector<double>(static_cast<std::size_t>(n_pos_), 0.0));
     }
   }
 
   // elements [begin, begin + n) of a and g
   void add(std::int64_t begin, std::int64_t n, const double* a, const double* g) {
-    auto raise = [](double& m, double e) { m = std::isnan(e) ? std::numeric_limits<double>::infinity() : std::max(m, e); };
+    auto raise = [](double& m, double e) {
+      m = std::isnan(e) ? std::numeric_limits<double>::infinity() : std::max(m, e);
+    };
     for (std::int64_t j = 0; j < n; ++j) {
       const std::int64_t i = begin + j;
       const double e = std::fabs(a[j] - g[j]);
@@ -308,7 +311,7 @@ void judge_by_baseline(TensorComparison& cmp, const std::vector<JudgedSide>& sid
       side_profile.emplace(cmp.shape, axes.axis, axes.head_axis, b.err_by_position, &b.err_by_head_position);
       base_profile.emplace(cmp.shape, axes.axis, -1, b.baseline_by_position, nullptr);
     }
-    for_each_chunk({&golden, shown, &baseline}, [&](std::int64_t begin, std::int64_t n, const std::vector<const double*>& ch) {
+    const auto judge_chunk = [&](std::int64_t begin, std::int64_t n, const std::vector<const double*>& ch) {
       const double *g = ch[0], *v = ch[1], *base = ch[2];
       for (std::int64_t i = 0; i < n; ++i) {
         const double e = std::fabs(v[i] - g[i]);
@@ -318,7 +321,8 @@ void judge_by_baseline(TensorComparison& cmp, const std::vector<JudgedSide>& sid
         side_profile->add(begin, n, v, g);
         base_profile->add(begin, n, base, g);
       }
-    });
+    };
+    for_each_chunk({&golden, shown, &baseline}, judge_chunk);
   }
   cmp.mismatched = mismatched;
   cmp.allclose = shown && mismatched == 0;
