@@ -78,7 +78,6 @@ bool available() { return __builtin_cpu_supports("avx512f"); }
 
 namespace {
 
-// C[0:MR, 0:nr] = alpha * sum_p A(r, p) panel[p] + beta * C, nr <= 32.
 // GCC 12's unpack intrinsics start from _mm512_undefined_ps(), which its
 // -Wmaybe-uninitialized takes for a read of an unset value (GCC PR 105593).
 #pragma GCC diagnostic push
@@ -138,6 +137,7 @@ __attribute__((target("avx512f"))) void pack_transposed_avx512(float* out, std::
   }
 }
 
+// C[0:MR, 0:nr] = alpha * sum_p A(r, p) panel[p] + beta * C, nr <= 32.
 template <int MR>
 __attribute__((target("avx512f"))) void micro(std::int64_t k, const float* a, std::int64_t a_row,
                                               std::int64_t a_col, const float* b, float alpha,
