@@ -5,7 +5,6 @@
 #include <limits>
 #include <optional>
 
-#include <headgrad/half_convert.hpp>
 #include <headgrad/ops.hpp>
 #include <headgrad/parallel.hpp>
 
@@ -18,45 +17,21 @@ namespace {
 // side, the other side, the golden and the baseline.
 constexpr std::int64_t kChunk = std::int64_t{1} << 15;  // 256 KiB of doubles
 
-// t's elements [begin, begin + n) in row-major order, as float64 (t contiguous).
-void read_chunk(const Tensor& t, std::int64_t begin, std::int64_t n, double* out) {
-  switch (t.dtype()) {
-    case DType::float64: std::copy_n(t.data<double>() + begin, n, out); return;
-    case DType::float32: std::copy_n(t.data<float>() + begin, n, out); return;
-    case DType::bfloat16:
-    case DType::float16: {  // the bulk widening, then exact to double
-      constexpr std::int64_t kPiece = 4096;
-      float buf[kPiece];
-      for (std::int64_t i = 0; i < n; i += kPiece) {
-        const std::int64_t m = std::min(kPiece, n - i);
-        if (t.dtype() == DType::bfloat16) convert(t.data<BFloat16>() + begin + i, buf, std::size_t(m));
-        else convert(t.data<Float16>() + begin + i, buf, std::size_t(m));
-        std::copy_n(buf, m, out + i);
-      }
-      return;
-    }
-    default: {  // a boolean: the tensor's own reading
-      const std::vector<double> v = t.reshape({t.numel()}).narrow(0, begin, n).to_vector();
-      std::copy(v.begin(), v.end(), out);
-    }
-  }
-}
-
 // Calls f(begin, n, chunks) over every chunk of the tensors (one element
-// count), chunks[i] the chunk of tensors[i] as float64.
+// count), chunks[i] the chunk of tensors[i] as float64 (Tensor::to_vector of
+// that stretch of the flattened tensor).
 template <class F>
 void for_each_chunk(const std::vector<const Tensor*>& tensors, F&& f) {
-  std::vector<Tensor> dense;
-  for (const Tensor* t : tensors) dense.push_back(t->contiguous());
-  const std::int64_t total = dense.empty() ? 0 : dense[0].numel();
-  const auto size = static_cast<std::size_t>(std::min(kChunk, total));  // a small case's tensors: no more
-  std::vector<std::vector<double>> bufs(dense.size(), std::vector<double>(size));
-  std::vector<const double*> chunks(dense.size());
+  std::vector<Tensor> flat;
+  for (const Tensor* t : tensors) flat.push_back(t->contiguous().reshape({t->numel()}));
+  const std::int64_t total = flat.empty() ? 0 : flat[0].numel();
+  std::vector<std::vector<double>> read(flat.size());
+  std::vector<const double*> chunks(flat.size());
   for (std::int64_t begin = 0; begin < total; begin += kChunk) {
     const std::int64_t n = std::min(kChunk, total - begin);
-    for (std::size_t i = 0; i < dense.size(); ++i) {
-      read_chunk(dense[i], begin, n, bufs[i].data());
-      chunks[i] = bufs[i].data();
+    for (std::size_t i = 0; i < flat.size(); ++i) {
+      read[i] = flat[i].narrow(0, begin, n).to_vector();
+      chunks[i] = read[i].data();
     }
     f(begin, n, chunks);
   }
