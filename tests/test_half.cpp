@@ -272,6 +272,67 @@ TEST(HalfBulk, Float32PatternsNarrowAsTheScalarPath) {
   }
 }
 
+// float64 -> 16-bit: every path rounds once, as bfloat16_from_double and
+// float16_from_double do. The sample: each float32 of narrowing_sample()
+// widened and nudged by 1 and 2^28 float64 ulps either way (so that float32
+// rounds it away from zero, toward zero, or exactly), float64 values past
+// float32's range and below its subnormals, and random bit patterns of every
+// exponent. Lengths that leave tails after a block.
+TEST(HalfBulk, Float64PatternsNarrowAsTheScalarRule) {
+  std::vector<double> in;
+  for (float f : narrowing_sample()) {
+    const std::uint64_t b = std::bit_cast<std::uint64_t>(static_cast<double>(f));
+    for (std::int64_t delta : {std::int64_t{0}, std::int64_t{1}, std::int64_t{-1}, std::int64_t{1} << 28, -(std::int64_t{1} << 28)})
+      in.push_back(std::bit_cast<double>(b + static_cast<std::uint64_t>(delta)));
+  }
+  for (double x : {1e300, -1e300, 3.4028235677973366e38, 3.4028235677973362e38, 1e-300, -1e-300, 1e-46, 0x1p-150,
+                   0x1.0000000000001p-150, 65519.99, 65520.0, -65520.0, 1.0 + 0x1p-11 + 0x1p-40, 1.0 + 0x1p-8 + 0x1p-40})
+    in.push_back(x);
+  std::uint64_t s = 12345;
+  for (int i = 0; i < 200000; ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    in.push_back(std::bit_cast<double>(s));
+  }
+  std::vector<hg::BFloat16> want_b(in.size()), got_b(in.size());
+  std::vector<hg::Float16> want_h(in.size()), got_h(in.size());
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    want_b[i] = hg::bfloat16_from_double(in[i]);
+    want_h[i] = hg::float16_from_double(in[i]);
+  }
+  std::vector<hg::HalfPath> paths = vector_paths();
+  paths.push_back(hg::HalfPath::scalar);
+  for (hg::HalfPath p : paths) {
+    SCOPED_TRACE(hg::half_path_name(p));
+    for (std::size_t n : {in.size(), std::size_t{1023}, std::size_t{1025}, std::size_t{17}}) {
+      std::fill(got_b.begin(), got_b.end(), hg::BFloat16{0xabcd});
+      std::fill(got_h.begin(), got_h.end(), hg::Float16{0xabcd});
+      hg::convert(in.data(), got_b.data(), n, p);
+      hg::convert(in.data(), got_h.data(), n, p);
+      std::size_t bad = 0;
+      for (std::size_t i = 0; i < n; ++i)
+        if ((got_b[i].bits != want_b[i].bits || got_h[i].bits != want_h[i].bits) && ++bad <= 5)
+          ADD_FAILURE() << "float64 bits 0x" << std::hex << std::bit_cast<std::uint64_t>(in[i]) << ": bfloat16 0x"
+                        << got_b[i].bits << " (scalar 0x" << want_b[i].bits << "), float16 0x" << got_h[i].bits
+                        << " (scalar 0x" << want_h[i].bits << ")";
+      EXPECT_EQ(bad, 0u) << n;
+      if (n < in.size()) EXPECT_EQ(got_b[n].bits, 0xabcd);  // past the end: untouched
+    }
+  }
+  // Tensor::to from float64 takes these loops, contiguous or by rows
+  const Tensor x = Tensor::from_values(std::vector<double>(in.begin(), in.begin() + 6000), {3, 2000}, DType::float64);
+  for (const Tensor& view : {x, x.narrow(1, 5, 1900)})
+    for (DType dt : {DType::bfloat16, DType::float16}) {
+      const Tensor h = view.to(dt);
+      for (std::int64_t i = 0; i < view.numel(); ++i) {
+        const double v = view.flat(i);
+        const float want = dt == DType::bfloat16 ? hg::to_float(hg::bfloat16_from_double(v))
+                                                 : hg::to_float(hg::float16_from_double(v));
+        const float got = static_cast<float>(h.flat(i));
+        ASSERT_TRUE(got == want || (got != got && want != want)) << i;
+      }
+    }
+}
+
 // Lengths that leave a tail after the 8 or 16 lanes, and unaligned starts.
 TEST(HalfBulk, TailsAndOffsets) {
   const std::vector<float> in = narrowing_sample();

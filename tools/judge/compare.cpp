@@ -37,6 +37,30 @@ void for_each_chunk(const std::vector<const Tensor*>& tensors, F&& f) {
   }
 }
 
+// Partial results a loop keeps side by side so that it does not wait on one
+// running max or sum (and vectorizes).
+constexpr int kLanes = 8;
+
+// max |a[i] - b[i]| over i < n; NaN if any difference is NaN.
+double max_abs_diff(const double* a, const double* b, std::int64_t n) {
+  double mx[kLanes] = {};
+  bool nan = false;
+  std::int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) {
+      const double e = std::fabs(a[i + l] - b[i + l]);
+      nan |= e != e;
+      mx[l] = e > mx[l] ? e : mx[l];
+    }
+  for (; i < n; ++i) {
+    const double e = std::fabs(a[i] - b[i]);
+    nan |= e != e;
+    mx[0] = e > mx[0] ? e : mx[0];
+  }
+  if (nan) return std::numeric_limits<double>::quiet_NaN();
+  return *std::max_element(mx, mx + kLanes);
+}
+
 }  // namespace
 
 TensorComparison compare_tensor(const std::string& name, const Tensor& lhs, const Tensor& rhs,
@@ -132,7 +156,7 @@ double noise_of_chunk(const Tensor& golden_flat, std::int64_t begin, std::int64_
   const Tensor back = sub(add(Variable(g), point3), point3).data();
   double m = 0;
   for_each_chunk({&back, &g}, [&](std::int64_t, std::int64_t count, const std::vector<const double*>& ch) {
-    for (std::int64_t i = 0; i < count; ++i) m = std::max(m, std::fabs(ch[0][i] - ch[1][i]));
+    m = std::max(m, max_abs_diff(ch[0], ch[1], count));
   });
   return m;
 }
@@ -183,24 +207,25 @@ class Profiles {
     }
   }
 
-  // elements [begin, begin + n) of a and g
+  // elements [begin, begin + n) of a and g, a run at a time: a run is the
+  // stretch over which the position (and the head) stays the same, so there
+  // is one division per run, not two per element.
   void add(std::int64_t begin, std::int64_t n, const double* a, const double* g) {
-    auto raise = [](double& m, double e) {
-      m = std::isnan(e) ? std::numeric_limits<double>::infinity() : std::max(m, e);
-    };
-    for (std::int64_t j = 0; j < n; ++j) {
+    std::int64_t j = 0;
+    while (j < n) {
       const std::int64_t i = begin + j;
-      const double e = std::fabs(a[j] - g[j]);
+      std::int64_t run = std::min(n - j, inner_ - i % inner_);
+      if (n_heads_ > 0) run = std::min(run, head_inner_ - i % head_inner_);
+      const double m = max_abs_diff(a + j, g + j, run);
       const auto pos = static_cast<std::size_t>((i / inner_) % n_pos_);
-      raise(by_position_[pos], e);
-      if (n_heads_ > 0) {
-        const auto h = static_cast<std::size_t>((i / head_inner_) % n_heads_);
-        raise((*by_head_position_)[h][pos], e);
-      }
+      raise(by_position_[pos], m);
+      if (n_heads_ > 0) raise((*by_head_position_)[static_cast<std::size_t>((i / head_inner_) % n_heads_)][pos], m);
+      j += run;
     }
   }
 
  private:
+  static void raise(double& m, double e) { m = std::isnan(e) ? std::numeric_limits<double>::infinity() : std::max(m, e); }
   static std::int64_t inner_of(const Shape& shape, std::int64_t ax) {
     std::int64_t n = 1;
     for (std::size_t i = static_cast<std::size_t>(ax) + 1; i < shape.size(); ++i) n *= shape[i];
@@ -211,17 +236,35 @@ class Profiles {
   std::int64_t n_pos_ = 0, inner_ = 1, n_heads_ = 0, head_inner_ = 1;
 };
 
-// max |a - g| (NaN if any difference is NaN) and ||a - g|| / ||g||, fed a chunk at a time.
+// max |a - g| (NaN if any difference is NaN) and ||a - g|| / ||g||, fed a
+// chunk at a time; each sum in kLanes partial sums (a loop of one running sum
+// waits on every add).
 struct ErrorFigures {
   double max = 0, diff2 = 0, g2 = 0;
   void add(std::int64_t n, const double* a, const double* g) {
-    for (std::int64_t i = 0; i < n; ++i) {
+    double mx[kLanes] = {}, d2[kLanes] = {}, gg[kLanes] = {};
+    std::int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes)
+      for (int l = 0; l < kLanes; ++l) {
+        const double e = std::fabs(a[i + l] - g[i + l]);
+        mx[l] = e > mx[l] ? e : mx[l];  // a NaN e leaves mx: the NaN shows in d2
+        d2[l] += e * e;
+        gg[l] += g[i + l] * g[i + l];
+      }
+    for (; i < n; ++i) {
       const double e = std::fabs(a[i] - g[i]);
-      if (std::isnan(e) || std::isnan(max)) max = std::numeric_limits<double>::quiet_NaN();
-      else max = std::max(max, e);
-      diff2 += e * e;
-      g2 += g[i] * g[i];
+      mx[0] = e > mx[0] ? e : mx[0];
+      d2[0] += e * e;
+      gg[0] += g[i] * g[i];
     }
+    double chunk_d2 = 0;
+    for (int l = 0; l < kLanes; ++l) {
+      if (!std::isnan(max)) max = std::max(max, mx[l]);
+      chunk_d2 += d2[l];
+      g2 += gg[l];
+    }
+    if (std::isnan(chunk_d2)) max = std::numeric_limits<double>::quiet_NaN();  // e*e is NaN only for a NaN e
+    diff2 += chunk_d2;
   }
   double normwise() const {
     return g2 > 0 ? std::sqrt(diff2 / g2) : (diff2 > 0 ? std::numeric_limits<double>::infinity() : 0.0);
@@ -288,10 +331,7 @@ void judge_by_baseline(TensorComparison& cmp, const std::vector<JudgedSide>& sid
     }
     const auto judge_chunk = [&](std::int64_t begin, std::int64_t n, const std::vector<const double*>& ch) {
       const double *g = ch[0], *v = ch[1], *base = ch[2];
-      for (std::int64_t i = 0; i < n; ++i) {
-        const double e = std::fabs(v[i] - g[i]);
-        if (std::isnan(e) || e > b.bound) ++mismatched;
-      }
+      for (std::int64_t i = 0; i < n; ++i) mismatched += !(std::fabs(v[i] - g[i]) <= b.bound);  // NaN: past
       if (side_profile) {
         side_profile->add(begin, n, v, g);
         base_profile->add(begin, n, base, g);

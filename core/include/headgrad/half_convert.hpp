@@ -1,4 +1,5 @@
-// Bulk conversions between the 16-bit storage types and float32: the loops
+// Bulk conversions between the 16-bit storage types and float32 (and from
+// float64): the loops
 // under Tensor::to and copy_ (and so under every op's upcast and rounding).
 //
 //   std::vector<BFloat16> h(n);
@@ -50,6 +51,11 @@ void convert(const float* src, BFloat16* dst, std::size_t n, HalfPath path = Hal
 void convert(const BFloat16* src, float* dst, std::size_t n, HalfPath path = HalfPath::best);
 void convert(const float* src, Float16* dst, std::size_t n, HalfPath path = HalfPath::best);
 void convert(const Float16* src, float* dst, std::size_t n, HalfPath path = HalfPath::best);
+// float64 -> 16-bit, rounded once (half.hpp's *_from_double): the vector
+// paths round to odd in float32 (vcvtpd2ps and a fix-up, no branch) a block at
+// a time, then narrow that block with their float32 loop.
+void convert(const double* src, BFloat16* dst, std::size_t n, HalfPath path = HalfPath::best);
+void convert(const double* src, Float16* dst, std::size_t n, HalfPath path = HalfPath::best);
 
 // The instructions each direction uses under HalfPath::best, for logs and the
 // bench: "float32->bfloat16 avx512bf16, bfloat16->float32 avx512f, ...".

@@ -3,6 +3,9 @@
 // target attributes, chosen once by what the CPU has.
 #include "headgrad/half_convert.hpp"
 
+#include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -182,6 +185,40 @@ __attribute__((target("avx512f"))) void widen_f16_avx512(const Float16* s, float
 
 #endif  // HEADGRAD_HALF_X86
 
+// ---------------------------------------------------------------- float64 -> 16-bit
+
+// float_round_to_odd (half.hpp) without branches, so that the loop below
+// vectorizes: float32 rounds to nearest, one step back toward zero when that
+// went away from zero, then the lsb set when inexact. A NaN stays f.
+inline float round_to_odd_branch_free(double d) {
+  const float f = static_cast<float>(d);
+  const double back = static_cast<double>(f);
+  const std::uint32_t inexact = back != d ? 1u : 0u;                           // NaN: 1, undone below
+  const std::uint32_t away = std::fabs(back) > std::fabs(d) ? 1u : 0u;        // NaN: 0
+  const std::uint32_t odd = (std::bit_cast<std::uint32_t>(f) - (inexact & away)) | inexact;
+  return d != d ? f : std::bit_cast<float>(odd);
+}
+
+#ifdef HEADGRAD_HALF_X86
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+void round_to_odd_block(const double* s, float* d, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) d[i] = round_to_odd_branch_free(s[i]);
+}
+
+// float64 -> 16-bit with one rounding: a stack block of float32 rounded to
+// odd, then narrowed by `narrow` (the path's float32 loop).
+template <class H>
+void narrow_from_double(const double* s, H* d, std::size_t n, void (*narrow)(const float*, H*, std::size_t)) {
+  constexpr std::size_t kBlock = 1024;  // 4 KiB of float32: stays in L1
+  float block[kBlock];
+  for (std::size_t i = 0; i < n; i += kBlock) {
+    const std::size_t m = std::min(kBlock, n - i);
+    round_to_odd_block(s + i, block, m);
+    narrow(block, d + i, m);
+  }
+}
+
 // ---------------------------------------------------------------- dispatch
 
 struct Kernels {
@@ -297,6 +334,21 @@ void convert(const float* src, BFloat16* dst, std::size_t n, HalfPath path) { ke
 void convert(const BFloat16* src, float* dst, std::size_t n, HalfPath path) { kernels(path).widen_bf16(src, dst, n); }
 void convert(const float* src, Float16* dst, std::size_t n, HalfPath path) { kernels(path).narrow_f16(src, dst, n); }
 void convert(const Float16* src, float* dst, std::size_t n, HalfPath path) { kernels(path).widen_f16(src, dst, n); }
+
+void convert(const double* src, BFloat16* dst, std::size_t n, HalfPath path) {
+  if (kernels(path).narrow_bf16 == narrow_bf16_scalar) {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = bfloat16_from_double(src[i]);
+    return;
+  }
+  narrow_from_double(src, dst, n, kernels(path).narrow_bf16);
+}
+void convert(const double* src, Float16* dst, std::size_t n, HalfPath path) {
+  if (kernels(path).narrow_f16 == narrow_f16_scalar) {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = float16_from_double(src[i]);
+    return;
+  }
+  narrow_from_double(src, dst, n, kernels(path).narrow_f16);
+}
 
 std::string half_convert_paths() {
   const Kernels& k = kernels(HalfPath::best);

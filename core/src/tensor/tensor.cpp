@@ -439,11 +439,12 @@ Dst convert(Src v) {
   }
 }
 
-// float32 <-> bfloat16 / float16: the bulk loops of half_convert.hpp (vector
+// float32 <-> bfloat16 / float16 and float64 -> 16-bit: the bulk loops of half_convert.hpp (vector
 // paths, bit for bit the scalar rule).
 template <class Dst, class Src>
 constexpr bool kBulkHalf = (std::is_same_v<Dst, float> && (std::is_same_v<Src, BFloat16> || std::is_same_v<Src, Float16>)) ||
-                           (std::is_same_v<Src, float> && (std::is_same_v<Dst, BFloat16> || std::is_same_v<Dst, Float16>));
+                           ((std::is_same_v<Src, float> || std::is_same_v<Src, double>) &&
+                            (std::is_same_v<Dst, BFloat16> || std::is_same_v<Dst, Float16>));
 
 template <class Dst, class Src>
 void copy_typed(const Tensor& dst, const Tensor& src) {
