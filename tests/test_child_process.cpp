@@ -119,6 +119,33 @@ TEST(ChildProcess, AMessageComesBackWholeAndTheChildStartsWithDefaultSignals) {
   EXPECT_FALSE(child.running());
 }
 
+// Two messages in the pipe at once: read with last = false, the first comes
+// back alone, the child still running; the second then ends it.
+TEST(ChildProcess, MessagesOneAfterAnotherComeBackOneByOne) {
+  ChildProcess child = ChildProcess::spawn({.to_parent = true}, [](const ChildEnds& ends) {
+    std::string both;
+    for (const std::string& body : {std::string(70000, 'a'), std::string("second")}) {
+      const std::uint64_t n = body.size();
+      both.append(reinterpret_cast<const char*>(&n), sizeof n).append(body);
+    }
+    write_all(ends.to_parent, both);  // one write: the second is in the pipe before the first is read
+    return 0;
+  });
+  const auto deadline = ChildProcess::Clock::now() + std::chrono::seconds(5);
+  Message first, second;
+  const auto r1 = child.read_message(first, deadline, 5, 1 << 20, {}, /*last=*/false);
+  ASSERT_TRUE(first.complete());
+  EXPECT_FALSE(r1.oversized);
+  EXPECT_EQ(first.wire.size(), sizeof(std::uint64_t) + 70000);
+  EXPECT_EQ(first.body(), std::string(70000, 'a'));
+  EXPECT_FALSE(child.status());  // not reaped
+  const auto r2 = child.read_message(second, deadline, 5, 1 << 20);
+  ASSERT_TRUE(second.complete());
+  EXPECT_EQ(second.body(), "second");
+  EXPECT_FALSE(child.running());
+  EXPECT_TRUE(r2.end.exited() || r2.end.signaled());
+}
+
 // The pool is stopped across the fork and started again in the parent: after
 // a child, the parent's parallel work runs on as many workers as before (it
 // ran on one: the comparison, the next case's inputs, bench --check's GEMM).

@@ -14,6 +14,7 @@
 
 #include "analysis/analyze.hpp"
 #include "job/run_suite.hpp"
+#include "judge/golden.hpp"
 #include "judge/run_case.hpp"
 #include "runner_plugins.hpp"
 
@@ -444,6 +445,116 @@ TEST_F(RunnerTest, ASideThatWritesIntoItsInputsDoesNotReachTheOtherSide) {
   // the writer's own result is attention on its 0.5-filled inputs, not on the case's
   const TensorSet written = compute_side(c, in, *writer.attention);
   EXPECT_NE(find_tensor(written, "out")->to_vector(), find_tensor(fresh, "out")->to_vector());
+}
+
+// ---- several runs in one child (run_sides: the oracle's golden and baseline) ----
+
+// Crashes (a null store) on float64 inputs, sleeps past any limit on float16
+// ones, throws on bfloat16 ones, and is a correct attention on float32.
+class MisbehavesByDtype final : public Attention {
+ public:
+  PluginInfo info() const override {
+    PluginInfo i;
+    i.name = "misbehaves_by_dtype";
+    i.capabilities.mha = true;
+    return i;
+  }
+  Variable mha_forward(const Variable& x, const MhaWeights& w, const AttentionSpec& spec) const override {
+    if (x.dtype() == DType::float64) {
+      volatile int* volatile p = nullptr;
+      *p = 1;
+    }
+    if (x.dtype() == DType::float16) ::sleep(100);
+    if (x.dtype() == DType::bfloat16) throw std::runtime_error("no bfloat16 here");
+    return batched_mha(x, w, spec, attention_core);
+  }
+};
+
+// out: every element the process id it ran in (exact in float32 and float64).
+class SaysItsProcess final : public Attention {
+ public:
+  PluginInfo info() const override {
+    PluginInfo i;
+    i.name = "says_its_process";
+    i.capabilities.mha = true;
+    return i;
+  }
+  Variable mha_forward(const Variable& x, const MhaWeights& w, const AttentionSpec& spec) const override {
+    const Variable out = batched_mha(x, w, spec, attention_core);
+    return add(mul(out, Variable(Tensor::zeros(out.shape(), out.dtype()))),
+               Variable(Tensor::full(out.shape(), static_cast<double>(::getpid()), out.dtype())));
+  }
+};
+
+TEST_F(RunnerTest, RunsInOneChildGiveWhatEachGivesInItsOwn) {
+  const Suite s = suite_from("cases:\n  - {name: c, compare: [per_head, batched], causal: true, dtype: float32, "
+                             "shape: {B: 2, T: 5, D: 8, H: 2}}\n");
+  CaseSpec c64 = s.cases[0], c32 = s.cases[0];
+  c64.dtype = DType::float64;
+  const CaseInputs in32 = make_inputs(c32), in64 = inputs_in_dtype(in32, DType::float64);
+  const LoadedPlugin& per_head = registry_->get("per_head");
+  const std::vector<SideResult> both = run_sides({{&c64, &in64}, {&c32, &in32}, {&c64, &in64}}, per_head, {});
+  ASSERT_EQ(both.size(), 3u);
+  const SideResult alone64 = run_side(c64, in64, per_head, {}), alone32 = run_side(c32, in32, per_head, {});
+  // one child for the three runs, and not this process
+  LoadedPlugin pid;
+  pid.attention = std::make_shared<SaysItsProcess>();
+  pid.info = pid.attention->info();
+  const std::vector<SideResult> where = run_sides({{&c64, &in64}, {&c32, &in32}, {&c64, &in64}}, pid, {});
+  ASSERT_EQ(where.size(), 3u);
+  const double child = find_tensor(where[0].tensors, "out")->flat(0);
+  EXPECT_NE(child, static_cast<double>(::getpid()));
+  for (const SideResult& w : where) EXPECT_EQ(find_tensor(w.tensors, "out")->to_vector(), std::vector<double>(2 * 5 * 8, child)) << w.cause;
+  for (std::size_t k = 0; k < 3; ++k) {
+    ASSERT_EQ(both[k].status, SideStatus::ok) << both[k].cause;
+    EXPECT_EQ(both[k].plugin, "per_head");
+    EXPECT_GT(both[k].seconds, 0);
+    EXPECT_GT(both[k].peak_rss_bytes, 0u);
+    const SideResult& alone = k == 1 ? alone32 : alone64;
+    ASSERT_EQ(both[k].tensors.size(), alone.tensors.size());
+    for (std::size_t i = 0; i < alone.tensors.size(); ++i) {
+      EXPECT_EQ(both[k].tensors[i].name, alone.tensors[i].name);
+      EXPECT_EQ(both[k].tensors[i].tensor.dtype(), k == 1 ? DType::float32 : DType::float64);
+      EXPECT_EQ(both[k].tensors[i].tensor.to_vector(), alone.tensors[i].tensor.to_vector()) << k << " " << alone.tensors[i].name;
+    }
+  }
+}
+
+// A run that throws leaves the child going on to the next run; one that
+// crashes or hangs ends it, and the runs after it get a child of their own:
+// each run's result is what it would be alone, each hang timed on its own.
+TEST_F(RunnerTest, ARunAfterOneThatCrashedOrHungGetsAChildOfItsOwn) {
+  const Suite s = suite_from("cases:\n  - {name: c, compare: [per_head, batched], causal: true, dtype: float32, "
+                             "shape: {B: 1, T: 4, D: 8, H: 2}}\n");
+  const CaseSpec& c = s.cases[0];
+  const CaseInputs in32 = make_inputs(c);
+  std::map<DType, CaseInputs> in;
+  for (DType dt : {DType::float64, DType::float16, DType::bfloat16}) in[dt] = inputs_in_dtype(in32, dt);
+  LoadedPlugin odd;
+  odd.attention = std::make_shared<MisbehavesByDtype>();
+  odd.info = odd.attention->info();
+  const TensorSet correct = compute_side(c, in32, *odd.attention);
+  ExecOptions exec;
+  exec.timeout_s = 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<SideResult> r = run_sides({{&c, &in[DType::float64]}, {&c, &in32}, {&c, &in[DType::bfloat16]},
+                                               {&c, &in32}, {&c, &in[DType::float16]}, {&c, &in32}},
+                                              odd, exec);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(r.size(), 6u);
+  EXPECT_EQ(r[0].status, SideStatus::crashed);
+  EXPECT_EQ(r[0].cause, "plugin misbehaves_by_dtype crashed with SIGSEGV (segmentation fault)");
+  EXPECT_EQ(r[2].status, SideStatus::threw);
+  EXPECT_EQ(r[2].cause, "plugin misbehaves_by_dtype threw std::runtime_error: no bfloat16 here");
+  EXPECT_EQ(r[4].status, SideStatus::timed_out);
+  EXPECT_EQ(r[4].cause, "plugin misbehaves_by_dtype did not finish within 1 s; killed");
+  EXPECT_GE(r[4].seconds, 1.0);
+  EXPECT_LT(r[4].seconds, 3.0);
+  EXPECT_LT(seconds, 6.0);  // one limit's wait, not one per run after the hang
+  for (std::size_t k : {1u, 3u, 5u}) {
+    ASSERT_EQ(r[k].status, SideStatus::ok) << k << ": " << r[k].cause;
+    for (const auto& [name, t] : correct) EXPECT_EQ(find_tensor(r[k].tensors, name)->to_vector(), t.to_vector()) << k << " " << name;
+  }
 }
 
 // ---- isolation: each misbehaving plugin fails its own case ----

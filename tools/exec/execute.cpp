@@ -68,7 +68,8 @@ std::string current_exception_type() {
 }
 
 // ---- the child's message: one kind byte, then
-//   'R' (result): f64 compute seconds, u64 peak RSS bytes, u64 peak tensor bytes, u32 count, then per tensor:
+//   'R' (result): f64 start of the run (steady clock, seconds), f64 compute seconds, u64 peak RSS bytes,
+//        u64 peak tensor bytes, u32 count, then per tensor:
 //        u32 name length, name, u8 defined, [u8 dtype, u32 ndim, i64 dims, raw row-major data]
 //   'E' (threw) / 'B' (bad output): u64 length, UTF-8 text
 class WireWriter {
@@ -113,6 +114,31 @@ class WireReader {
   std::size_t pos_ = 0;
 };
 
+// The process's peak resident set since it began, or since reset_peak_rss()
+// said true: Linux's high-water mark (VmHWM), which writing 5 to
+// /proc/self/clear_refs sets back to the current RSS; getrusage's ru_maxrss
+// (never reset) where /proc cannot say.
+bool g_peak_rss_reset = false;
+bool reset_peak_rss() {
+  std::FILE* f = std::fopen("/proc/self/clear_refs", "w");
+  if (!f) return false;
+  const bool ok = std::fputs("5", f) >= 0;
+  return (std::fclose(f) == 0) && ok;
+}
+std::uint64_t peak_rss() {
+  if (g_peak_rss_reset)
+    if (std::FILE* f = std::fopen("/proc/self/status", "r")) {
+      char line[256];
+      unsigned long long kib = 0;
+      bool found = false;
+      while (!found && std::fgets(line, sizeof line, f)) found = std::sscanf(line, "VmHWM: %llu kB", &kib) == 1;
+      std::fclose(f);
+      if (found) return static_cast<std::uint64_t>(kib) * 1024;
+    }
+  rusage ru{};
+  return ::getrusage(RUSAGE_SELF, &ru) == 0 ? static_cast<std::uint64_t>(ru.ru_maxrss) * 1024 : 0;  // KiB
+}
+
 // A side's memory figures (SideResult): this process's peak RSS, and the
 // tensors' peak since reset_peak_memory() above what was live before.
 struct SideMemory {
@@ -120,8 +146,7 @@ struct SideMemory {
 };
 SideMemory side_memory(std::size_t live_before) {
   SideMemory m;
-  rusage ru{};
-  if (::getrusage(RUSAGE_SELF, &ru) == 0) m.peak_rss_bytes = static_cast<std::uint64_t>(ru.ru_maxrss) * 1024;  // KiB
+  m.peak_rss_bytes = peak_rss();
   const MemoryStats s = memory_stats();
   m.peak_tensor_bytes = s.peak_bytes > live_before ? s.peak_bytes - live_before : 0;
   return m;
@@ -130,10 +155,11 @@ SideMemory side_memory(std::size_t live_before) {
 // The 'R' message, sent length-first: the header bytes of each tensor built
 // here, its data written from the tensor's own storage (a model-sized result
 // is not copied into one buffer first). `tensors` are contiguous.
-bool send_result(int fd, const TensorSet& tensors, double compute_seconds, const SideMemory& memory) {
+bool send_result(int fd, const TensorSet& tensors, double started_s, double compute_seconds, const SideMemory& memory) {
   const auto data_bytes = [](const Tensor& t) { return static_cast<std::size_t>(t.numel()) * dtype_size(t.dtype()); };
   WireWriter head;
   head.put('R');
+  head.put(started_s);
   head.put(compute_seconds);
   head.put(memory.peak_rss_bytes);
   head.put(memory.peak_tensor_bytes);
@@ -173,7 +199,8 @@ std::string encode_text(char kind, const std::string& text) {
   return std::move(w.str());
 }
 
-TensorSet decode_result(WireReader& r, double& compute_seconds, SideMemory& memory) {
+TensorSet decode_result(WireReader& r, double& started_s, double& compute_seconds, SideMemory& memory) {
+  started_s = r.get<double>();
   compute_seconds = r.get<double>();
   memory.peak_rss_bytes = r.get<std::uint64_t>();
   memory.peak_tensor_bytes = r.get<std::uint64_t>();
@@ -210,18 +237,16 @@ TensorSet decode_result(WireReader& r, double& compute_seconds, SideMemory& memo
   return out;
 }
 
-// Runs in the forked child: computes and sends the message length-first, so
-// the parent knows when it is complete even if a process the plugin forked
-// still holds the pipe open.
-int child_main(int fd, const CaseSpec& c, const CaseInputs& in, const Attention& plugin) {
-  pyplug::in_side_child();  // a Python plugin talks to its parent's worker
-  set_num_threads(0);  // this process's own workers (HEADGRAD_NUM_THREADS or the core count)
+// In the forked child: computes one run and sends its message length-first,
+// so the parent knows when it is complete even if a process the plugin
+// forked still holds the pipe open. False when the parent is gone.
+bool compute_and_send(int fd, const CaseSpec& c, const CaseInputs& in, const Attention& plugin) {
   std::string message;  // a failure's text
   std::optional<TensorSet> result;
   double seconds = 0;
   SideMemory memory;
+  const auto t0 = Clock::now();
   try {
-    const auto t0 = Clock::now();
     const std::size_t live_before = memory_stats().current_bytes;
     reset_peak_memory();
     TensorSet out = compute_side(c, in, plugin, /*own_inputs=*/true);
@@ -239,8 +264,23 @@ int child_main(int fd, const CaseSpec& c, const CaseInputs& in, const Attention&
   std::cout.flush();  // what the plugin printed, if anything: before the result, after
   std::cerr.flush();  // which the parent ends this process group
   std::fflush(nullptr);
-  if (result) send_result(fd, *result, seconds, memory);  // false: the parent is gone or gave up on us
-  else send_message(fd, message);
+  const double started_s = std::chrono::duration<double>(t0.time_since_epoch()).count();
+  return result ? send_result(fd, *result, started_s, seconds, memory) : send_message(fd, message);
+}
+
+// One child's runs, one after another (run_sides). Between two, the tensor
+// cache goes back to the system: the next run's buffers are other sizes, and
+// the pages just freed are the cheapest to map again; the peak RSS starts over.
+int child_main(int fd, const std::vector<SideJob>& jobs, const Attention& plugin) {
+  pyplug::in_side_child();  // a Python plugin talks to its parent's worker
+  set_num_threads(0);  // this process's own workers (HEADGRAD_NUM_THREADS or the core count)
+  for (std::size_t k = 0; k < jobs.size(); ++k) {
+    if (k > 0) {
+      empty_cache();
+      g_peak_rss_reset = reset_peak_rss();
+    }
+    if (!compute_and_send(fd, *jobs[k].c, *jobs[k].in, plugin)) break;  // the parent is gone or gave up on us
+  }
   return 0;
 }
 
@@ -252,26 +292,13 @@ std::uint64_t result_bytes(const CaseInputs& in) {
   return n;
 }
 
-SideResult run_isolated(const CaseSpec& c, const CaseInputs& in, const LoadedPlugin& plugin,
-                        const ExecOptions& options) {
+// The result of one run from its complete message, or why there is none.
+// `started`: when the parent saw the run begin, moved back to when the child
+// says it began (steady_clock is the system's monotonic clock, one for every
+// process), if earlier.
+SideResult receive_side(const std::string& who, Message& wire, const ChildProcess::ReadOutcome& read,
+                        std::uint64_t max_wire, Clock::time_point& started) {
   SideResult res;
-  res.plugin = plugin.info.name;
-  const std::string who = "plugin " + plugin.info.name;
-  pyplug::before_side(*plugin.attention);  // a Python plugin's worker, started here once and reused
-  const auto t0 = Clock::now();
-  ChildProcess child = ChildProcess::spawn({.to_parent = true}, [&](const ChildEnds& ends) {
-    return child_main(ends.to_parent, c, in, *plugin.attention);
-  });
-  // Reading stops once the message is complete, or once it grows past what
-  // the side's tensors (and a message) can take.
-  const std::uint64_t max_wire = 2 * result_bytes(in) + (std::uint64_t{1} << 20);
-  Message wire;
-  const auto deadline = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.timeout_s));
-  const auto read = child.read_message(wire, deadline, options.timeout_s, max_wire, options.on_wait);
-  res.seconds = seconds_since(t0);
-  // A side that died or hung mid-conversation leaves its Python worker in an unknown state.
-  pyplug::after_side(*plugin.attention, wire.complete() && !read.end.timed_out);
-
   if (read.oversized) {
     res.status = SideStatus::crashed;
     res.cause = who + "'s process sent more than the " + std::to_string(max_wire) +
@@ -290,7 +317,10 @@ SideResult run_isolated(const CaseSpec& c, const CaseInputs& in, const LoadedPlu
     const char kind = r.get<char>();
     if (kind == 'R') {
       SideMemory memory;
-      res.tensors = decode_result(r, res.compute_seconds, memory);
+      double started_s = 0;
+      res.tensors = decode_result(r, started_s, res.compute_seconds, memory);
+      started = std::min(started, Clock::time_point(std::chrono::duration_cast<Clock::duration>(
+                                      std::chrono::duration<double>(started_s))));
       res.peak_rss_bytes = memory.peak_rss_bytes;
       res.peak_tensor_bytes = memory.peak_tensor_bytes;
     } else if (kind == 'E') {
@@ -308,6 +338,46 @@ SideResult run_isolated(const CaseSpec& c, const CaseInputs& in, const LoadedPlu
     res.tensors.clear();
   }
   return res;
+}
+
+// The jobs in one child, each result read as it comes, each run timed from
+// the end of the one before (the first from the fork). Returns the results of the runs the child
+// finished (a message, whatever it said) and, last, that of the run it did
+// not (crashed, hung, or sent garbage) if any: the runs after it are not here.
+std::vector<SideResult> run_isolated(const std::vector<SideJob>& jobs, const LoadedPlugin& plugin,
+                                     const ExecOptions& options) {
+  const std::string who = "plugin " + plugin.info.name;
+  pyplug::before_side(*plugin.attention);  // a Python plugin's worker, started here once and reused
+  auto t0 = Clock::now();
+  ChildProcess child = ChildProcess::spawn({.to_parent = true}, [&](const ChildEnds& ends) {
+    return child_main(ends.to_parent, jobs, *plugin.attention);
+  });
+  std::vector<SideResult> out;
+  bool clean = true;
+  for (std::size_t k = 0; k < jobs.size(); ++k) {
+    // Reading stops once the message is complete, or once it grows past what
+    // the side's tensors (and a message) can take.
+    const std::uint64_t max_wire = 2 * result_bytes(*jobs[k].in) + (std::uint64_t{1} << 20);
+    Message wire;
+    const auto deadline =
+        t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.timeout_s));
+    const bool last = k + 1 == jobs.size();
+    const auto read = child.read_message(wire, deadline, options.timeout_s, max_wire, options.on_wait, last);
+    const auto received = Clock::now();
+    const bool finished = wire.complete() && !read.oversized;  // asked before receive_side takes the body
+    // The child went on to the next run as soon as it had sent this one's result.
+    auto started = t0;
+    t0 = received;
+    SideResult res = receive_side(who, wire, read, max_wire, started);
+    res.plugin = plugin.info.name;
+    res.seconds = std::chrono::duration<double>(received - started).count();
+    clean = finished && !read.end.timed_out;
+    out.push_back(std::move(res));
+    if (!finished) break;  // read_message has ended the child
+  }
+  // A side that died or hung mid-conversation leaves its Python worker in an unknown state.
+  pyplug::after_side(*plugin.attention, clean);
+  return out;
 }
 
 SideResult run_in_process(const CaseSpec& c, const CaseInputs& in, const LoadedPlugin& plugin) {
@@ -436,23 +506,48 @@ TensorSet compute_side(const CaseSpec& c, const CaseInputs& shared, const Attent
   return res;
 }
 
-SideResult run_side(const CaseSpec& c, const CaseInputs& in, const LoadedPlugin& plugin,
-                    const ExecOptions& options) {
-  logging::runner()->debug("case '{}': running plugin {} {}", c.name, plugin.info.name,
-                           options.isolate ? "in a child process" : "in this process");
-  if (options.isolate && !timeout_problem(options.timeout_s).empty())
-    throw std::invalid_argument("timeout " + timeout_problem(options.timeout_s));
-  SideResult res = options.isolate ? run_isolated(c, in, plugin, options) : run_in_process(c, in, plugin);
-  if (res.status != SideStatus::ok) return res;
+namespace {
+
+// A finished run's tensors checked for NaN and Inf.
+void check_finite(SideResult& res, const CaseSpec& c, const LoadedPlugin& plugin) {
+  if (res.status != SideStatus::ok) return;
   for (const auto& [name, t] : res.tensors) {
     if (const auto bad = first_non_finite(t, c.level, name, head_blocks(c, name))) {
       res.status = SideStatus::non_finite;
       res.cause = "plugin " + plugin.info.name + " returned " + (std::isnan(bad->lhs) ? "NaN" : "Inf") + " in " +
                   name + " at " + shape_str(bad->index) + " (" + bad->where + ")";
-      break;
+      return;
     }
   }
-  return res;
+}
+
+}  // namespace
+
+std::vector<SideResult> run_sides(const std::vector<SideJob>& jobs, const LoadedPlugin& plugin,
+                                  const ExecOptions& options) {
+  for (const SideJob& job : jobs)
+    logging::runner()->debug("case '{}': running plugin {} {}", job.c->name, plugin.info.name,
+                             options.isolate ? "in a child process" : "in this process");
+  if (options.isolate && !timeout_problem(options.timeout_s).empty())
+    throw std::invalid_argument("timeout " + timeout_problem(options.timeout_s));
+  std::vector<SideResult> out;
+  while (out.size() < jobs.size()) {
+    if (!options.isolate) {
+      const SideJob& job = jobs[out.size()];
+      out.push_back(run_in_process(*job.c, *job.in, plugin));
+      continue;
+    }
+    // The runs after one the child did not finish get a child of their own.
+    const std::vector<SideJob> rest(jobs.begin() + static_cast<std::ptrdiff_t>(out.size()), jobs.end());
+    for (SideResult& r : run_isolated(rest, plugin, options)) out.push_back(std::move(r));
+  }
+  for (std::size_t k = 0; k < jobs.size(); ++k) check_finite(out[k], *jobs[k].c, plugin);
+  return out;
+}
+
+SideResult run_side(const CaseSpec& c, const CaseInputs& in, const LoadedPlugin& plugin,
+                    const ExecOptions& options) {
+  return std::move(run_sides({{&c, &in}}, plugin, options).front());
 }
 
 }  // namespace headgrad::runner

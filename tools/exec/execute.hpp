@@ -48,7 +48,7 @@ struct SideResult {
   SideStatus status = SideStatus::ok;
   std::string cause;          // "plugin X threw: ..."; empty when ok
   TensorSet tensors;          // out, then the gradients, in tensor_names() order
-  double seconds = 0;         // wall time, child start to result
+  double seconds = 0;         // wall time, child start (a later run in a shared child: its start) to result
   double compute_seconds = 0; // forward + backward, measured where they ran
   // Memory where the side ran, at the end of its forward + backward (0 when
   // unknown): the process's peak resident set (getrusage ru_maxrss; a forked
@@ -92,5 +92,19 @@ class BadOutputError : public std::runtime_error {
 
 SideResult run_side(const CaseSpec& c, const CaseInputs& in, const LoadedPlugin& plugin,
                     const ExecOptions& options);
+
+// One plugin's runs one after another in one child, each result sent as it is
+// ready and each run timed from the end of the one before (the oracle's
+// float64 golden, then its baseline in the case's dtype: run_golden). What
+// one run freed, the next reuses, where a fresh child would fault in fresh
+// pages. A run that child does not finish (it crashed, hung, or sent garbage)
+// fails as run_side says, and the runs after it get a child of their own.
+// One result per job, in order; without isolation, run_side's in turn.
+struct SideJob {
+  const CaseSpec* c;
+  const CaseInputs* in;
+};
+std::vector<SideResult> run_sides(const std::vector<SideJob>& jobs, const LoadedPlugin& plugin,
+                                  const ExecOptions& options);
 
 }  // namespace headgrad::runner

@@ -45,18 +45,6 @@ GoldenRun run_golden(const CaseSpec& c, const CaseInputs& in, const PluginRegist
   CaseSpec at = c;
   at.layout = InputLayout::contiguous;
   at.files.reset();
-  auto run = [&](DType dtype, TensorSet& into, const std::string& role) {
-    at.dtype = dtype;
-    SideResult s = run_side(at, inputs_in_dtype(in, dtype), *oracle, exec);
-    if (s.status != SideStatus::ok) {
-      g.cause += (g.cause.empty() ? "" : "; ") + role + ": " + s.cause;
-      g.plugin_error = g.plugin_error || is_plugin_error(s.status);
-    } else {
-      into = std::move(s.tensors);
-    }
-    s.tensors.clear();
-    g.runs.push_back(std::move(s));
-  };
   const std::string dtype(dtype_name(c.dtype));
   if (own_golden) {
     // The reference's own math in both precisions: its float64 golden/ and its
@@ -70,8 +58,25 @@ GoldenRun run_golden(const CaseSpec& c, const CaseInputs& in, const PluginRegist
   }
   g.golden_label = g.oracle + " in float64";
   g.baseline_label = g.oracle + " in " + dtype;
-  run(DType::float64, g.golden, "the golden (" + g.golden_label + ")");
-  run(c.dtype, g.baseline, "the baseline (" + g.baseline_label + ")");
+  // Both runs in one child: the baseline reuses the memory the golden freed.
+  CaseSpec in_f64 = at;
+  in_f64.dtype = DType::float64;
+  at.dtype = c.dtype;
+  const CaseInputs golden_inputs = inputs_in_dtype(in, DType::float64), baseline_inputs = inputs_in_dtype(in, c.dtype);
+  std::vector<SideResult> runs = run_sides({{&in_f64, &golden_inputs}, {&at, &baseline_inputs}}, *oracle, exec);
+  const std::pair<TensorSet*, std::string> into[] = {{&g.golden, "the golden (" + g.golden_label + ")"},
+                                                     {&g.baseline, "the baseline (" + g.baseline_label + ")"}};
+  for (std::size_t k = 0; k < runs.size(); ++k) {
+    SideResult& s = runs[k];
+    if (s.status != SideStatus::ok) {
+      g.cause += (g.cause.empty() ? "" : "; ") + into[k].second + ": " + s.cause;
+      g.plugin_error = g.plugin_error || is_plugin_error(s.status);
+    } else {
+      *into[k].first = std::move(s.tensors);
+    }
+    s.tensors.clear();
+    g.runs.push_back(std::move(s));
+  }
   return g;
 }
 

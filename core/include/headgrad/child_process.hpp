@@ -157,14 +157,16 @@ class ChildProcess {
   // until it is complete, the child ends without completing it, the deadline
   // passes or `max_bytes` is exceeded; calls on_wait about every 200 ms. Then
   // kills the group and reaps the child (a child that crashed is reported with
-  // its own signal, not with the SIGKILL).
+  // its own signal, not with the SIGKILL). With last = false, a complete
+  // message leaves the child running and its pipe open for the next one
+  // (nothing past this message is read); end is then empty.
   struct ReadOutcome {
     ChildEnd end;
     bool oversized = false;  // it sent more than max_bytes
   };
   class Message;
   ReadOutcome read_message(Message& into, Clock::time_point deadline, double limit_s, std::uint64_t max_bytes,
-                           const std::function<void()>& on_wait = {});
+                           const std::function<void()>& on_wait = {}, bool last = true);
 
  private:
   void close_all();

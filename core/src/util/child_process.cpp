@@ -339,7 +339,8 @@ bool ChildProcess::drain(Stream which, std::string& into, std::size_t cap, bool 
 }
 
 ChildProcess::ReadOutcome ChildProcess::read_message(Message& into, Clock::time_point deadline, double limit_s,
-                                                     std::uint64_t max_bytes, const std::function<void()>& on_wait) {
+                                                     std::uint64_t max_bytes, const std::function<void()>& on_wait,
+                                                     bool last) {
   ReadOutcome res;
   auto remaining_ms = [&] {
     return std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
@@ -365,7 +366,11 @@ ChildProcess::ReadOutcome ChildProcess::read_message(Message& into, Clock::time_
       if (on_wait) on_wait();
       continue;
     }
-    const ssize_t n = ::read(from_child_, chunk, sizeof chunk);
+    // Never past this message's end: the next one (last == false) stays in the pipe.
+    const auto length = into.length();
+    const std::size_t want = length ? std::min<std::uint64_t>(sizeof chunk, sizeof *length + *length - into.wire.size())
+                                    : sizeof(std::uint64_t) - into.wire.size();
+    const ssize_t n = ::read(from_child_, chunk, want);
     if (n > 0) {
       into.wire.append(chunk, static_cast<std::size_t>(n));
       const auto length = into.length();
@@ -383,8 +388,9 @@ ChildProcess::ReadOutcome ChildProcess::read_message(Message& into, Clock::time_
       break;
     }
   }
-  close_from_child();
   const bool got = !res.oversized && into.complete();
+  if (got && !last) return res;  // the child goes on to its next message
+  close_from_child();
   // No message, but the pipe is closed: let the child finish dying (a crash is
   // reported as its own signal, not as our SIGKILL).
   while (!got && !timed_out && !has_exited()) {
