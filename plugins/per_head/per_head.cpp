@@ -52,11 +52,9 @@ Variable one_head(const Variable& q, const Variable& k, const Variable& v, const
 // Every head's [Tq, Tk] buffers together above this many bytes: each head
 // runs under checkpoint. Below it they are kept, as the plain loop keeps
 // them: recomputing costs a third more attention FLOPs, which shapes this
-// small do not need to pay (the float64 golden of a Llama-3-8B layer at
-// T 2048, exactly 1 GiB, takes 0.9x the time and 0.9 GiB more memory kept).
-// The runner's memory estimate uses the same bound
+// small do not need to pay. The runner's memory estimate uses the same bound
 // (tools/case/budget.hpp, kOracleRecomputeAboveBytes).
-constexpr double kRecomputeAboveBytes = 1024.0 * 1024 * 1024;
+constexpr double kRecomputeAboveBytes = 256.0 * 1024 * 1024;
 
 bool recompute_heads(std::int64_t slices, std::int64_t tq, std::int64_t tk, DType dtype) {
   return static_cast<double>(slices) * static_cast<double>(tq) * static_cast<double>(tk) *

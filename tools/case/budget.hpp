@@ -31,7 +31,7 @@ struct AttentionDims {
 // per_head runs its heads under checkpoint (one head's [Tq, Tk] buffers at a
 // time) when every head's together would take more than this many bytes
 // (plugins/per_head/per_head.cpp, kRecomputeAboveBytes: the two must agree).
-inline constexpr double kOracleRecomputeAboveBytes = 1024.0 * 1024 * 1024;
+inline constexpr double kOracleRecomputeAboveBytes = 256.0 * 1024 * 1024;
 
 // Peak bytes of one case, simply and on the safe side: the shared inputs
 // (held by the runner), one side's working set (the leaves' gradients, the
