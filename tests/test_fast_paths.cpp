@@ -36,6 +36,35 @@ TEST(CachingAllocator, ReusesAFreedBufferOfTheSameSize) {
   EXPECT_EQ(again.storage()->data(), first);
 }
 
+// A request takes the smallest cached block of its size class up to twice
+// that (a block already mapped instead of fresh pages), never a larger one;
+// the block goes back to the cache under its own size.
+TEST(CachingAllocator, TakesACachedBlockUpToTwiceItsSize) {
+  if (allocator_name() != "caching") GTEST_SKIP() << "HEADGRAD_ALLOCATOR=system";
+  empty_cache();
+  const std::int64_t mib = 1 << 20;
+  const void* twelve = nullptr;
+  {
+    Tensor t = Tensor::empty({12 * mib}, DType::boolean);  // class 12 MiB
+    twelve = t.storage()->data();
+  }
+  EXPECT_EQ(memory_stats().cached_bytes, std::size_t(12 * mib));
+  {
+    Tensor small = Tensor::empty({3 * mib}, DType::boolean);  // class 4 MiB: 12 is more than twice
+    EXPECT_NE(small.storage()->data(), twelve);
+    EXPECT_EQ(memory_stats().cached_bytes, std::size_t(12 * mib));
+  }
+  // Now 12 and 4 MiB are cached; a 7 MiB request (class 8 MiB) takes the 12.
+  Tensor seven = Tensor::empty({7 * mib}, DType::boolean);
+  EXPECT_EQ(seven.storage()->data(), twelve);
+  EXPECT_EQ(memory_stats().cached_bytes, std::size_t(4 * mib));
+  seven = Tensor();
+  EXPECT_EQ(memory_stats().cached_bytes, std::size_t(16 * mib));  // back as 12 MiB
+  Tensor again = Tensor::empty({12 * mib}, DType::boolean);
+  EXPECT_EQ(again.storage()->data(), twelve);
+  empty_cache();
+}
+
 TEST(CachingAllocator, LiveBytesKeepTheirMeaningAndCachedBytesAreSeparate) {
   empty_cache();
   const MemoryStats before = memory_stats();

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <new>
 #include <string>
@@ -118,13 +119,16 @@ class Cache {
     }
     const std::size_t bytes = size_class(nbytes);
     {
+      // The smallest cached block of this class or up to twice its size: on a
+      // machine where a fresh page is dear, a larger block already mapped
+      // beats a new one (its other half stays unused until it is freed).
       std::lock_guard lock(mutex_);
-      auto it = free_.find(bytes);
-      if (it != free_.end() && !it->second.empty()) {
+      for (auto it = free_.lower_bound(bytes); it != free_.end() && it->first <= 2 * bytes; ++it) {
+        if (it->second.empty()) continue;
         void* p = it->second.back();
         it->second.pop_back();
-        g_cached.fetch_sub(bytes);
-        return {p, bytes};
+        g_cached.fetch_sub(it->first);
+        return {p, it->first};
       }
     }
     return {fresh(bytes, /*large_ok=*/true), bytes};
@@ -144,7 +148,7 @@ class Cache {
   }
 
   void empty() {
-    std::unordered_map<std::size_t, std::vector<void*>> all;
+    std::map<std::size_t, std::vector<void*>> all;
     {
       std::lock_guard lock(mutex_);
       all.swap(free_);
@@ -178,7 +182,7 @@ class Cache {
   bool caching_ = true;
   std::size_t limit_ = std::size_t{8192} << 20;
   std::mutex mutex_;
-  std::unordered_map<std::size_t, std::vector<void*>> free_;
+  std::map<std::size_t, std::vector<void*>> free_;  // by size class
 };
 
 // Never destroyed: tensors in static objects may be freed after main returns.
