@@ -216,10 +216,12 @@ class Generator {
   std::uint64_t next_u64();
   double uniform();  // [0, 1) with 53 random bits
   double normal();   // mean 0, standard deviation 1
-  // store(i, v) for i in [0, n): the values of n calls of normal(), the
-  // stream left as they leave it, computed on every worker (randn).
-  template <class Store>
-  void normals(std::int64_t n, Store&& store);
+  // The values of n calls of normal(), the stream left as they leave it,
+  // computed on every worker (randn): sink(i, values, count) for runs of
+  // consecutive indices [i, i + count) that together cover [0, n) once
+  // (values: double*, the sink's to change).
+  template <class Sink>
+  void normals(std::int64_t n, Sink&& sink);
 
  private:
   std::uint64_t state_;

@@ -715,39 +715,55 @@ double Generator::normal() {
 // 2p + 2) is computed wherever it falls among the workers. The one exception
 // is a first uniform of 0, which normal() rejects, shifting the stream by
 // one draw (1 pair in 2^53): then the whole fill is redone in sequence.
-template <class Store>
-void Generator::normals(std::int64_t n, Store&& store) {
+template <class Sink>
+void Generator::normals(std::int64_t n, Sink&& sink) {
+  const auto one = [&](std::int64_t j) {
+    double v = normal();
+    sink(j, &v, std::int64_t{1});
+  };
   std::int64_t i = 0;
-  if (n > 0 && has_spare_) store(i++, normal());
+  if (n > 0 && has_spare_) one(i++);
   const std::int64_t pairs = (n - i) / 2;
   const std::uint64_t s0 = state_;
   std::atomic<bool> rejected{false};
   parallel_for(pairs, [&](std::int64_t p0, std::int64_t p1, int) {
-    for (std::int64_t p = p0; p < p1 && !rejected.load(std::memory_order_relaxed); ++p) {
-      const std::uint64_t s = s0 + 2 * static_cast<std::uint64_t>(p) * kSplitMixGamma;
-      const double u1 = uniform_of(split_mix(s + kSplitMixGamma));
-      if (u1 <= 0.0) {
-        rejected = true;
-        return;
+    constexpr std::int64_t kBlock = 512;  // pairs handed to the sink at once
+    double values[2 * kBlock];
+    for (std::int64_t b = p0; b < p1 && !rejected.load(std::memory_order_relaxed); b += kBlock) {
+      const std::int64_t count = std::min(kBlock, p1 - b);
+      for (std::int64_t k = 0; k < count; ++k) {
+        const std::uint64_t s = s0 + 2 * static_cast<std::uint64_t>(b + k) * kSplitMixGamma;
+        const double u1 = uniform_of(split_mix(s + kSplitMixGamma));
+        if (u1 <= 0.0) {
+          rejected = true;
+          return;
+        }
+        box_muller(u1, uniform_of(split_mix(s + 2 * kSplitMixGamma)), values[2 * k], values[2 * k + 1]);
       }
-      double first = 0.0, second = 0.0;
-      box_muller(u1, uniform_of(split_mix(s + 2 * kSplitMixGamma)), first, second);
-      store(i + 2 * p, first);
-      store(i + 2 * p + 1, second);
+      sink(i + 2 * b, values, 2 * count);
     }
   }, 4096);
   if (rejected) {
-    for (std::int64_t j = i; j < n; ++j) store(j, normal());
+    for (std::int64_t j = i; j < n; ++j) one(j);
     return;
   }
   state_ = s0 + 2 * static_cast<std::uint64_t>(pairs) * kSplitMixGamma;
-  if (i + 2 * pairs < n) store(n - 1, normal());  // odd: its second value is kept, as normal() keeps it
+  if (i + 2 * pairs < n) one(n - 1);  // odd: its second value is kept, as normal() keeps it
 }
 
 Tensor randn(const Shape& shape, DType dtype, Generator& gen, double stddev) {
   Tensor t = Tensor::empty(shape, dtype);  // contiguous: flat index i is offset i
   void* base = t.storage()->mutable_data();
-  gen.normals(t.numel(), [&](std::int64_t i, double v) { write_to(base, dtype, i, v * stddev); });
+  gen.normals(t.numel(), [&](std::int64_t i, double* values, std::int64_t count) {
+    for (std::int64_t k = 0; k < count; ++k) values[k] *= stddev;
+    const auto n = static_cast<std::size_t>(count);
+    switch (dtype) {  // the 16-bit dtypes through the bulk narrowing: the same bits as write_to's
+      case DType::bfloat16: convert(values, static_cast<BFloat16*>(base) + i, n); break;
+      case DType::float16: convert(values, static_cast<Float16*>(base) + i, n); break;
+      default:
+        for (std::int64_t k = 0; k < count; ++k) write_to(base, dtype, i + k, values[k]);
+    }
+  });
   return t;
 }
 
