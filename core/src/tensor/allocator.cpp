@@ -12,7 +12,6 @@
 #include <mutex>
 #include <new>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "headgrad/tensor.hpp"
