@@ -331,6 +331,8 @@ json environment() {
               {"blas_library", blas::info().library},
               {"blas_version", blas::info().version},
               {"blas_kernel", blas::info().kernel},
+              {"bf16_products", blas::bf16_products_info()},  // bfloat16 matmuls: oneDNN or float32 upcasts
+              {"HEADGRAD_BF16_GEMM", env_or_null("HEADGRAD_BF16_GEMM")},
               {"OPENBLAS_CORETYPE", env_or_null("OPENBLAS_CORETYPE")},
               {"allocator", std::string(allocator_name())},
               {"HEADGRAD_ALLOCATOR", env_or_null("HEADGRAD_ALLOCATOR")},

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include <headgrad/half.hpp>
+
 namespace headgrad::blas {
 
 // C [m, n] = alpha * op(A) op(B) + beta * C, all row-major, op(X) = X^T when
@@ -23,6 +25,22 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
 // tile::fits_per_call. kernels::matmul runs its 16-bit products there only
 // when their float32 upcasts would have gone there, so both give one result.
 bool float32_on_tiles(std::int64_t m, std::int64_t n, std::int64_t k);
+
+// bfloat16 products on the CPU's bfloat16 dot products (bf16_gemm.cpp):
+// C [m, n] = op(A) op(B), bfloat16 in and out, each element a float32 sum
+// rounded once to bfloat16 (to nearest even). Not the bits of the float32
+// product of the upcasts: the sum runs in another order, within the same
+// error bound (k float32 additions, then the one rounding). gemm_bf16 splits
+// a large product over headgrad's workers as the BLAS would (one thread under
+// SerialBlasScope). kernels::matmul sends its bfloat16 products here when
+// bf16_products(): built with oneDNN (meson option `onednn`), a CPU with
+// AVX512-BF16, and not switched off by HEADGRAD_BF16_GEMM=float32 (read once)
+// or set_bf16_products(false) (tests and benchmarks compare both paths).
+bool bf16_products();
+void set_bf16_products(bool on);
+std::string bf16_products_info();  // e.g. "oneDNN 2.6.3 (avx512_core_bf16)", or why not
+void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const BFloat16* a,
+               std::int64_t lda, const BFloat16* b, std::int64_t ldb, BFloat16* c, std::int64_t ldc);
 
 // Threads one large product may use. headgrad::set_num_threads sets it along
 // with headgrad's own workers; SerialBlasScope lowers it to 1 for a while.

@@ -482,7 +482,10 @@ GemmOperand gemm_operand(std::int64_t rows, std::int64_t cols, std::int64_t s_ro
 template <class T>
 void gemm(const GemmOperand& a, const GemmOperand& b, std::int64_t m, std::int64_t n,
           std::int64_t k, const T* pa, const T* pb, T* pc) {
-  blas::gemm(a.trans, b.trans, m, n, k, T{1}, pa, a.ld, pb, b.ld, T{0}, pc, n);
+  if constexpr (std::is_same_v<T, BFloat16>)
+    blas::gemm_bf16(a.trans, b.trans, m, n, k, pa, a.ld, pb, b.ld, pc, n);
+  else
+    blas::gemm(a.trans, b.trans, m, n, k, T{1}, pa, a.ld, pb, b.ld, T{0}, pc, n);
 }
 
 // Makes the last two dims of t GEMM-readable, copying only when they are not.
@@ -516,6 +519,25 @@ std::vector<std::array<std::int64_t, 3>> product_offsets(const Shape& batch, con
                               {a.offset(), b.offset(), out.offset()},
                               [&](const std::array<std::int64_t, 3>& off) { offsets.push_back(off); });
   return offsets;
+}
+
+// bfloat16 products at least this large go to blas::gemm_bf16 when it is
+// there: below it oneDNN's call costs more than the upcasts save (a product
+// of 64 x 64 x 64 takes a few microseconds either way).
+constexpr std::int64_t kBf16ProductsMinMacs = std::int64_t{1} << 18;
+
+bool on_bf16_products(DType dtype, std::int64_t m, std::int64_t n, std::int64_t k) {
+  if (dtype != DType::bfloat16 || !blas::bf16_products()) return false;
+  std::int64_t mn = 0, mnk = 0;
+  return __builtin_mul_overflow(m, n, &mn) || __builtin_mul_overflow(mn, k, &mnk) || mnk >= kBf16ProductsMinMacs;
+}
+
+// The element types kernels::matmul multiplies in place: float32, float64,
+// and bfloat16 when on_bf16_products (the other 16-bit products widen first).
+template <class F>
+void dispatch_gemm(DType dtype, F&& f) {
+  if (dtype == DType::bfloat16) return f.template operator()<BFloat16>();
+  dispatch_float(dtype, "matmul", std::forward<F>(f));
 }
 
 // A 16-bit matmul whose float32 upcasts would run every product on the
@@ -584,11 +606,11 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
     throw std::invalid_argument("matmul: operands need at least 2 dims, got " +
                                 shape_str(a_in.shape()) + " and " + shape_str(b_in.shape()));
   require_same_dtype(a_in, b_in, "matmul");
-  if (is_16bit(a_in.dtype())) {
+  const std::int64_t m = a_in.size(-2), k = a_in.size(-1), n = b_in.size(-1);
+  if (is_16bit(a_in.dtype()) && !on_bf16_products(a_in.dtype(), m, n, k)) {
     if (Tensor out = matmul_16bit_tiles(a_in, b_in); out.defined()) return out;
     return matmul(f32_operand(a_in), f32_operand(b_in)).to(a_in.dtype());  // float32 upcasts, rounded once
   }
-  const std::int64_t m = a_in.size(-2), k = a_in.size(-1), n = b_in.size(-1);
   if (b_in.size(-2) != k)
     throw std::invalid_argument("matmul: inner dims differ: " + shape_str(a_in.shape()) + " @ " +
                                 shape_str(b_in.shape()));
@@ -611,7 +633,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
     return out;
   }
 
-  dispatch_float(a_in.dtype(), "matmul", [&]<class T>() {
+  dispatch_gemm(a_in.dtype(), [&]<class T>() {
     // One GEMM when b is a single matrix and a's batch folds into its rows
     // (linear layers: [B, T, D] @ [D, D] is one [B*T, D] @ [D, D]).
     if (b_batch.empty() && !a_batch.empty()) {
