@@ -238,9 +238,11 @@ def run_headgrad(args, shape, dtype_name, threads=None, plugins=None):
     threads = threads or [args.threads]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "bench.json")
-        cmd = [args.bench, "bench", "--shape", ",".join(map(str, shape)), "--dtype", dtype_name,
+        cmd = [args.bench, "bench", "--shape", ",".join(map(str, shape)),
                "--repeats", str(args.repeats), "--warmup", str(args.warmup),
                "--gemm-size", str(args.gemm_size), "--json", out]
+        for d in dtype_name if isinstance(dtype_name, list) else [dtype_name]:
+            cmd += ["--dtype", d]
         for n in threads:
             cmd += ["--threads", str(n)]
         for p in plugins or args.plugin:
@@ -337,15 +339,15 @@ def side_by_side(args):
 
 # ---------------------------------------------------------------- the goals
 
-def hg_row(result, plugin, threads=1):
+def hg_row(result, plugin, threads=1, dtype="float32"):
     for r in result["rows"]:
-        if r["plugin"] == plugin and r["threads"] == threads and "fwdbwd_ms" in r:
+        if r["plugin"] == plugin and r["threads"] == threads and r["dtype"] == dtype and "fwdbwd_ms" in r:
             return r
-    sys.exit(f"bench_pytorch: headgrad bench gave no {plugin} row at {threads} thread(s)")
+    sys.exit(f"bench_pytorch: headgrad bench gave no {plugin} {dtype} row at {threads} thread(s)")
 
 
 def goals(args):
-    """Every speed goal, float32, measured in this one run; one verdict each."""
+    """Every speed goal, measured in this one run; one verdict each (float32, and bfloat16 against it)."""
     args.threads = 1
     small, mid, long_ = (2, 3, 8, 2), (4, 512, 512, 8), (1, 2048, 512, 8)
     plugins = ["batched", "per_head", "fused_sdpa"]
@@ -358,6 +360,10 @@ def goals(args):
         hg = run_headgrad(args, shape, "float32", threads=threads, plugins=plugins)
         print(" done", file=sys.stderr)
         measured[shape] = (tb, hg)
+    # bfloat16 against float32, in one headgrad run (headgrad alone: PyTorch is not in this goal)
+    print(f"  {shape_str(long_)}: headgrad float32 and bfloat16 ...", end="", flush=True, file=sys.stderr)
+    lowp = run_headgrad(args, long_, ["float32", "bfloat16"], threads=[1], plugins=["batched", "fused_sdpa"])
+    print(" done", file=sys.stderr)
 
     out = []  # [goal, figure, target, verdict]
 
@@ -393,6 +399,13 @@ def goals(args):
     causal_of_gemm("batched", mid, 0.7)
     for p in plugins:
         vs_torch(p, small, 0.25)
+    for p in ("batched", "fused_sdpa"):
+        r32, r16 = hg_row(lowp, p, dtype="float32"), hg_row(lowp, p, dtype="bfloat16")
+        ratio, cpu = r16["fwdbwd_ms"] / r32["fwdbwd_ms"], r16["fwdbwd_cpu_ms"] / r32["fwdbwd_cpu_ms"]
+        out.append([f"{p} bfloat16 / float32 f+b at {shape_str(long_)}",
+                    f"{ratio:.2f} ({ms(r16['fwdbwd_ms'])} / {ms(r32['fwdbwd_ms'])} ms; bfloat16 products: "
+                    f"{lowp['environment']['bf16_products']}); CPU time {cpu:.2f}",
+                    "<= 1.0", ratio <= 1.0, ratio, cpu <= 1.0])
     _, hg = measured[mid]
     for p in plugins:
         r1, r2 = hg_row(hg, p, 1), hg_row(hg, p, 2)
@@ -404,7 +417,7 @@ def goals(args):
                     f"{ratio:.2f} ({ms(r2['fwdbwd_ms'])} ms; predicted {ms(predicted)} = "
                     f"{ms(r1['fwdbwd_ms'])} / {scaling:.2f})", "<= 1.1", ratio <= 1.1, ratio, None])
 
-    print("Speed goals, float32, fwd+bwd medians, one thread unless stated; PyTorch at its best = "
+    print("Speed goals, float32 unless stated, fwd+bwd medians, one thread unless stated; PyTorch at its best = "
           "the fastest of OPENBLAS_CORETYPE Haswell/SkylakeX x manual/functional MHA.\n"
           "The verdict is on wall time; 'on CPU time' judges the same goal by process CPU time (each "
           "side's fastest), which a loaded machine does not distort (n/a for two threads):")
