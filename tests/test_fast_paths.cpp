@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -290,6 +291,10 @@ INSTANTIATE_TEST_SUITE_P(
                       // above the threading threshold (2^21 multiply-adds)
                       GemmCase{false, false, 160, 150, 140, 2}, GemmCase{true, true, 160, 150, 140, 2},
                       GemmCase{false, true, 130, 170, 128, 1}, GemmCase{true, false, 130, 170, 128, 2},
+                      // split over two workers by columns (more columns than rows), and by
+                      // rows in blocks that do not divide them (split_product.hpp)
+                      GemmCase{false, true, 40, 300, 200, 2}, GemmCase{true, false, 40, 300, 200, 2},
+                      GemmCase{true, true, 301, 90, 100, 2},
                       // one thread, float32 on AVX-512: tile_gemm.hpp's panels, rows and
                       // columns off its 12 x 32 block, every transposition
                       GemmCase{true, true, 37, 45, 19, 1}, GemmCase{false, true, 256, 64, 256, 1},
@@ -297,6 +302,28 @@ INSTANTIATE_TEST_SUITE_P(
                       // more than 512 rows of a skinny op(B) (16K elements at most): on the
                       // panels too, A read in place either way
                       GemmCase{true, false, 1300, 64, 128, 1}, GemmCase{false, true, 777, 40, 300, 1}));
+
+// A float64 product split over two workers (by rows, by columns) gives the
+// bits of the same product in one call: every element is the same sum, the
+// split is never over k.
+TEST(GemmSplit, TwoWorkersGiveTheOneThreadBits) {
+  for (const auto& [ta, tb, m, n, k] : {std::tuple{false, false, std::int64_t{301}, std::int64_t{90}, std::int64_t{100}},
+                                        std::tuple{true, true, std::int64_t{40}, std::int64_t{300}, std::int64_t{200}}}) {
+    const std::int64_t lda = (ta ? m : k) + 1, ldb = (tb ? k : n) + 2, ldc = n;
+    std::vector<double> a(static_cast<std::size_t>((ta ? k : m) * lda)), b(static_cast<std::size_t>((tb ? n : k) * ldb));
+    for (std::size_t i = 0; i < a.size(); ++i) a[i] = std::sin(0.37 * double(i));
+    for (std::size_t i = 0; i < b.size(); ++i) b[i] = std::cos(0.91 * double(i));
+    std::vector<double> one(static_cast<std::size_t>(m * ldc)), two(one.size());
+    set_num_threads(1);
+    blas::gemm(ta, tb, m, n, k, 1.0, a.data(), lda, b.data(), ldb, 0.0, one.data(), ldc);
+    set_num_threads(2);
+    blas::gemm(ta, tb, m, n, k, 1.0, a.data(), lda, b.data(), ldb, 0.0, two.data(), ldc);
+    set_num_threads(0);
+    std::int64_t differ = 0;
+    for (std::size_t i = 0; i < one.size(); ++i) differ += one[i] != two[i];
+    EXPECT_EQ(differ, 0) << m << " x " << n << " x " << k;
+  }
+}
 
 TEST(BlasInfo, NamesTheLibraryAndItsKernels) {
   const auto& i = blas::info();

@@ -9,8 +9,7 @@
 // probe, a -j worker), and GNU OpenMP's thread pool does not survive a fork,
 // so oneDNN never gets to start one: every thread that calls it is set to one
 // OpenMP thread, and a large product is split over headgrad's own workers
-// (blocks of rows, or of columns when there are more of those), one oneDNN
-// call each.
+// (split_product.hpp), one oneDNN call each.
 #include <array>
 #include <atomic>
 #include <cstdlib>
@@ -22,6 +21,7 @@
 
 #include "headgrad/blas.hpp"
 #include "headgrad/parallel.hpp"
+#include "ops/split_product.hpp"
 
 #if defined(HEADGRAD_ONEDNN)
 #include <oneapi/dnnl/dnnl.hpp>
@@ -126,7 +126,6 @@ void one_call(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, 
 // Below this many multiply-adds a product keeps one thread (as blas.cpp's
 // BLIS calls do): splitting it costs more than it saves.
 constexpr std::int64_t kSplitMinMacs = std::int64_t{1} << 21;
-constexpr std::int64_t kBlock = 32;  // rows or columns per unit of a split
 
 }  // namespace
 
@@ -161,14 +160,9 @@ void gemm_bf16(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
   const bool large = __builtin_mul_overflow(m, n, &mn) || __builtin_mul_overflow(mn, k, &mnk) || mnk >= kSplitMinMacs;
   const int threads = num_threads();  // 1 under SerialBlasScope
   if (!large || threads < 2) return one_call(ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
-  const bool by_rows = m >= n;
-  const std::int64_t blocks = ((by_rows ? m : n) + kBlock - 1) / kBlock;
-  parallel_for(blocks, [&](std::int64_t b0, std::int64_t b1, int) {
-    const std::int64_t first = b0 * kBlock, count = std::min((by_rows ? m : n), b1 * kBlock) - first;
-    if (by_rows)  // rows [first, first + count) of op(A) and of C
-      one_call(ta, tb, count, n, k, a + (ta ? first : first * lda), lda, b, ldb, c + first * ldc, ldc);
-    else  // columns [first, first + count) of op(B) and of C
-      one_call(ta, tb, m, count, k, a, lda, b + (tb ? first * ldb : first), ldb, c + first, ldc);
+  split_product(m, n, [&](std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols) {
+    one_call(ta, tb, rows, cols, k, a + (ta ? i0 : i0 * lda), lda, b + (tb ? j0 * ldb : j0), ldb,
+             c + i0 * ldc + j0, ldc);
   });
 #else
   (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b, (void)ldb, (void)c, (void)ldc;

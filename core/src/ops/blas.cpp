@@ -11,6 +11,7 @@
 
 #include "headgrad/parallel.hpp"
 #include "headgrad/tile_gemm.hpp"
+#include "ops/split_product.hpp"
 
 #if defined(HEADGRAD_BLAS_BLIS)
 #include <blis.h>
@@ -87,12 +88,13 @@ int threads_for(std::int64_t m, std::int64_t n, std::int64_t k) {
   return t > 0 ? t : headgrad::num_threads();
 }
 
+// One BLIS call on one thread.
 template <class T>
-void gemm_impl(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
-               const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
-               std::int64_t ldc) {
+void serial_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
+                 const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
+                 std::int64_t ldc) {
   rntm_t rntm = BLIS_RNTM_INITIALIZER;
-  bli_rntm_set_num_threads(threads_for(m, n, k), &rntm);
+  bli_rntm_set_num_threads(1, &rntm);
   const trans_t opa = ta ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE;
   const trans_t opb = tb ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE;
   // BLIS's typed API takes general strides and non-const pointers; it does not
@@ -103,6 +105,28 @@ void gemm_impl(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
   else
     bli_dgemm_ex(opa, opb, m, n, k, &alpha, const_cast<T*>(a), lda, 1, const_cast<T*>(b), ldb, 1,
                  &beta, c, ldc, 1, nullptr, &rntm);
+}
+
+// A product with more than one thread is split over headgrad's workers
+// (split_product.hpp), not handed to BLIS's threads, which it would start
+// and join on this call.
+template <class T>
+void gemm_impl(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
+               const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
+               std::int64_t ldc) {
+  if (threads_for(m, n, k) < 2) return serial_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  static const bool tiles = tile::available();
+  split_product(m, n, [&](std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols) {
+    const T* pa = a + (ta ? i0 : i0 * lda);
+    const T* pb = b + (tb ? j0 * ldb : j0);
+    T* pc = c + i0 * ldc + j0;
+    // a piece of float32 small enough for the packed kernel goes there, as a
+    // one-thread call of its shape would (float32_on_tiles)
+    if constexpr (std::is_same_v<T, float>)
+      if (tiles && tile::fits_per_call(rows, cols, k))
+        return tile::gemm_packing_b(ta, tb, rows, cols, k, alpha, pa, lda, pb, ldb, beta, pc, ldc);
+    serial_gemm(ta, tb, rows, cols, k, alpha, pa, lda, pb, ldb, beta, pc, ldc);
+  });
 }
 
 Info make_info() {
