@@ -5,18 +5,25 @@
 // a product split over two threads (by rows, by columns) within the same
 // bound, and kernels::matmul sending its large bfloat16 products there and
 // keeping its small ones (and every product under set_bf16_products(false))
-// on the float32 upcasts, rounded once. Skipped, saying why, where the build
+// on the float32 upcasts, rounded once; a child forked after the parent
+// multiplied multiplies too. Skipped, saying why, where the build
 // or the CPU has no bfloat16 products.
 #include <gtest/gtest.h>
 
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
+
+#include <sys/wait.h>
 
 #include "headgrad/blas.hpp"
+#include "headgrad/child_process.hpp"
 #include "headgrad/kernels.hpp"
 #include "headgrad/ops.hpp"
 #include "headgrad/parallel.hpp"
@@ -183,6 +190,29 @@ TEST_F(Bf16Products, SubnormalOperandsCountAsZero) {
     const double want = n == 300 ? 0.0 : static_cast<double>(a.size(1)) * std::ldexp(1.0, -30);
     EXPECT_EQ(k::matmul(a, b).flat(0), want) << n << " x " << n << " x " << a.size(1);
   }
+}
+
+// The runner forks a child for each side after its parent has multiplied:
+// a child that multiplies bfloat16 on two threads finishes, with the
+// parent's bits (oneDNN never started an OpenMP pool in the parent, whose
+// threads a fork would not copy).
+TEST_F(Bf16Products, AChildForkedAfterProductsMultipliesToo) {
+  hg::set_num_threads(2);
+  const Tensor a = seeded({600, 64}, 41), b = seeded({64, 500}, 42);
+  const Tensor want = hg::kernels::matmul(a, b);
+  hg::ChildProcess child = hg::ChildProcess::spawn({}, [&](const hg::ChildEnds&) {
+    hg::set_num_threads(2);
+    return differing(hg::kernels::matmul(a, b), want) == 0 ? 0 : 1;
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  std::optional<int> status;
+  while (!(status = child.try_reap()) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  if (!status) {
+    child.kill_and_reap();
+    FAIL() << "the child did not finish within 60 s";
+  }
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << "wait status " << *status;
 }
 
 // Off, the product is refused rather than run elsewhere: callers ask first.
