@@ -42,8 +42,10 @@ std::string bf16_products_info();  // e.g. "oneDNN 2.6.3 (avx512_core_bf16)", or
 void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const BFloat16* a,
                std::int64_t lda, const BFloat16* b, std::int64_t ldb, BFloat16* c, std::int64_t ldc);
 
-// Threads one large product may use. headgrad::set_num_threads sets it along
-// with headgrad's own workers; SerialBlasScope lowers it to 1 for a while.
+// Threads one large product may use (on BLIS, and for gemm_bf16, such a
+// product is split over headgrad's workers by blocks of rows or columns,
+// each block one call on one thread; OpenBLAS keeps its own threads). headgrad::set_num_threads sets it along with headgrad's own
+// workers; SerialBlasScope lowers it to 1 for a while.
 void set_num_threads(int n);
 int num_threads();
 
