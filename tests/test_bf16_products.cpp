@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <optional>
 #include <stdexcept>
@@ -215,8 +216,10 @@ TEST_F(Bf16Products, AChildForkedAfterProductsMultipliesToo) {
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << "wait status " << *status;
 }
 
-// Off, the product is refused rather than run elsewhere: callers ask first.
-TEST_F(Bf16Products, SwitchedOffRefusesACall) {
+// Off, the product is refused rather than run elsewhere (callers ask
+// first), and the report of the path says why it is off; a value of
+// HEADGRAD_BF16_GEMM other than float32 is named as ignored.
+TEST_F(Bf16Products, SwitchedOffRefusesACallAndTheReportSaysWhy) {
   hg::blas::set_bf16_products(false);
   EXPECT_FALSE(hg::blas::bf16_products());
   const Tensor a = seeded({4, 4}, 1);
@@ -224,7 +227,15 @@ TEST_F(Bf16Products, SwitchedOffRefusesACall) {
   EXPECT_THROW(hg::blas::gemm_bf16(false, false, 4, 4, 4, a.data<hg::BFloat16>(), 4, a.data<hg::BFloat16>(), 4,
                                    c.mutable_data<hg::BFloat16>(), 4),
                std::logic_error);
-  EXPECT_NE(hg::blas::bf16_products_info().find("float32 upcasts"), std::string::npos);
+  EXPECT_EQ(hg::blas::bf16_products_info(), "float32 upcasts (set_bf16_products(false))");
+  hg::blas::set_bf16_products(true);
+  // HEADGRAD_BF16_GEMM takes float32 only (read once, at the first product);
+  // another value is named as ignored wherever the path is reported
+  ::setenv("HEADGRAD_BF16_GEMM", "off", 1);
+  const std::string info = hg::blas::bf16_products_info();
+  ::unsetenv("HEADGRAD_BF16_GEMM");
+  EXPECT_NE(info.find("oneDNN"), std::string::npos) << info;
+  EXPECT_NE(info.find("HEADGRAD_BF16_GEMM=off ignored: only float32 is understood"), std::string::npos) << info;
 }
 
 }  // namespace test_bf16_products

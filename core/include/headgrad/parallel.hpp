@@ -5,10 +5,8 @@
 //     for (std::int64_t r = r0; r < r1; ++r) ...;   // disjoint output rows: no locks
 //   });
 //
-// One persistent pool (no thread is created per op); its workers spin a
-// short while after a loop before they sleep, so that the next loop does not
-// pay a wake-up. A parallel loop started from inside a worker runs serially
-// on that worker, so nesting cannot deadlock.
+// One persistent pool (no thread is created per op). A parallel loop started
+// from inside a worker runs serially on that worker, so nesting cannot deadlock.
 // The default count is HEADGRAD_NUM_THREADS, else the machine's core count.
 #pragma once
 

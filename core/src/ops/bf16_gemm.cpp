@@ -142,10 +142,15 @@ void set_bf16_products(bool on) { g_bf16_wanted.store(on ? 1 : 0, std::memory_or
 std::string bf16_products_info() {
 #if defined(HEADGRAD_ONEDNN)
   if (!cpu_has_bf16_kernels()) return "float32 upcasts (oneDNN, but no AVX512-BF16 on this CPU)";
-  if (!bf16_wanted()) return "float32 upcasts (HEADGRAD_BF16_GEMM=float32)";
+  const char* env = std::getenv("HEADGRAD_BF16_GEMM");
+  const bool env_off = env && std::strcmp(env, "float32") == 0;
+  if (!bf16_wanted())
+    return env_off ? "float32 upcasts (HEADGRAD_BF16_GEMM=float32)" : "float32 upcasts (set_bf16_products(false))";
   const dnnl_version_t* v = dnnl_version();
-  return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
-         " (" + isa_name() + ")";
+  std::string info = "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+                     std::to_string(v->patch) + " (" + isa_name() + ")";
+  if (env && *env && !env_off) info += std::string("; HEADGRAD_BF16_GEMM=") + env + " ignored: only float32 is understood";
+  return info;
 #else
   return "float32 upcasts (built without oneDNN)";
 #endif

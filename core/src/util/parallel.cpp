@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <exception>
@@ -27,33 +26,9 @@ int default_threads() {
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
-// Spins (pausing the core) until done() or about kSpinMicros have passed;
-// whether done() came true. Waking a sleeping thread costs tens of
-// microseconds on a virtual machine (a futex wake, an interrupt to the other
-// core, its scheduling), and a forward + backward of small ops posts
-// hundreds of jobs back to back: a worker that has just finished one, and a
-// caller waiting for the last chunk, spin for a while before they sleep.
-constexpr auto kSpin = std::chrono::microseconds(50);
-
-template <class Done>
-bool spin_until(Done&& done) {
-  const auto until = std::chrono::steady_clock::now() + kSpin;
-  while (true) {
-    for (int i = 0; i < 64; ++i) {
-      if (done()) return true;
-#if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
-#endif
-    }
-    if (std::chrono::steady_clock::now() >= until) return done();
-  }
-}
-
-// Workers 1..n-1 wait for a new generation number, spinning a while and then
-// sleeping on a condition variable; a job posts one. Worker w runs chunk w
-// of the job; the caller is worker 0 and returns only when every chunk is
-// done, so a job never outlives its call. generation_, pending_ and stop_
-// change under mutex_ (the sleepers' predicate) and are atomic for the spins.
+// Workers 1..n-1 sleep on a condition variable; a job wakes them with a new
+// generation number. Worker w runs chunk w of the job; the caller is worker 0
+// and returns only when every chunk is done, so a job never outlives its call.
 class Pool {
  public:
   using Chunk = std::function<void(int)>;
@@ -98,14 +73,11 @@ class Pool {
       pending_ = chunks - 1;
       ++generation_;
     }
-    wake_.notify_all();  // no system call when every worker is still spinning
+    wake_.notify_all();
     run_one(0, chunk);
-    if (!spin_until([&] { return pending_ == 0; })) {
+    {
       std::unique_lock lock(mutex_);
       done_.wait(lock, [&] { return pending_ == 0; });
-    }
-    {
-      std::lock_guard lock(mutex_);
       job_ = nullptr;
     }
     for (const auto& e : errors_)
@@ -127,7 +99,6 @@ class Pool {
   void loop(int w, std::uint64_t seen) {
     while (true) {
       const Chunk* job = nullptr;
-      spin_until([&] { return stop_ || generation_ != seen; });
       {
         std::unique_lock lock(mutex_);
         wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
@@ -137,12 +108,9 @@ class Pool {
         job = job_;
       }
       run_one(w, *job);
-      // the caller may be spinning on pending_ rather than waiting on done_:
-      // the decrement is seen either way, the notify reaches a sleeper
-      // because it is sent under the mutex its predicate is read under
-      if (pending_.fetch_sub(1) == 1) {
+      {
         std::lock_guard lock(mutex_);
-        done_.notify_one();
+        if (--pending_ == 0) done_.notify_one();
       }
     }
   }
@@ -152,10 +120,9 @@ class Pool {
   std::vector<std::thread> threads_;
   std::vector<std::exception_ptr> errors_;
   const Chunk* job_ = nullptr;
-  int size_ = 1, chunks_ = 0;
-  std::atomic<int> pending_{0};
-  std::atomic<std::uint64_t> generation_{0};
-  std::atomic<bool> stop_{false};
+  int size_ = 1, chunks_ = 0, pending_ = 0;
+  std::uint64_t generation_ = 0;
+  bool stop_ = false;
 };
 
 Pool& pool() {
