@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <exception>
@@ -26,9 +27,30 @@ int default_threads() {
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
-// Workers 1..n-1 sleep on a condition variable; a job wakes them with a new
-// generation number. Worker w runs chunk w of the job; the caller is worker 0
-// and returns only when every chunk is done, so a job never outlives its call.
+// Until done() or kSpin has passed, yields the core (sched_yield) between
+// looks; whether done() came true. Waking a sleeping thread costs tens of
+// microseconds on a virtual machine (a futex wake, an interrupt to the other
+// core): a worker that has just finished a chunk, and a caller waiting for
+// the last one, look again for a while before they sleep, so that jobs
+// posted back to back (the small ops of a forward + backward) find them
+// awake. Yielding rather than spinning gives the core to whatever else is
+// runnable there (another process sharing the machine) while they look.
+constexpr auto kSpin = std::chrono::microseconds(50);
+
+template <class Done>
+bool yield_until(Done&& done) {
+  const auto until = std::chrono::steady_clock::now() + kSpin;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= until) return done();
+    std::this_thread::yield();
+  }
+  return true;
+}
+
+// Workers 1..n-1 look for a new generation number (yield_until), then sleep
+// on a condition variable; a job posts one. Worker w runs chunk w of the
+// job; the caller is worker 0 and returns only when every chunk is done, so
+// a job never outlives its call.
 class Pool {
  public:
   using Chunk = std::function<void(int)>;
@@ -73,11 +95,14 @@ class Pool {
       pending_ = chunks - 1;
       ++generation_;
     }
-    wake_.notify_all();
+    wake_.notify_all();  // no system call when every worker is still looking
     run_one(0, chunk);
-    {
+    if (!yield_until([&] { return pending_ == 0; })) {
       std::unique_lock lock(mutex_);
       done_.wait(lock, [&] { return pending_ == 0; });
+    }
+    {
+      std::lock_guard lock(mutex_);
       job_ = nullptr;
     }
     for (const auto& e : errors_)
@@ -99,6 +124,7 @@ class Pool {
   void loop(int w, std::uint64_t seen) {
     while (true) {
       const Chunk* job = nullptr;
+      yield_until([&] { return stop_ || generation_ != seen; });
       {
         std::unique_lock lock(mutex_);
         wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
@@ -108,9 +134,12 @@ class Pool {
         job = job_;
       }
       run_one(w, *job);
-      {
+      // the caller may be looking at pending_ rather than waiting on done_:
+      // the decrement is seen either way, and the notify reaches a sleeper
+      // because it is sent under the mutex its predicate is read under
+      if (pending_.fetch_sub(1) == 1) {
         std::lock_guard lock(mutex_);
-        if (--pending_ == 0) done_.notify_one();
+        done_.notify_one();
       }
     }
   }
@@ -120,9 +149,11 @@ class Pool {
   std::vector<std::thread> threads_;
   std::vector<std::exception_ptr> errors_;
   const Chunk* job_ = nullptr;
-  int size_ = 1, chunks_ = 0, pending_ = 0;
-  std::uint64_t generation_ = 0;
-  bool stop_ = false;
+  int size_ = 1, chunks_ = 0;
+  // changed under mutex_ (the sleepers' predicates), atomic for the looks
+  std::atomic<int> pending_{0};
+  std::atomic<std::uint64_t> generation_{0};
+  std::atomic<bool> stop_{false};
 };
 
 Pool& pool() {
