@@ -1,6 +1,7 @@
 // Checks shared by the tests: all_close (docs/design.md's float64 tolerances by
 // default) and all_finite on whole tensors, each naming the tensor and the
-// worst element's index when it fails; contains on text; expect_invalid on
+// worst element's index when it fails; product_error_over_bound for 16-bit
+// matrix products; contains on text; expect_invalid on
 // an error message; read_text for a whole file.
 #pragma once
 
@@ -28,6 +29,25 @@ inline std::string read_text(const std::filesystem::path& p) {
   std::stringstream ss;
   ss << is.rdbuf();
   return ss.str();
+}
+
+// Element (i, j) of a 16-bit product C = op(A) op(B) (A(i, p) at a.flat(p *
+// lda + i) when ta, else a.flat(i * lda + p); B(p, j) likewise) against the
+// float64 sum of the same values: |got - exact| over the bound of k float32
+// additions of exact products, then one rounding (unit roundoff u), plus
+// `floor` (the output's smallest spacing). At most 1 for a correct product.
+inline double product_error_over_bound(double got, const Tensor& a, std::int64_t lda, bool ta, const Tensor& b,
+                                       std::int64_t ldb, bool tb, std::int64_t i, std::int64_t j, std::int64_t k,
+                                       double u, double floor) {
+  double exact = 0, mag = 0;
+  for (std::int64_t p = 0; p < k; ++p) {
+    const double x = ta ? a.flat(p * lda + i) : a.flat(i * lda + p);
+    const double y = tb ? b.flat(j * ldb + p) : b.flat(p * ldb + j);
+    exact += x * y;
+    mag += std::abs(x * y);
+  }
+  const double bound = 1.01 * double(k) * 0x1p-24 * mag * (1 + u) + u * std::abs(exact) + floor;
+  return std::abs(got - exact) / bound;
 }
 
 // |a - b| <= atol + rtol * |b| elementwise; NaN never passes. On failure: how

@@ -23,6 +23,7 @@
 
 #include <sys/wait.h>
 
+#include "checks.hpp"
 #include "headgrad/blas.hpp"
 #include "headgrad/child_process.hpp"
 #include "headgrad/kernels.hpp"
@@ -42,27 +43,16 @@ Tensor seeded(const hg::Shape& shape, std::uint64_t seed) {
   return hg::randn(shape, DType::bfloat16, gen);
 }
 
-// The largest |got - exact| / bound over C [m, n] (row stride ldc), exact the
-// float64 product of the same values: k float32 additions of products that
-// are exact in float32 (8-bit by 8-bit significands), then one rounding to
-// bfloat16 (unit roundoff 2^-8).
+// The largest error over its bound (checks.hpp) of C [m, n] (row stride
+// ldc): bfloat16's unit roundoff 2^-8, its smallest normal 2^-126 as floor.
 double worst_over_bound(const Tensor& c, std::int64_t ldc, const Tensor& a, std::int64_t lda, bool ta,
                         const Tensor& b, std::int64_t ldb, bool tb, std::int64_t m, std::int64_t n,
                         std::int64_t k) {
-  const double u = 0x1p-8;
   double worst = 0;
   for (std::int64_t i = 0; i < m; ++i)
-    for (std::int64_t j = 0; j < n; ++j) {
-      double exact = 0, mag = 0;
-      for (std::int64_t p = 0; p < k; ++p) {
-        const double x = ta ? a.flat(p * lda + i) : a.flat(i * lda + p);
-        const double y = tb ? b.flat(j * ldb + p) : b.flat(p * ldb + j);
-        exact += x * y;
-        mag += std::abs(x * y);
-      }
-      const double bound = 1.01 * double(k) * 0x1p-24 * mag * (1 + u) + u * std::abs(exact) + 0x1p-126;
-      worst = std::max(worst, std::abs(c.flat(i * ldc + j) - exact) / bound);
-    }
+    for (std::int64_t j = 0; j < n; ++j)
+      worst = std::max(worst, hg::test::product_error_over_bound(c.flat(i * ldc + j), a, lda, ta, b, ldb, tb, i, j,
+                                                                 k, 0x1p-8, 0x1p-126));
   return worst;
 }
 

@@ -16,6 +16,7 @@
 
 #include <unistd.h>
 
+#include "checks.hpp"
 #include "headgrad/attention.hpp"
 #include "headgrad/blas.hpp"
 #include "headgrad/half_convert.hpp"
@@ -694,17 +695,10 @@ TEST_P(HalfOps, PackedProductsAreTheRoundedFloat32Product) {
                 continue;
               }
               wrong += bits(c, i * ldc + j) != bits(want, i * n + j);
-              double exact = 0, mag = 0;
-              for (std::int64_t p = 0; p < kk; ++p) {
-                const double x = ta ? a.flat(p * lda + i) : a.flat(i * lda + p);
-                const double y = tb ? b.flat(j * ldb + p) : b.flat(p * ldb + j);
-                exact += x * y;
-                mag += std::abs(x * y);
-              }
               // float32 sums of kk terms, then one rounding to 16 bits (and
               // float16's subnormal spacing)
-              const double bound = 1.01 * double(kk) * 0x1p-24 * mag * (1 + u) + u * std::abs(exact) + 0x1p-24;
-              worst = std::max(worst, std::abs(c.flat(i * ldc + j) - exact) / bound);
+              worst = std::max(worst, hg::test::product_error_over_bound(c.flat(i * ldc + j), a, lda, ta, b, ldb,
+                                                                         tb, i, j, kk, u, 0x1p-24));
             }
           EXPECT_EQ(wrong, 0) << "elements that differ from the rounded float32 product";
           EXPECT_LE(worst, 1.0) << "the largest error over its bound";
