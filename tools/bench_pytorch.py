@@ -448,8 +448,8 @@ def main():
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--goals", action="store_true",
-                    help="measure every speed goal in one run and print its verdict (float32; "
-                         "ignores --shape, --dtype, --threads, --plugin)")
+                    help="measure every speed goal in one run and print its verdict (float32, and "
+                         "bfloat16 against float32; ignores --shape, --dtype, --threads, --plugin)")
     ap.add_argument("--shape", action="append", type=parse_shape, help="B,T,D,H; repeatable")
     ap.add_argument("--dtype", action="append", choices=["float32", "float64"], help="repeatable")
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads and headgrad --threads")

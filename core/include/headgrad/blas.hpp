@@ -44,8 +44,9 @@ void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::
 
 // Threads one large product may use (on BLIS, and for gemm_bf16, such a
 // product is split over headgrad's workers by blocks of rows or columns,
-// each block one call on one thread; OpenBLAS keeps its own threads). headgrad::set_num_threads sets it along with headgrad's own
-// workers; SerialBlasScope lowers it to 1 for a while.
+// each block one call on one thread; OpenBLAS keeps its own threads).
+// headgrad::set_num_threads sets it along with headgrad's own workers;
+// SerialBlasScope lowers it to 1 for a while.
 void set_num_threads(int n);
 int num_threads();
 

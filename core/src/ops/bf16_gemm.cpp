@@ -14,7 +14,6 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <limits>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -121,11 +120,11 @@ void one_call(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, 
   }
 }
 
-#endif
-
 // Below this many multiply-adds a product keeps one thread (as blas.cpp's
 // BLIS calls do): splitting it costs more than it saves.
 constexpr std::int64_t kSplitMinMacs = std::int64_t{1} << 21;
+
+#endif
 
 }  // namespace
 
