@@ -85,9 +85,17 @@ std::int64_t differing(const Tensor& x, const Tensor& y) {
 
 class Bf16Products : public ::testing::Test {
  protected:
+  // Skipped only where the optional oneDNN is not built in, the CPU has no
+  // AVX512-BF16, or the run switched the products off; anywhere else their
+  // absence is a failure, not a skip.
   void SetUp() override {
-    if (!hg::blas::bf16_products())
-      GTEST_SKIP() << "no bfloat16 products in this build or on this CPU: " << hg::blas::bf16_products_info();
+    if (hg::blas::bf16_products()) return;
+    const std::string why = hg::blas::bf16_products_info();
+    const char* env = std::getenv("HEADGRAD_BF16_GEMM");
+    const bool cpu = __builtin_cpu_supports("avx512bf16");
+    if (why.find("built without oneDNN") != std::string::npos || !cpu || (env && std::string(env) == "float32"))
+      GTEST_SKIP() << "no bfloat16 products here (" << (cpu ? "" : "no AVX512-BF16 on this CPU; ") << why << ")";
+    FAIL() << "built with oneDNN on a CPU with AVX512-BF16, yet no bfloat16 products: " << why;
   }
   void TearDown() override {
     hg::blas::set_bf16_products(true);
@@ -125,11 +133,12 @@ TEST_F(Bf16Products, WithinTheFloat32SumBoundOfTheExactProduct) {
 
 // kernels::matmul in bfloat16: the products a run makes (q K^T of a batch of
 // heads, P V, P^T dO through a transposed view, a projection [B, T, D] @ W^T
-// folded into one product, one b broadcast to every head) are the bfloat16
-// products, on one thread and on two (products spread over the workers, or
-// one product split); a product under 2^18 multiply-adds keeps the rounded
-// float32 product of the upcasts, as every product does with them switched off.
-TEST_F(Bf16Products, MatmulSendsItsLargeBfloat16ProductsThere) {
+// folded into one product, one b broadcast to every head), on one thread and
+// on two (products spread over the workers, or one product split), within
+// the bound; switched off, each is the rounded float32 product of the
+// upcasts, as a product under 2^18 multiply-adds is with them on. Which path
+// each took: the next test.
+TEST_F(Bf16Products, MatmulProductsAreWithinTheBoundOnEitherPath) {
   namespace k = hg::kernels;
   const Tensor q = seeded({2, 3, 300, 64}, 31), kv = seeded({2, 3, 300, 64}, 32);
   const Tensor p = seeded({2, 3, 300, 300}, 33), x = seeded({2, 150, 96}, 34), w = seeded({80, 96}, 35);
@@ -169,17 +178,42 @@ TEST_F(Bf16Products, MatmulSendsItsLargeBfloat16ProductsThere) {
 
 // bfloat16 values below 2^-126 (subnormal) count as zero in the bfloat16
 // dot products (the instruction's rule): a product of 2^-130 and 2^100 is 0
-// there and 2^-30 on the float32 upcasts. This also shows which path a
-// product took: the 300 x 300 x 64 product above its size limit, the 32 x 32
-// x 32 one below it.
-TEST_F(Bf16Products, SubnormalOperandsCountAsZero) {
+// there and 2^-30 per term on the float32 upcasts. So this shows which path
+// each product took: every form of the test above (a batch of heads, a
+// transposed view, a projection folded into one product, a broadcast b) on
+// one thread and on two goes to the bfloat16 products, and 32 x 32 x 32 (under
+// the size limit) and every product switched off keep the upcasts.
+TEST_F(Bf16Products, SubnormalOperandsShowWhichPathEachProductTook) {
   namespace k = hg::kernels;
-  for (const std::int64_t n : {300, 32}) {
-    const Tensor a = Tensor::full({n, n < 64 ? 32 : 64}, std::ldexp(1.0, -130), DType::bfloat16);
-    const Tensor b = Tensor::full({a.size(1), n}, std::ldexp(1.0, 100), DType::bfloat16);
-    const double want = n == 300 ? 0.0 : static_cast<double>(a.size(1)) * std::ldexp(1.0, -30);
-    EXPECT_EQ(k::matmul(a, b).flat(0), want) << n << " x " << n << " x " << a.size(1);
+  const double tiny = std::ldexp(1.0, -130), big = std::ldexp(1.0, 100);
+  const auto full = [](const hg::Shape& shape, double v) { return Tensor::full(shape, v, DType::bfloat16); };
+  struct Product {
+    const char* what;
+    Tensor a, b;
+  };
+  const Product large[] = {{"q K^T", full({2, 3, 300, 64}, tiny), full({2, 3, 300, 64}, big).transpose(-2, -1)},
+                           {"P^T dO", full({2, 3, 300, 300}, tiny).transpose(-2, -1), full({2, 3, 300, 64}, big)},
+                           {"x W^T", full({2, 150, 96}, tiny), full({80, 96}, big).transpose(0, 1)},
+                           {"broadcast b", full({2, 3, 300, 300}, tiny), full({1, 1, 300, 64}, big)}};
+  const auto all_zero = [](const Tensor& t) {
+    for (std::int64_t i = 0; i < t.numel(); ++i)
+      if (t.flat(i) != 0.0) return false;
+    return true;
+  };
+  for (const int threads : {1, 2}) {
+    hg::set_num_threads(threads);
+    for (const Product& p : large) {
+      SCOPED_TRACE(std::string(p.what) + ", " + std::to_string(threads) + " thread(s)");
+      EXPECT_TRUE(all_zero(k::matmul(p.a, p.b))) << "not on the bfloat16 products";
+      hg::blas::set_bf16_products(false);
+      const Tensor upcast = k::matmul(p.a, p.b);
+      hg::blas::set_bf16_products(true);
+      const double want = static_cast<double>(p.a.size(-1)) * tiny * big;
+      EXPECT_EQ(upcast.flat(0), want) << "switched off: the float32 upcasts";
+    }
   }
+  const Tensor small = k::matmul(full({32, 32}, tiny), full({32, 32}, big));
+  EXPECT_EQ(small.flat(0), 32 * tiny * big) << "32 x 32 x 32, under the size limit: the float32 upcasts";
 }
 
 // The runner forks a child for each side after its parent has multiplied:

@@ -120,10 +120,6 @@ void one_call(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, 
   }
 }
 
-// Below this many multiply-adds a product keeps one thread (as blas.cpp's
-// BLIS calls do): splitting it costs more than it saves.
-constexpr std::int64_t kSplitMinMacs = std::int64_t{1} << 21;
-
 #endif
 
 }  // namespace
@@ -160,10 +156,8 @@ void gemm_bf16(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
 #if defined(HEADGRAD_ONEDNN)
   if (!bf16_products()) throw std::logic_error("gemm_bf16: no bfloat16 products here (blas::bf16_products())");
   if (m <= 0 || n <= 0) return;
-  std::int64_t mn = 0, mnk = 0;
-  const bool large = __builtin_mul_overflow(m, n, &mn) || __builtin_mul_overflow(mn, k, &mnk) || mnk >= kSplitMinMacs;
-  const int threads = num_threads();  // 1 under SerialBlasScope
-  if (!large || threads < 2) return one_call(ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
+  if (macs(m, n, k) < kSplitMinMacs || num_threads() < 2)  // one thread under SerialBlasScope
+    return one_call(ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
   split_product(m, n, [&](std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols) {
     one_call(ta, tb, rows, cols, k, a + (ta ? i0 : i0 * lda), lda, b + (tb ? j0 * ldb : j0), ldb,
              c + i0 * ldc + j0, ldc);

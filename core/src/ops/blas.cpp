@@ -29,15 +29,6 @@ namespace {
 // as a plain loop than a BLAS call's fixed ~1 us of setup (measured on BLIS 0.9).
 constexpr std::int64_t kTinyMaxMacs = 512;
 
-// m * n * k multiply-adds, saturated: sizes that each fit int64 may not
-// multiply to one (the product only picks a code path).
-std::int64_t macs(std::int64_t m, std::int64_t n, std::int64_t k) {
-  std::int64_t mn = 0, mnk = 0;
-  if (__builtin_mul_overflow(m, n, &mn) || __builtin_mul_overflow(mn, k, &mnk))
-    return std::numeric_limits<std::int64_t>::max();
-  return mnk;
-}
-
 template <class T>
 void tiny_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
                const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
@@ -78,12 +69,8 @@ bool avx512_kernels_wanted() {
 // here rather than in BLIS's global state; 0 = not yet set: headgrad's default.
 std::atomic<int> g_threads{0};
 
-// Below this many multiply-adds a product runs on one thread: BLIS 0.9 starts
-// its pthreads per call, which costs more than a small product saves.
-constexpr std::int64_t kThreadedMinMacs = std::int64_t{1} << 21;
-
 int threads_for(std::int64_t m, std::int64_t n, std::int64_t k) {
-  if (macs(m, n, k) < kThreadedMinMacs) return 1;
+  if (macs(m, n, k) < kSplitMinMacs) return 1;
   const int t = g_threads.load(std::memory_order_relaxed);
   return t > 0 ? t : headgrad::num_threads();
 }

@@ -11,6 +11,7 @@
 #include "headgrad/ops.hpp"
 #include "headgrad/parallel.hpp"
 #include "headgrad/tile_gemm.hpp"
+#include "ops/split_product.hpp"
 #include "tensor/strided.hpp"
 
 namespace headgrad {
@@ -527,9 +528,7 @@ std::vector<std::array<std::int64_t, 3>> product_offsets(const Shape& batch, con
 constexpr std::int64_t kBf16ProductsMinMacs = std::int64_t{1} << 18;
 
 bool on_bf16_products(DType dtype, std::int64_t m, std::int64_t n, std::int64_t k) {
-  if (dtype != DType::bfloat16 || !blas::bf16_products()) return false;
-  std::int64_t mn = 0, mnk = 0;
-  return __builtin_mul_overflow(m, n, &mn) || __builtin_mul_overflow(mn, k, &mnk) || mnk >= kBf16ProductsMinMacs;
+  return dtype == DType::bfloat16 && blas::bf16_products() && blas::macs(m, n, k) >= kBf16ProductsMinMacs;
 }
 
 // The element types kernels::matmul multiplies in place: float32, float64,

@@ -6,15 +6,30 @@
 // took 0.95 ms on BLIS's two threads, 0.70 ms split here), bf16_gemm.cpp
 // oneDNN's (which must not start OpenMP threads). Every element of C is the
 // same sum as in one call over the whole product: the split is over rows or
-// columns, never over k.
+// columns, never over k. Also the size rule the three share: macs, and the
+// product size below which none splits.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "headgrad/parallel.hpp"
 
 namespace headgrad::blas {
+
+// m * n * k multiply-adds, saturated: sizes that each fit int64 may not
+// multiply to one (the product only picks a code path).
+inline std::int64_t macs(std::int64_t m, std::int64_t n, std::int64_t k) {
+  std::int64_t mn = 0, mnk = 0;
+  if (__builtin_mul_overflow(m, n, &mn) || __builtin_mul_overflow(mn, k, &mnk))
+    return std::numeric_limits<std::int64_t>::max();
+  return mnk;
+}
+
+// Below this many multiply-adds a product runs on one thread: splitting it
+// (or BLIS starting its pthreads for it) costs more than it saves.
+constexpr std::int64_t kSplitMinMacs = std::int64_t{1} << 21;
 
 // piece(i0, rows, j0, cols) computes C's rows [i0, i0 + rows) and columns
 // [j0, j0 + cols); a piece of op(A) starts at row i0: a + (trans_a ? i0 : i0 * lda),
