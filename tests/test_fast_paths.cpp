@@ -325,6 +325,81 @@ TEST(GemmSplit, TwoWorkersGiveTheOneThreadBits) {
   }
 }
 
+// Large float32 products on the blocked packed kernel (tile::gemm_blocked):
+// op(B) packed 512 x 1024 at a time, A taken 96 rows at a time. Shapes that
+// cross each edge (k over two chunks, n over one, rows off the block and the
+// micro-kernel's 12), every transposition, padded leading dims, alpha, beta
+// (and beta 0 ignoring a NaN in C, as BLAS does), on 1 and 2 threads (each
+// worker's piece blocked on its own). Each element against its float64 sum,
+// within the bound of k float32 additions plus the chunks' and beta's few
+// roundings; the BLAS's own product (library_gemm) within the same bound.
+TEST(GemmBlocked, LargeFloat32ProductsAreWithinTheirBoundOnEveryChunkEdge) {
+  set_num_threads(1);
+  const bool blocked = blas::float32_blocked(110, 1040, 530);
+  set_num_threads(0);
+  if (!blocked) GTEST_SKIP() << "no AVX-512F here: the BLAS runs every product";
+  struct Shape3 { bool ta, tb; std::int64_t m, n, k; };
+  for (const Shape3& c : {Shape3{false, false, 110, 1040, 530}, Shape3{true, false, 97, 300, 1030},
+                          Shape3{false, true, 13, 1040, 600}, Shape3{true, true, 301, 64, 2100}}) {
+    const std::int64_t a_rows = c.ta ? c.k : c.m, a_cols = c.ta ? c.m : c.k;
+    const std::int64_t b_rows = c.tb ? c.n : c.k, b_cols = c.tb ? c.k : c.n;
+    const std::int64_t lda = a_cols + 3, ldb = b_cols + 5, ldc = c.n + 2;
+    std::vector<float> a(static_cast<std::size_t>(a_rows * lda)), b(static_cast<std::size_t>(b_rows * ldb));
+    for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(std::sin(0.37 * double(i)));
+    for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(std::cos(0.91 * double(i)));
+    // the float64 sum of op(A) op(B) and of its terms' magnitudes, once per shape
+    std::vector<double> exact(static_cast<std::size_t>(c.m * c.n)), mag(exact.size());
+    for (std::int64_t i = 0; i < c.m; ++i)
+      for (std::int64_t j = 0; j < c.n; ++j)
+        for (std::int64_t p = 0; p < c.k; ++p) {
+          const double x = c.ta ? a[static_cast<std::size_t>(p * lda + i)] : a[static_cast<std::size_t>(i * lda + p)];
+          const double y = c.tb ? b[static_cast<std::size_t>(j * ldb + p)] : b[static_cast<std::size_t>(p * ldb + j)];
+          exact[static_cast<std::size_t>(i * c.n + j)] += x * y;
+          mag[static_cast<std::size_t>(i * c.n + j)] += std::abs(x * y);
+        }
+    for (const bool nan_in_c : {false, true})
+      for (const int threads : {1, 2}) {
+        std::vector<float> out(static_cast<std::size_t>(c.m * ldc));
+        for (std::size_t i = 0; i < out.size(); ++i)
+          out[i] = nan_in_c ? NAN : static_cast<float>(0.5 + 0.01 * double(i % 17));
+        const std::vector<float> before = out;
+        std::vector<float> library = out;
+        const float alpha = 0.75f, beta = nan_in_c ? 0.0f : -0.5f;
+        set_num_threads(threads);
+        // one thread: the whole product blocked; two: split, each piece on its own
+        ASSERT_EQ(blas::float32_blocked(c.m, c.n, c.k), threads == 1) << c.m << " x " << c.n << " x " << c.k;
+        blas::gemm(c.ta, c.tb, c.m, c.n, c.k, alpha, a.data(), lda, b.data(), ldb, beta, out.data(), ldc);
+        blas::library_gemm(c.ta, c.tb, c.m, c.n, c.k, alpha, a.data(), lda, b.data(), ldb, beta, library.data(), ldc);
+        set_num_threads(0);
+        double worst = 0, worst_library = 0;
+        for (std::int64_t i = 0; i < c.m; ++i)
+          for (std::int64_t j = 0; j < ldc; ++j) {
+            const std::size_t at = static_cast<std::size_t>(i * ldc + j);
+            if (j >= c.n) {  // the padding between rows is never written
+              if (nan_in_c)
+                ASSERT_TRUE(std::isnan(out[at])) << "row " << i << " pad col " << j;
+              else
+                ASSERT_EQ(out[at], before[at]) << "row " << i << " pad col " << j;
+              continue;
+            }
+            const std::size_t e = static_cast<std::size_t>(i * c.n + j);
+            const double c0 = nan_in_c ? 0.0 : double(before[at]);
+            const double want = double(alpha) * exact[e] + double(beta) * c0;
+            const double bound =
+                1.01 * double(c.k + 4) * 0x1p-24 * (double(alpha) * mag[e] + std::abs(double(beta) * c0)) + 1e-30;
+            const auto over = [&](float got) {  // a NaN result counts as over
+              const double r = std::abs(double(got) - want) / bound;
+              return std::isnan(r) ? 2.0 : r;
+            };
+            worst = std::max(worst, over(out[at]));
+            worst_library = std::max(worst_library, over(library[at]));
+          }
+        EXPECT_LE(worst, 1.0) << c.m << " x " << c.n << " x " << c.k << " on " << threads << " thread(s)";
+        EXPECT_LE(worst_library, 1.0) << "the BLAS: " << c.m << " x " << c.n << " x " << c.k;
+      }
+  }
+}
+
 TEST(BlasInfo, NamesTheLibraryAndItsKernels) {
   const auto& i = blas::info();
   EXPECT_TRUE(i.library == "BLIS" || i.library == "OpenBLAS") << i.library;

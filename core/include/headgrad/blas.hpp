@@ -19,12 +19,27 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
           const double* a, std::int64_t lda, const double* b, std::int64_t ldb, double beta,
           double* c, std::int64_t ldc);
 
+// The BLAS's own product: what gemm does, without the packed kernel
+// (tile_gemm.hpp) that gemm sends float32 products to. `headgrad bench`'s
+// sgemm/dgemm yardstick times this, so its rate is the BLAS's.
+void library_gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                  const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+                  std::int64_t ldc);
+void library_gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,
+                  const double* a, std::int64_t lda, const double* b, std::int64_t ldb, double beta,
+                  double* c, std::int64_t ldc);
+
 // Whether gemm (float32) sends a product of this shape, called now on this
 // thread, to tile_gemm.hpp's per-call packing rather than the BLAS: AVX-512,
 // one BLAS thread, more than the tiny-product loop takes and within
 // tile::fits_per_call. kernels::matmul runs its 16-bit products there only
 // when their float32 upcasts would have gone there, so both give one result.
 bool float32_on_tiles(std::int64_t m, std::int64_t n, std::int64_t k);
+// Whether gemm (float32) sends a product of this shape, on one thread, to
+// tile::gemm_blocked: AVX-512, one BLAS thread, larger than float32_on_tiles
+// takes, at least 12 x 32 x 32. On two or more threads each worker's piece of
+// a split product asks the same of its own shape.
+bool float32_blocked(std::int64_t m, std::int64_t n, std::int64_t k);
 
 // bfloat16 products on the CPU's bfloat16 dot products (bf16_gemm.cpp):
 // C [m, n] = op(A) op(B), bfloat16 in and out, each element a float32 sum

@@ -6,10 +6,13 @@
 // - blas::gemm sends float32 products that fits_per_call (below) here
 //   (gemm_packing_b: B packed per call, into a buffer per thread): the
 //   per-head products of batched and per_head; kernels::matmul sends the
-//   16-bit products whose upcasts would come here to gemm_16bit.
-// BLIS packs both operands again on every call: on these shapes (128-256 rows,
-// k 64-512) this runs 1.1x-1.6x its rate, and on the projections' large
-// products (2048 rows) BLIS's cache blocking wins, so those stay there
+//   16-bit products whose upcasts would come here to gemm_16bit. Larger
+//   float32 products (the projections) go to gemm_blocked, which packs op(B)
+//   a chunk at a time and takes A a block of rows at a time, as a BLAS
+//   blocks for the caches.
+// BLIS packs both operands again on every call: on attention's shapes
+// (128-256 rows, k 64-512) this runs 1.1x-1.6x its rate, and blocked, on the
+// projections (2048 x 512 x 512) 1.05-1.1x; at 2048^3 the two are even
 // (docs/performance.md). float64 and CPUs without AVX-512 keep the BLAS.
 //
 // Shape legend: m x n result, k the summed dimension; a panel is kPanel
@@ -65,6 +68,13 @@ void gemm(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const flo
 void gemm_packing_b(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                     float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
                     float beta, float* c, std::int64_t ldc);
+// The same for products of any size (gemm_packing_b's whole op(B) would not
+// fit the caches): op(B) packed a chunk of k and n at a time, A taken a block
+// of rows at a time. blas::gemm sends large float32 products here
+// (float32_blocked): on this kernel they run faster than on BLIS's.
+void gemm_blocked(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                  float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                  float beta, float* c, std::int64_t ldc);
 // C [m, n] = op(A) op(B) on 16-bit operands and a 16-bit C: op(B) widened
 // while it is packed, A widened a block of rows at a time, each block's
 // float32 result rounded once into C. Every element is the same sum, in the

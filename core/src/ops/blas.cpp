@@ -29,6 +29,11 @@ namespace {
 // as a plain loop than a BLAS call's fixed ~1 us of setup (measured on BLIS 0.9).
 constexpr std::int64_t kTinyMaxMacs = 512;
 
+// A product the blocked packed kernel (tile::gemm_blocked) runs faster than
+// the BLAS: every dimension at least a micro-kernel's block (12 rows, a
+// 32-column panel) and a sum long enough to fill its accumulators.
+bool blocked_shape(std::int64_t m, std::int64_t n, std::int64_t k) { return m >= 12 && n >= 32 && k >= 32; }
+
 template <class T>
 void tiny_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
                const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
@@ -97,10 +102,12 @@ void serial_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t 
 // A product with more than one thread is split over headgrad's workers
 // (split_product.hpp), not handed to BLIS's threads, which it would start
 // and join on this call.
+// on_tiles: float32 pieces may run on the packed kernel (false: the BLAS's
+// own product, library_gemm).
 template <class T>
 void gemm_impl(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
                const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
-               std::int64_t ldc) {
+               std::int64_t ldc, bool on_tiles) {
   if (threads_for(m, n, k) < 2) return serial_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   static const bool tiles = tile::available();
   split_product(m, n, [&](std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols) {
@@ -110,8 +117,12 @@ void gemm_impl(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
     // a piece of float32 small enough for the packed kernel goes there, as a
     // one-thread call of its shape would (float32_on_tiles)
     if constexpr (std::is_same_v<T, float>)
-      if (tiles && tile::fits_per_call(rows, cols, k))
-        return tile::gemm_packing_b(ta, tb, rows, cols, k, alpha, pa, lda, pb, ldb, beta, pc, ldc);
+      if (tiles && on_tiles) {
+        if (tile::fits_per_call(rows, cols, k))
+          return tile::gemm_packing_b(ta, tb, rows, cols, k, alpha, pa, lda, pb, ldb, beta, pc, ldc);
+        if (blocked_shape(rows, cols, k))
+          return tile::gemm_blocked(ta, tb, rows, cols, k, alpha, pa, lda, pb, ldb, beta, pc, ldc);
+      }
     serial_gemm(ta, tb, rows, cols, k, alpha, pa, lda, pb, ldb, beta, pc, ldc);
   });
 }
@@ -126,7 +137,7 @@ Info make_info() {
 template <class T>
 void gemm_impl(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
                const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
-               std::int64_t ldc) {
+               std::int64_t ldc, bool /*on_tiles: OpenBLAS keeps its own threads*/) {
   const auto opa = ta ? CblasTrans : CblasNoTrans;
   const auto opb = tb ? CblasTrans : CblasNoTrans;
   // CBLAS takes blasint (32-bit unless OpenBLAS was built with INTERFACE64):
@@ -160,20 +171,39 @@ bool float32_on_tiles(std::int64_t m, std::int64_t n, std::int64_t k) {
   return tiles && macs(m, n, k) > kTinyMaxMacs && tile::fits_per_call(m, n, k) && num_threads() == 1;
 }
 
+bool float32_blocked(std::int64_t m, std::int64_t n, std::int64_t k) {
+  static const bool tiles = tile::available();
+  return tiles && !tile::fits_per_call(m, n, k) && blocked_shape(m, n, k) && num_threads() == 1;
+}
+
 void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
           std::int64_t ldc) {
   if (macs(m, n, k) <= kTinyMaxMacs) return tiny_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   if (float32_on_tiles(m, n, k))
     return tile::gemm_packing_b(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  gemm_impl(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (float32_blocked(m, n, k))
+    return tile::gemm_blocked(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  gemm_impl(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, /*on_tiles=*/true);
 }
 
 void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,
           const double* a, std::int64_t lda, const double* b, std::int64_t ldb, double beta,
           double* c, std::int64_t ldc) {
   if (macs(m, n, k) <= kTinyMaxMacs) return tiny_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  gemm_impl(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  gemm_impl(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, /*on_tiles=*/false);
+}
+
+void library_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                  const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+                  std::int64_t ldc) {
+  gemm_impl(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, /*on_tiles=*/false);
+}
+
+void library_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,
+                  const double* a, std::int64_t lda, const double* b, std::int64_t ldb, double beta,
+                  double* c, std::int64_t ldc) {
+  gemm_impl(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, /*on_tiles=*/false);
 }
 
 #if defined(HEADGRAD_BLAS_BLIS)

@@ -225,6 +225,44 @@ void gemm_packing_b(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, 
        ldc);
 }
 
+// Large products in blocks, as a BLAS blocks them for the caches: op(B) in
+// chunks of kChunkK x kChunkN packed per chunk (2 MiB at most, L2/L3), A
+// read in place a block of kBlockRows rows at a time (at most 192 KiB: L2)
+// against every panel of the chunk, so neither operand streams from memory
+// once per panel. Each element's sum runs over k in order, chunk after chunk
+// (a chunk after the first adds into C).
+void gemm_blocked(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                  float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                  float beta, float* c, std::int64_t ldc) {
+  require_avx512("tile::gemm_blocked");
+  constexpr std::int64_t kChunkK = 512, kChunkN = 1024, kBlockRows = 96;
+  thread_local std::vector<float> buffer;  // kept at its largest size (see gemm_packing_b)
+  const std::int64_t a_row = trans_a ? 1 : lda, a_col = trans_a ? lda : 1;
+  for (std::int64_t j0 = 0; j0 < n; j0 += kChunkN) {
+    const std::int64_t nc = std::min(kChunkN, n - j0);
+    for (std::int64_t p0 = 0; p0 < k; p0 += kChunkK) {
+      const std::int64_t kc = std::min(kChunkK, k - p0);
+      Packed panels;
+      panels.transposed = trans_b;
+      panels.stride = kc * kPanel;
+      panels.per_slice = (nc + kPanel - 1) / kPanel * panels.stride;
+      if (static_cast<std::int64_t>(buffer.size()) < panels.per_slice)
+        buffer.resize(static_cast<std::size_t>(panels.per_slice));
+      panels.data = buffer.data();
+      // op(B) rows [p0, p0 + kc), columns [j0, j0 + nc): of b [k, n] as it
+      // is, or of b [n, k] transposed
+      if (trans_b)
+        pack_slice(panels, 0, b + j0 * ldb + p0, ldb, nc, kc);
+      else
+        pack_slice(panels, 0, b + p0 * ldb + j0, ldb, kc, nc);
+      const float chunk_beta = p0 == 0 ? beta : 1.0f;
+      for (std::int64_t i0 = 0; i0 < m; i0 += kBlockRows)
+        gemm(std::min(kBlockRows, m - i0), nc, kc, alpha, a + i0 * a_row + p0 * a_col, a_row, a_col,
+             panels.data, panels.stride, chunk_beta, c + i0 * ldc + j0, ldc);
+    }
+  }
+}
+
 namespace {
 
 // op(B) [k, n] of 16-bit storage into float32 panels (the layout pack_slice
@@ -328,6 +366,11 @@ void gemm(std::int64_t, std::int64_t, std::int64_t, float, const float*, std::in
 void gemm_packing_b(bool, bool, std::int64_t, std::int64_t, std::int64_t, float, const float*,
                     std::int64_t, const float*, std::int64_t, float, float*, std::int64_t) {
   throw std::logic_error("tile::gemm_packing_b: built without AVX-512 support; check available()");
+}
+
+void gemm_blocked(bool, bool, std::int64_t, std::int64_t, std::int64_t, float, const float*,
+                  std::int64_t, const float*, std::int64_t, float, float*, std::int64_t) {
+  throw std::logic_error("tile::gemm_blocked: built without AVX-512 support; check available()");
 }
 
 void gemm_16bit(bool, bool, std::int64_t, std::int64_t, std::int64_t, const BFloat16*, std::int64_t,
