@@ -1,14 +1,15 @@
 // The row kernels under softmax and the fused attention cores
 // (<headgrad/kernels.hpp>, core/src/ops/exp_row.cpp and kernels.cpp):
 // exp_shift_row against std::exp (ulps over float64's whole range, the
-// float32 and float64 under/overflow edges, NaN, masked tails) and row_max
-// against a plain running max.
+// float32 and float64 under/overflow edges, NaN, masked tails; float32 on its
+// AVX-512 path and on the portable one) and row_max against a plain running max.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "headgrad/kernels.hpp"
@@ -21,13 +22,22 @@ using namespace headgrad;
 
 // ---------------------------------------------------------------- exp of a row
 
-TEST(ExpShiftRow, Float32WithinTwoUlpOfStdExpAndZeroForMinusInfinity) {
+// The float32 exponential on both its paths: exp_shift_row (AVX-512's own
+// where the CPU has it) and exp_shift_row_portable (the AVX2 / baseline loop).
+using ExpRow = float (*)(float*, std::int64_t, float);
+struct ExpPath {
+  const char* name;
+  ExpRow fn;
+};
+class ExpShiftRowFloat32 : public ::testing::TestWithParam<ExpPath> {};
+
+TEST_P(ExpShiftRowFloat32, WithinTwoUlpOfStdExpAndZeroForMinusInfinity) {
   std::vector<float> x;
   for (float v = -95.0f; v < 80.0f; v += 0.0137f) x.push_back(v);  // the sum stays finite
   x.push_back(-std::numeric_limits<float>::infinity());
   std::vector<float> y = x;
   const float shift = 0.25f;
-  const float sum = kernels::exp_shift_row(y.data(), static_cast<std::int64_t>(y.size()), shift);
+  const float sum = GetParam().fn(y.data(), static_cast<std::int64_t>(y.size()), shift);
   double worst_ulps = 0, total = 0;
   for (std::size_t i = 0; i < x.size(); ++i) {
     const float v = x[i] - shift;
@@ -42,6 +52,33 @@ TEST(ExpShiftRow, Float32WithinTwoUlpOfStdExpAndZeroForMinusInfinity) {
   }
   EXPECT_LE(worst_ulps, 2.0);
   EXPECT_NEAR(sum, total, 1e-6 * total);
+}
+
+// Rows of every length from 1 to 40 (whole vectors and masked tails): each
+// element within 2 ulp of std::exp, NaN kept, and a row's sum unchanged, bit
+// for bit, by a tail of -inf (the lanes a causally cut row leaves out).
+TEST_P(ExpShiftRowFloat32, TailsNaNAndTrailingZerosKeepTheSum) {
+  for (std::int64_t n = 1; n <= 40; ++n) {
+    std::vector<float> a(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) a[static_cast<std::size_t>(i)] = std::sin(1.7f * float(i)) * 9.0f;
+    const std::vector<float> orig = a;
+    std::vector<float> b = a;
+    b.resize(a.size() + 21, -std::numeric_limits<float>::infinity());
+    const float sa = GetParam().fn(a.data(), n, 1.0f);
+    const float sb = GetParam().fn(b.data(), static_cast<std::int64_t>(b.size()), 1.0f);
+    EXPECT_EQ(sa, sb) << "n " << n;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::size_t at = static_cast<std::size_t>(i);
+      const float want = std::exp(orig[at] - 1.0f);
+      const float ulp = std::nextafter(want, std::numeric_limits<float>::infinity()) - want;
+      EXPECT_LE(std::abs(double(a[at]) - double(want)), 2.0 * double(ulp)) << "n " << n << ", element " << i;
+    }
+    for (std::size_t i = a.size(); i < b.size(); ++i) EXPECT_EQ(b[i], 0.0f);
+    std::vector<float> with_nan = orig;
+    with_nan[static_cast<std::size_t>(n / 2)] = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_TRUE(std::isnan(GetParam().fn(with_nan.data(), n, 0.0f))) << "n " << n;
+    EXPECT_TRUE(std::isnan(with_nan[static_cast<std::size_t>(n / 2)])) << "n " << n;
+  }
 }
 
 // |a - b| in units in the last place of b (a subnormal b: of the smallest
@@ -158,7 +195,7 @@ TEST(RowMax, EqualsAPlainRunningMaxAtEveryLengthAndPosition) {
 // exp_shift_row's float32 top edge: within 2 ulp of std::exp up to
 // ln(FLT_MAX) = 88.72, and inf past it (a saturated exp(88) would let a
 // softmax without max subtraction pass for a finite one).
-TEST(ExpShiftRow, Float32OverflowsToInfinityPastItsRange) {
+TEST_P(ExpShiftRowFloat32, OverflowsToInfinityPastItsRange) {
   const float kFloatInf = std::numeric_limits<float>::infinity();
   std::vector<float> x;
   for (float v = 85.0f; v < 88.72f; v += 0.00731f) x.push_back(v);
@@ -166,7 +203,7 @@ TEST(ExpShiftRow, Float32OverflowsToInfinityPastItsRange) {
   const std::size_t finite = x.size();
   x.insert(x.end(), {88.75f, 89.0f, 100.0f, 1.0e30f, kFloatInf});
   std::vector<float> y = x;
-  const float sum = kernels::exp_shift_row(y.data(), static_cast<std::int64_t>(y.size()), 0.0f);
+  const float sum = GetParam().fn(y.data(), static_cast<std::int64_t>(y.size()), 0.0f);
   EXPECT_EQ(sum, kFloatInf);
   double worst_ulps = 0;
   for (std::size_t i = 0; i < finite; ++i) {
@@ -183,11 +220,16 @@ TEST(ExpShiftRow, Float32OverflowsToInfinityPastItsRange) {
   }
   // the shift moves the edge with it: exp(89 - 0.5) is finite, exp(89.5 - 0.25) is not
   std::vector<float> z = {89.0f, 89.5f};
-  kernels::exp_shift_row(z.data(), 1, 0.5f);
-  kernels::exp_shift_row(z.data() + 1, 1, 0.25f);
+  GetParam().fn(z.data(), 1, 0.5f);
+  GetParam().fn(z.data() + 1, 1, 0.25f);
   EXPECT_FLOAT_EQ(z[0], std::exp(88.5f));
   EXPECT_EQ(z[1], kFloatInf);
 }
+
+INSTANTIATE_TEST_SUITE_P(Paths, ExpShiftRowFloat32,
+                         ::testing::Values(ExpPath{"dispatched", &kernels::exp_shift_row},
+                                           ExpPath{"portable", &kernels::exp_shift_row_portable}),
+                         [](const ::testing::TestParamInfo<ExpPath>& p) { return std::string(p.param.name); });
 
 }  // namespace
 

@@ -36,10 +36,15 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // every softmax kernel (and of fused plugins, so that they agree with them).
 // float32 runs a vectorized polynomial within 2 ulp of std::exp that gives
 // exactly 0 below -87 (so for -inf) and inf above float's exp range
-// (ln(FLT_MAX) = 88.72, so for +inf); float64 runs std::exp. The sum is taken
-// in 16 lanes (j mod 16), so trailing zeros never change it.
+// (ln(FLT_MAX) = 88.72, so for +inf), on AVX-512 with its own 2^k
+// (vscalefps) where the CPU has it, else exp_shift_row_portable; float64 runs
+// fdlibm's exp as a vectorized polynomial, within 1 ulp of std::exp. The sum
+// is taken in 16 lanes (j mod 16), so trailing zeros never change it.
 float exp_shift_row(float* x, std::int64_t n, float shift);
 double exp_shift_row(double* x, std::int64_t n, double shift);
+// The float32 loop for CPUs without AVX-512 (AVX2 or baseline x86-64), the
+// same contract: tests hold both paths to std::exp.
+float exp_shift_row_portable(float* x, std::int64_t n, float shift);
 
 // max(x[0..n)), -inf for n = 0: the row max of every softmax kernel, taken in
 // 16 independent lanes so that it vectorizes (one running std::max is a chain
