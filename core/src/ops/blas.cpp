@@ -29,9 +29,9 @@ namespace {
 // as a plain loop than a BLAS call's fixed ~1 us of setup (measured on BLIS 0.9).
 constexpr std::int64_t kTinyMaxMacs = 512;
 
-// A product the blocked packed kernel (tile::gemm_blocked) runs faster than
-// the BLAS: every dimension at least a micro-kernel's block (12 rows, a
-// 32-column panel) and a sum long enough to fill its accumulators.
+// A product the blocked packed kernel (tile::gemm_blocked) runs at least as
+// fast as BLIS (docs/performance.md): every dimension at least a
+// micro-kernel's block (12 rows, a 32-column panel) and a sum of 32 or more.
 bool blocked_shape(std::int64_t m, std::int64_t n, std::int64_t k) { return m >= 12 && n >= 32 && k >= 32; }
 
 template <class T>

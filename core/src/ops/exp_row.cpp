@@ -115,8 +115,10 @@ template <class T, T (*exp)(T)>
 #if HEADGRAD_EXP_AVX512
 // GCC 12's intrinsics start from _mm512_undefined_ps(), which its
 // -Wmaybe-uninitialized takes for a read of an unset value (GCC PR 105593).
+#if !defined(__clang__)  // clang has no such warning (and would warn of the unknown name)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 // exp_poly on 16 lanes with AVX-512's own 2^k: the same reduction and
 // polynomial, k rounded by vrndscaleps and applied by vscalefps (one exact
 // scaling, whose rounding overflows to inf where exp does), and the results
@@ -160,7 +162,9 @@ __attribute__((target("avx512f"))) float exp_shift_row_avx512(float* x, std::int
   _mm512_storeu_ps(lane, sum);
   return add_lanes(lane);
 }
+#if !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 #endif
 
 }  // namespace

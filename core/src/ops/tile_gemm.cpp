@@ -80,8 +80,10 @@ namespace {
 
 // GCC 12's unpack intrinsics start from _mm512_undefined_ps(), which its
 // -Wmaybe-uninitialized takes for a read of an unset value (GCC PR 105593).
+#if !defined(__clang__)  // clang has no such warning (and would warn of the unknown name)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 __attribute__((target("avx512f"))) inline __m512 lo64(__m512 a, __m512 b) {
   return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
 }
@@ -113,7 +115,9 @@ __attribute__((target("avx512f"))) inline void transpose16(__m512 r[16]) {
   }
 }
 
+#if !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 
 // pack_slice's transposed panels: panel[c * 32 + r] = x[(r0 + r) * ld + c],
 // zero where r0 + r >= rows.
