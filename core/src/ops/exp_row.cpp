@@ -49,7 +49,9 @@ T add_lanes(const T* lane) {
   // k reaches 128 near the top, past float's largest exponent (127): 2^127
   // is built from bits and the extra factor 2 (exact) goes on e, so the one
   // rounding is the final product, which overflows to inf where exp does.
-  const float k_low = std::min(k, 127.0f);
+  // (a NaN k takes 127: converting NaN to an integer is undefined, and e,
+  // NaN already, makes the result NaN)
+  const float k_low = k < 127.0f ? k : 127.0f;
   const std::int32_t bits = (static_cast<std::int32_t>(k_low) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof scale);
