@@ -210,20 +210,31 @@ void gemm(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const flo
   }
 }
 
-void gemm_packing_b(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
-                    float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
-                    float beta, float* c, std::int64_t ldc) {
-  // op(B) [k, n] in panels: from b [k, n] as it is, or from b [n, k] transposed.
-  // The buffer is the thread's own, kept at its largest size (a vector, not
-  // a Tensor: it may outlive the caching allocator at exit).
+namespace {
+
+// Room for the panels of a [k, n] op(B) (transposed: packed from b [n, k]) in
+// the calling thread's own buffer, kept at its largest size (a vector, not a
+// Tensor: it may outlive the caching allocator at exit). gemm_packing_b and
+// gemm_blocked share it: neither calls the other.
+Packed thread_panels(bool transposed, std::int64_t k, std::int64_t n) {
   thread_local std::vector<float> buffer;
   Packed panels;
-  panels.transposed = trans_b;
+  panels.transposed = transposed;
   panels.stride = k * kPanel;
   panels.per_slice = (n + kPanel - 1) / kPanel * panels.stride;
   if (static_cast<std::int64_t>(buffer.size()) < panels.per_slice)
     buffer.resize(static_cast<std::size_t>(panels.per_slice));
   panels.data = buffer.data();
+  return panels;
+}
+
+}  // namespace
+
+void gemm_packing_b(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                    float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                    float beta, float* c, std::int64_t ldc) {
+  // op(B) [k, n] in panels: from b [k, n] as it is, or from b [n, k] transposed
+  Packed panels = thread_panels(trans_b, k, n);
   pack_slice(panels, 0, b, ldb, trans_b ? n : k, trans_b ? k : n);
   gemm(m, n, k, alpha, a, trans_a ? 1 : lda, trans_a ? lda : 1, panels.data, panels.stride, beta, c,
        ldc);
@@ -240,19 +251,12 @@ void gemm_blocked(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, st
                   float beta, float* c, std::int64_t ldc) {
   require_avx512("tile::gemm_blocked");
   constexpr std::int64_t kChunkK = 512, kChunkN = 1024, kBlockRows = 96;
-  thread_local std::vector<float> buffer;  // kept at its largest size (see gemm_packing_b)
   const std::int64_t a_row = trans_a ? 1 : lda, a_col = trans_a ? lda : 1;
   for (std::int64_t j0 = 0; j0 < n; j0 += kChunkN) {
     const std::int64_t nc = std::min(kChunkN, n - j0);
     for (std::int64_t p0 = 0; p0 < k; p0 += kChunkK) {
       const std::int64_t kc = std::min(kChunkK, k - p0);
-      Packed panels;
-      panels.transposed = trans_b;
-      panels.stride = kc * kPanel;
-      panels.per_slice = (nc + kPanel - 1) / kPanel * panels.stride;
-      if (static_cast<std::int64_t>(buffer.size()) < panels.per_slice)
-        buffer.resize(static_cast<std::size_t>(panels.per_slice));
-      panels.data = buffer.data();
+      Packed panels = thread_panels(trans_b, kc, nc);
       // op(B) rows [p0, p0 + kc), columns [j0, j0 + nc): of b [k, n] as it
       // is, or of b [n, k] transposed
       if (trans_b)
