@@ -29,6 +29,17 @@
 
 namespace test_report_schema {  // this file's names: test files share unity builds (tests/meson.build)
 
+// How many fields an aggregate has (it is brace-initialized from that many
+// values, not one more). Outside the anonymous namespace: its conversions are
+// declared, never defined (only unevaluated operands use them), which clang
+// flags for a type of internal linkage.
+struct AnyField {
+  template <class T>
+  operator T&() const;
+  template <class T>
+  operator T&&() const;
+};
+
 namespace {
 
 using namespace headgrad::runner;
@@ -37,13 +48,6 @@ using headgrad::RopeStyle;
 using headgrad::CausalAlignment;
 using nlohmann::json;
 
-// How many fields an aggregate has (it is brace-initialized from that many values, not one more).
-struct AnyField {
-  template <class T>
-  operator T&() const;
-  template <class T>
-  operator T&&() const;
-};
 template <class T, class... A>
 constexpr std::size_t field_count() {
   if constexpr (requires { T{A{}..., AnyField{}}; }) return field_count<T, A..., AnyField>();

@@ -182,10 +182,10 @@ std::vector<Variant> variants_of(const CaseSpec& c) {
       v.check.erase(std::remove(v.check.begin(), v.check.end(), std::string("dsinks")), v.check.end());
     });
   // Sinks past one key tile: the keys cut to one tile (a sink added per tile then shows no more).
-  const std::int64_t tile = diagnosis::kKeyTile;
+  constexpr std::int64_t tile = diagnosis::kKeyTile;  // a constant: the lambda below needs no capture of it
   const bool kv_length = c.level == Level::core || c.cross;  // else T is both lengths
   if (c.sinks && !c.is_reference() && c.mask_file.empty() && (kv_length ? d0.Tk : d0.T) > tile)
-    add(Probe::key_tile, "Tk = " + std::to_string(tile) + " (one key tile)", true, [tile, kv_length](CaseSpec& v) {
+    add(Probe::key_tile, "Tk = " + std::to_string(tile) + " (one key tile)", true, [kv_length](CaseSpec& v) {
       if (!kv_length) v.dims.T = tile;
       else if (v.dims.Tq == v.dims.Tk) v.dims.Tq = v.dims.Tk = tile;
       else v.dims.Tk = tile;
