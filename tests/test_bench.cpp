@@ -10,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 #include <gtest/gtest.h>
+#include <headgrad/tile_gemm.hpp>
 #include <nlohmann/json.hpp>
 
 #include "bench.hpp"
@@ -78,6 +79,9 @@ TEST_F(BenchTiny, RunCarriesGemmFigure) {
   EXPECT_TRUE(result_["environment"].contains("blas_kernel"));
   EXPECT_TRUE(result_["environment"].contains("allocator"));
   EXPECT_NE(result_["environment"]["half_convert"].get<std::string>().find("float32->bfloat16 "), std::string::npos);
+  // where float32 products ran: the packed kernel exactly where the CPU has AVX-512F
+  EXPECT_EQ(result_["environment"]["float32_products"],
+            headgrad::tile::available() ? "the packed AVX-512 kernel" : "the BLAS");
 }
 
 TEST_F(BenchTiny, OneRowPerPluginAndShapeWithEveryField) {

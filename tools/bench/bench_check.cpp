@@ -328,7 +328,8 @@ void print_check_table(std::ostream& out, const json& r) {
       << mib(r["parent_peak_rss_bytes"]) << " MiB at the end); tensors: the most bytes live tensors held during the run.\n";
   const auto& env = r["environment"];
   out << "BLAS " << env["blas_library"].get<std::string>() << " " << env["blas_version"].get<std::string>()
-      << " (kernels " << env["blas_kernel"].get<std::string>() << "), bfloat16 products "
+      << " (kernels " << env["blas_kernel"].get<std::string>() << "), float32 products on "
+      << env["float32_products"].get<std::string>() << ", bfloat16 products "
       << env["bf16_products"].get<std::string>() << "\n";
 }
 

@@ -87,7 +87,8 @@ void print_table(std::ostream& out, const json& result) {
   const auto& env = result["environment"];
   out << "BLAS " << env["blas_library"].get<std::string>() << " "
       << env["blas_version"].get<std::string>() << " (kernels " << env["blas_kernel"].get<std::string>()
-      << "), bfloat16 products " << env["bf16_products"].get<std::string>() << ", allocator "
+      << "), float32 products on " << env["float32_products"].get<std::string>() << ", bfloat16 products "
+      << env["bf16_products"].get<std::string>() << ", allocator "
       << env["allocator"].get<std::string>() << "\n";
   out << "FLOPs: projections (2 + 2 Hkv/H) x 2BTD^2, core 2 x 2BT^2D dense (causal: T(T+1)/2 of T^2);"
          " backward = 2 x forward. 'of gemm' = GFLOP/s / the run's GEMM GFLOP/s\n"

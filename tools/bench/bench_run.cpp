@@ -333,6 +333,7 @@ json environment() {
               {"blas_library", blas::info().library},
               {"blas_version", blas::info().version},
               {"blas_kernel", blas::info().kernel},
+              {"float32_products", blas::float32_products_info()},  // the packed kernel or the BLAS
               {"bf16_products", blas::bf16_products_info()},  // bfloat16 matmuls: oneDNN or float32 upcasts
               {"HEADGRAD_BF16_GEMM", env_or_null("HEADGRAD_BF16_GEMM")},
               {"OPENBLAS_CORETYPE", env_or_null("OPENBLAS_CORETYPE")},

@@ -40,6 +40,10 @@ bool float32_on_tiles(std::int64_t m, std::int64_t n, std::int64_t k);
 // takes, at least 12 x 32 x 32. On two or more threads each worker's piece of
 // a split product asks the same of its own shape.
 bool float32_blocked(std::int64_t m, std::int64_t n, std::int64_t k);
+// Where float32 products run, for reports: "the packed AVX-512 kernel" on a
+// CPU with AVX-512F (nearly all: those float32_on_tiles or float32_blocked
+// take, and each worker's piece alike; the BLAS the rest), else "the BLAS".
+std::string float32_products_info();
 
 // bfloat16 products on the CPU's bfloat16 dot products (bf16_gemm.cpp):
 // C [m, n] = op(A) op(B), bfloat16 in and out, each element a float32 sum

@@ -176,6 +176,8 @@ bool float32_blocked(std::int64_t m, std::int64_t n, std::int64_t k) {
   return tiles && !tile::fits_per_call(m, n, k) && blocked_shape(m, n, k) && num_threads() == 1;
 }
 
+std::string float32_products_info() { return tile::available() ? "the packed AVX-512 kernel" : "the BLAS"; }
+
 void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
           std::int64_t ldc) {
