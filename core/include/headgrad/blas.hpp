@@ -42,7 +42,8 @@ bool float32_on_tiles(std::int64_t m, std::int64_t n, std::int64_t k);
 bool float32_blocked(std::int64_t m, std::int64_t n, std::int64_t k);
 // Where float32 products run, for reports: "the packed AVX-512 kernel" on a
 // CPU with AVX-512F (nearly all: those float32_on_tiles or float32_blocked
-// take, and each worker's piece alike; the BLAS the rest), else "the BLAS".
+// take, and with BLIS each worker's piece alike; the BLAS the rest), else
+// "the BLAS".
 std::string float32_products_info();
 
 // bfloat16 products on the CPU's bfloat16 dot products (bf16_gemm.cpp):

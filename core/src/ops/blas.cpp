@@ -176,7 +176,14 @@ bool float32_blocked(std::int64_t m, std::int64_t n, std::int64_t k) {
   return tiles && !tile::fits_per_call(m, n, k) && blocked_shape(m, n, k) && num_threads() == 1;
 }
 
-std::string float32_products_info() { return tile::available() ? "the packed AVX-512 kernel" : "the BLAS"; }
+std::string float32_products_info() {
+  if (!tile::available()) return "the BLAS";
+#if defined(HEADGRAD_BLAS_OPENBLAS)
+  return "the packed AVX-512 kernel (on one thread; OpenBLAS on more)";  // gemm_impl keeps OpenBLAS's threads
+#else
+  return "the packed AVX-512 kernel";
+#endif
+}
 
 void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
