@@ -165,12 +165,15 @@ using PluginFactory = std::shared_ptr<Attention>();
 // Exports the build description (<headgrad/abi.hpp>) as a plain C function
 // and the factory as a Boost.DLL alias. Use once per plugin library, at
 // namespace scope.
-#define HEADGRAD_PLUGIN(ClassName)                                                  \
+#define HEADGRAD_PLUGIN(ClassName) HEADGRAD_PLUGIN_FACTORY(std::make_shared<ClassName>)
+
+// The same with a factory of your own: `factory()` returns the library's
+// std::shared_ptr<headgrad::Attention>. For one compiled source behind
+// several libraries, each choosing its class when the plugin is made.
+#define HEADGRAD_PLUGIN_FACTORY(factory)                                            \
   namespace {                                                                       \
   HEADGRAD_DEFINE_BUILD_INFO(headgrad_this_build);                                  \
-  std::shared_ptr<::headgrad::Attention> headgrad_make_plugin() {                   \
-    return std::make_shared<ClassName>();                                           \
-  }                                                                                 \
+  std::shared_ptr<::headgrad::Attention> headgrad_make_plugin() { return factory(); } \
   }                                                                                 \
   extern "C" BOOST_SYMBOL_EXPORT const ::headgrad_build_info* headgrad_plugin_build() { \
     return &headgrad_this_build;                                                    \

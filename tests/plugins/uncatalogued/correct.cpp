@@ -1,7 +1,7 @@
 // correct: the same pieces with no bug; it must pass and get no finding.
 #include "common.hpp"
 
-namespace {
+namespace u_correct {
 using namespace uncatalogued;
 
 class Plugin final : public Attention {
@@ -15,5 +15,5 @@ class Plugin final : public Attention {
     return attention_core(q, k, v, spec);
   }
 };
-}  // namespace
-HEADGRAD_PLUGIN(Plugin)
+UNCATALOGUED_PLUGIN(u_correct)
+}  // namespace u_correct

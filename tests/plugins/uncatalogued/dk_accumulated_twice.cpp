@@ -3,7 +3,7 @@
 // one (the forward is exact).
 #include "common.hpp"
 
-namespace {
+namespace u_dk_accumulated_twice {
 using namespace uncatalogued;
 
 class Plugin final : public Attention {
@@ -17,5 +17,5 @@ class Plugin final : public Attention {
     return attention_core(q, grad_times(k, 2.0), v, spec);  // BUG: dK accumulated twice
   }
 };
-}  // namespace
-HEADGRAD_PLUGIN(Plugin)
+UNCATALOGUED_PLUGIN(u_dk_accumulated_twice)
+}  // namespace u_dk_accumulated_twice

@@ -2,7 +2,7 @@
 // scale once more (the chain rule applied to an already scaled dS).
 #include "common.hpp"
 
-namespace {
+namespace u_dq_scaled_twice {
 using namespace uncatalogued;
 
 class Plugin final : public Attention {
@@ -17,5 +17,5 @@ class Plugin final : public Attention {
     return attention_core(grad_times(q, s), k, v, spec);  // BUG: dQ times the scale again
   }
 };
-}  // namespace
-HEADGRAD_PLUGIN(Plugin)
+UNCATALOGUED_PLUGIN(u_dq_scaled_twice)
+}  // namespace u_dq_scaled_twice

@@ -3,7 +3,7 @@
 // of the right one.
 #include "common.hpp"
 
-namespace {
+namespace u_dv_averaged_over_heads {
 using namespace uncatalogued;
 
 class Plugin final : public Attention {
@@ -18,5 +18,5 @@ class Plugin final : public Attention {
     return attention_core(q, k, grad_times(v, 1.0 / heads), spec);  // BUG: dV / H
   }
 };
-}  // namespace
-HEADGRAD_PLUGIN(Plugin)
+UNCATALOGUED_PLUGIN(u_dv_averaged_over_heads)
+}  // namespace u_dv_averaged_over_heads

@@ -3,7 +3,7 @@
 // one; everything else is exact.
 #include "common.hpp"
 
-namespace {
+namespace u_dwo_mean_over_tokens {
 using namespace uncatalogued;
 
 class Plugin final : public Attention {
@@ -15,5 +15,5 @@ class Plugin final : public Attention {
     return linear(merge_heads(attention_core(p.q, p.k, p.v, spec)), grad_times(w.wo, 1.0 / tokens));  // BUG
   }
 };
-}  // namespace
-HEADGRAD_PLUGIN(Plugin)
+UNCATALOGUED_PLUGIN(u_dwo_mean_over_tokens)
+}  // namespace u_dwo_mean_over_tokens

@@ -3,7 +3,7 @@
 // dx is wrong.
 #include "common.hpp"
 
-namespace {
+namespace u_dx_without_v_path {
 using namespace uncatalogued;
 
 class Plugin final : public Attention {
@@ -17,5 +17,5 @@ class Plugin final : public Attention {
     return finish(attention_core(q, k, v, spec), w);
   }
 };
-}  // namespace
-HEADGRAD_PLUGIN(Plugin)
+UNCATALOGUED_PLUGIN(u_dx_without_v_path)
+}  // namespace u_dx_without_v_path

@@ -3,7 +3,7 @@
 // before the merge.
 #include "common.hpp"
 
-namespace {
+namespace u_head_gates_arange {
 using namespace uncatalogued;
 
 class Plugin final : public Attention {
@@ -21,5 +21,5 @@ class Plugin final : public Attention {
     return cat(heads, -3);
   }
 };
-}  // namespace
-HEADGRAD_PLUGIN(Plugin)
+UNCATALOGUED_PLUGIN(u_head_gates_arange)
+}  // namespace u_head_gates_arange

@@ -2,7 +2,7 @@
 // off by one, so head h's output lands in slot (h + 1) mod H.
 #include "common.hpp"
 
-namespace {
+namespace u_heads_rotated {
 using namespace uncatalogued;
 
 // slot h holds head (h - 1) mod H
@@ -18,5 +18,5 @@ class Plugin final : public Attention {
     return finish(rotate(attention_core(p.q, p.k, p.v, spec)), w);
   }
 };
-}  // namespace
-HEADGRAD_PLUGIN(Plugin)
+UNCATALOGUED_PLUGIN(u_heads_rotated)
+}  // namespace u_heads_rotated

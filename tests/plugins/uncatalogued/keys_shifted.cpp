@@ -2,7 +2,7 @@
 // key (j + 1) mod Tk where it should score key j (values are read right).
 #include "common.hpp"
 
-namespace {
+namespace u_keys_shifted {
 using namespace uncatalogued;
 
 class Plugin final : public Attention {
@@ -16,5 +16,5 @@ class Plugin final : public Attention {
     return attention_core(q, late, v, spec);
   }
 };
-}  // namespace
-HEADGRAD_PLUGIN(Plugin)
+UNCATALOGUED_PLUGIN(u_keys_shifted)
+}  // namespace u_keys_shifted

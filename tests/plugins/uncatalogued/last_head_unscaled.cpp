@@ -2,7 +2,7 @@
 // the 1/sqrt(d) scale of the scores; every other head is exact.
 #include "common.hpp"
 
-namespace {
+namespace u_last_head_unscaled {
 using namespace uncatalogued;
 
 class Plugin final : public Attention {
@@ -21,5 +21,5 @@ class Plugin final : public Attention {
     return n == 1 ? last : cat({first, last}, -3);
   }
 };
-}  // namespace
-HEADGRAD_PLUGIN(Plugin)
+UNCATALOGUED_PLUGIN(u_last_head_unscaled)
+}  // namespace u_last_head_unscaled

@@ -2,7 +2,7 @@
 // core call, and the heads merged by a reshape without the transpose back.
 #include "common.hpp"
 
-namespace {
+namespace u_pair_kv_swapped_merge {
 using namespace uncatalogued;
 
 class Plugin final : public Attention {
@@ -14,5 +14,5 @@ class Plugin final : public Attention {
     return linear(reshape(o, x.shape()), w.wo);                // BUG 2: [B, H, T, d] read as [B, T, D]
   }
 };
-}  // namespace
-HEADGRAD_PLUGIN(Plugin)
+UNCATALOGUED_PLUGIN(u_pair_kv_swapped_merge)
+}  // namespace u_pair_kv_swapped_merge

@@ -3,7 +3,7 @@
 // one (head h's output in slot (h + 1) mod H).
 #include "common.hpp"
 
-namespace {
+namespace u_pair_no_causal_heads_rotated {
 using namespace uncatalogued;
 
 class Plugin final : public Attention {
@@ -17,5 +17,5 @@ class Plugin final : public Attention {
     return finish(reorder_heads(o, [](std::int64_t h, std::int64_t n) { return (h + n - 1) % n; }), w);  // BUG 2
   }
 };
-}  // namespace
-HEADGRAD_PLUGIN(Plugin)
+UNCATALOGUED_PLUGIN(u_pair_no_causal_heads_rotated)
+}  // namespace u_pair_no_causal_heads_rotated

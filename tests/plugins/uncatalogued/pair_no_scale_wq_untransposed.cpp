@@ -2,7 +2,7 @@
 // are not scaled (no_scale), and the query projection is x @ Wq, untransposed.
 #include "common.hpp"
 
-namespace {
+namespace u_pair_no_scale_wq_untransposed {
 using namespace uncatalogued;
 
 class Plugin final : public Attention {
@@ -18,5 +18,5 @@ class Plugin final : public Attention {
     return finish(attention_core(q, k, v, unscaled), w);
   }
 };
-}  // namespace
-HEADGRAD_PLUGIN(Plugin)
+UNCATALOGUED_PLUGIN(u_pair_no_scale_wq_untransposed)
+}  // namespace u_pair_no_scale_wq_untransposed

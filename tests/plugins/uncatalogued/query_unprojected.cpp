@@ -2,7 +2,7 @@
 // so Wq is never used and the plugin returns no gradient for it.
 #include "common.hpp"
 
-namespace {
+namespace u_query_unprojected {
 using namespace uncatalogued;
 
 class Plugin final : public Attention {
@@ -16,5 +16,5 @@ class Plugin final : public Attention {
     return finish(attention_core(q, k, v, spec), w);
   }
 };
-}  // namespace
-HEADGRAD_PLUGIN(Plugin)
+UNCATALOGUED_PLUGIN(u_query_unprojected)
+}  // namespace u_query_unprojected

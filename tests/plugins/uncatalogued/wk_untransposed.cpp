@@ -2,7 +2,7 @@
 // x @ W^T), a slip that square weights never complain about.
 #include "common.hpp"
 
-namespace {
+namespace u_wk_untransposed {
 using namespace uncatalogued;
 
 class Plugin final : public Attention {
@@ -16,5 +16,5 @@ class Plugin final : public Attention {
     return finish(attention_core(q, k, v, spec), w);
   }
 };
-}  // namespace
-HEADGRAD_PLUGIN(Plugin)
+UNCATALOGUED_PLUGIN(u_wk_untransposed)
+}  // namespace u_wk_untransposed

@@ -2,7 +2,7 @@
 // q, k, v: then q is x Wv^T and v is x Wq^T (k stays right).
 #include "common.hpp"
 
-namespace {
+namespace u_wq_wv_swapped {
 using namespace uncatalogued;
 
 class Plugin final : public Attention {
@@ -16,5 +16,5 @@ class Plugin final : public Attention {
     return finish(attention_core(q, k, v, spec), w);
   }
 };
-}  // namespace
-HEADGRAD_PLUGIN(Plugin)
+UNCATALOGUED_PLUGIN(u_wq_wv_swapped)
+}  // namespace u_wq_wv_swapped
