@@ -1,12 +1,13 @@
 // Checks shared by the tests: all_close (docs/design.md's float64 tolerances by
 // default) and all_finite on whole tensors, each naming the tensor and the
-// worst element's index when it fails; product_error_over_bound for 16-bit
+// worst element's index when it fails; product_worst_over_bound for 16-bit
 // matrix products; contains on text; expect_invalid on
 // an error message; read_text for a whole file.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -19,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "headgrad/blas.hpp"
 #include "headgrad/tensor.hpp"
 
 namespace headgrad::test {
@@ -31,23 +33,36 @@ inline std::string read_text(const std::filesystem::path& p) {
   return ss.str();
 }
 
-// Element (i, j) of a 16-bit product C = op(A) op(B) (A(i, p) at a.flat(p *
-// lda + i) when ta, else a.flat(i * lda + p); B(p, j) likewise) against the
-// float64 sum of the same values: |got - exact| over the bound of k float32
-// additions of exact products, then one rounding (unit roundoff u), plus
-// `floor` (the output's smallest spacing). At most 1 for a correct product.
-inline double product_error_over_bound(double got, const Tensor& a, std::int64_t lda, bool ta, const Tensor& b,
-                                       std::int64_t ldb, bool tb, std::int64_t i, std::int64_t j, std::int64_t k,
-                                       double u, double floor) {
-  double exact = 0, mag = 0;
-  for (std::int64_t p = 0; p < k; ++p) {
-    const double x = ta ? a.flat(p * lda + i) : a.flat(i * lda + p);
-    const double y = tb ? b.flat(j * ldb + p) : b.flat(p * ldb + j);
-    exact += x * y;
-    mag += std::abs(x * y);
-  }
-  const double bound = 1.01 * double(k) * 0x1p-24 * mag * (1 + u) + u * std::abs(exact) + floor;
-  return std::abs(got - exact) / bound;
+// The worst error over its bound of a 16-bit product C = op(A) op(B) [m, n]
+// (row stride ldc), A(i, p) at a.flat(p * lda + i) when ta, else
+// a.flat(i * lda + p), B(p, j) likewise: each element against the float64 sum
+// of the same values, |got - exact| over the bound of k float32 additions of
+// exact products, then one rounding (unit roundoff u), plus `floor` (the
+// output's smallest spacing). At most 1 for a correct product.
+// The exact sums and the sums of |products| are two float64 products of the
+// upcast operands (the BLAS's own dgemm): a product of two 16-bit values is
+// exact in float64, and the sums' own rounding (k 2^-53 |a||b|) is 2^-29 of
+// the bound. One pass per product, not one per element (a k-term loop per
+// element took 26 s of the sanitizer build's test time).
+inline double product_worst_over_bound(const Tensor& c, std::int64_t ldc, const Tensor& a, std::int64_t lda,
+                                       bool ta, const Tensor& b, std::int64_t ldb, bool tb, std::int64_t m,
+                                       std::int64_t n, std::int64_t k, double u, double floor) {
+  const std::vector<double> av = a.to(DType::float64).to_vector(), bv = b.to(DType::float64).to_vector();
+  std::vector<double> a_abs(av.size()), b_abs(bv.size());
+  for (std::size_t e = 0; e < av.size(); ++e) a_abs[e] = std::abs(av[e]);
+  for (std::size_t e = 0; e < bv.size(); ++e) b_abs[e] = std::abs(bv[e]);
+  std::vector<double> exact(static_cast<std::size_t>(m * n)), mag(exact.size());
+  blas::library_gemm(ta, tb, m, n, k, 1.0, av.data(), lda, bv.data(), ldb, 0.0, exact.data(), n);
+  blas::library_gemm(ta, tb, m, n, k, 1.0, a_abs.data(), lda, b_abs.data(), ldb, 0.0, mag.data(), n);
+  double worst = 0;
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      const double e = exact[i * n + j];
+      const double bound = 1.01 * double(k) * 0x1p-24 * mag[i * n + j] * (1 + u) + u * std::abs(e) + floor;
+      const double over = std::abs(c.flat(i * ldc + j) - e) / bound;
+      if (!(over <= worst)) worst = over;  // a NaN is the worst
+    }
+  return worst;
 }
 
 // |a - b| <= atol + rtol * |b| elementwise; NaN never passes. On failure: how

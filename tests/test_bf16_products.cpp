@@ -47,12 +47,7 @@ Tensor seeded(const hg::Shape& shape, std::uint64_t seed) {
 double worst_over_bound(const Tensor& c, std::int64_t ldc, const Tensor& a, std::int64_t lda, bool ta,
                         const Tensor& b, std::int64_t ldb, bool tb, std::int64_t m, std::int64_t n,
                         std::int64_t k) {
-  double worst = 0;
-  for (std::int64_t i = 0; i < m; ++i)
-    for (std::int64_t j = 0; j < n; ++j)
-      worst = std::max(worst, hg::test::product_error_over_bound(c.flat(i * ldc + j), a, lda, ta, b, ldb, tb, i, j,
-                                                                 k, 0x1p-8, 0x1p-126));
-  return worst;
+  return hg::test::product_worst_over_bound(c, ldc, a, lda, ta, b, ldb, tb, m, n, k, 0x1p-8, 0x1p-126);
 }
 
 // Elements of [rows, ld] past column n that are not 0.5 (the fill).
