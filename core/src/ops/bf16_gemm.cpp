@@ -37,6 +37,8 @@ namespace {
 // on a CPU without bfloat16 dot products. -1 = not read yet, 0 off, 1 on.
 std::atomic<int> g_bf16_wanted{-1};
 
+#if defined(HEADGRAD_ONEDNN)
+
 bool bf16_wanted() {
   int w = g_bf16_wanted.load(std::memory_order_relaxed);
   if (w < 0) {
@@ -46,8 +48,6 @@ bool bf16_wanted() {
   }
   return w == 1;
 }
-
-#if defined(HEADGRAD_ONEDNN)
 
 // Only where oneDNN has a kernel with bfloat16 dot products: without one it
 // would emulate them, slower than the float32 upcasts.
