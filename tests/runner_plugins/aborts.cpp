@@ -4,7 +4,7 @@
 
 #include "common.hpp"
 
-namespace {
+namespace runner_aborts {
 
 using namespace runner_test;
 
@@ -17,6 +17,6 @@ class Aborts final : public Attention {
   }
 };
 
-}  // namespace
+HEADGRAD_TEST_PLUGIN(aborts, Aborts)
 
-HEADGRAD_PLUGIN(Aborts)
+}  // namespace runner_aborts

@@ -4,7 +4,7 @@
 // every bias gradient (none reaches bq, bk, bv, bo).
 #include "common.hpp"
 
-namespace {
+namespace runner_bias_ignored {
 
 using namespace runner_test;
 
@@ -20,6 +20,6 @@ class BiasIgnored final : public Attention {
   }
 };
 
-}  // namespace
+HEADGRAD_TEST_PLUGIN(bias_ignored, BiasIgnored)
 
-HEADGRAD_PLUGIN(BiasIgnored)
+}  // namespace runner_bias_ignored

@@ -5,7 +5,7 @@
 // Tq/Tk query/key lengths.
 #pragma once
 
-#include <headgrad/plugin.hpp>
+#include "../plugins/one_unit.hpp"
 
 namespace runner_test {
 

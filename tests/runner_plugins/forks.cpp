@@ -11,7 +11,7 @@
 
 #include "common.hpp"
 
-namespace {
+namespace runner_forks {
 
 using namespace runner_test;
 
@@ -38,6 +38,6 @@ class Forks final : public Attention {
   }
 };
 
-}  // namespace
+HEADGRAD_TEST_PLUGIN(forks, Forks)
 
-HEADGRAD_PLUGIN(Forks)
+}  // namespace runner_forks

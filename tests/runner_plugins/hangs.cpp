@@ -4,7 +4,7 @@
 
 #include "common.hpp"
 
-namespace {
+namespace runner_hangs {
 
 using namespace runner_test;
 
@@ -21,6 +21,6 @@ class Hangs final : public Attention {
   }
 };
 
-}  // namespace
+HEADGRAD_TEST_PLUGIN(hangs, Hangs)
 
-HEADGRAD_PLUGIN(Hangs)
+}  // namespace runner_hangs

@@ -2,7 +2,7 @@
 // mask, float64 only), for the runner's capability checks.
 #include "common.hpp"
 
-namespace {
+namespace runner_limited {
 
 using namespace runner_test;
 
@@ -19,6 +19,6 @@ class Limited final : public Attention {
   }
 };
 
-}  // namespace
+HEADGRAD_TEST_PLUGIN(limited, Limited)
 
-HEADGRAD_PLUGIN(Limited)
+}  // namespace runner_limited

@@ -4,7 +4,7 @@
 
 #include "common.hpp"
 
-namespace {
+namespace runner_returns_nan {
 
 using namespace runner_test;
 
@@ -26,6 +26,6 @@ class ReturnsNan final : public Attention {
   }
 };
 
-}  // namespace
+HEADGRAD_TEST_PLUGIN(returns_nan, ReturnsNan)
 
-HEADGRAD_PLUGIN(ReturnsNan)
+}  // namespace runner_returns_nan

@@ -4,7 +4,7 @@
 // (a report and exit 1) before the fault that this plugin exists to make.
 #include "common.hpp"
 
-namespace {
+namespace runner_segfaults {
 
 using namespace runner_test;
 
@@ -23,6 +23,6 @@ class Segfaults final : public Attention {
   }
 };
 
-}  // namespace
+HEADGRAD_TEST_PLUGIN(segfaults, Segfaults)
 
-HEADGRAD_PLUGIN(Segfaults)
+}  // namespace runner_segfaults

@@ -2,7 +2,7 @@
 // check would. The runner must name the plugin and the message.
 #include "common.hpp"
 
-namespace {
+namespace runner_throws {
 
 using namespace runner_test;
 
@@ -17,6 +17,6 @@ class Throws final : public Attention {
   }
 };
 
-}  // namespace
+HEADGRAD_TEST_PLUGIN(throws, Throws)
 
-HEADGRAD_PLUGIN(Throws)
+}  // namespace runner_throws

@@ -1,18 +1,16 @@
 // Shared by the plugins with bugs outside the catalog (tests/test_findings.cpp):
 // their info, the correct pieces each bug is written into, the way a
-// hand-written backward's mistake is put in without writing a custom op, and
-// the registry by which one compiled unit holds them all (meson.build).
+// hand-written backward's mistake is put in without writing a custom op. They
+// compile as one unit (../one_unit.hpp, meson.build).
 //
 // Shape legend: B batch, T sequence, D model width, H heads, d = D / H;
 // Tq/Tk query/key lengths.
 #pragma once
 
 #include <cmath>
-#include <map>
-#include <memory>
 #include <string>
 
-#include <headgrad/plugin.hpp>
+#include "../one_unit.hpp"
 
 namespace uncatalogued {
 
@@ -67,22 +65,4 @@ Variable reorder_heads(const Variable& o, Order order) {
   return cat(heads, 1);
 }
 
-// Every plugin of the folder, by its file's name: the folder's sources
-// compile once, as one unit, and each u_<name> library, linked with all of
-// them, makes the plugin its own name selects (plugin.cpp).
-using Maker = std::shared_ptr<Attention> (*)();
-inline std::map<std::string, Maker>& registry() {
-  static std::map<std::string, Maker> plugins;
-  return plugins;
-}
-template <class P>
-struct Registered {
-  explicit Registered(const char* name) {
-    registry()[name] = [] { return std::shared_ptr<Attention>(std::make_shared<P>()); };
-  }
-};
-
 }  // namespace uncatalogued
-
-// Registers the file's Plugin class under `name` (its file's name, u_ first).
-#define UNCATALOGUED_PLUGIN(name) const ::uncatalogued::Registered<Plugin> registered_plugin(#name);

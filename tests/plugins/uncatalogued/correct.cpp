@@ -15,5 +15,5 @@ class Plugin final : public Attention {
     return attention_core(q, k, v, spec);
   }
 };
-UNCATALOGUED_PLUGIN(u_correct)
+HEADGRAD_TEST_PLUGIN(u_correct, Plugin)
 }  // namespace u_correct

@@ -17,5 +17,5 @@ class Plugin final : public Attention {
     return attention_core(q, grad_times(k, 2.0), v, spec);  // BUG: dK accumulated twice
   }
 };
-UNCATALOGUED_PLUGIN(u_dk_accumulated_twice)
+HEADGRAD_TEST_PLUGIN(u_dk_accumulated_twice, Plugin)
 }  // namespace u_dk_accumulated_twice

@@ -17,5 +17,5 @@ class Plugin final : public Attention {
     return attention_core(grad_times(q, s), k, v, spec);  // BUG: dQ times the scale again
   }
 };
-UNCATALOGUED_PLUGIN(u_dq_scaled_twice)
+HEADGRAD_TEST_PLUGIN(u_dq_scaled_twice, Plugin)
 }  // namespace u_dq_scaled_twice

@@ -18,5 +18,5 @@ class Plugin final : public Attention {
     return attention_core(q, k, grad_times(v, 1.0 / heads), spec);  // BUG: dV / H
   }
 };
-UNCATALOGUED_PLUGIN(u_dv_averaged_over_heads)
+HEADGRAD_TEST_PLUGIN(u_dv_averaged_over_heads, Plugin)
 }  // namespace u_dv_averaged_over_heads

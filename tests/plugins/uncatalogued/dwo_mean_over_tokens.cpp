@@ -15,5 +15,5 @@ class Plugin final : public Attention {
     return linear(merge_heads(attention_core(p.q, p.k, p.v, spec)), grad_times(w.wo, 1.0 / tokens));  // BUG
   }
 };
-UNCATALOGUED_PLUGIN(u_dwo_mean_over_tokens)
+HEADGRAD_TEST_PLUGIN(u_dwo_mean_over_tokens, Plugin)
 }  // namespace u_dwo_mean_over_tokens

@@ -17,5 +17,5 @@ class Plugin final : public Attention {
     return finish(attention_core(q, k, v, spec), w);
   }
 };
-UNCATALOGUED_PLUGIN(u_dx_without_v_path)
+HEADGRAD_TEST_PLUGIN(u_dx_without_v_path, Plugin)
 }  // namespace u_dx_without_v_path

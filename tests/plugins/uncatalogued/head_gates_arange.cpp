@@ -21,5 +21,5 @@ class Plugin final : public Attention {
     return cat(heads, -3);
   }
 };
-UNCATALOGUED_PLUGIN(u_head_gates_arange)
+HEADGRAD_TEST_PLUGIN(u_head_gates_arange, Plugin)
 }  // namespace u_head_gates_arange

@@ -18,5 +18,5 @@ class Plugin final : public Attention {
     return finish(rotate(attention_core(p.q, p.k, p.v, spec)), w);
   }
 };
-UNCATALOGUED_PLUGIN(u_heads_rotated)
+HEADGRAD_TEST_PLUGIN(u_heads_rotated, Plugin)
 }  // namespace u_heads_rotated

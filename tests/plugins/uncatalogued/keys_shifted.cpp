@@ -16,5 +16,5 @@ class Plugin final : public Attention {
     return attention_core(q, late, v, spec);
   }
 };
-UNCATALOGUED_PLUGIN(u_keys_shifted)
+HEADGRAD_TEST_PLUGIN(u_keys_shifted, Plugin)
 }  // namespace u_keys_shifted

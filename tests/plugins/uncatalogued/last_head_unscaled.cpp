@@ -21,5 +21,5 @@ class Plugin final : public Attention {
     return n == 1 ? last : cat({first, last}, -3);
   }
 };
-UNCATALOGUED_PLUGIN(u_last_head_unscaled)
+HEADGRAD_TEST_PLUGIN(u_last_head_unscaled, Plugin)
 }  // namespace u_last_head_unscaled

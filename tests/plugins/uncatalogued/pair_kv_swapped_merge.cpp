@@ -14,5 +14,5 @@ class Plugin final : public Attention {
     return linear(reshape(o, x.shape()), w.wo);                // BUG 2: [B, H, T, d] read as [B, T, D]
   }
 };
-UNCATALOGUED_PLUGIN(u_pair_kv_swapped_merge)
+HEADGRAD_TEST_PLUGIN(u_pair_kv_swapped_merge, Plugin)
 }  // namespace u_pair_kv_swapped_merge

@@ -17,5 +17,5 @@ class Plugin final : public Attention {
     return finish(reorder_heads(o, [](std::int64_t h, std::int64_t n) { return (h + n - 1) % n; }), w);  // BUG 2
   }
 };
-UNCATALOGUED_PLUGIN(u_pair_no_causal_heads_rotated)
+HEADGRAD_TEST_PLUGIN(u_pair_no_causal_heads_rotated, Plugin)
 }  // namespace u_pair_no_causal_heads_rotated

@@ -18,5 +18,5 @@ class Plugin final : public Attention {
     return finish(attention_core(q, k, v, unscaled), w);
   }
 };
-UNCATALOGUED_PLUGIN(u_pair_no_scale_wq_untransposed)
+HEADGRAD_TEST_PLUGIN(u_pair_no_scale_wq_untransposed, Plugin)
 }  // namespace u_pair_no_scale_wq_untransposed

@@ -16,5 +16,5 @@ class Plugin final : public Attention {
     return finish(attention_core(q, k, v, spec), w);
   }
 };
-UNCATALOGUED_PLUGIN(u_query_unprojected)
+HEADGRAD_TEST_PLUGIN(u_query_unprojected, Plugin)
 }  // namespace u_query_unprojected

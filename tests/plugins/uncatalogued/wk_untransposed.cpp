@@ -16,5 +16,5 @@ class Plugin final : public Attention {
     return finish(attention_core(q, k, v, spec), w);
   }
 };
-UNCATALOGUED_PLUGIN(u_wk_untransposed)
+HEADGRAD_TEST_PLUGIN(u_wk_untransposed, Plugin)
 }  // namespace u_wk_untransposed

@@ -16,5 +16,5 @@ class Plugin final : public Attention {
     return finish(attention_core(q, k, v, spec), w);
   }
 };
-UNCATALOGUED_PLUGIN(u_wq_wv_swapped)
+HEADGRAD_TEST_PLUGIN(u_wq_wv_swapped, Plugin)
 }  // namespace u_wq_wv_swapped
