@@ -2,7 +2,7 @@
 // default) and all_finite on whole tensors, each naming the tensor and the
 // worst element's index when it fails; product_worst_over_bound for 16-bit
 // matrix products; contains on text; expect_invalid on
-// an error message; read_text for a whole file.
+// an error message; read_text for a whole file; under_asan.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -23,7 +23,24 @@
 #include "headgrad/blas.hpp"
 #include "headgrad/tensor.hpp"
 
+// Whether this program is built with AddressSanitizer (gcc says so with
+// __SANITIZE_ADDRESS__, clang through __has_feature): HG_UNDER_ASAN for the
+// preprocessor, under_asan for C++.
+#if defined(__SANITIZE_ADDRESS__)
+#define HG_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define HG_UNDER_ASAN 1
+#endif
+#endif
+
 namespace headgrad::test {
+
+#ifdef HG_UNDER_ASAN
+inline constexpr bool under_asan = true;
+#else
+inline constexpr bool under_asan = false;
+#endif
 
 // The whole file as text ("" when it cannot be read: the caller's checks say what was missing).
 inline std::string read_text(const std::filesystem::path& p) {

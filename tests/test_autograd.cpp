@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "checks.hpp"
 #include "headgrad/checkpoint.hpp"
 #include "headgrad/gradcheck.hpp"
 #include "headgrad/kernels.hpp"
@@ -263,15 +264,7 @@ TEST(Autograd, MillionOpChainBuildsRunsAndFrees) {
   // topological sort would overflow the stack long before). Under
   // AddressSanitizer a quarter: its frames are larger, so a recursive walk
   // would overflow sooner, and a million steps there took 24 s.
-  int ops = 1'000'000;
-#if defined(__SANITIZE_ADDRESS__)
-  ops = 250'000;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-  ops = 250'000;
-#endif
-#endif
-  const int kOps = ops;
+  constexpr int kOps = headgrad::test::under_asan ? 250'000 : 1'000'000;
   Variable x(Tensor::scalar(2.0, DType::float64), true);
   auto chain = [&] {
     Variable y = x;

@@ -23,20 +23,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checks.hpp"
 #include "headgrad_cli.hpp"
 
 namespace test_report_merge {  // this file's names: test files share unity builds (tests/meson.build)
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-#if defined(__SANITIZE_ADDRESS__)
-#define HG_UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define HG_UNDER_ASAN 1
-#endif
-#endif
 
 namespace {
 

@@ -23,6 +23,7 @@
 
 #include <headgrad/npy.hpp>
 
+#include "checks.hpp"
 #include "headgrad_cli.hpp"
 #include "job/run_suite.hpp"
 #include "real_plugins.hpp"
@@ -36,17 +37,7 @@ namespace fs = std::filesystem;
 // A run's peak memory bound in the member tests: 64 MiB (a run holds about
 // 10); ASan's shadow memory and quarantine add over 100 MiB, so there 512 MiB,
 // still half the 1 GiB member that an eager read would inflate.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr long kChildBoundKib = 512 * 1024;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr long kChildBoundKib = 512 * 1024;
-#else
-constexpr long kChildBoundKib = 64 * 1024;
-#endif
-#else
-constexpr long kChildBoundKib = 64 * 1024;
-#endif
+constexpr long kChildBoundKib = headgrad::test::under_asan ? 512 * 1024 : 64 * 1024;
 
 namespace {
 
