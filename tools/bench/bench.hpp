@@ -124,6 +124,10 @@ nlohmann::json run_bench(const BenchConfig& config, std::ostream* log);
 
 // The aligned table of a run_bench result.
 void print_table(std::ostream& out, const nlohmann::json& result);
+// "BLAS <library> <version> (kernels ...), float32 products on ..., bfloat16
+// products ...": where a run's products ran, from its JSON's environment
+// (both tables print it).
+std::string products_line(const nlohmann::json& environment);
 std::string printf_figure(const char* format, double v);  // printf_figure("%.3f", 1.5) == "1.500"
 // head and rows as aligned columns, two spaces apart: the first left_columns
 // left-aligned, the others right-aligned; widths from the full rows only, a

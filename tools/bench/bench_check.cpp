@@ -326,11 +326,7 @@ void print_check_table(std::ostream& out, const json& r) {
          "dgemm for float64), the mean of the GEMMs timed before and after the check; ratio = wall s / GEMM-bound s.\n"
          "peak RSS: getrusage's of the child a run ran in, else of this process so far ("
       << mib(r["parent_peak_rss_bytes"]) << " MiB at the end); tensors: the most bytes live tensors held during the run.\n";
-  const auto& env = r["environment"];
-  out << "BLAS " << env["blas_library"].get<std::string>() << " " << env["blas_version"].get<std::string>()
-      << " (kernels " << env["blas_kernel"].get<std::string>() << "), float32 products on "
-      << env["float32_products"].get<std::string>() << ", bfloat16 products "
-      << env["bf16_products"].get<std::string>() << "\n";
+  out << products_line(r["environment"]) << "\n";
 }
 
 }  // namespace headgrad::bench

@@ -38,6 +38,12 @@ void print_aligned(std::ostream& out, const std::vector<std::string>& head,
   for (const auto& line : rows) emit(line);
 }
 
+std::string products_line(const json& env) {
+  return "BLAS " + env["blas_library"].get<std::string>() + " " + env["blas_version"].get<std::string>() +
+         " (kernels " + env["blas_kernel"].get<std::string>() + "), float32 products on " +
+         env["float32_products"].get<std::string>() + ", bfloat16 products " + env["bf16_products"].get<std::string>();
+}
+
 void print_table(std::ostream& out, const json& result) {
   const std::vector<std::string> head{"plugin", "shape (B,T,D,H[,Hkv])", "dtype", "thr", "window",
                                       "fwd ms med", "fwd ms min", "fwd+bwd ms med",
@@ -85,11 +91,7 @@ void print_table(std::ostream& out, const json& result) {
         << g["threads"].get<int>() << " thread(s): " << printf_figure("%.2f", g["gflops"].get<double>())
         << " GFLOP/s (" << printf_figure("%.1f", g["ms"].get<double>()) << " ms)\n";
   const auto& env = result["environment"];
-  out << "BLAS " << env["blas_library"].get<std::string>() << " "
-      << env["blas_version"].get<std::string>() << " (kernels " << env["blas_kernel"].get<std::string>()
-      << "), float32 products on " << env["float32_products"].get<std::string>() << ", bfloat16 products "
-      << env["bf16_products"].get<std::string>() << ", allocator "
-      << env["allocator"].get<std::string>() << "\n";
+  out << products_line(env) << ", allocator " << env["allocator"].get<std::string>() << "\n";
   out << "FLOPs: projections (2 + 2 Hkv/H) x 2BTD^2, core 2 x 2BT^2D dense (causal: T(T+1)/2 of T^2);"
          " backward = 2 x forward. 'of gemm' = GFLOP/s / the run's GEMM GFLOP/s\n"
          "(above); 'of adj. gemm' = the f+b GFLOP/s / the mean of GEMMs timed right before and after the row.\n";
