@@ -79,11 +79,15 @@ import sys
 import warnings
 
 import numpy as np
-import torch
+
+# Imported on import as a library. The command line imports it in main(), once
+# its arguments are checked: starting torch takes a second and a half, and a
+# mistyped option is then answered at once.
+if __name__ != "__main__":
+    import torch
 
 LEVELS = ("mha", "core", "rope")
-DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16,
-          "float16": torch.float16}
+DTYPES = ("float64", "float32", "bfloat16", "float16")  # torch's dtypes of these names
 # The 16-bit dtypes: .npy has no bfloat16 (its files are float32 holding bfloat16
 # values), so their case.yaml names the dtype.
 LOW_PRECISION = ("bfloat16", "float16")
@@ -310,9 +314,8 @@ class _Draw:
 class _Replay:
     """The tensors a _Draw drew, in the same order, cast to float64 (golden/)."""
 
-    dtype = torch.float64
-
     def __init__(self, draw):
+        self.dtype = torch.float64
         self.queue = list(draw.drawn)
 
     def __call__(self, *shape, std=1.0, grad=True):
@@ -433,7 +436,7 @@ def _dtype_of(dtype):
         dtype = str(dtype).replace("torch.", "")
     if dtype not in DTYPES:
         _fail(f"dtype '{dtype}' is not one of {', '.join(DTYPES)}")
-    return dtype, DTYPES[dtype]
+    return dtype, getattr(torch, dtype)
 
 
 def _check_qk_norm(qk_norm):
@@ -1036,23 +1039,28 @@ def main(argv=None):
                              "last, U(-1, 3)); sinks.npy and dsinks.npy are written")
     args = parser.parse_args(argv)
     try:
+        # the arguments first, torch after (see the import at the top)
+        shape = parse_shape(args.shape)
+        resolve_shape(args.level, shape)
+        if args.bottom_right and not args.causal:
+            _fail("--bottom-right is a causal alignment; it cannot go with --no-causal")
+        options = dict(level=args.level, seed=parse_seed(args.seed),
+                       causal="bottom_right" if args.bottom_right else args.causal, dtype=args.dtype,
+                       positions=parse_positions(args.positions) if args.positions else None,
+                       q_offset=args.q_offset, rope=parse_rope(args.rope) if args.rope else None,
+                       suite_dir=args.suite_dir, overwrite=args.force, bias=args.bias,
+                       qk_norm=parse_qk_norm(args.qk_norm) if args.qk_norm else None, cross=args.cross,
+                       window=parse_window(args.window) if args.window else None,
+                       softcap=parse_softcap(args.softcap) if args.softcap else None, sinks=args.sinks)
+        global torch
+        import torch
         try:
             fn = load_function(args.function)
         except ValueError:
             raise
         except Exception as e:  # the user's module: any error while importing it
             _fail(f"cannot import {args.function}: {type(e).__name__}: {e}")
-        if args.bottom_right and not args.causal:
-            _fail("--bottom-right is a causal alignment; it cannot go with --no-causal")
-        out = write_reference(fn, args.out, parse_shape(args.shape), level=args.level, seed=parse_seed(args.seed),
-                              causal="bottom_right" if args.bottom_right else args.causal, dtype=args.dtype,
-                              positions=parse_positions(args.positions) if args.positions else None,
-                              q_offset=args.q_offset,
-                              rope=parse_rope(args.rope) if args.rope else None, suite_dir=args.suite_dir,
-                              overwrite=args.force, bias=args.bias,
-                              qk_norm=parse_qk_norm(args.qk_norm) if args.qk_norm else None, cross=args.cross,
-                              window=parse_window(args.window) if args.window else None,
-                              softcap=parse_softcap(args.softcap) if args.softcap else None, sinks=args.sinks)
+        out = write_reference(fn, args.out, shape, **options)
     except (ValueError, ImportError) as e:
         print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2

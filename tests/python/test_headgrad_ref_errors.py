@@ -7,10 +7,12 @@ meson) when torch cannot be imported, and says so.
 
 Each bad input (a function that raises, a module that cannot be imported, a dim
 of 10^26, a seed of 2^70, --rope theta=abc, sys.exit in the user's code) ends
-in exit 2 with one line on stderr and nothing written; YAML characters in
---out and --rope never give a case.yaml that headgrad cannot parse.
+in exit 2 with one line on stderr and nothing written, a bad argument before
+torch is imported; YAML characters in --out and --rope never give a case.yaml
+that headgrad cannot parse.
 """
 import math
+import os
 import pathlib
 import subprocess
 import sys
@@ -46,9 +48,9 @@ def exits(x, wq, wk, wv, wo):
 
 
 class BadInputsExitTwoWithOneLine(unittest.TestCase):
-    def writer(self, tmp, *args, function=f"{__file__}:einsum_mha", shape="B=2,T=5,D=8,H=2"):
+    def writer(self, tmp, *args, function=f"{__file__}:einsum_mha", shape="B=2,T=5,D=8,H=2", env=None):
         return subprocess.run([sys.executable, str(WRITER), function, "--shape", shape, "--out", str(tmp / "ref"),
-                               *args], capture_output=True, text=True, timeout=120)
+                               *args], capture_output=True, text=True, timeout=120, env=env)
 
     def assert_refused(self, res, says, tmp):
         self.assertEqual(res.returncode, 2, res.stdout + res.stderr)
@@ -69,18 +71,33 @@ class BadInputsExitTwoWithOneLine(unittest.TestCase):
                 (dict(function=f"{bad_module}:f"), "cannot import"),
                 (dict(function=f"{syntax}:f"), "SyntaxError"),
                 (dict(function=f"{__file__}:exits"), "called sys.exit(0); nothing was written"),
-                (dict(shape="B=2,T=100000000000000000000000000,D=8,H=2"), "a dim is at most 2147483647"),
             ]
             for kwargs, says in cases:
                 with self.subTest(says=says):
                     self.assert_refused(self.writer(tmp, **kwargs), says, tmp)
-            for args, says in [(["--seed", str(2**70)], "--seed: expected an integer in [0, 2^63)"),
-                               (["--seed", "-1"], "--seed: expected an integer in [0, 2^63), got '-1'"),
-                               (["--rope", "theta=abc"], "--rope theta='abc': expected a finite number > 1"),
-                               (["--rope", "style=half]"], "--rope style='half]': expected interleaved or half"),
-                               (["--rope", "rotary_dim=3"], "expected an even integer >= 2")]:
-                with self.subTest(args=args):
-                    self.assert_refused(self.writer(tmp, *args), says, tmp)
+            # A bad argument is refused before torch is imported: here a torch that cannot be
+            # imported comes first on the path, and the refusal is still the argument's.
+            no_torch = tmp / "no_torch"
+            no_torch.mkdir()
+            (no_torch / "torch.py").write_text("raise ImportError('torch was imported')\n")
+            env = dict(os.environ, PYTHONPATH=str(no_torch))
+            for args, shape, says in [
+                    ([], "B=2,T=100000000000000000000000000,D=8,H=2", "a dim is at most 2147483647"),
+                    ([], "B=2,T=5,D=7,H=2", "D=7 is not divisible by H=2"),
+                    (["--seed", str(2**70)], None, "--seed: expected an integer in [0, 2^63)"),
+                    (["--seed", "-1"], None, "--seed: expected an integer in [0, 2^63), got '-1'"),
+                    (["--rope", "theta=abc"], None, "--rope theta='abc': expected a finite number > 1"),
+                    (["--rope", "style=half]"], None, "--rope style='half]': expected interleaved or half"),
+                    (["--rope", "rotary_dim=3"], None, "expected an even integer >= 2"),
+                    (["--window", "3,x"], None, "--window right='x': expected an integer >= 0"),
+                    (["--bottom-right", "--no-causal"], None, "cannot go with --no-causal")]:
+                with self.subTest(args=args, shape=shape):
+                    self.assert_refused(self.writer(tmp, *args, **(dict(shape=shape) if shape else {}), env=env),
+                                        says, tmp)
+            # the same torch stops a good command line, naming itself
+            res = self.writer(tmp, env=env)
+            self.assertEqual(res.returncode, 2, res.stderr)
+            self.assertIn("torch was imported", res.stderr)
 
     def test_yaml_characters_in_out_still_parse(self):
         with tempfile.TemporaryDirectory() as tmp:
