@@ -12,9 +12,14 @@ meson) when torch cannot be imported, and says so.
    cannot take a non-contiguous x fails exactly the transposed/sliced cases
    (so it was handed real strided views); a hang is killed by --timeout and
    the next cases still run (the worker is replaced); a function without
-   `causal` is causal-only and localization says it could not run `causal off`;
-   a function that names bq, bk, bv, bo is checked with biases (--no-bias
-   without), one that drops bo fails on dbo.
+   `causal` is causal-only and localization says it could not run `causal off`.
+   What check adds for a signature (through headgrad.check, served here): a
+   function that names bq, bk, bv, bo is checked with biases (bias=False
+   without), one that drops bo fails on dbo; the features of current models
+   (window, softcap, sinks, q_norm/k_norm, x_kv): their cases and tensors,
+   features=False, two seed bugs named; at the core level with a mask, the
+   fully masked row and the decode step, and a cap applied after the mask
+   named softcap_after_mask there.
 2. A suite's `plugins:` block (a path relative to the suite), and its errors;
    `run -j 2` and `check -j 2` give the verdicts and values of -j 1.
 3. headgrad.check from Python (served by this process: closures work) on
@@ -37,10 +42,6 @@ meson) when torch cannot be imported, and says so.
    gemma_pytorch's GemmaAttention (soft-cap, QK-norm 1 + w, the window as
    its local mask) passes, and with the mask added before the cap, or k left
    unnormalized, is named softcap_after_mask, qk_norm_missing_on_k.
-   The features from the signature (window, softcap, sinks, q_norm/k_norm,
-   x_kv): their cases and tensors, --no-features, two seed bugs named; at
-   the core level with a mask, the fully masked row and the decode step, and
-   a cap applied after the mask named softcap_after_mask there.
 4. An autograd.Function's own backward is what is checked (a wrong dV fails dv only).
 5. The pytest example in docs/python.md runs and passes.
 """
@@ -63,6 +64,7 @@ sys.path.insert(0, str(REPO / "tools" / "python"))
 sys.path.insert(0, str(FIXTURES))
 import headgrad  # noqa: E402
 import excerpts  # noqa: E402
+import functions  # noqa: E402  (fixtures/functions.py: the functions CheckCommand loads by path)
 import headgrad_main  # noqa: E402
 from headgrad.modules import pack_qkv  # noqa: E402
 
@@ -143,11 +145,30 @@ class CheckCommand(unittest.TestCase):
         self.assertIn("Could not run: causal off", loc)
         self.assertIn("disappears at T = 1", loc)
 
+    def test_bad_function_spec(self):
+        code, text = run("check", "nofile.py:fn")
+        self.assertEqual(code, 2, text)
+        self.assertIn("no file nofile.py", text)
+        code, text = run("check", f"{self.fixture}:no_such_function")
+        self.assertEqual(code, 3, text)
+        self.assertIn("no_such_function", text)
+
+
+class CasesFromTheSignature(unittest.TestCase):
+    """What check adds for the arguments a function's signature names: biases, the features of
+    current models. Through headgrad.check, served by this process (CheckCommand covers the
+    command line's own loading of FILE.py:FUNCTION): the suite is built from the signature in
+    headgrad either way, and no torch starts per check."""
+
+    def check(self, fn, **options):
+        result = headgrad.check(getattr(functions, fn), raise_on_failure=False, **options)
+        return result.returncode, result.text, result.report
+
     def test_biases_when_the_signature_names_them(self):
         code, text, report = self.check("mha_bias")
         self.assertEqual(code, 0, text)
         self.assertTrue(all({"dbq", "dbk", "dbv", "dbo"} <= checked_tensors(c) for c in report["cases"]))
-        code, text, report = self.check("mha_bias", "--no-bias")
+        code, text, report = self.check("mha_bias", bias=False)
         self.assertEqual(code, 0, text)
         self.assertFalse(any("dbq" in checked_tensors(c) for c in report["cases"]))
         # a function that takes bo and drops it: out, dx and dbo differ, dbo the gradient it never returned
@@ -157,14 +178,14 @@ class CheckCommand(unittest.TestCase):
         differ = {t["name"] for t in c["tensors"] if not t["allclose"]}
         self.assertIn("dbo", differ, json.dumps(c["tensors"])[:1500])
         self.assertNotIn("dbq", differ)
-        # --bias on a function without them is refused, naming it
-        code, text = run("check", f"{self.fixture}:merge_without_transpose", "--bias")
+        # bias=True (--bias) on a function without them is refused, naming it
+        code, text, _ = self.check("merge_without_transpose", bias=True)
         self.assertEqual(code, 2, text)
         self.assertIn("takes no bq, bk, bv, bo", text)
 
     def test_features_from_the_signature(self):
         # each feature whose arguments the signature names gets its cases, its tensors compared
-        code, text, report = self.check("modern_mha", "--kv-heads", "2")
+        code, text, report = self.check("modern_mha", kv_heads=2)
         self.assertEqual(code, 0, text)
         by = cases(report)
         for name, tensors in (("window, W = 4 keys", set()), ("window, two-sided, not causal", set()),
@@ -182,7 +203,7 @@ class CheckCommand(unittest.TestCase):
         self.assertEqual(code, 0, text)
         feature_cases = [n for n in cases(report) if n.startswith(("window", "softcap", "sinks", "qk_norm", "cross"))]
         self.assertEqual(feature_cases, ["sinks"])
-        code, text, report = self.check("modern_mha", "--no-features")
+        code, text, report = self.check("modern_mha", features=False)
         self.assertEqual(code, 0, text)
         self.assertFalse([n for n in cases(report) if n.startswith(("window", "softcap", "sinks", "qk_norm", "cross"))])
 
@@ -199,26 +220,18 @@ class CheckCommand(unittest.TestCase):
     def test_core_features_with_a_mask(self):
         # at the core level a function that takes `mask` also gets the fully masked row (zeros, or all
         # of it on the sink) and the bottom-right decode step (its window folded into the mask)
-        code, text, report = self.check("modern_core", "--level", "core", "--kv-heads", "2")
+        code, text, report = self.check("modern_core", level="core", kv_heads=2)
         self.assertEqual(code, 0, text)
         by = cases(report)
         for name in ("window, decode step", "window, right bound only", "softcap, a fully masked row",
                      "sinks, a fully masked row", "sinks, grouped kv heads"):
             self.assertEqual(by[name]["status"], "pass", name)
         self.assertIn("dsinks", checked_tensors(by["sinks, a fully masked row"]))
-        code, text, report = self.check("modern_core_softcap_after_mask", "--level", "core")
+        code, text, report = self.check("modern_core_softcap_after_mask", level="core")
         self.assertEqual(code, 1, text)
         c = cases(report)["softcap, a fully masked row"]
         self.assertEqual(bugs_of(c), ["softcap_after_mask"], json.dumps(c.get("diagnosis"))[:1500])
         self.assertIn("disappears at mask off and softcap off", c["localization"]["sentence"])
-
-    def test_bad_function_spec(self):
-        code, text = run("check", "nofile.py:fn")
-        self.assertEqual(code, 2, text)
-        self.assertIn("no file nofile.py", text)
-        code, text = run("check", f"{self.fixture}:no_such_function")
-        self.assertEqual(code, 3, text)
-        self.assertIn("no_such_function", text)
 
 
 class SuitePlugins(unittest.TestCase):
