@@ -3,11 +3,14 @@
 // (The row kernels: test_kernels.cpp; the fused masked softmax against the
 // ops it replaces: test_ops_softmax_mask.cpp.)
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -127,6 +130,45 @@ TEST(Parallel, EveryIndexOnceAndNestedLoopsRunSerially) {
   std::vector<std::atomic<int>> items(37);
   parallel_items(37, [&](std::int64_t i, int) { ++items[static_cast<std::size_t>(i)]; });
   for (const auto& s : items) EXPECT_EQ(s.load(), 1);
+}
+
+// Chunks 1..n-1 go to whichever thread claims them first, the caller included
+// (a worker the scheduler has not run yet must not hold it up). Back-to-back
+// tiny jobs, with a third thread keeping a core busy so that workers wake
+// late: every chunk of every job runs exactly once, with its own job's
+// function and range (never a later job's chunk with an earlier job's
+// function), chunk 0 on the caller. Chunk 1 ran on the caller's thread in
+// 19993-20000 of the 20000 jobs here (a worker had not claimed it yet); a pool
+// where worker w always runs chunk w never does that.
+TEST(Parallel, EveryChunkRunsOnceWhenWorkersWakeLate) {
+  set_num_threads(2);
+  std::atomic<bool> stop{false};
+  std::thread busy([&] {
+    while (!stop.load()) {
+    }
+  });
+  const auto caller = std::this_thread::get_id();
+  int wrong = 0, by_caller = 0, by_worker = 0;
+  for (int job = 0; job < 20000; ++job) {
+    std::array<std::atomic<int>, 2> ran{};
+    std::array<std::thread::id, 2> who{};
+    const std::int64_t n = 2 + job % 5;
+    parallel_for(n, [&, job](std::int64_t i0, std::int64_t i1, int w) {
+      if (w < 0 || w > 1 || i0 != n * w / 2 || i1 != n * (w + 1) / 2) ++wrong;  // its own job's range
+      ran[static_cast<std::size_t>(w)] += 1 + job % 3;
+      who[static_cast<std::size_t>(w)] = std::this_thread::get_id();
+    });
+    for (const auto& r : ran)
+      if (r.load() != 1 + job % 3) ++wrong;
+    if (who[0] != caller) ++wrong;  // chunk 0 is always the caller's
+    (who[1] == caller ? by_caller : by_worker)++;
+  }
+  stop = true;
+  busy.join();
+  set_num_threads(0);
+  EXPECT_EQ(wrong, 0);
+  EXPECT_GT(by_caller, 0);
+  std::printf("chunk 1 ran on the caller's thread in %d of 20000 jobs, on a worker's in %d\n", by_caller, by_worker);
 }
 
 TEST(Parallel, ExceptionsReachTheCaller) {
