@@ -21,8 +21,11 @@ void set_num_threads(int n);
 int num_threads();
 
 // body(begin, end, worker) on contiguous chunks of [0, n), at most num_threads()
-// of them; worker is in [0, num_threads()). The caller runs chunk 0. The first
-// exception a chunk throws is rethrown here after every chunk has finished.
+// of them; worker is the chunk's index, in [0, num_threads()), and no two
+// threads run the same index at once (scratch per worker stays private). The
+// caller runs chunk 0, then any chunk no other thread has taken yet, so one
+// thread may run several. The first exception a chunk throws is rethrown here
+// after every chunk has finished.
 // Loops with less than `min_per_worker` items per worker use fewer workers.
 void parallel_for(std::int64_t n,
                   const std::function<void(std::int64_t, std::int64_t, int)>& body,
