@@ -477,43 +477,91 @@ TEST_F(Analysis, TileMappingIsConfirmedByARerunUnderTheTilePermutation) {
 
 namespace {
 
-// configs/mutants.yaml, run once (it is this test's longest part): through
-// the program, whose terminal gives the mutation score and whose JSON report,
-// read back as `headgrad merge` reads it (the report schema, round-tripped
-// field by field in test_report_schema), shows every mutant caught and named,
-// judged against per_head.
-TEST(MutantsSuiteCli, CatchesAndNamesEveryMutantWithAFullMutationScore) {
-  const std::filesystem::path json_file =
-      std::filesystem::path(::testing::TempDir()) / ("headgrad_mutants_" + std::to_string(::getpid()) + ".json");
-  const std::string cmd = std::string(HEADGRAD_EXE) + " run " HEADGRAD_SOURCE_ROOT "/configs/mutants.yaml --json " +
-                          json_file.string() + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string out;
-  char buf[4096];
-  while (std::size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
-  const int status = pclose(pipe);
-  EXPECT_EQ(WEXITSTATUS(status), 0) << out;
-  EXPECT_NE(out.find("mutation score: 87/87 mutants caught (100%), 87/87 named correctly (100%)"),
-            std::string::npos)
-      << out;
-  EXPECT_NE(out.find("87 passed, 0 failed"), std::string::npos) << out;
+// configs/mutants.yaml, run once through the program (it is this file's
+// longest part) for both tests below: its terminal gives the mutation score,
+// its JSON report, read back as `headgrad merge` reads it (the report schema,
+// round-tripped field by field in test_report_schema), shows every mutant
+// caught and named, judged against per_head, and its HTML report is the page
+// a reader opens.
+class MutantsSuiteCli : public ::testing::Test {
+ protected:
+  struct Run {
+    Suite suite = load_suite(HEADGRAD_SOURCE_ROOT "/configs/mutants.yaml");
+    int exit_code = -1;
+    std::string terminal, html;
+    SuiteResult result;
+  };
 
-  const Suite suite = load_suite(HEADGRAD_SOURCE_ROOT "/configs/mutants.yaml");
-  const SuiteResult result = merge_shard_reports({json_file});  // a whole run is shard 1/1
-  std::filesystem::remove(json_file);
+  static void SetUpTestSuite() {
+    const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) /
+                                      ("headgrad_mutants_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    const std::string cmd = std::string(HEADGRAD_EXE) + " run " HEADGRAD_SOURCE_ROOT "/configs/mutants.yaml --json " +
+                            (dir / "report.json").string() + " --html " + (dir / "report.html").string() + " 2>&1";
+    run_ = new Run();
+    if (FILE* pipe = popen(cmd.c_str(), "r")) {
+      char buf[4096];
+      while (std::size_t n = fread(buf, 1, sizeof buf, pipe)) run_->terminal.append(buf, n);
+      const int status = pclose(pipe);
+      run_->exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    }
+    if (std::filesystem::exists(dir / "report.json"))
+      run_->result = merge_shard_reports({dir / "report.json"});  // a whole run is shard 1/1
+    std::ifstream html(dir / "report.html");
+    run_->html.assign(std::istreambuf_iterator<char>(html), {});
+    std::filesystem::remove_all(dir);
+  }
+  static void TearDownTestSuite() {
+    delete run_;
+    run_ = nullptr;
+  }
+
+  static inline Run* run_ = nullptr;
+};
+
+TEST_F(MutantsSuiteCli, CatchesAndNamesEveryMutantWithAFullMutationScore) {
+  ASSERT_EQ(run_->exit_code, 0) << run_->terminal;
+  EXPECT_NE(run_->terminal.find("mutation score: 87/87 mutants caught (100%), 87/87 named correctly (100%)"),
+            std::string::npos)
+      << run_->terminal;
+  EXPECT_NE(run_->terminal.find("87 passed, 0 failed"), std::string::npos) << run_->terminal;
+
+  const SuiteResult& result = run_->result;
   const MutationScore score = result.mutation_score();
-  EXPECT_EQ(score.mutants, suite.cases.size());
+  EXPECT_EQ(score.mutants, run_->suite.cases.size());
   EXPECT_EQ(score.caught, score.mutants);
   EXPECT_EQ(score.named, score.mutants);
   EXPECT_EQ(result.exit_code(), 0);
-  ASSERT_EQ(result.cases.size(), suite.cases.size());
+  ASSERT_EQ(result.cases.size(), run_->suite.cases.size());
   for (const auto& c : result.cases) {
     ASSERT_TRUE(c.diagnosis.has_value()) << c.spec.name;
     EXPECT_EQ(c.diagnosis->best(), c.spec.expect_diagnosis);
     EXPECT_EQ(c.diagnosis->judged_side, c.mutant);
     EXPECT_EQ(c.diagnosis->correct_side, "per_head") << c.spec.name;
   }
+}
+
+// The page: self-contained (no URL, no script or style loaded from elsewhere),
+// one section per case, each with a heatmap (an <svg>), every expected
+// diagnosis named as the best fit, the mutation score. That a browser draws it
+// is test_html_report.sh's part, where chromium is installed.
+TEST_F(MutantsSuiteCli, HtmlReportIsSelfContainedWithAHeatmapPerCaseAndEveryDiagnosisNamed) {
+  const std::string& html = run_->html;
+  ASSERT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u) << "no page written";
+  for (const char* outside : {"http://", "https://", "<script", "<link", "@import", "url("})
+    EXPECT_EQ(html.find(outside), std::string::npos) << "the page holds " << outside;
+  ASSERT_EQ(run_->suite.cases.size(), 87u);
+  std::size_t sections = 0;
+  for (std::size_t at = html.find("<section id=\"case-"); at != std::string::npos; ++sections) {
+    const std::size_t next = html.find("<section id=\"case-", at + 1);
+    EXPECT_LT(html.find("<svg", at), next) << "no heatmap in section " << sections + 1;
+    at = next;
+  }
+  EXPECT_EQ(sections, run_->suite.cases.size());
+  for (const auto& c : run_->suite.cases)
+    EXPECT_NE(html.find("class=\"diag-best\">" + c.expect_diagnosis + "<"), std::string::npos)
+        << c.name << ": the page does not name " << c.expect_diagnosis;
+  EXPECT_NE(html.find("mutation score"), std::string::npos);
 }
 
 }  // namespace
