@@ -373,9 +373,10 @@ TEST(GemmSplit, TwoWorkersGiveTheOneThreadBits) {
 // cross each edge (k over two chunks, n over one, rows off the block and the
 // micro-kernel's 12), every transposition, padded leading dims, alpha, beta
 // (and beta 0 ignoring a NaN in C, as BLAS does), on 1 and 2 threads (each
-// worker's piece blocked on its own). Each element against its float64 sum,
-// within the bound of k float32 additions plus the chunks' and beta's few
-// roundings; the BLAS's own product (library_gemm) within the same bound.
+// worker's piece blocked on its own). Each element against its float64 sum
+// (the BLAS's float64 product), within the bound of k float32 additions plus
+// the chunks' and beta's few roundings; the BLAS's own float32 product
+// (library_gemm) within the same bound.
 TEST(GemmBlocked, LargeFloat32ProductsAreWithinTheirBoundOnEveryChunkEdge) {
   // Without AVX-512F the BLAS runs these products, held to the same bound.
   const bool avx512 = tile::available();
@@ -388,16 +389,18 @@ TEST(GemmBlocked, LargeFloat32ProductsAreWithinTheirBoundOnEveryChunkEdge) {
     std::vector<float> a(static_cast<std::size_t>(a_rows * lda)), b(static_cast<std::size_t>(b_rows * ldb));
     for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(std::sin(0.37 * double(i)));
     for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(std::cos(0.91 * double(i)));
-    // the float64 sum of op(A) op(B) and of its terms' magnitudes, once per shape
+    // The float64 sum of op(A) op(B) and of its terms' magnitudes |op(A)| |op(B)|,
+    // once per shape: two float64 products of the BLAS (not the float32 path
+    // under test), each off the exact sums by k 2^-53 of the magnitudes at
+    // most, 2^-29 of the bound below (a loop here took most of the test's
+    // time, six seconds under the sanitizers).
+    const std::vector<double> a64(a.begin(), a.end()), b64(b.begin(), b.end());
+    std::vector<double> a_abs(a64.size()), b_abs(b64.size());
+    std::transform(a64.begin(), a64.end(), a_abs.begin(), [](double x) { return std::abs(x); });
+    std::transform(b64.begin(), b64.end(), b_abs.begin(), [](double x) { return std::abs(x); });
     std::vector<double> exact(static_cast<std::size_t>(c.m * c.n)), mag(exact.size());
-    for (std::int64_t i = 0; i < c.m; ++i)
-      for (std::int64_t j = 0; j < c.n; ++j)
-        for (std::int64_t p = 0; p < c.k; ++p) {
-          const double x = c.ta ? a[static_cast<std::size_t>(p * lda + i)] : a[static_cast<std::size_t>(i * lda + p)];
-          const double y = c.tb ? b[static_cast<std::size_t>(j * ldb + p)] : b[static_cast<std::size_t>(p * ldb + j)];
-          exact[static_cast<std::size_t>(i * c.n + j)] += x * y;
-          mag[static_cast<std::size_t>(i * c.n + j)] += std::abs(x * y);
-        }
+    blas::library_gemm(c.ta, c.tb, c.m, c.n, c.k, 1.0, a64.data(), lda, b64.data(), ldb, 0.0, exact.data(), c.n);
+    blas::library_gemm(c.ta, c.tb, c.m, c.n, c.k, 1.0, a_abs.data(), lda, b_abs.data(), ldb, 0.0, mag.data(), c.n);
     for (const bool nan_in_c : {false, true})
       for (const int threads : {1, 2}) {
         std::vector<float> out(static_cast<std::size_t>(c.m * ldc));
