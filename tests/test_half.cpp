@@ -305,8 +305,9 @@ TEST(HalfBulk, Float64PatternsNarrowAsTheScalarRule) {
   for (hg::HalfPath p : paths) {
     SCOPED_TRACE(hg::half_path_name(p));
     for (std::size_t n : {in.size(), std::size_t{1023}, std::size_t{1025}, std::size_t{17}}) {
-      std::fill(got_b.begin(), got_b.end(), hg::BFloat16{0xabcd});
-      std::fill(got_h.begin(), got_h.end(), hg::Float16{0xabcd});
+      const std::size_t checked = std::min(n + 1, in.size());  // n, and the one past it
+      std::fill_n(got_b.begin(), checked, hg::BFloat16{0xabcd});
+      std::fill_n(got_h.begin(), checked, hg::Float16{0xabcd});
       hg::convert(in.data(), got_b.data(), n, p);
       hg::convert(in.data(), got_h.data(), n, p);
       std::size_t bad = 0;
