@@ -257,18 +257,15 @@ class SuitePlugins(unittest.TestCase):
             """))
         return suite
 
-    def test_suite_names_a_python_function(self):
-        with tempfile.TemporaryDirectory() as tmp:
-            code, text = run("run", self.write(tmp, "[mha, causal, gqa, rope]"))
-            self.assertEqual(code, 0, text)
-            self.assertIn("2 passed", text)
-
-    def test_parallel_jobs_give_the_serial_verdicts_and_values(self):
-        # -j 2: two job workers, each starting its own Python worker for its sides (before the fix a
-        # second job worker's sides found their worker's pipes closed); a failing case too, so that
-        # the diagnosis is compared as well
-        with tempfile.TemporaryDirectory() as tmp:
-            suite = self.write(tmp, "[mha, causal, gqa, rope]")
+    @classmethod
+    def mixed_suite_runs(cls):
+        """The suite of write() plus a failing case of a second function (kv_map_tile), run once at
+        -j 1 (-v) and once at -j 2, each with a JSON report: {jobs: (exit code, log, report)}. Made
+        on first use and shared by the tests below (each run starts its own Python workers)."""
+        if getattr(cls, "_mixed_runs", None) is None:
+            tmp = tempfile.TemporaryDirectory()
+            cls.addClassCleanup(tmp.cleanup)
+            suite = cls.write(cls, tmp.name, "[mha, causal, gqa, rope]")
             text = suite.read_text() + textwrap.indent(textwrap.dedent("""\
                 - name: tiled
                   compare: [tiled, per_head]
@@ -277,22 +274,45 @@ class SuitePlugins(unittest.TestCase):
                 """), "  ")
             text = text.replace("plugins:\n", "plugins:\n  tiled: {python: glue/mine.py:kv_map_tile, "
                                               "capabilities: [mha, causal, gqa, rope]}\n", 1)
-            (pathlib.Path(tmp) / "glue" / "mine.py").write_text(
+            (pathlib.Path(tmp.name) / "glue" / "mine.py").write_text(
                 f"import sys\nsys.path.insert(0, {str(FIXTURES)!r})\nfrom functions import mha, kv_map_tile\n")
             suite.write_text(text)
-            reports = {}
+            cls._mixed_runs = {}
             for jobs in ("1", "2"):
-                out = pathlib.Path(tmp) / f"j{jobs}.json"
-                code, log = run("run", suite, "-j", jobs, "--json", out)
-                self.assertEqual(code, 1, log)
-                self.assertIn("2 passed, 1 failed", log)
-                reports[jobs] = json.loads(out.read_text())
-            for a, b in zip(reports["1"]["cases"], reports["2"]["cases"]):
-                self.assertEqual((a["name"], a["status"]), (b["name"], b["status"]))
-                self.assertEqual([(t["name"], t["max_abs"]) for t in a["tensors"]],
-                                 [(t["name"], t["max_abs"]) for t in b["tensors"]])
-                self.assertEqual(bugs_of(a), bugs_of(b))
-            self.assertEqual(bugs_of(reports["2"]["cases"][2]), ["kv_map_tile"])
+                out = pathlib.Path(tmp.name) / f"j{jobs}.json"
+                code, log = run("run", suite, "-j", jobs, "--json", out, *(["-v"] if jobs == "1" else []))
+                cls._mixed_runs[jobs] = (code, log, json.loads(out.read_text()) if out.exists() else None)
+        return cls._mixed_runs
+
+    def test_suite_names_a_python_function(self):
+        code, log, report = self.mixed_suite_runs()["1"]
+        self.assertEqual(code, 1, log)
+        self.assertIn("2 passed, 1 failed", log)
+        by = cases(report)
+        self.assertEqual((by["gqa"]["status"], by["gqa rope"]["status"]), ("pass", "pass"))
+        self.assertEqual(by["gqa"]["lhs"], "mine")
+
+    def test_bug_is_named_in_a_suite(self):
+        code, log, report = self.mixed_suite_runs()["1"]
+        self.assertEqual(code, 1, log)
+        self.assertIn("reproduces kv_map_tile", log)
+        self.assertEqual(bugs_of(cases(report)["tiled"]), ["kv_map_tile"])
+
+    def test_parallel_jobs_give_the_serial_verdicts_and_values(self):
+        # -j 2: two job workers, each starting its own Python worker for its sides (before the fix a
+        # second job worker's sides found their worker's pipes closed); a failing case too, so that
+        # the diagnosis is compared as well
+        runs = self.mixed_suite_runs()
+        code, log, _ = runs["2"]
+        self.assertEqual(code, 1, log)
+        self.assertIn("2 passed, 1 failed", log)
+        reports = {jobs: report for jobs, (_, _, report) in runs.items()}
+        for a, b in zip(reports["1"]["cases"], reports["2"]["cases"]):
+            self.assertEqual((a["name"], a["status"]), (b["name"], b["status"]))
+            self.assertEqual([(t["name"], t["max_abs"]) for t in a["tensors"]],
+                             [(t["name"], t["max_abs"]) for t in b["tensors"]])
+            self.assertEqual(bugs_of(a), bugs_of(b))
+        self.assertEqual(bugs_of(reports["2"]["cases"][2]), ["kv_map_tile"])
 
     def test_check_in_parallel_jobs(self):
         # headgrad check -j 2 (this process's worker from describing the function is disowned by
@@ -349,12 +369,6 @@ class SuitePlugins(unittest.TestCase):
         self.assertIn("mha takes no 'window' argument: it cannot run a case with a sliding window",
                       by["takes no window"]["cause"])
 
-    def test_bug_is_named_in_a_suite(self):
-        with tempfile.TemporaryDirectory() as tmp:
-            code, text = run("run", self.write(tmp, "[mha, causal, gqa, rope]", "kv_map_tile"), "-v")
-            self.assertEqual(code, 1, text)
-            self.assertIn("reproduces kv_map_tile", text)
-
     def test_errors(self):
         with tempfile.TemporaryDirectory() as tmp:
             code, text = run("run", self.write(tmp, "[mha, causal, gqaa]"))
@@ -363,9 +377,6 @@ class SuitePlugins(unittest.TestCase):
             code, text = run("run", self.write(tmp, "[mha, causal]"))
             self.assertEqual(code, 2, text)
             self.assertIn("gqa", text)  # the capability check names what is missing
-            (pathlib.Path(tmp) / "glue" / "mine.py").unlink()
-            code, text = run("run", self.write(tmp, "[mha, causal, gqa, rope]").with_name("suite.yaml"))
-            self.assertEqual(code, 0, text)  # write() wrote it again
 
 
 def names_of(result):
