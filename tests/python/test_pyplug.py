@@ -235,7 +235,8 @@ class CasesFromTheSignature(unittest.TestCase):
 
 
 class SuitePlugins(unittest.TestCase):
-    def write(self, tmp, caps, fn="mha"):
+    @staticmethod
+    def write(tmp, caps, fn="mha"):
         glue = pathlib.Path(tmp) / "glue"
         glue.mkdir(exist_ok=True)
         (glue / "mine.py").write_text(f"import sys\nsys.path.insert(0, {str(FIXTURES)!r})\nfrom functions import {fn}\n")
@@ -265,7 +266,7 @@ class SuitePlugins(unittest.TestCase):
         if getattr(cls, "_mixed_runs", None) is None:
             tmp = tempfile.TemporaryDirectory()
             cls.addClassCleanup(tmp.cleanup)
-            suite = cls.write(cls, tmp.name, "[mha, causal, gqa, rope]")
+            suite = cls.write(tmp.name, "[mha, causal, gqa, rope]")
             text = suite.read_text() + textwrap.indent(textwrap.dedent("""\
                 - name: tiled
                   compare: [tiled, per_head]
