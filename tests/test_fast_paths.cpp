@@ -392,7 +392,7 @@ TEST(GemmBlocked, LargeFloat32ProductsAreWithinTheirBoundOnEveryChunkEdge) {
     // The float64 sum of op(A) op(B) and of its terms' magnitudes |op(A)| |op(B)|,
     // once per shape: two float64 products of the BLAS (not the float32 path
     // under test), each off the exact sums by k 2^-53 of the magnitudes at
-    // most, 2^-29 of the bound below (a loop here took most of the test's
+    // most, 2^-29 of the bound below (a loop here took most of this case's
     // time, six seconds under the sanitizers).
     const std::vector<double> a64(a.begin(), a.end()), b64(b.begin(), b.end());
     std::vector<double> a_abs(a64.size()), b_abs(b64.size());
